@@ -1,0 +1,41 @@
+# Berth build entry points. `make help` lists the targets.
+SHELL := /bin/bash
+GO ?= go
+BIN := bin
+TOOLS_BIN := $(CURDIR)/.tools/bin
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -s -w -X github.com/berth-k8s/berth/internal/version.Version=$(VERSION)
+GOTEST_FLAGS ?= -race -count=1
+
+.PHONY: help build test test-unit lint generate check-generate tools clean
+
+help: ## list targets
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+build: ## build every binary into bin/
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berth ./bootstrapper/cmd/bootstrapper ./joinservice/cmd/joinservice
+
+tools: ## build pinned tools (buf, protoc plugins, staticcheck) into .tools/bin
+	cd tools && GOBIN=$(TOOLS_BIN) $(GO) install tool
+
+generate: tools ## regenerate protobuf code with buf
+	PATH=$(TOOLS_BIN):$$PATH buf generate
+
+check-generate: generate ## fail if generated code is out of date
+	@git diff --exit-code -- initproto joinproto || { echo "generated code is stale: run make generate and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- initproto joinproto)" || { git status --porcelain -- initproto joinproto; echo "untracked generated files"; exit 1; }
+
+lint: tools ## go vet, gofmt, staticcheck
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); test -z "$$out" || { echo "gofmt needed:"; echo "$$out"; exit 1; }
+	$(TOOLS_BIN)/staticcheck ./...
+
+test-unit: ## unit and package tests with the race detector
+	$(GO) test $(GOTEST_FLAGS) ./...
+
+test: check-generate lint build test-unit ## everything CI runs
+
+clean: ## remove build output
+	rm -rf $(BIN) .tools
+
+-include mk/*.mk
