@@ -1,0 +1,60 @@
+// Package clusterkeys derives a cluster's keys from its master secret and salt with HKDF-SHA256.
+// Nothing derived here is stored: anyone holding the master secret and salt can derive it again.
+//
+//	key                 info string
+//	cluster ID          "berth/v1/cluster-id"
+//	measurement secret  "berth/v1/measurement-secret"
+//	disk key            "berth/v1/disk-key/" + lower-case disk UUID
+package clusterkeys
+
+import (
+	"crypto/hkdf"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Sizes of the inputs and outputs.
+const (
+	MasterSecretSize = 32
+	SaltSize         = 32
+	KeySize          = 32
+)
+
+// ErrBadInput is returned for a master secret or salt of the wrong size.
+var ErrBadInput = errors.New("master secret and salt must be 32 bytes each")
+
+// Keys derives keys for one cluster. The zero value is not usable; create it with New.
+type Keys struct {
+	master []byte
+	salt   []byte
+}
+
+// New checks the sizes of master and salt and returns a deriver. It keeps copies of both.
+func New(master, salt []byte) (*Keys, error) {
+	if len(master) != MasterSecretSize || len(salt) != SaltSize {
+		return nil, ErrBadInput
+	}
+	return &Keys{master: append([]byte(nil), master...), salt: append([]byte(nil), salt...)}, nil
+}
+
+func (k *Keys) derive(info string) []byte {
+	key, err := hkdf.Key(sha256.New, k.master, k.salt, info, KeySize)
+	if err != nil {
+		// Only possible for output lengths HKDF-SHA256 cannot produce; KeySize is fixed and valid.
+		panic(fmt.Sprintf("deriving %s: %v", info, err))
+	}
+	return key
+}
+
+// ClusterID is the cluster's public identifier, extended into every node's lock register.
+func (k *Keys) ClusterID() []byte { return k.derive("berth/v1/cluster-id") }
+
+// MeasurementSecret is the secret a node may use to prove cluster membership later.
+func (k *Keys) MeasurementSecret() []byte { return k.derive("berth/v1/measurement-secret") }
+
+// DiskKey is the key for the state disk with the given UUID (case-insensitive).
+func (k *Keys) DiskKey(diskUUID string) []byte {
+	return k.derive("berth/v1/disk-key/" + strings.ToLower(diskUUID))
+}

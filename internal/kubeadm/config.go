@@ -1,0 +1,217 @@
+// Package kubeadm generates kubeadm's configuration from its v1beta4 API types and runs the kubeadm
+// binary phase by phase through an injected command runner.
+package kubeadm
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	"k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm/v1beta4"
+	"sigs.k8s.io/yaml"
+)
+
+// NodeParams describe the node kubeadm configures, for init and join alike.
+type NodeParams struct {
+	// Name is the Kubernetes node name.
+	Name string
+	// IP is the node's address in the cluster network (advertise address, kubelet node-ip).
+	IP string
+	// CRISocket is the container runtime's endpoint, e.g. "unix:///run/containerd/containerd.sock".
+	CRISocket string
+	// Worker removes the default control-plane taint (a nil taint list means "default" to kubeadm).
+	Untainted bool
+	// KubeletExtraArgs are extra kubelet flags (name → value) that kubeadm writes to kubeadm-flags.env.
+	KubeletExtraArgs [][2]string
+	// NeverPull tells kubeadm never to pull images (every image is pre-imported).
+	NeverPull bool
+}
+
+// InitParams describe a new cluster.
+type InitParams struct {
+	Node NodeParams
+	// ControlPlaneEndpoint is HOST:PORT of the API server as every node and the operator reach it.
+	ControlPlaneEndpoint string
+	ClusterName          string
+	KubernetesVersion    string
+	ServiceCIDR          string
+	PodCIDR              string
+	CertSANs             []string
+	// CgroupDriver is "systemd" or "cgroupfs".
+	CgroupDriver string
+	// KubeProxyMode is kube-proxy's mode ("nftables", "iptables"); empty leaves kubeadm's default.
+	KubeProxyMode string
+}
+
+// ErrInvalidParams wraps every validation failure of the parameters.
+var ErrInvalidParams = errors.New("invalid kubeadm parameters")
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidParams, fmt.Sprintf(format, args...))
+}
+
+func (p NodeParams) validate() error {
+	if p.Name == "" {
+		return invalid("node name is empty")
+	}
+	if net.ParseIP(p.IP) == nil {
+		return invalid("node IP %q is not an IP address", p.IP)
+	}
+	if p.CRISocket == "" {
+		return invalid("CRI socket is empty")
+	}
+	return nil
+}
+
+func (p NodeParams) registration() v1beta4.NodeRegistrationOptions {
+	reg := v1beta4.NodeRegistrationOptions{
+		Name:             p.Name,
+		CRISocket:        p.CRISocket,
+		KubeletExtraArgs: []v1beta4.Arg{{Name: "node-ip", Value: p.IP}},
+	}
+	for _, a := range p.KubeletExtraArgs {
+		reg.KubeletExtraArgs = append(reg.KubeletExtraArgs, v1beta4.Arg{Name: a[0], Value: a[1]})
+	}
+	if p.Untainted {
+		reg.Taints = []corev1.Taint{}
+	}
+	if p.NeverPull {
+		reg.ImagePullPolicy = corev1.PullNever
+	}
+	return reg
+}
+
+// InitConfig renders the multi-document kubeadm configuration for `kubeadm init`.
+func InitConfig(p InitParams) ([]byte, error) {
+	if err := p.Node.validate(); err != nil {
+		return nil, err
+	}
+	host, port, err := net.SplitHostPort(p.ControlPlaneEndpoint)
+	if err != nil || host == "" {
+		return nil, invalid("control-plane endpoint %q is not HOST:PORT", p.ControlPlaneEndpoint)
+	}
+	bindPort, err := strconv.ParseInt(port, 10, 32)
+	if err != nil || bindPort <= 0 || bindPort > 65535 {
+		return nil, invalid("control-plane endpoint %q has an invalid port", p.ControlPlaneEndpoint)
+	}
+	for name, cidr := range map[string]string{"service": p.ServiceCIDR, "pod": p.PodCIDR} {
+		if _, _, err := net.ParseCIDR(cidr); err != nil {
+			return nil, invalid("%s CIDR %q is not a CIDR", name, cidr)
+		}
+	}
+	if p.KubernetesVersion == "" {
+		return nil, invalid("Kubernetes version is empty")
+	}
+	cgroupDriver := p.CgroupDriver
+	if cgroupDriver == "" {
+		cgroupDriver = "systemd"
+	}
+	if cgroupDriver != "systemd" && cgroupDriver != "cgroupfs" {
+		return nil, invalid("cgroup driver %q is neither systemd nor cgroupfs", cgroupDriver)
+	}
+
+	initCfg := v1beta4.InitConfiguration{
+		TypeMeta:         metav1.TypeMeta{APIVersion: v1beta4.SchemeGroupVersion.String(), Kind: "InitConfiguration"},
+		NodeRegistration: p.Node.registration(),
+		LocalAPIEndpoint: v1beta4.APIEndpoint{AdvertiseAddress: p.Node.IP, BindPort: int32(bindPort)},
+	}
+	clusterCfg := v1beta4.ClusterConfiguration{
+		TypeMeta:             metav1.TypeMeta{APIVersion: v1beta4.SchemeGroupVersion.String(), Kind: "ClusterConfiguration"},
+		ClusterName:          p.ClusterName,
+		KubernetesVersion:    p.KubernetesVersion,
+		ControlPlaneEndpoint: p.ControlPlaneEndpoint,
+		Networking:           v1beta4.Networking{ServiceSubnet: p.ServiceCIDR, PodSubnet: p.PodCIDR},
+		APIServer: v1beta4.APIServer{
+			CertSANs: p.CertSANs,
+			// Webhooks and aggregated APIs are dialled at an endpoint IP, so admission keeps working
+			// even when Service routing (kube-proxy) is down.
+			ControlPlaneComponent: v1beta4.ControlPlaneComponent{ExtraArgs: []v1beta4.Arg{{Name: "enable-aggregator-routing", Value: "true"}}},
+		},
+	}
+	failFalse := false
+	kubeletCfg := kubeletv1beta1.KubeletConfiguration{
+		TypeMeta:     metav1.TypeMeta{APIVersion: kubeletv1beta1.SchemeGroupVersion.String(), Kind: "KubeletConfiguration"},
+		CgroupDriver: cgroupDriver,
+		FailSwapOn:   &failFalse,
+		FailCgroupV1: &failFalse,
+	}
+	docs := []any{initCfg, clusterCfg, kubeletCfg}
+	if p.KubeProxyMode != "" {
+		docs = append(docs, map[string]any{
+			"apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+			"kind":       "KubeProxyConfiguration",
+			"mode":       p.KubeProxyMode,
+		})
+	}
+	return joinDocs(docs)
+}
+
+// JoinParams describe how a node joins an existing cluster.
+type JoinParams struct {
+	Node NodeParams
+	// APIServerEndpoint is HOST:PORT of the cluster's API server.
+	APIServerEndpoint string
+	// Token is the bootstrap token.
+	Token string
+	// CACertHashes pin the cluster CA ("sha256:<hex>").
+	CACertHashes []string
+	// ControlPlane, when set, joins the node as a control plane advertising its IP on this port.
+	ControlPlane bool
+	BindPort     int32
+}
+
+// JoinConfig renders the kubeadm configuration for `kubeadm join`.
+func JoinConfig(p JoinParams) ([]byte, error) {
+	if err := p.Node.validate(); err != nil {
+		return nil, err
+	}
+	if _, _, err := net.SplitHostPort(p.APIServerEndpoint); err != nil {
+		return nil, invalid("API server endpoint %q is not HOST:PORT", p.APIServerEndpoint)
+	}
+	if p.Token == "" {
+		return nil, invalid("bootstrap token is empty")
+	}
+	if len(p.CACertHashes) == 0 {
+		return nil, invalid("no CA certificate hash: refusing to join without pinning the cluster CA")
+	}
+	cfg := v1beta4.JoinConfiguration{
+		TypeMeta:         metav1.TypeMeta{APIVersion: v1beta4.SchemeGroupVersion.String(), Kind: "JoinConfiguration"},
+		NodeRegistration: p.Node.registration(),
+		Discovery: v1beta4.Discovery{
+			BootstrapToken: &v1beta4.BootstrapTokenDiscovery{
+				Token:             p.Token,
+				APIServerEndpoint: p.APIServerEndpoint,
+				CACertHashes:      p.CACertHashes,
+			},
+			TLSBootstrapToken: p.Token,
+		},
+	}
+	if p.ControlPlane {
+		port := p.BindPort
+		if port == 0 {
+			port = 6443
+		}
+		cfg.ControlPlane = &v1beta4.JoinControlPlane{LocalAPIEndpoint: v1beta4.APIEndpoint{AdvertiseAddress: p.Node.IP, BindPort: port}}
+	}
+	return joinDocs([]any{cfg})
+}
+
+func joinDocs(docs []any) ([]byte, error) {
+	var buf bytes.Buffer
+	for i, d := range docs {
+		out, err := yaml.Marshal(d)
+		if err != nil {
+			return nil, fmt.Errorf("marshalling kubeadm configuration: %w", err)
+		}
+		if i > 0 {
+			buf.WriteString("---\n")
+		}
+		buf.Write(out)
+	}
+	return buf.Bytes(), nil
+}

@@ -1,0 +1,147 @@
+package kubeadm
+
+import (
+	"context"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/berth-k8s/berth/internal/command/commandtest"
+)
+
+func validInit() InitParams {
+	return InitParams{
+		Node:                 NodeParams{Name: "cp-0", IP: "198.51.100.10", CRISocket: "unix:///run/containerd/containerd.sock", NeverPull: true},
+		ControlPlaneEndpoint: "198.51.100.10:6443",
+		ClusterName:          "berth",
+		KubernetesVersion:    "v1.34.2",
+		ServiceCIDR:          "10.96.0.0/12",
+		PodCIDR:              "10.244.0.0/16",
+		CertSANs:             []string{"198.51.100.10"},
+		CgroupDriver:         "cgroupfs",
+		KubeProxyMode:        "nftables",
+	}
+}
+
+func TestInitConfig(t *testing.T) {
+	out, err := InitConfig(validInit())
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := strings.Split(string(out), "---\n")
+	if len(docs) != 4 {
+		t.Fatalf("got %d documents, want 4:\n%s", len(docs), out)
+	}
+	var initCfg struct {
+		Kind             string
+		LocalAPIEndpoint struct {
+			AdvertiseAddress string
+			BindPort         int
+		}
+		NodeRegistration struct {
+			Name             string
+			ImagePullPolicy  string
+			Taints           []any
+			KubeletExtraArgs []struct{ Name, Value string }
+		}
+	}
+	if err := yaml.Unmarshal([]byte(docs[0]), &initCfg); err != nil {
+		t.Fatal(err)
+	}
+	if initCfg.Kind != "InitConfiguration" || initCfg.LocalAPIEndpoint.AdvertiseAddress != "198.51.100.10" ||
+		initCfg.LocalAPIEndpoint.BindPort != 6443 || initCfg.NodeRegistration.Name != "cp-0" ||
+		initCfg.NodeRegistration.ImagePullPolicy != "Never" {
+		t.Errorf("InitConfiguration = %+v", initCfg)
+	}
+	if a := initCfg.NodeRegistration.KubeletExtraArgs; len(a) != 1 || a[0].Name != "node-ip" || a[0].Value != "198.51.100.10" {
+		t.Errorf("kubeletExtraArgs = %+v", a)
+	}
+	for _, want := range []string{"kind: ClusterConfiguration", "kubernetesVersion: v1.34.2", "podSubnet: 10.244.0.0/16",
+		"controlPlaneEndpoint: 198.51.100.10:6443", "kind: KubeletConfiguration", "cgroupDriver: cgroupfs",
+		"failCgroupV1: false", "mode: nftables", "taints: null"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("config lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestInitConfigInvalid(t *testing.T) {
+	for name, mutate := range map[string]func(*InitParams){
+		"no name":      func(p *InitParams) { p.Node.Name = "" },
+		"bad ip":       func(p *InitParams) { p.Node.IP = "node" },
+		"no socket":    func(p *InitParams) { p.Node.CRISocket = "" },
+		"bad endpoint": func(p *InitParams) { p.ControlPlaneEndpoint = "198.51.100.10" },
+		"bad port":     func(p *InitParams) { p.ControlPlaneEndpoint = "198.51.100.10:99999" },
+		"bad pod cidr": func(p *InitParams) { p.PodCIDR = "10.244.0.0" },
+		"no version":   func(p *InitParams) { p.KubernetesVersion = "" },
+		"bad cgroups":  func(p *InitParams) { p.CgroupDriver = "cgroupv3" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := validInit()
+			mutate(&p)
+			if _, err := InitConfig(p); !errors.Is(err, ErrInvalidParams) {
+				t.Fatalf("InitConfig() = %v, want ErrInvalidParams", err)
+			}
+		})
+	}
+}
+
+func TestJoinConfig(t *testing.T) {
+	p := JoinParams{
+		Node:              NodeParams{Name: "w-0", IP: "198.51.100.20", CRISocket: "unix:///c.sock", Untainted: true},
+		APIServerEndpoint: "198.51.100.10:6443",
+		Token:             "abcdef.0123456789abcdef",
+		CACertHashes:      []string{"sha256:00"},
+	}
+	out, err := JoinConfig(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"kind: JoinConfiguration", "apiServerEndpoint: 198.51.100.10:6443", "taints: []", "name: w-0"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("config lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(string(out), "controlPlane") {
+		t.Errorf("worker config has a controlPlane section:\n%s", out)
+	}
+	p.ControlPlane = true
+	out, _ = JoinConfig(p)
+	if !strings.Contains(string(out), "advertiseAddress: 198.51.100.20") {
+		t.Errorf("control-plane join lacks localAPIEndpoint:\n%s", out)
+	}
+	p.CACertHashes = nil
+	if _, err := JoinConfig(p); !errors.Is(err, ErrInvalidParams) {
+		t.Errorf("JoinConfig() without CA pin = %v, want ErrInvalidParams", err)
+	}
+}
+
+func TestRunnerArgv(t *testing.T) {
+	rec := &commandtest.Recorder{}
+	r := &Runner{Path: "/opt/bin/kubeadm", IgnorePreflightErrors: []string{"all"}, Exec: rec}
+	ctx := context.Background()
+	for _, err := range []error{
+		r.Preflight(ctx, io.Discard, "/c.yaml"),
+		r.Certs(ctx, io.Discard, "/c.yaml"),
+		r.Init(ctx, io.Discard, "/c.yaml", "addon/kube-proxy"),
+		r.Join(ctx, io.Discard, "/j.yaml"),
+		r.Reset(ctx, io.Discard, "unix:///c.sock"),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := strings.Join([]string{
+		"/opt/bin/kubeadm init phase preflight --config /c.yaml --ignore-preflight-errors=all",
+		"/opt/bin/kubeadm init phase certs all --config /c.yaml",
+		"/opt/bin/kubeadm init --config /c.yaml --skip-token-print --skip-phases=preflight,certs,addon/kube-proxy --ignore-preflight-errors=all",
+		"/opt/bin/kubeadm join --config /j.yaml --ignore-preflight-errors=all",
+		"/opt/bin/kubeadm reset --force --cri-socket unix:///c.sock",
+	}, "\n")
+	if got := rec.String(); got != want {
+		t.Fatalf("calls:\n%s\nwant:\n%s", got, want)
+	}
+}

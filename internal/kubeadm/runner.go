@@ -1,0 +1,82 @@
+package kubeadm
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Runner runs the kubeadm binary.
+type Runner struct {
+	// Path is the kubeadm binary; empty means "kubeadm" from PATH.
+	Path string
+	// IgnorePreflightErrors is passed to every command that runs preflight checks.
+	IgnorePreflightErrors []string
+	Exec                  commander
+}
+
+func (r *Runner) run(ctx context.Context, out io.Writer, args ...string) error {
+	path := r.Path
+	if path == "" {
+		path = "kubeadm"
+	}
+	if err := r.Exec.Run(ctx, out, path, args...); err != nil {
+		return fmt.Errorf("kubeadm %s: %w", strings.Join(subcommand(args), " "), err)
+	}
+	return nil
+}
+
+// subcommand returns the leading non-flag arguments, for error messages that never echo values.
+func subcommand(args []string) []string {
+	for i, a := range args {
+		if strings.HasPrefix(a, "-") {
+			return args[:i]
+		}
+	}
+	return args
+}
+
+func (r *Runner) ignoreFlag() []string {
+	if len(r.IgnorePreflightErrors) == 0 {
+		return nil
+	}
+	return []string{"--ignore-preflight-errors=" + strings.Join(r.IgnorePreflightErrors, ",")}
+}
+
+// Preflight runs kubeadm's init preflight checks.
+func (r *Runner) Preflight(ctx context.Context, out io.Writer, configPath string) error {
+	return r.run(ctx, out, append([]string{"init", "phase", "preflight", "--config", configPath}, r.ignoreFlag()...)...)
+}
+
+// Certs generates the cluster's certificates (idempotent: existing valid certificates are kept).
+func (r *Runner) Certs(ctx context.Context, out io.Writer, configPath string) error {
+	return r.run(ctx, out, "init", "phase", "certs", "all", "--config", configPath)
+}
+
+// Init runs `kubeadm init` without the phases Berth runs itself, plus any in skip.
+func (r *Runner) Init(ctx context.Context, out io.Writer, configPath string, skip ...string) error {
+	phases := append([]string{"preflight", "certs"}, skip...)
+	args := []string{"init", "--config", configPath, "--skip-token-print", "--skip-phases=" + strings.Join(phases, ",")}
+	return r.run(ctx, out, append(args, r.ignoreFlag()...)...)
+}
+
+// Join runs `kubeadm join`.
+func (r *Runner) Join(ctx context.Context, out io.Writer, configPath string) error {
+	return r.run(ctx, out, append([]string{"join", "--config", configPath}, r.ignoreFlag()...)...)
+}
+
+// Reset undoes what init or join did to the node.
+func (r *Runner) Reset(ctx context.Context, out io.Writer, criSocket string) error {
+	args := []string{"reset", "--force"}
+	if criSocket != "" {
+		args = append(args, "--cri-socket", criSocket)
+	}
+	return r.run(ctx, out, args...)
+}
+
+// commander runs an external program.
+type commander interface {
+	// Run runs name with args and copies its stdout and stderr to out.
+	Run(ctx context.Context, out io.Writer, name string, args ...string) error
+}

@@ -1,0 +1,41 @@
+// Package kubelet starts and keeps the kubelet running once kubeadm has configured it. Two
+// implementations share one shape (Start enables the kubelet, Run owns whatever keeps it running):
+//
+//   - Systemd hands the kubelet to systemd (kubelet.service with kubeadm's drop-in), as on the OS image.
+//   - Supervisor runs the kubelet as a child process and restarts it when it exits, for hosts
+//     without systemd such as the mini cluster's namespace nodes and CI machines.
+package kubelet
+
+import (
+	"context"
+	"fmt"
+	"io"
+)
+
+// Systemd starts kubelet.service through systemctl.
+type Systemd struct {
+	// Unit is the unit name; empty means "kubelet.service".
+	Unit string
+	Exec commander
+}
+
+// Start enables and starts the kubelet unit. kubeadm restarts it itself after writing its config.
+func (s *Systemd) Start(ctx context.Context) error {
+	unit := s.Unit
+	if unit == "" {
+		unit = "kubelet.service"
+	}
+	if err := s.Exec.Run(ctx, io.Discard, "systemctl", "enable", "--now", unit); err != nil {
+		return fmt.Errorf("starting %s: %w", unit, err)
+	}
+	return nil
+}
+
+// Run returns at once: systemd keeps the kubelet running.
+func (s *Systemd) Run(context.Context) error { return nil }
+
+// commander runs an external program.
+type commander interface {
+	// Run runs name with args and copies its output to out.
+	Run(ctx context.Context, out io.Writer, name string, args ...string) error
+}

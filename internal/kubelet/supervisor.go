@@ -1,0 +1,200 @@
+package kubelet
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Supervisor runs the kubelet as a child process. Start enables it; Run, owned by the daemon's
+// errgroup, waits until it is enabled and kubeadm has written the kubelet's configuration, then
+// starts the kubelet and restarts it with capped backoff whenever it exits, until ctx ends.
+type Supervisor struct {
+	// Path is the kubelet binary.
+	Path string
+	// KubeletDir is kubeadm's kubelet directory (default /var/lib/kubelet).
+	KubeletDir string
+	// KubernetesDir is kubeadm's configuration directory (default /etc/kubernetes).
+	KubernetesDir string
+	// ExtraArgs are appended to the kubelet's command line.
+	ExtraArgs []string
+	// Output receives the kubelet's stdout and stderr; nil discards them.
+	Output io.Writer
+	// PollInterval is how often Run checks for kubeadm's files (default 200 ms).
+	PollInterval time.Duration
+	Log          *zap.Logger
+
+	once    sync.Once
+	enabled chan struct{}
+	mu      sync.Mutex
+	starts  int
+}
+
+func (s *Supervisor) init() {
+	s.once.Do(func() { s.enabled = make(chan struct{}) })
+}
+
+// Start enables the kubelet. It returns at once; Run starts the process.
+func (s *Supervisor) Start(context.Context) error {
+	s.init()
+	select {
+	case <-s.enabled:
+	default:
+		close(s.enabled)
+	}
+	return nil
+}
+
+// Starts reports how many times the kubelet process was started.
+func (s *Supervisor) Starts() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.starts
+}
+
+// Run supervises the kubelet until ctx ends. It returns nil when ctx ends and an error only when
+// the kubelet cannot be started at all (e.g. its binary is missing).
+func (s *Supervisor) Run(ctx context.Context) error {
+	s.init()
+	log := s.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	select {
+	case <-ctx.Done():
+		return nil
+	case <-s.enabled:
+	}
+	if _, err := exec.LookPath(s.Path); err != nil {
+		return fmt.Errorf("finding kubelet binary: %w", err)
+	}
+	backoff := time.Second
+	for {
+		if err := s.waitForConfig(ctx); err != nil {
+			return nil //nolint:nilerr // ctx ended while waiting: a clean stop
+		}
+		args, err := s.args()
+		if err != nil {
+			return err
+		}
+		started := time.Now()
+		log.Info("starting kubelet", zap.Strings("args", args))
+		err = s.runOnce(ctx, args)
+		if ctx.Err() != nil {
+			log.Info("kubelet stopped")
+			return nil
+		}
+		if time.Since(started) > time.Minute {
+			backoff = time.Second
+		}
+		log.Warn("kubelet exited, restarting", zap.Error(err), zap.Duration("backoff", backoff))
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 10*time.Second)
+	}
+}
+
+func (s *Supervisor) runOnce(ctx context.Context, args []string) error {
+	cmd := exec.CommandContext(ctx, s.Path, args...)
+	cmd.Stdout = s.Output
+	cmd.Stderr = s.Output
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 15 * time.Second
+	s.mu.Lock()
+	s.starts++
+	s.mu.Unlock()
+	return cmd.Run()
+}
+
+func (s *Supervisor) dirs() (kubeletDir, k8sDir string) {
+	kubeletDir, k8sDir = s.KubeletDir, s.KubernetesDir
+	if kubeletDir == "" {
+		kubeletDir = "/var/lib/kubelet"
+	}
+	if k8sDir == "" {
+		k8sDir = "/etc/kubernetes"
+	}
+	return kubeletDir, k8sDir
+}
+
+// waitForConfig blocks until kubeadm wrote the kubelet config and a (bootstrap) kubeconfig.
+func (s *Supervisor) waitForConfig(ctx context.Context) error {
+	kubeletDir, k8sDir := s.dirs()
+	interval := s.PollInterval
+	if interval == 0 {
+		interval = 200 * time.Millisecond
+	}
+	for {
+		if exists(filepath.Join(kubeletDir, "config.yaml")) &&
+			(exists(filepath.Join(k8sDir, "kubelet.conf")) || exists(filepath.Join(k8sDir, "bootstrap-kubelet.conf"))) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(interval):
+		}
+	}
+}
+
+func (s *Supervisor) args() ([]string, error) {
+	kubeletDir, k8sDir := s.dirs()
+	args := []string{
+		"--config=" + filepath.Join(kubeletDir, "config.yaml"),
+		"--kubeconfig=" + filepath.Join(k8sDir, "kubelet.conf"),
+		"--bootstrap-kubeconfig=" + filepath.Join(k8sDir, "bootstrap-kubelet.conf"),
+	}
+	flags, err := ReadFlagsEnv(filepath.Join(kubeletDir, "kubeadm-flags.env"))
+	if err != nil {
+		return nil, err
+	}
+	args = append(args, flags...)
+	return append(args, s.ExtraArgs...), nil
+}
+
+// ReadFlagsEnv reads the kubelet flags kubeadm writes to kubeadm-flags.env
+// (KUBELET_KUBEADM_ARGS="--flag=value ..."). A missing file means no flags.
+func ReadFlagsEnv(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading kubeadm kubelet flags: %w", err)
+	}
+	defer f.Close()
+	var flags []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		value, ok := strings.CutPrefix(line, "KUBELET_KUBEADM_ARGS=")
+		if !ok {
+			continue
+		}
+		value = strings.Trim(value, `"'`)
+		flags = append(flags, strings.Fields(value)...)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("reading kubeadm kubelet flags: %w", err)
+	}
+	return flags, nil
+}
+
+func exists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}
