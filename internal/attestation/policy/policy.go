@@ -1,0 +1,387 @@
+// Package policy reads a cluster's attestation policy file and judges measurements against it.
+//
+// A policy is one YAML document:
+//
+//	variant: tpm                  # which attestation variant a peer must use (tpm, tdx, ...)
+//	measurements:
+//	  4:                          # index: a TPM PCR, or for TDX 0 = MRTD and 1..4 = RTMR0..3
+//	    expected: 3d45...         # hex; or anyOf: [hex, hex]; or nonZero: true
+//	    mode: enforce             # enforce (default) or warn
+//	    source: image 1.2 build   # free text: where the expected value came from
+//	trustRoots:                   # CA certificates the variant roots its keys in (TPM: EK CAs)
+//	  - file: ek-ca.pem           # relative to the policy file
+//	  - pem: |
+//	      -----BEGIN CERTIFICATE-----
+//
+// Evaluate compares actual measurements with the expectations. An enforced deviation fails with a
+// *MismatchError (errors.Is attestation.ErrMeasurementMismatch) that names every deviating index, the
+// expected and actual values and where the expectation came from (the source text and file:line);
+// a warn-only deviation becomes a warning string in the result, never silently dropped.
+package policy
+
+import (
+	"bytes"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/berth-k8s/berth/internal/attestation"
+)
+
+// MaxFileSize bounds the size of a policy file; larger inputs are rejected before parsing.
+const MaxFileSize = 1 << 20
+
+// maxIndex bounds measurement indices: TPM PCRs are 0..23, TDX indices 0..4.
+const maxIndex = 63
+
+// ErrInvalid is returned for a policy file that cannot be used.
+var ErrInvalid = errors.New("invalid attestation policy")
+
+// Mode says what a deviation from an expectation does.
+type Mode int
+
+const (
+	// Enforce rejects the peer on a deviation.
+	Enforce Mode = iota
+	// Warn accepts the peer and reports the deviation as a warning.
+	Warn
+)
+
+// String returns the mode's name as written in a policy file.
+func (m Mode) String() string {
+	if m == Warn {
+		return "warn"
+	}
+	return "enforce"
+}
+
+// Expectation is what one measurement index must hold.
+type Expectation struct {
+	// Index is the measurement index.
+	Index uint32
+	// AnyOf lists the accepted values; empty when NonZero is set.
+	AnyOf [][]byte
+	// NonZero accepts any value that is not all zero bytes (for example a lock register that must be taken).
+	NonZero bool
+	// Mode is enforce or warn.
+	Mode Mode
+	// Source says where the expectation came from: the author's source text and the file position.
+	Source string
+}
+
+// describe renders the expected value for messages.
+func (e Expectation) describe() string {
+	if e.NonZero {
+		return "any non-zero value"
+	}
+	parts := make([]string, len(e.AnyOf))
+	for i, v := range e.AnyOf {
+		parts[i] = hex.EncodeToString(v)
+	}
+	if len(parts) == 1 {
+		return parts[0]
+	}
+	return "one of [" + strings.Join(parts, ", ") + "]"
+}
+
+// matches reports whether actual satisfies the expectation.
+func (e Expectation) matches(actual []byte) bool {
+	if actual == nil {
+		return false
+	}
+	if e.NonZero {
+		return len(actual) > 0 && !bytes.Equal(actual, make([]byte, len(actual)))
+	}
+	for _, v := range e.AnyOf {
+		if bytes.Equal(v, actual) {
+			return true
+		}
+	}
+	return false
+}
+
+// Policy is a parsed attestation policy.
+type Policy struct {
+	// Variant names the attestation variant a peer must use.
+	Variant string
+	// Expectations are sorted by index.
+	Expectations []Expectation
+	// TrustRoots are the CA certificates the variant roots attestation keys in.
+	TrustRoots []*x509.Certificate
+	// Origin names where the policy was read from (a file path), for messages.
+	Origin string
+}
+
+// Violation is one deviation from an expectation.
+type Violation struct {
+	Index    uint32
+	Expected string
+	Actual   string
+	Mode     Mode
+	Source   string
+}
+
+// String renders the violation for logs and the CLI.
+func (v Violation) String() string {
+	return fmt.Sprintf("index %d: expected %s, got %s (%s, from %s)", v.Index, v.Expected, v.Actual, v.Mode, v.Source)
+}
+
+// MismatchError lists the enforced deviations that rejected a peer.
+type MismatchError struct {
+	Violations []Violation
+}
+
+// Error names every deviating index with its expected and actual value.
+func (e *MismatchError) Error() string {
+	parts := make([]string, len(e.Violations))
+	for i, v := range e.Violations {
+		parts[i] = v.String()
+	}
+	return "measurement mismatch: " + strings.Join(parts, "; ")
+}
+
+// Unwrap lets callers test for attestation.ErrMeasurementMismatch.
+func (e *MismatchError) Unwrap() error { return attestation.ErrMeasurementMismatch }
+
+// Evaluate judges actual measurements. It returns the warn-only deviations as warnings, and a
+// *MismatchError when any enforced expectation is not met. Indices without an expectation are ignored.
+func (p *Policy) Evaluate(actual attestation.Measurements) (warnings []string, err error) {
+	var enforced []Violation
+	for _, e := range p.Expectations {
+		got, ok := actual[e.Index]
+		if ok && e.matches(got) {
+			continue
+		}
+		v := Violation{Index: e.Index, Expected: e.describe(), Actual: "missing", Mode: e.Mode, Source: e.Source}
+		if ok {
+			v.Actual = hex.EncodeToString(got)
+		}
+		if e.Mode == Warn {
+			warnings = append(warnings, v.String())
+			continue
+		}
+		enforced = append(enforced, v)
+	}
+	if len(enforced) > 0 {
+		return warnings, &MismatchError{Violations: enforced}
+	}
+	return warnings, nil
+}
+
+// Indices returns the measurement indices the policy has expectations for, sorted.
+func (p *Policy) Indices() []uint32 {
+	out := make([]uint32, len(p.Expectations))
+	for i, e := range p.Expectations {
+		out[i] = e.Index
+	}
+	return out
+}
+
+// CertPool returns the trust roots as a pool.
+func (p *Policy) CertPool() *x509.CertPool {
+	pool := x509.NewCertPool()
+	for _, c := range p.TrustRoots {
+		pool.AddCert(c)
+	}
+	return pool
+}
+
+// Load reads and parses the policy file at path; trust root files are resolved relative to its directory.
+func Load(path string) (*Policy, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("opening policy: %w", err)
+	}
+	defer f.Close()
+	data, err := readLimited(f)
+	if err != nil {
+		return nil, fmt.Errorf("reading policy %s: %w", path, err)
+	}
+	dir := filepath.Dir(path)
+	return Parse(data, path, func(name string) ([]byte, error) {
+		if !filepath.IsAbs(name) {
+			name = filepath.Join(dir, name)
+		}
+		return os.ReadFile(name)
+	})
+}
+
+// Parse parses policy bytes. origin names the input in messages and sources; readFile resolves
+// `file:` trust roots and may be nil, in which case such entries are an error.
+func Parse(data []byte, origin string, readFile func(name string) ([]byte, error)) (*Policy, error) {
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("%w: %s is larger than %d bytes", ErrInvalid, origin, MaxFileSize)
+	}
+	var doc fileDoc
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&doc); err != nil {
+		return nil, fmt.Errorf("%w: parsing %s: %w", ErrInvalid, origin, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		return nil, fmt.Errorf("%w: %s holds more than one YAML document", ErrInvalid, origin)
+	}
+	if doc.Variant == "" {
+		return nil, fmt.Errorf("%w: %s: variant is required", ErrInvalid, origin)
+	}
+	p := &Policy{Variant: doc.Variant, Origin: origin}
+
+	if doc.Measurements.Kind != 0 && doc.Measurements.Kind != yaml.MappingNode {
+		return nil, fmt.Errorf("%w: %s:%d: measurements must be a mapping from index to expectation", ErrInvalid, origin, doc.Measurements.Line)
+	}
+	seen := map[uint32]bool{}
+	for i := 0; i+1 < len(doc.Measurements.Content); i += 2 {
+		key, val := doc.Measurements.Content[i], doc.Measurements.Content[i+1]
+		e, err := parseExpectation(key, val, origin)
+		if err != nil {
+			return nil, err
+		}
+		if seen[e.Index] {
+			return nil, fmt.Errorf("%w: %s:%d: index %d listed twice", ErrInvalid, origin, key.Line, e.Index)
+		}
+		seen[e.Index] = true
+		p.Expectations = append(p.Expectations, e)
+	}
+	sort.Slice(p.Expectations, func(i, j int) bool { return p.Expectations[i].Index < p.Expectations[j].Index })
+
+	for i, r := range doc.TrustRoots {
+		certs, err := r.load(readFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: trustRoots[%d]: %w", ErrInvalid, origin, i, err)
+		}
+		p.TrustRoots = append(p.TrustRoots, certs...)
+	}
+	return p, nil
+}
+
+// fileDoc is the on-disk shape of a policy file.
+type fileDoc struct {
+	Variant      string      `yaml:"variant"`
+	Measurements yaml.Node   `yaml:"measurements"`
+	TrustRoots   []trustRoot `yaml:"trustRoots"`
+}
+
+// fileExpectation is the on-disk shape of one measurement expectation.
+type fileExpectation struct {
+	Expected string   `yaml:"expected"`
+	AnyOf    []string `yaml:"anyOf"`
+	NonZero  bool     `yaml:"nonZero"`
+	Mode     string   `yaml:"mode"`
+	Source   string   `yaml:"source"`
+}
+
+func parseExpectation(key, val *yaml.Node, origin string) (Expectation, error) {
+	pos := fmt.Sprintf("%s:%d", origin, key.Line)
+	idx, err := strconv.ParseUint(key.Value, 10, 32)
+	if key.Kind != yaml.ScalarNode || err != nil || idx > maxIndex {
+		return Expectation{}, fmt.Errorf("%w: %s: measurement index %q is not a number in 0..%d", ErrInvalid, pos, key.Value, maxIndex)
+	}
+	var fe fileExpectation
+	if err := decodeStrict(val, &fe); err != nil {
+		return Expectation{}, fmt.Errorf("%w: %s: index %d: %w", ErrInvalid, pos, idx, err)
+	}
+	e := Expectation{Index: uint32(idx), NonZero: fe.NonZero, Source: pos}
+	if fe.Source != "" {
+		e.Source = fe.Source + " (" + pos + ")"
+	}
+	switch fe.Mode {
+	case "", "enforce":
+		e.Mode = Enforce
+	case "warn":
+		e.Mode = Warn
+	default:
+		return Expectation{}, fmt.Errorf("%w: %s: index %d: mode %q is neither enforce nor warn", ErrInvalid, pos, idx, fe.Mode)
+	}
+	values := fe.AnyOf
+	if fe.Expected != "" {
+		values = append([]string{fe.Expected}, values...)
+	}
+	if fe.NonZero == (len(values) > 0) {
+		return Expectation{}, fmt.Errorf("%w: %s: index %d needs exactly one of expected/anyOf or nonZero", ErrInvalid, pos, idx)
+	}
+	for _, v := range values {
+		b, err := hex.DecodeString(strings.TrimPrefix(v, "0x"))
+		if err != nil || len(b) == 0 || len(b) > 64 {
+			return Expectation{}, fmt.Errorf("%w: %s: index %d: %q is not a hex digest", ErrInvalid, pos, idx, v)
+		}
+		e.AnyOf = append(e.AnyOf, b)
+	}
+	return e, nil
+}
+
+// decodeStrict decodes a node into v, rejecting unknown fields.
+func decodeStrict(n *yaml.Node, v any) error {
+	out, err := yaml.Marshal(n)
+	if err != nil {
+		return err
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(out))
+	dec.KnownFields(true)
+	return dec.Decode(v)
+}
+
+// trustRoot is one entry of trustRoots: a PEM file or inline PEM.
+type trustRoot struct {
+	File string `yaml:"file"`
+	PEM  string `yaml:"pem"`
+}
+
+func (r trustRoot) load(readFile func(string) ([]byte, error)) ([]*x509.Certificate, error) {
+	data := []byte(r.PEM)
+	switch {
+	case r.File != "" && r.PEM != "":
+		return nil, errors.New("set file or pem, not both")
+	case r.File != "":
+		if readFile == nil {
+			return nil, errors.New("file references are not allowed here")
+		}
+		var err error
+		if data, err = readFile(r.File); err != nil {
+			return nil, fmt.Errorf("reading %s: %w", r.File, err)
+		}
+	case r.PEM == "":
+		return nil, errors.New("empty entry")
+	}
+	var certs []*x509.Certificate
+	for {
+		var block *pem.Block
+		block, data = pem.Decode(data)
+		if block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("parsing certificate: %w", err)
+		}
+		certs = append(certs, c)
+	}
+	if len(certs) == 0 {
+		return nil, errors.New("no PEM certificate found")
+	}
+	return certs, nil
+}
+
+func readLimited(r io.Reader) ([]byte, error) {
+	data, err := io.ReadAll(io.LimitReader(r, MaxFileSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > MaxFileSize {
+		return nil, fmt.Errorf("larger than %d bytes", MaxFileSize)
+	}
+	return data, nil
+}

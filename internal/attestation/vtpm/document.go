@@ -1,0 +1,89 @@
+package vtpm
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+
+	"github.com/berth-k8s/berth/internal/attestation"
+)
+
+// Variant is the name of this attestation variant in documents and policy files.
+const Variant = "tpm"
+
+// MaxDocumentSize bounds an attestation document; larger input is rejected before decoding.
+const MaxDocumentSize = 64 << 10
+
+// Document is the attestation document of the TPM variant. Byte fields hold TPM wire structures
+// (TPMT_PUBLIC, TPMS_ATTEST, TPMT_SIGNATURE, TPMS_CREATION_DATA) or DER.
+type Document struct {
+	// Variant is always "tpm".
+	Variant string `json:"variant"`
+	// UserData is what the attester was asked to bind (aTLS: a hash of its TLS public key).
+	UserData []byte `json:"userData"`
+	// EKCert is the DER endorsement key certificate read from the TPM's NV storage.
+	EKCert []byte `json:"ekCert"`
+	// EKPublic is the EK's public area.
+	EKPublic []byte `json:"ekPublic"`
+	// AKPublic is the attestation key's public area.
+	AKPublic []byte `json:"akPublic"`
+	// AKCreationData records the AK's creation, including the name of its parent (the EK).
+	AKCreationData []byte `json:"akCreationData"`
+	// AKCertifyInfo and AKCertifySignature are TPM2_CertifyCreation's output for the AK.
+	AKCertifyInfo      []byte `json:"akCertifyInfo"`
+	AKCertifySignature []byte `json:"akCertifySignature"`
+	// Quote and QuoteSignature are TPM2_Quote's output over the SHA-256 bank.
+	Quote          []byte `json:"quote"`
+	QuoteSignature []byte `json:"quoteSignature"`
+	// PCRs are the quoted SHA-256 PCR values by index.
+	PCRs map[uint32][]byte `json:"pcrs"`
+}
+
+// ParseDocument decodes a document and checks its shape. It never trusts its content.
+func ParseDocument(data []byte) (*Document, error) {
+	if len(data) == 0 || len(data) > MaxDocumentSize {
+		return nil, fmt.Errorf("%w: %d bytes", attestation.ErrMalformed, len(data))
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	var doc Document
+	if err := dec.Decode(&doc); err != nil {
+		return nil, fmt.Errorf("%w: decoding: %w", attestation.ErrMalformed, err)
+	}
+	if dec.More() {
+		return nil, fmt.Errorf("%w: trailing data", attestation.ErrMalformed)
+	}
+	if doc.Variant != Variant {
+		return nil, fmt.Errorf("%w: %q", attestation.ErrUnknownVariant, doc.Variant)
+	}
+	for name, f := range map[string][]byte{
+		"akPublic": doc.AKPublic, "quote": doc.Quote, "quoteSignature": doc.QuoteSignature,
+	} {
+		if len(f) == 0 {
+			return nil, fmt.Errorf("%w: %s is empty", attestation.ErrMalformed, name)
+		}
+	}
+	for idx, v := range doc.PCRs {
+		if idx > 23 || len(v) != sha256.Size {
+			return nil, fmt.Errorf("%w: PCR %d has %d bytes", attestation.ErrMalformed, idx, len(v))
+		}
+	}
+	return &doc, nil
+}
+
+// extraData is what the quote's qualifying data must be: it binds the verifier's nonce and the user
+// data. Both are length-prefixed so no two (userData, nonce) pairs hash alike.
+func extraData(userData, nonce []byte) []byte {
+	h := sha256.New()
+	h.Write([]byte("berth tpm quote v1\x00"))
+	var n [4]byte
+	binary.BigEndian.PutUint32(n[:], uint32(len(userData)))
+	h.Write(n[:])
+	h.Write(userData)
+	binary.BigEndian.PutUint32(n[:], uint32(len(nonce)))
+	h.Write(n[:])
+	h.Write(nonce)
+	return h.Sum(nil)
+}

@@ -1,0 +1,367 @@
+package vtpm
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+
+	"github.com/google/go-tpm/tpm2"
+	"github.com/google/go-tpm/tpm2/transport"
+	"go.uber.org/zap"
+)
+
+// RSAEKCertIndex is the NV index of the RSA-2048 EK certificate (TCG EK Credential Profile); swtpm_setup
+// --create-ek-cert writes it there.
+const RSAEKCertIndex = 0x01c00002
+
+// DefaultPCRs is the selection the Issuer quotes unless configured otherwise: all 24 PC Client PCRs.
+var DefaultPCRs = []uint{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23}
+
+// ErrNoEKCertificate means the TPM holds no EK certificate at the configured NV index.
+var ErrNoEKCertificate = errors.New("TPM has no EK certificate")
+
+// akTemplate is a restricted ECDSA P-256 signing key that never leaves the TPM.
+var akTemplate = tpm2.TPMTPublic{
+	Type:    tpm2.TPMAlgECC,
+	NameAlg: tpm2.TPMAlgSHA256,
+	ObjectAttributes: tpm2.TPMAObject{
+		FixedTPM:            true,
+		FixedParent:         true,
+		SensitiveDataOrigin: true,
+		UserWithAuth:        true,
+		NoDA:                true,
+		Restricted:          true,
+		SignEncrypt:         true,
+	},
+	Parameters: tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
+		Scheme: tpm2.TPMTECCScheme{
+			Scheme:  tpm2.TPMAlgECDSA,
+			Details: tpm2.NewTPMUAsymScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSigSchemeECDSA{HashAlg: tpm2.TPMAlgSHA256}),
+		},
+		CurveID: tpm2.TPMECCNistP256,
+	}),
+}
+
+// IssuerOption configures an Issuer.
+type IssuerOption func(*Issuer)
+
+// WithPCRs sets the quoted PCR selection (SHA-256 bank).
+func WithPCRs(pcrs []uint) IssuerOption {
+	return func(i *Issuer) { i.pcrs = append([]uint(nil), pcrs...) }
+}
+
+// WithEKCertIndex sets the NV index the EK certificate is read from.
+func WithEKCertIndex(idx uint32) IssuerOption { return func(i *Issuer) { i.ekCertIndex = idx } }
+
+// Issuer produces TPM attestation documents. It is safe for concurrent use; TPM access is serialized.
+type Issuer struct {
+	open        OpenFunc
+	log         *zap.Logger
+	pcrs        []uint
+	ekCertIndex uint32
+
+	mu sync.Mutex // serializes TPM use and guards ak
+	ak *akRecord
+}
+
+// akRecord is the AK as created under the EK, kept in memory so later quotes only reload it.
+type akRecord struct {
+	private      tpm2.TPM2BPrivate
+	public       tpm2.TPM2BPublic
+	creationData []byte
+	certifyInfo  []byte
+	certifySig   []byte
+	ekPublic     []byte
+	ekCert       []byte
+}
+
+// NewIssuer returns an Issuer that reaches the TPM through open.
+func NewIssuer(open OpenFunc, log *zap.Logger, opts ...IssuerOption) *Issuer {
+	i := &Issuer{open: open, log: log, pcrs: DefaultPCRs, ekCertIndex: RSAEKCertIndex}
+	for _, o := range opts {
+		o(i)
+	}
+	sort.Slice(i.pcrs, func(a, b int) bool { return i.pcrs[a] < i.pcrs[b] })
+	return i
+}
+
+// Variant returns "tpm".
+func (i *Issuer) Variant() string { return Variant }
+
+// Issue quotes the configured PCRs with qualifying data bound to userData and nonce and returns the
+// JSON attestation document.
+func (i *Issuer) Issue(ctx context.Context, userData, nonce []byte) ([]byte, error) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	c, err := openTPM(ctx, i.open)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+
+	ek, err := createEK(c)
+	if err != nil {
+		return nil, err
+	}
+	defer flush(c, ek.ObjectHandle)
+
+	if i.ak == nil {
+		rec, err := i.createAK(c, ek)
+		if err != nil {
+			return nil, err
+		}
+		i.ak = rec
+		i.log.Info("attestation key created under the endorsement key")
+	}
+	load, err := tpm2.Load{
+		ParentHandle: tpm2.AuthHandle{Handle: ek.ObjectHandle, Name: ek.Name, Auth: endorsementPolicy()},
+		InPrivate:    i.ak.private,
+		InPublic:     i.ak.public,
+	}.Execute(c)
+	if err != nil {
+		return nil, fmt.Errorf("loading attestation key: %w", err)
+	}
+	defer flush(c, load.ObjectHandle)
+	ak := tpm2.NamedHandle{Handle: load.ObjectHandle, Name: load.Name}
+
+	doc := Document{
+		Variant:            Variant,
+		UserData:           userData,
+		EKCert:             i.ak.ekCert,
+		EKPublic:           i.ak.ekPublic,
+		AKPublic:           i.ak.public.Bytes(),
+		AKCreationData:     i.ak.creationData,
+		AKCertifyInfo:      i.ak.certifyInfo,
+		AKCertifySignature: i.ak.certifySig,
+	}
+	// The PCRs are read separately from the quote; retry when one changed in between.
+	for attempt := 0; ; attempt++ {
+		pcrs, err := readPCRs(c, i.pcrs)
+		if err != nil {
+			return nil, err
+		}
+		q, err := tpm2.Quote{
+			SignHandle:     tpm2.AuthHandle{Handle: ak.Handle, Name: ak.Name, Auth: tpm2.PasswordAuth(nil)},
+			QualifyingData: tpm2.TPM2BData{Buffer: extraData(userData, nonce)},
+			InScheme:       tpm2.TPMTSigScheme{Scheme: tpm2.TPMAlgNull},
+			PCRSelect:      sha256Selection(i.pcrs),
+		}.Execute(c)
+		if err != nil {
+			return nil, fmt.Errorf("quoting PCRs: %w", err)
+		}
+		attest, err := q.Quoted.Contents()
+		if err != nil {
+			return nil, fmt.Errorf("decoding quote: %w", err)
+		}
+		info, err := attest.Attested.Quote()
+		if err != nil {
+			return nil, fmt.Errorf("decoding quote: %w", err)
+		}
+		if string(info.PCRDigest.Buffer) != string(pcrDigest(pcrs, i.pcrs)) {
+			if attempt < 3 {
+				continue
+			}
+			return nil, errors.New("quoting PCRs: PCR values kept changing during the quote")
+		}
+		doc.Quote = q.Quoted.Bytes()
+		doc.QuoteSignature = tpm2.Marshal(q.Signature)
+		doc.PCRs = pcrs
+		break
+	}
+	out, err := json.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("encoding attestation document: %w", err)
+	}
+	return out, nil
+}
+
+// createAK creates the AK under the EK, records its creation with TPM2_CertifyCreation and reads the
+// EK certificate.
+func (i *Issuer) createAK(c transport.TPM, ek *tpm2.CreatePrimaryResponse) (*akRecord, error) {
+	ekCert, err := readNV(c, i.ekCertIndex)
+	if err != nil {
+		return nil, err
+	}
+	created, err := tpm2.Create{
+		ParentHandle: tpm2.AuthHandle{Handle: ek.ObjectHandle, Name: ek.Name, Auth: endorsementPolicy()},
+		InPublic:     tpm2.New2B(akTemplate),
+	}.Execute(c)
+	if err != nil {
+		return nil, fmt.Errorf("creating attestation key: %w", err)
+	}
+	load, err := tpm2.Load{
+		ParentHandle: tpm2.AuthHandle{Handle: ek.ObjectHandle, Name: ek.Name, Auth: endorsementPolicy()},
+		InPrivate:    created.OutPrivate,
+		InPublic:     created.OutPublic,
+	}.Execute(c)
+	if err != nil {
+		return nil, fmt.Errorf("loading attestation key: %w", err)
+	}
+	defer flush(c, load.ObjectHandle)
+	cert, err := tpm2.CertifyCreation{
+		SignHandle:     tpm2.AuthHandle{Handle: load.ObjectHandle, Name: load.Name, Auth: tpm2.PasswordAuth(nil)},
+		ObjectHandle:   tpm2.NamedHandle{Handle: load.ObjectHandle, Name: load.Name},
+		CreationHash:   created.CreationHash,
+		InScheme:       tpm2.TPMTSigScheme{Scheme: tpm2.TPMAlgNull},
+		CreationTicket: created.CreationTicket,
+	}.Execute(c)
+	if err != nil {
+		return nil, fmt.Errorf("certifying attestation key creation: %w", err)
+	}
+	return &akRecord{
+		private:      created.OutPrivate,
+		public:       created.OutPublic,
+		creationData: created.CreationData.Bytes(),
+		certifyInfo:  cert.CertifyInfo.Bytes(),
+		certifySig:   tpm2.Marshal(cert.Signature),
+		ekPublic:     ek.OutPublic.Bytes(),
+		ekCert:       ekCert,
+	}, nil
+}
+
+// createEK creates the RSA-2048 EK from the TCG default template; the same template always yields
+// the same key, the one the EK certificate is for.
+func createEK(c transport.TPM) (*tpm2.CreatePrimaryResponse, error) {
+	ek, err := tpm2.CreatePrimary{
+		PrimaryHandle: tpm2.TPMRHEndorsement,
+		InPublic:      tpm2.New2B(tpm2.RSAEKTemplate),
+	}.Execute(c)
+	if err != nil {
+		return nil, fmt.Errorf("creating endorsement key: %w", err)
+	}
+	return ek, nil
+}
+
+// endorsementPolicy satisfies the EK's authorization policy, PolicySecret(TPM_RH_ENDORSEMENT).
+func endorsementPolicy() tpm2.Session {
+	return tpm2.Policy(tpm2.TPMAlgSHA256, 16, func(tpm transport.TPM, handle tpm2.TPMISHPolicy, nonceTPM tpm2.TPM2BNonce) error {
+		_, err := tpm2.PolicySecret{
+			AuthHandle:    tpm2.AuthHandle{Handle: tpm2.TPMRHEndorsement, Auth: tpm2.PasswordAuth(nil)},
+			PolicySession: handle,
+			NonceTPM:      nonceTPM,
+		}.Execute(tpm)
+		return err
+	})
+}
+
+func flush(c transport.TPM, h tpm2.TPMHandle) {
+	_, _ = tpm2.FlushContext{FlushHandle: h}.Execute(c)
+}
+
+// readNV reads a whole NV index with owner authorization.
+func readNV(c transport.TPM, index uint32) ([]byte, error) {
+	pub, err := tpm2.NVReadPublic{NVIndex: tpm2.TPMHandle(index)}.Execute(c)
+	if err != nil {
+		return nil, fmt.Errorf("%w at NV index %#x: %w", ErrNoEKCertificate, index, err)
+	}
+	nvPub, err := pub.NVPublic.Contents()
+	if err != nil {
+		return nil, fmt.Errorf("decoding NV public area: %w", err)
+	}
+	const chunk = 512 // below every TPM's MAX_NV_BUFFER_SIZE
+	out := make([]byte, 0, nvPub.DataSize)
+	for off := uint16(0); off < nvPub.DataSize; {
+		n := min(chunk, nvPub.DataSize-off)
+		rsp, err := tpm2.NVRead{
+			AuthHandle: tpm2.AuthHandle{Handle: tpm2.TPMRHOwner, Auth: tpm2.PasswordAuth(nil)},
+			NVIndex:    tpm2.NamedHandle{Handle: tpm2.TPMHandle(index), Name: pub.NVName},
+			Size:       n,
+			Offset:     off,
+		}.Execute(c)
+		if err != nil {
+			return nil, fmt.Errorf("reading NV index %#x: %w", index, err)
+		}
+		out = append(out, rsp.Data.Buffer...)
+		off += n
+	}
+	return trimDER(out), nil
+}
+
+// trimDER drops NV padding after a DER SEQUENCE.
+func trimDER(b []byte) []byte {
+	if len(b) < 4 || b[0] != 0x30 {
+		return b
+	}
+	var l, hdr int
+	switch {
+	case b[1] < 0x80:
+		l, hdr = int(b[1]), 2
+	case b[1] == 0x81:
+		l, hdr = int(b[2]), 3
+	case b[1] == 0x82:
+		l, hdr = int(b[2])<<8|int(b[3]), 4
+	default:
+		return b
+	}
+	if hdr+l <= len(b) {
+		return b[:hdr+l]
+	}
+	return b
+}
+
+// sha256Selection selects pcrs in the SHA-256 bank.
+func sha256Selection(pcrs []uint) tpm2.TPMLPCRSelection {
+	return tpm2.TPMLPCRSelection{PCRSelections: []tpm2.TPMSPCRSelection{{
+		Hash:      tpm2.TPMAlgSHA256,
+		PCRSelect: tpm2.PCClientCompatible.PCRs(pcrs...),
+	}}}
+}
+
+// readPCRs reads the SHA-256 values of pcrs; TPM2_PCR_Read returns at most 8 values per call.
+func readPCRs(c transport.TPM, pcrs []uint) (map[uint32][]byte, error) {
+	out := map[uint32][]byte{}
+	for _, p := range pcrs {
+		if _, ok := out[uint32(p)]; ok {
+			continue
+		}
+		var batch []uint
+		for _, q := range pcrs {
+			if _, ok := out[uint32(q)]; !ok && len(batch) < 8 {
+				batch = append(batch, q)
+			}
+		}
+		rsp, err := tpm2.PCRRead{PCRSelectionIn: sha256Selection(batch)}.Execute(c)
+		if err != nil {
+			return nil, fmt.Errorf("reading PCRs: %w", err)
+		}
+		got := selectedPCRs(rsp.PCRSelectionOut)
+		if len(got) == 0 || len(got) != len(rsp.PCRValues.Digests) {
+			return nil, errors.New("reading PCRs: TPM returned no values")
+		}
+		for k, idx := range got {
+			out[uint32(idx)] = rsp.PCRValues.Digests[k].Buffer
+		}
+	}
+	return out, nil
+}
+
+// selectedPCRs lists the PCR indices selected in the SHA-256 bank, ascending.
+func selectedPCRs(sel tpm2.TPMLPCRSelection) []uint {
+	var out []uint
+	for _, s := range sel.PCRSelections {
+		if s.Hash != tpm2.TPMAlgSHA256 {
+			continue
+		}
+		for byteIdx, b := range s.PCRSelect {
+			for bit := 0; bit < 8; bit++ {
+				if b&(1<<bit) != 0 {
+					out = append(out, uint(byteIdx*8+bit))
+				}
+			}
+		}
+	}
+	return out
+}
+
+// pcrDigest is the quote's PCR digest: SHA-256 over the selected values in ascending index order.
+func pcrDigest(values map[uint32][]byte, pcrs []uint) []byte {
+	h := sha256.New()
+	for _, p := range pcrs {
+		h.Write(values[uint32(p)])
+	}
+	return h.Sum(nil)
+}

@@ -1,0 +1,265 @@
+package vtpm
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/rsa"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/x509"
+	"encoding/asn1"
+	"errors"
+	"fmt"
+	"math/big"
+	"sort"
+
+	"github.com/google/go-tpm/tpm2"
+	"go.uber.org/zap"
+
+	"github.com/berth-k8s/berth/internal/attestation"
+	"github.com/berth-k8s/berth/internal/attestation/policy"
+)
+
+// Validator checks TPM attestation documents against a policy. It is safe for concurrent use.
+type Validator struct {
+	policy *policy.Policy
+	roots  *x509.CertPool
+	log    *zap.Logger
+}
+
+// NewValidator returns a Validator for p, whose variant must be "tpm" and whose trust roots are the
+// EK CA certificates (roots or intermediates; any of them anchors a chain).
+func NewValidator(p *policy.Policy, log *zap.Logger) (*Validator, error) {
+	if p.Variant != Variant {
+		return nil, fmt.Errorf("%w: policy is for %q, not %q", attestation.ErrUnknownVariant, p.Variant, Variant)
+	}
+	if len(p.TrustRoots) == 0 {
+		return nil, fmt.Errorf("%w: a tpm policy needs at least one EK CA in trustRoots", policy.ErrInvalid)
+	}
+	return &Validator{policy: p, roots: p.CertPool(), log: log}, nil
+}
+
+// Variant returns "tpm".
+func (v *Validator) Variant() string { return Variant }
+
+// Validate checks doc against nonce and the policy. On success the result carries the document's user
+// data, which the caller must compare with what it expects (aTLS: the peer's TLS key).
+func (v *Validator) Validate(_ context.Context, raw, nonce []byte) (attestation.Result, error) {
+	doc, err := ParseDocument(raw)
+	if err != nil {
+		return attestation.Result{}, err
+	}
+	measurements, err := verifyQuote(doc, nonce)
+	if err != nil {
+		return attestation.Result{}, err
+	}
+	if err := v.verifyEK(doc); err != nil {
+		return attestation.Result{}, err
+	}
+	res := attestation.Result{Variant: Variant, UserData: doc.UserData, Measurements: measurements}
+	res.Warnings, err = v.policy.Evaluate(measurements)
+	for _, w := range res.Warnings {
+		v.log.Warn("measurement deviates from warn-only expectation", zap.String("detail", w))
+	}
+	if err != nil {
+		return res, err
+	}
+	return res, nil
+}
+
+// verifyQuote checks everything that needs no trust anchor: the nonce binding, the AK's attributes,
+// the quote signature and the quoted PCR digest. It returns the quoted measurements.
+func verifyQuote(doc *Document, nonce []byte) (attestation.Measurements, error) {
+	attest, err := tpm2.Unmarshal[tpm2.TPMSAttest](doc.Quote)
+	if err != nil {
+		return nil, fmt.Errorf("%w: decoding quote: %w", attestation.ErrMalformed, err)
+	}
+	if attest.Type != tpm2.TPMSTAttestQuote {
+		return nil, fmt.Errorf("%w: quote has type %#x", attestation.ErrMalformed, attest.Type)
+	}
+	if subtle.ConstantTimeCompare(attest.ExtraData.Buffer, extraData(doc.UserData, nonce)) != 1 {
+		return nil, fmt.Errorf("%w: the quote was made for another nonce or other user data", attestation.ErrNonceMismatch)
+	}
+	akPub, err := attestationKey(doc.AKPublic)
+	if err != nil {
+		return nil, err
+	}
+	if err := verifySignature(akPub, doc.Quote, doc.QuoteSignature); err != nil {
+		return nil, fmt.Errorf("%w: quote: %w", attestation.ErrBadSignature, err)
+	}
+	info, err := attest.Attested.Quote()
+	if err != nil {
+		return nil, fmt.Errorf("%w: decoding quote info: %w", attestation.ErrMalformed, err)
+	}
+	selected := selectedPCRs(info.PCRSelect)
+	if len(info.PCRSelect.PCRSelections) != 1 || len(selected) != len(doc.PCRs) {
+		return nil, fmt.Errorf("%w: quote selects %v, document carries %d PCRs", attestation.ErrMalformed, selected, len(doc.PCRs))
+	}
+	for _, p := range selected {
+		if _, ok := doc.PCRs[uint32(p)]; !ok {
+			return nil, fmt.Errorf("%w: quoted PCR %d missing from document", attestation.ErrMalformed, p)
+		}
+	}
+	if !bytes.Equal(info.PCRDigest.Buffer, pcrDigest(doc.PCRs, selected)) {
+		return nil, fmt.Errorf("%w: PCR values do not match the quoted digest", attestation.ErrBadSignature)
+	}
+	m := attestation.Measurements{}
+	for idx, val := range doc.PCRs {
+		m[idx] = val
+	}
+	return m, nil
+}
+
+// attestationKey parses the AK public area and checks that it is a restricted signing key that never
+// left the TPM it was created in.
+func attestationKey(raw []byte) (crypto.PublicKey, error) {
+	pub, err := tpm2.Unmarshal[tpm2.TPMTPublic](raw)
+	if err != nil {
+		return nil, fmt.Errorf("%w: decoding AK public area: %w", attestation.ErrMalformed, err)
+	}
+	a := pub.ObjectAttributes
+	if !a.FixedTPM || !a.FixedParent || !a.SensitiveDataOrigin || !a.Restricted || !a.SignEncrypt || a.Decrypt {
+		return nil, fmt.Errorf("%w: AK is not a restricted, TPM-bound signing key", attestation.ErrUntrustedRoot)
+	}
+	key, err := tpm2.Pub(*pub)
+	if err != nil {
+		return nil, fmt.Errorf("%w: AK public key: %w", attestation.ErrMalformed, err)
+	}
+	return key, nil
+}
+
+// verifySignature checks a TPMT_SIGNATURE over SHA-256(msg).
+func verifySignature(pub crypto.PublicKey, msg, rawSig []byte) error {
+	sig, err := tpm2.Unmarshal[tpm2.TPMTSignature](rawSig)
+	if err != nil {
+		return fmt.Errorf("decoding signature: %w", err)
+	}
+	digest := sha256.Sum256(msg)
+	switch k := pub.(type) {
+	case *ecdsa.PublicKey:
+		s, err := sig.Signature.ECDSA()
+		if err != nil || sig.SigAlg != tpm2.TPMAlgECDSA || s.Hash != tpm2.TPMAlgSHA256 {
+			return errors.New("not an ECDSA-SHA256 signature")
+		}
+		r, ss := new(big.Int).SetBytes(s.SignatureR.Buffer), new(big.Int).SetBytes(s.SignatureS.Buffer)
+		if !ecdsa.Verify(k, digest[:], r, ss) {
+			return errors.New("signature does not verify")
+		}
+		return nil
+	case *rsa.PublicKey:
+		s, err := sig.Signature.RSASSA()
+		if err != nil || sig.SigAlg != tpm2.TPMAlgRSASSA || s.Hash != tpm2.TPMAlgSHA256 {
+			return errors.New("not an RSASSA-SHA256 signature")
+		}
+		return rsa.VerifyPKCS1v15(k, crypto.SHA256, digest[:], s.Sig.Buffer)
+	default:
+		return fmt.Errorf("unsupported key type %T", pub)
+	}
+}
+
+// verifyEK checks that the EK certificate chains to a trust root, that it certifies the document's EK,
+// and that the AK was created under that EK (TPM2_CertifyCreation, signed by the AK).
+func (v *Validator) verifyEK(doc *Document) error {
+	cert, err := parseEKCert(doc.EKCert)
+	if err != nil {
+		return fmt.Errorf("%w: %w", attestation.ErrUntrustedRoot, err)
+	}
+	if _, err := cert.Verify(x509.VerifyOptions{Roots: v.roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
+		return fmt.Errorf("%w: EK certificate: %w", attestation.ErrUntrustedRoot, err)
+	}
+	ekPub, err := tpm2.Unmarshal[tpm2.TPMTPublic](doc.EKPublic)
+	if err != nil {
+		return fmt.Errorf("%w: decoding EK public area: %w", attestation.ErrMalformed, err)
+	}
+	if a := ekPub.ObjectAttributes; !a.FixedTPM || !a.Restricted || !a.Decrypt {
+		return fmt.Errorf("%w: EK is not a restricted TPM-bound decryption key", attestation.ErrUntrustedRoot)
+	}
+	ekKey, err := tpm2.Pub(*ekPub)
+	if err != nil {
+		return fmt.Errorf("%w: EK public key: %w", attestation.ErrMalformed, err)
+	}
+	if k, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !k.Equal(ekKey) {
+		return fmt.Errorf("%w: EK certificate is for another key", attestation.ErrUntrustedRoot)
+	}
+	ekName, err := tpm2.ObjectName(ekPub)
+	if err != nil {
+		return fmt.Errorf("%w: EK name: %w", attestation.ErrMalformed, err)
+	}
+
+	// The AK's creation record names its parent; the CertifyCreation attestation, signed by the AK,
+	// ties that record to the AK.
+	akPubArea, err := tpm2.Unmarshal[tpm2.TPMTPublic](doc.AKPublic)
+	if err != nil {
+		return fmt.Errorf("%w: decoding AK public area: %w", attestation.ErrMalformed, err)
+	}
+	akName, err := tpm2.ObjectName(akPubArea)
+	if err != nil {
+		return fmt.Errorf("%w: AK name: %w", attestation.ErrMalformed, err)
+	}
+	akKey, err := attestationKey(doc.AKPublic)
+	if err != nil {
+		return err
+	}
+	if err := verifySignature(akKey, doc.AKCertifyInfo, doc.AKCertifySignature); err != nil {
+		return fmt.Errorf("%w: AK creation certificate: %w", attestation.ErrUntrustedRoot, err)
+	}
+	certify, err := tpm2.Unmarshal[tpm2.TPMSAttest](doc.AKCertifyInfo)
+	if err != nil || certify.Type != tpm2.TPMSTAttestCreation {
+		return fmt.Errorf("%w: AK creation certificate is not a creation attestation", attestation.ErrUntrustedRoot)
+	}
+	creation, err := certify.Attested.Creation()
+	if err != nil {
+		return fmt.Errorf("%w: decoding creation info: %w", attestation.ErrMalformed, err)
+	}
+	creationHash := sha256.Sum256(doc.AKCreationData)
+	if !bytes.Equal(creation.ObjectName.Buffer, akName.Buffer) || !bytes.Equal(creation.CreationHash.Buffer, creationHash[:]) {
+		return fmt.Errorf("%w: AK creation certificate is for another key", attestation.ErrUntrustedRoot)
+	}
+	cd, err := tpm2.Unmarshal[tpm2.TPMSCreationData](doc.AKCreationData)
+	if err != nil {
+		return fmt.Errorf("%w: decoding AK creation data: %w", attestation.ErrMalformed, err)
+	}
+	if !bytes.Equal(cd.ParentName.Buffer, ekName.Buffer) {
+		return fmt.Errorf("%w: AK was not created under the certified EK", attestation.ErrUntrustedRoot)
+	}
+	return nil
+}
+
+// oidSubjectAltName is the SAN extension; EK certificates mark it critical and fill it with TPM
+// manufacturer attributes in a directoryName, which crypto/x509 leaves unhandled.
+var oidSubjectAltName = asn1.ObjectIdentifier{2, 5, 29, 17}
+
+// parseEKCert parses an EK certificate and accepts its critical SAN with TPM attributes.
+func parseEKCert(der []byte) (*x509.Certificate, error) {
+	if len(der) == 0 {
+		return nil, errors.New("document has no EK certificate")
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("parsing EK certificate: %w", err)
+	}
+	kept := cert.UnhandledCriticalExtensions[:0]
+	for _, oid := range cert.UnhandledCriticalExtensions {
+		if !oid.Equal(oidSubjectAltName) {
+			kept = append(kept, oid)
+		}
+	}
+	cert.UnhandledCriticalExtensions = kept
+	return cert, nil
+}
+
+// Measurements returns the quoted PCR values in doc without trusting them; for display only.
+func Measurements(raw []byte) ([]uint32, attestation.Measurements, error) {
+	doc, err := ParseDocument(raw)
+	if err != nil {
+		return nil, nil, err
+	}
+	idx := make([]uint32, 0, len(doc.PCRs))
+	for i := range doc.PCRs {
+		idx = append(idx, i)
+	}
+	sort.Slice(idx, func(a, b int) bool { return idx[a] < idx[b] })
+	return idx, doc.PCRs, nil
+}

@@ -1,0 +1,325 @@
+package vtpm_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/berth-k8s/berth/internal/attestation"
+	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/attestation/tpmsim"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
+)
+
+// newSimulator returns the reference simulator with an EK certificate from a fresh CA.
+func newSimulator(t testing.TB) (vtpm.OpenFunc, *vtpmtest.CA, *tpmsim.Simulator) {
+	t.Helper()
+	sim, err := tpmsim.New()
+	if errors.Is(err, tpmsim.ErrUnavailable) {
+		t.Skip("TPM simulator needs cgo")
+	}
+	if err != nil {
+		t.Fatalf("starting simulator: %v", err)
+	}
+	t.Cleanup(func() { _ = sim.Close() })
+	ca, err := vtpmtest.NewCA("test EK CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := vtpmtest.ProvisionEKCert(sim.Open, ca); err != nil {
+		t.Fatalf("provisioning EK certificate: %v", err)
+	}
+	return sim.Open, ca, sim
+}
+
+// policyFor builds a tpm policy trusting rootsPEM with expectations given as YAML lines.
+func policyFor(t testing.TB, rootsPEM [][]byte, measurements string) *policy.Policy {
+	t.Helper()
+	var b strings.Builder
+	b.WriteString("variant: tpm\n")
+	if measurements != "" {
+		b.WriteString("measurements:\n" + measurements)
+	}
+	b.WriteString("trustRoots:\n")
+	for _, r := range rootsPEM {
+		b.WriteString("  - pem: |\n")
+		for _, line := range strings.Split(strings.TrimSpace(string(r)), "\n") {
+			b.WriteString("      " + line + "\n")
+		}
+	}
+	p, err := policy.Parse([]byte(b.String()), "test-policy.yaml", nil)
+	if err != nil {
+		t.Fatalf("parsing policy: %v\n%s", err, b.String())
+	}
+	return p
+}
+
+func TestRoundTripSimulator(t *testing.T) {
+	open, ca, _ := newSimulator(t)
+	otherCA, err := vtpmtest.NewCA("other CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, open, [][]byte{ca.PEM()}, [][]byte{otherCA.PEM()})
+}
+
+func TestRoundTripSwtpm(t *testing.T) {
+	ca := vtpmtest.NewSwtpmCA(t)
+	sw := vtpmtest.StartSwtpm(t, ca)
+	otherCA, err := vtpmtest.NewCA("other CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	roundTrip(t, sw.Open, [][]byte{ca.RootPEM(t), ca.IssuerPEM(t)}, [][]byte{otherCA.PEM()})
+}
+
+// roundTrip issues on open's TPM and validates: the good case, then every named failure.
+func roundTrip(t *testing.T, open vtpm.OpenFunc, roots, untrusted [][]byte) {
+	ctx := context.Background()
+	log := zap.NewNop()
+	issuer := vtpm.NewIssuer(open, log)
+	userData, nonce := []byte("tls key hash"), []byte("nonce-0123456789abcdef0123456789")
+
+	raw, err := issuer.Issue(ctx, userData, nonce)
+	if err != nil {
+		t.Fatalf("Issue: %v", err)
+	}
+	var doc vtpm.Document
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	pcr0 := hex.EncodeToString(doc.PCRs[0])
+	good := policyFor(t, roots, fmt.Sprintf("  0: {expected: %q}\n  15: {expected: %q}\n", pcr0, strings.Repeat("00", 32)))
+	v, err := vtpm.NewValidator(good, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := v.Validate(ctx, raw, nonce)
+	if err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	if !bytes.Equal(res.UserData, userData) || len(res.Measurements) != 24 {
+		t.Fatalf("got user data %q and %d measurements", res.UserData, len(res.Measurements))
+	}
+
+	// A second issue reuses the AK and still validates.
+	raw2, err := issuer.Issue(ctx, userData, []byte("second nonce"))
+	if err != nil {
+		t.Fatalf("second Issue: %v", err)
+	}
+	if _, err := v.Validate(ctx, raw2, []byte("second nonce")); err != nil {
+		t.Fatalf("second Validate: %v", err)
+	}
+
+	mutate := func(f func(d *vtpm.Document)) []byte {
+		var d vtpm.Document
+		if err := json.Unmarshal(raw, &d); err != nil {
+			t.Fatal(err)
+		}
+		f(&d)
+		out, err := json.Marshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	warnPolicy := policyFor(t, roots, fmt.Sprintf("  0: {expected: %q, mode: warn}\n", strings.Repeat("ab", 32)))
+	testCases := map[string]struct {
+		policy  *policy.Policy
+		doc     []byte
+		nonce   []byte
+		wantErr error
+	}{
+		"PCR mismatch": {
+			policy: policyFor(t, roots, fmt.Sprintf("  0: {expected: %q}\n", strings.Repeat("ab", 32))),
+			doc:    raw, nonce: nonce, wantErr: attestation.ErrMeasurementMismatch,
+		},
+		"replayed with another nonce": {doc: raw, nonce: []byte("a fresh nonce"), wantErr: attestation.ErrNonceMismatch},
+		"user data swapped":           {doc: mutate(func(d *vtpm.Document) { d.UserData = []byte("other key") }), nonce: nonce, wantErr: attestation.ErrNonceMismatch},
+		"EK CA not trusted":           {policy: policyFor(t, untrusted, ""), doc: raw, nonce: nonce, wantErr: attestation.ErrUntrustedRoot},
+		"EK certificate removed":      {doc: mutate(func(d *vtpm.Document) { d.EKCert = nil }), nonce: nonce, wantErr: attestation.ErrUntrustedRoot},
+		"AK creation record forged": {
+			doc: mutate(func(d *vtpm.Document) {
+				d.AKCreationData = append([]byte(nil), d.AKCreationData...)
+				d.AKCreationData[len(d.AKCreationData)-3] ^= 1
+			}),
+			nonce: nonce, wantErr: attestation.ErrUntrustedRoot,
+		},
+		"PCR value tampered": {
+			doc:   mutate(func(d *vtpm.Document) { d.PCRs[0] = bytes.Repeat([]byte{0xab}, 32) }),
+			nonce: nonce, wantErr: attestation.ErrBadSignature,
+		},
+		"quote signature tampered": {
+			doc:   mutate(func(d *vtpm.Document) { d.QuoteSignature[len(d.QuoteSignature)-1] ^= 1 }),
+			nonce: nonce, wantErr: attestation.ErrBadSignature,
+		},
+		"truncated":        {doc: raw[:len(raw)/2], nonce: nonce, wantErr: attestation.ErrMalformed},
+		"garbage":          {doc: []byte("\x00\x01garbage"), nonce: nonce, wantErr: attestation.ErrMalformed},
+		"empty":            {doc: nil, nonce: nonce, wantErr: attestation.ErrMalformed},
+		"unknown variant":  {doc: mutate(func(d *vtpm.Document) { d.Variant = "sev-snp" }), nonce: nonce, wantErr: attestation.ErrUnknownVariant},
+		"warn only passes": {policy: warnPolicy, doc: raw, nonce: nonce},
+	}
+	for name, tc := range testCases {
+		t.Run(name, func(t *testing.T) {
+			val := v
+			if tc.policy != nil {
+				if val, err = vtpm.NewValidator(tc.policy, log); err != nil {
+					t.Fatal(err)
+				}
+			}
+			res, err := val.Validate(ctx, tc.doc, tc.nonce)
+			if tc.wantErr == nil {
+				if err != nil {
+					t.Fatalf("Validate: %v", err)
+				}
+				if len(res.Warnings) != 1 {
+					t.Fatalf("got warnings %q, want one", res.Warnings)
+				}
+				return
+			}
+			if !errors.Is(err, tc.wantErr) {
+				t.Fatalf("got error %v, want %v", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+// TestAKFromAnotherTPM transplants the AK and quote of one TPM next to the EK certificate of another.
+func TestAKFromAnotherTPM(t *testing.T) {
+	ctx := context.Background()
+	ca := vtpmtest.NewSwtpmCA(t)
+	a, b := vtpmtest.StartSwtpm(t, ca), vtpmtest.StartSwtpm(t, ca)
+	nonce := []byte("nonce")
+	rawA, err := vtpm.NewIssuer(a.Open, zap.NewNop()).Issue(ctx, nil, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rawB, err := vtpm.NewIssuer(b.Open, zap.NewNop()).Issue(ctx, nil, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var docA, docB vtpm.Document
+	if err := json.Unmarshal(rawA, &docA); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(rawB, &docB); err != nil {
+		t.Fatal(err)
+	}
+	docB.EKCert, docB.EKPublic = docA.EKCert, docA.EKPublic
+	forged, err := json.Marshal(docB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := vtpm.NewValidator(policyFor(t, [][]byte{ca.RootPEM(t), ca.IssuerPEM(t)}, ""), zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := v.Validate(ctx, rawA, nonce); err != nil {
+		t.Fatalf("genuine document: %v", err)
+	}
+	if _, err := v.Validate(ctx, forged, nonce); !errors.Is(err, attestation.ErrUntrustedRoot) {
+		t.Fatalf("got %v, want ErrUntrustedRoot", err)
+	}
+}
+
+func TestLockRegister(t *testing.T) {
+	open, _, sim := newSimulator(t)
+	ctx := context.Background()
+	lock := vtpm.NewLockRegister(open, vtpm.DefaultLockPCR)
+	if got, err := lock.Bootstrapped(ctx); err != nil || got {
+		t.Fatalf("fresh TPM: Bootstrapped = %v, %v; want false", got, err)
+	}
+	clusterID := []byte("cluster-id-0123456789abcdef01234")
+	if err := lock.MarkBootstrapped(ctx, clusterID); err != nil {
+		t.Fatalf("MarkBootstrapped: %v", err)
+	}
+	if got, err := lock.Bootstrapped(ctx); err != nil || !got {
+		t.Fatalf("after mark: Bootstrapped = %v, %v; want true", got, err)
+	}
+	if err := lock.MarkBootstrapped(ctx, clusterID); !errors.Is(err, vtpm.ErrLockTaken) {
+		t.Fatalf("second mark: got %v, want ErrLockTaken", err)
+	}
+	// The quoted PCR holds the value a verifier computes from the cluster ID.
+	raw, err := vtpm.NewIssuer(open, zap.NewNop()).Issue(ctx, nil, []byte("n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc vtpm.Document
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if want := vtpm.ExpectedLockValue(clusterID); !bytes.Equal(doc.PCRs[vtpm.DefaultLockPCR], want) {
+		t.Fatalf("PCR %d = %x, want %x", vtpm.DefaultLockPCR, doc.PCRs[vtpm.DefaultLockPCR], want)
+	}
+	// A reboot resets it.
+	if err := sim.Reset(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := lock.Bootstrapped(ctx); err != nil || got {
+		t.Fatalf("after reset: Bootstrapped = %v, %v; want false", got, err)
+	}
+}
+
+func TestOpenerFromSpec(t *testing.T) {
+	for _, spec := range []string{"", "tcp:nohostport"} {
+		if _, err := vtpm.OpenerFromSpec(spec); err == nil {
+			t.Errorf("OpenerFromSpec(%q) succeeded", spec)
+		}
+	}
+	for _, spec := range []string{"/dev/tpmrm0", "tcp:127.0.0.1:2321", "unix:/run/swtpm.sock"} {
+		if _, err := vtpm.OpenerFromSpec(spec); err != nil {
+			t.Errorf("OpenerFromSpec(%q): %v", spec, err)
+		}
+	}
+}
+
+func FuzzParseDocument(f *testing.F) {
+	f.Add([]byte(`{"variant":"tpm","akPublic":"AA==","quote":"AA==","quoteSignature":"AA==","pcrs":{"0":"AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA="}}`))
+	f.Add([]byte(`{"variant":"tdx"}`))
+	f.Add([]byte(`[]`))
+	p, err := policy.Parse([]byte("variant: tpm\ntrustRoots:\n  - pem: |\n"+indentPEM(mustCA(f).PEM())), "fuzz", nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	v, err := vtpm.NewValidator(p, zap.NewNop())
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_, err := v.Validate(context.Background(), data, []byte("nonce"))
+		if err == nil {
+			t.Fatal("validated a fuzzed document")
+		}
+		for _, want := range []error{attestation.ErrMalformed, attestation.ErrUnknownVariant, attestation.ErrNonceMismatch,
+			attestation.ErrBadSignature, attestation.ErrUntrustedRoot, attestation.ErrMeasurementMismatch} {
+			if errors.Is(err, want) {
+				return
+			}
+		}
+		t.Fatalf("error %v is not a named validation error", err)
+	})
+}
+
+func mustCA(f *testing.F) *vtpmtest.CA {
+	ca, err := vtpmtest.NewCA("fuzz CA")
+	if err != nil {
+		f.Fatal(err)
+	}
+	return ca
+}
+
+func indentPEM(b []byte) string {
+	var s strings.Builder
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		s.WriteString("      " + line + "\n")
+	}
+	return s.String()
+}

@@ -1,0 +1,121 @@
+package vtpmtest
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+)
+
+// SwtpmCA is a directory holding swtpm's local CA (created on first use by swtpm_localca) and the
+// swtpm_setup configuration that uses it.
+type SwtpmCA struct {
+	Dir string
+}
+
+// NewSwtpmCA prepares a local CA directory under t.TempDir. It skips the test when swtpm's tools are
+// not installed (Debian packages swtpm and swtpm-tools).
+func NewSwtpmCA(t testing.TB) *SwtpmCA {
+	t.Helper()
+	for _, bin := range []string{"swtpm", "swtpm_setup", "swtpm_localca"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			t.Skipf("swtpm test needs %s (apt packages swtpm, swtpm-tools): %v", bin, err)
+		}
+	}
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "localca"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	localca, _ := exec.LookPath("swtpm_localca")
+	files := map[string]string{
+		"swtpm_setup.conf": fmt.Sprintf("create_certs_tool = %s\ncreate_certs_tool_config = %s\ncreate_certs_tool_options = %s\n",
+			localca, filepath.Join(dir, "swtpm-localca.conf"), filepath.Join(dir, "swtpm-localca.options")),
+		"swtpm-localca.conf": fmt.Sprintf("statedir = %[1]s\nsigningkey = %[1]s/signkey.pem\nissuercert = %[1]s/issuercert.pem\ncertserial = %[1]s/certserial\n",
+			filepath.Join(dir, "localca")),
+		"swtpm-localca.options": "--platform-manufacturer Berth\n--platform-version 2.1\n--platform-model test\n",
+	}
+	for name, content := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return &SwtpmCA{Dir: dir}
+}
+
+// RootPEM returns the CA's root certificate (valid after the first StartSwtpm).
+func (ca *SwtpmCA) RootPEM(t testing.TB) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(ca.Dir, "localca", "swtpm-localca-rootca-cert.pem"))
+	if err != nil {
+		t.Fatalf("reading swtpm local CA root: %v", err)
+	}
+	return b
+}
+
+// IssuerPEM returns the CA's intermediate certificate that signs EK certificates.
+func (ca *SwtpmCA) IssuerPEM(t testing.TB) []byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(ca.Dir, "localca", "issuercert.pem"))
+	if err != nil {
+		t.Fatalf("reading swtpm local CA issuer: %v", err)
+	}
+	return b
+}
+
+// Swtpm is a running swtpm process with an EK certificate from its CA.
+type Swtpm struct {
+	// Spec is the BERTH_TPM value for this TPM ("unix:PATH").
+	Spec string
+	// Open opens a connection to the TPM's data channel.
+	Open vtpm.OpenFunc
+	cmd  *exec.Cmd
+}
+
+// StartSwtpm manufactures a TPM state with an RSA EK certificate signed by ca and serves it over a
+// unix socket. The process is stopped and waited for in t.Cleanup.
+func StartSwtpm(t testing.TB, ca *SwtpmCA) *Swtpm {
+	t.Helper()
+	dir := t.TempDir()
+	state := filepath.Join(dir, "state")
+	if err := os.MkdirAll(state, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	setup := exec.Command("swtpm_setup", "--tpm2", "--tpmstate", state, "--create-ek-cert",
+		"--config", filepath.Join(ca.Dir, "swtpm_setup.conf"), "--overwrite")
+	if out, err := setup.CombinedOutput(); err != nil {
+		t.Fatalf("swtpm_setup: %v\n%s", err, out)
+	}
+	sock := filepath.Join(dir, "tpm.sock")
+	cmd := exec.Command("swtpm", "socket", "--tpm2", "--tpmstate", "dir="+state,
+		"--server", "type=unixio,path="+sock, "--ctrl", "type=unixio,path="+filepath.Join(dir, "ctrl.sock"),
+		"--flags", "not-need-init,startup-clear", "--log", "file="+filepath.Join(dir, "swtpm.log"))
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting swtpm: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("swtpm did not open %s: %v", sock, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	open, err := vtpm.OpenerFromSpec("unix:" + sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Swtpm{Spec: "unix:" + sock, Open: open, cmd: cmd}
+}
