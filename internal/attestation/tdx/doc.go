@@ -1,0 +1,38 @@
+// Package tdx is Berth's Intel TDX attestation variant ("tdx"): quotes and RTMR extends on the guest, offline
+// quote verification on the verifier, and the RTMR-backed node lock register.
+//
+// # Guest side
+//
+// A Device produces quotes, extends RTMRs and reads measurements. Two backends exist, chosen by OpenAuto:
+//
+//   - configfs-tsm (mainline kernels from 6.7): a report directory under /sys/kernel/config/tsm/report, the
+//     report data written to inblob, the quote read from outblob, with the generation counter checked for
+//     concurrent writers. RTMR extend and MR reads go through /sys/class/misc/tdx_guest/measurements
+//     (kernels from 6.16); without those files, measurements come from a quote and RTMR extend fails.
+//   - the legacy /dev/tdx-guest ioctl ABI of the pre-upstream driver, through github.com/edgelesssys/go-tdx-qpl's
+//     device functions (quote through the quote generation service envelope, RTMR extend, TD report).
+//
+// Issuer.Issue binds user data and the verifier's nonce into the quote's REPORTDATA (see ReportData) and wraps
+// the quote in a versioned document (see Document). LockRegister extends the cluster ID into an RTMR.
+//
+// # Verifier side
+//
+// Verification runs offline. go-tdx-qpl's verifier always fetches collateral from Intel's service and keeps its
+// client unexported, so it cannot be used. github.com/google/go-tdx-guest's verify package accepts an injected
+// getter, but keyed by service URL, without a context, with collateral failures reported as formatted strings
+// that cannot be mapped onto Berth's named errors, and with a dependency tree of its own. This package
+// therefore parses the quote itself and checks it with crypto/x509 and crypto/ecdsa:
+//
+//  1. the PCK certificate chain from the quote up to the configured roots (IntelSGXRootCA by default);
+//  2. collateral from a CollateralGetter: the PCK CRL (signed by the PCK certificate's issuer, current, not
+//     listing the PCK certificate), optionally the root CA CRL, TCB info and QE identity (each signed by a
+//     certificate chaining to the roots, over the exact JSON text, and current);
+//  3. the QE report signature by the PCK key, and the QE report data binding the attestation key;
+//  4. the quote signature by the attestation key over header and TD quote body;
+//  5. the quoting enclave against the QE identity, the TDX module and the platform's SVNs against TCB info; the
+//     resulting TCB statuses must be in the accepted set (only UpToDate by default; others become warnings).
+//
+// Collateral is injected through CollateralGetter. CachingGetter keeps it in memory and, optionally, on disk, so
+// that a verifier can run with pre-fetched collateral and no upstream at all. Validator adds the report data
+// binding and the measurement policy (indices: 0 = MRTD, 1..4 = RTMR0..3).
+package tdx
