@@ -2,8 +2,10 @@ package tdx
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/edgelesssys/go-tdx-qpl/blobs"
 )
@@ -136,5 +138,18 @@ func FuzzCollateral(f *testing.F) {
 		if p, err := c.parse(); err == nil {
 			_ = p.nextUpdate()
 		}
+	})
+}
+
+// FuzzVerifyQuote runs the whole verifier on mutations of the sample quote with the sample collateral: certificate
+// and extension parsing, chain building, CRL and TCB matching must reject, never panic.
+func FuzzVerifyQuote(f *testing.F) {
+	f.Add(blobs.TDXQuote())
+	v, err := NewVerifier(VerifierConfig{Roots: IntelSGXRootCA(), Collateral: StaticCollateral{Collateral: sampleCollateral()}, Now: func() time.Time { return sampleNow }})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = v.VerifyQuote(context.Background(), b)
 	})
 }

@@ -224,7 +224,7 @@ func (v *Verifier) verifyCollateral(col *parsedCollateral, pckChain []*x509.Cert
 		if err := checkCRLTime(col.rootCRL, now); err != nil {
 			return fmt.Errorf("checking root CA CRL: %w", err)
 		}
-		for _, c := range pckChain[1 : len(pckChain)-1] {
+		for _, c := range pckChain[min(1, len(pckChain)-1) : len(pckChain)-1] {
 			if revoked(col.rootCRL, c) {
 				return fmt.Errorf("checking CA %q: %w", c.Subject.CommonName, ErrRevoked)
 			}
