@@ -48,6 +48,9 @@ func (k *Keys) derive(info string) []byte {
 	return key
 }
 
+// MasterSecret returns a copy of the master secret, for handing it to the cluster's joinservice.
+func (k *Keys) MasterSecret() []byte { return append([]byte(nil), k.master...) }
+
 // ClusterID is the cluster's public identifier, extended into every node's lock register.
 func (k *Keys) ClusterID() []byte { return k.derive("berth/v1/cluster-id") }
 

@@ -124,7 +124,7 @@ func TestRunnerArgv(t *testing.T) {
 	r := &Runner{Path: "/opt/bin/kubeadm", IgnorePreflightErrors: []string{"all"}, Exec: rec}
 	ctx := context.Background()
 	for _, err := range []error{
-		r.Preflight(ctx, io.Discard, "/c.yaml"),
+		r.Version(ctx, io.Discard),
 		r.Certs(ctx, io.Discard, "/c.yaml"),
 		r.Init(ctx, io.Discard, "/c.yaml", "addon/kube-proxy"),
 		r.Join(ctx, io.Discard, "/j.yaml"),
@@ -135,9 +135,9 @@ func TestRunnerArgv(t *testing.T) {
 		}
 	}
 	want := strings.Join([]string{
-		"/opt/bin/kubeadm init phase preflight --config /c.yaml --ignore-preflight-errors=all",
+		"/opt/bin/kubeadm version -o short",
 		"/opt/bin/kubeadm init phase certs all --config /c.yaml",
-		"/opt/bin/kubeadm init --config /c.yaml --skip-token-print --skip-phases=preflight,certs,addon/kube-proxy --ignore-preflight-errors=all",
+		"/opt/bin/kubeadm init --config /c.yaml --skip-token-print --skip-phases=certs,addon/kube-proxy --ignore-preflight-errors=all",
 		"/opt/bin/kubeadm join --config /j.yaml --ignore-preflight-errors=all",
 		"/opt/bin/kubeadm reset --force --cri-socket unix:///c.sock",
 	}, "\n")

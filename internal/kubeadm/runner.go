@@ -44,9 +44,9 @@ func (r *Runner) ignoreFlag() []string {
 	return []string{"--ignore-preflight-errors=" + strings.Join(r.IgnorePreflightErrors, ",")}
 }
 
-// Preflight runs kubeadm's init preflight checks.
-func (r *Runner) Preflight(ctx context.Context, out io.Writer, configPath string) error {
-	return r.run(ctx, out, append([]string{"init", "phase", "preflight", "--config", configPath}, r.ignoreFlag()...)...)
+// Version writes kubeadm's version ("v1.34.2") to out.
+func (r *Runner) Version(ctx context.Context, out io.Writer) error {
+	return r.run(ctx, out, "version", "-o", "short")
 }
 
 // Certs generates the cluster's certificates (idempotent: existing valid certificates are kept).
@@ -54,9 +54,9 @@ func (r *Runner) Certs(ctx context.Context, out io.Writer, configPath string) er
 	return r.run(ctx, out, "init", "phase", "certs", "all", "--config", configPath)
 }
 
-// Init runs `kubeadm init` without the phases Berth runs itself, plus any in skip.
+// Init runs `kubeadm init`, skipping the certs phase (Berth runs it first) and any in skip.
 func (r *Runner) Init(ctx context.Context, out io.Writer, configPath string, skip ...string) error {
-	phases := append([]string{"preflight", "certs"}, skip...)
+	phases := append([]string{"certs"}, skip...)
 	args := []string{"init", "--config", configPath, "--skip-token-print", "--skip-phases=" + strings.Join(phases, ",")}
 	return r.run(ctx, out, append(args, r.ignoreFlag()...)...)
 }

@@ -1,0 +1,186 @@
+// Package bootstrapper is the daemon every node runs. Run is the only place where its two actors
+// meet: the InitServer (waits for `berth init`) and the JoinClient (waits for a join ticket) run in
+// one errgroup under a shared context, behind the one-way node lock. Whichever takes the lock first
+// wins; the other's context is cancelled, so its listener closes and its goroutines end.
+//
+// What Run does depends on the node's persisted state:
+//
+//	marker  state                  runs
+//	no      none                   InitServer + JoinClient, racing for the lock
+//	yes     init, not done         InitServer only (resumes the init with the same secrets)
+//	yes     init, done             InitServer only (answers "already initialized"), kubelet
+//	yes     join, done             kubelet only
+//	yes     join, not done         nothing: ErrIncompleteJoin (the node must be reset)
+//	yes     none                   nothing: ErrInconsistentState
+//
+// The kubelet supervisor runs in the same group for the daemon's whole life.
+package bootstrapper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/berth-k8s/berth/bootstrapper/initcluster"
+	"github.com/berth-k8s/berth/bootstrapper/initserver"
+	"github.com/berth-k8s/berth/internal/nodestate"
+	"github.com/berth-k8s/berth/internal/sdnotify"
+	"github.com/berth-k8s/berth/nodelock"
+)
+
+// Named reasons the daemon cannot run.
+var (
+	ErrIncompleteJoin    = errors.New("node took the lock to join but the join did not finish; reset the node")
+	ErrInconsistentState = errors.New("node is marked bootstrapped but has no node state; reset the node")
+)
+
+// Deps are the daemon's parts, built by the command from its configuration.
+type Deps struct {
+	Log *zap.Logger
+	// Lock is the node lock shared by both actors.
+	Lock *Race
+	// State is the node's persisted state.
+	State interface {
+		Load() (*nodestate.State, error)
+	}
+	// InitListener is the InitServer's bound listener; Run closes it.
+	InitListener net.Listener
+	InitServer   interface {
+		Serve(ctx context.Context, lis net.Listener) error
+	}
+	JoinClient interface {
+		Run(ctx context.Context) error
+	}
+	Kubelet interface {
+		Start(ctx context.Context) error
+		Run(ctx context.Context) error
+	}
+	// Notify tells the service manager the daemon is ready; nil means sd_notify.
+	Notify func() error
+}
+
+type mode int
+
+const (
+	modeFresh mode = iota
+	modeInitialized
+	modeJoined
+)
+
+// Run runs the daemon until ctx ends or, where nothing is left to do, until the work is done.
+func Run(ctx context.Context, d Deps) error {
+	log := d.Log
+	m, st, err := decide(ctx, d)
+	if err != nil {
+		d.InitListener.Close()
+		return err
+	}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return d.Kubelet.Run(gctx) })
+	switch m {
+	case modeFresh:
+		log.Info("fresh node: waiting for init or a join ticket")
+		initCtx, cancelInit := context.WithCancel(gctx)
+		joinCtx, cancelJoin := context.WithCancel(gctx)
+		d.Lock.onWin(func(owner string) {
+			log.Info("node lock taken", zap.String("owner", owner))
+			if owner == initserver.LockOwner {
+				cancelJoin()
+			} else {
+				cancelInit()
+			}
+		})
+		g.Go(func() error {
+			defer cancelInit()
+			return d.InitServer.Serve(initCtx, d.InitListener)
+		})
+		g.Go(func() error {
+			defer cancelJoin()
+			if err := d.JoinClient.Run(joinCtx); err != nil {
+				return fmt.Errorf("joining: %w", err)
+			}
+			return nil
+		})
+	case modeInitialized:
+		log.Info("node initialized a cluster before", zap.Bool("done", st.Done), zap.Strings("completedPhases", st.CompletedPhases))
+		if st.Done || st.Completed(initcluster.PhaseKubeadmInit) {
+			if err := d.Kubelet.Start(gctx); err != nil {
+				log.Error("starting kubelet", zap.Error(err))
+			}
+		}
+		g.Go(func() error { return d.InitServer.Serve(gctx, d.InitListener) })
+	case modeJoined:
+		log.Info("node joined a cluster before: starting kubelet", zap.String("nodeName", st.NodeName))
+		d.InitListener.Close()
+		if err := d.Kubelet.Start(gctx); err != nil {
+			log.Error("starting kubelet", zap.Error(err))
+		}
+	}
+	notify := d.Notify
+	if notify == nil {
+		notify = func() error { _, err := sdnotify.Ready(); return err }
+	}
+	if err := notify(); err != nil {
+		log.Warn("notifying service manager", zap.Error(err))
+	}
+	return g.Wait()
+}
+
+func decide(ctx context.Context, d Deps) (mode, *nodestate.State, error) {
+	bootstrapped, err := d.Lock.lock.Bootstrapped(ctx)
+	if err != nil {
+		return 0, nil, err
+	}
+	st, err := d.State.Load()
+	if err != nil {
+		return 0, nil, err
+	}
+	switch {
+	case !bootstrapped && st == nil:
+		return modeFresh, nil, nil
+	case st != nil && st.Role == nodestate.RoleInit:
+		return modeInitialized, st, nil
+	case st != nil && st.Role == nodestate.RoleJoin && st.Done:
+		return modeJoined, st, nil
+	case st != nil && st.Role == nodestate.RoleJoin:
+		return 0, nil, ErrIncompleteJoin
+	default:
+		return 0, nil, ErrInconsistentState
+	}
+}
+
+// Race is the node lock as the two actors share it: the winner's TryLockOnce cancels the loser.
+type Race struct {
+	lock *nodelock.Lock
+
+	mu      sync.Mutex
+	handler func(owner string)
+}
+
+// NewRace wraps lock.
+func NewRace(lock *nodelock.Lock) *Race { return &Race{lock: lock} }
+
+func (r *Race) onWin(f func(owner string)) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.handler = f
+}
+
+// TryLockOnce takes the node lock for owner and, on success, cancels the other actor.
+func (r *Race) TryLockOnce(ctx context.Context, owner string, clusterID []byte) error {
+	if err := r.lock.TryLockOnce(ctx, owner, clusterID); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	h := r.handler
+	r.mu.Unlock()
+	if h != nil {
+		h(owner)
+	}
+	return nil
+}

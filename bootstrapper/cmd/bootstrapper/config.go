@@ -1,0 +1,150 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/berth-k8s/berth/internal/version"
+)
+
+// config is the daemon's configuration.
+type config struct {
+	metadata      string
+	metadataFile  string
+	metadataURL   string
+	attestation   string
+	tpm           string
+	stateDir      string
+	initListen    string
+	kubelet       string
+	kubeletPath   string
+	kubeletArgs   []string
+	kubeadmPath   string
+	ignorePreflt  []string
+	kubernetesDir string
+	kubeletDir    string
+	criSocket     string
+	cgroupDriver  string
+	kubeProxyMode string
+	neverPull     bool
+	componentsDir string
+	joinImage     string
+	joinPort      int
+	diskUUID      string
+	logLevel      string
+}
+
+func defaultConfig() *config {
+	return &config{
+		stateDir:      "/var/lib/berth",
+		initListen:    ":9000",
+		kubelet:       "systemd",
+		kubeletPath:   "kubelet",
+		kubeadmPath:   "kubeadm",
+		kubernetesDir: "/etc/kubernetes",
+		kubeletDir:    "/var/lib/kubelet",
+		criSocket:     "unix:///run/containerd/containerd.sock",
+		joinImage:     "berth.local/joinservice:" + version.Version,
+		joinPort:      30090,
+		logLevel:      "info",
+	}
+}
+
+func (c *config) register(f *pflag.FlagSet) {
+	f.StringVar(&c.metadata, "metadata", c.metadata, "metadata provider: static (a file) or mini (the HTTP API of 'berth mini up')")
+	f.StringVar(&c.metadataFile, "metadata-file", c.metadataFile, "metadata file for --metadata=static")
+	f.StringVar(&c.metadataURL, "metadata-url", c.metadataURL, "base URL of the metadata API for --metadata=mini")
+	f.StringVar(&c.attestation, "attestation", c.attestation, "attestation variant; only insecure-none (no attestation, for development) is wired so far")
+	f.StringVar(&c.tpm, "tpm", c.tpm, "TPM to use: a device path such as /dev/tpmrm0, or tcp:HOST:PORT for swtpm")
+	f.StringVar(&c.stateDir, "state-dir", c.stateDir, "directory for the node's state (lock marker, node state, kubeadm config)")
+	f.StringVar(&c.initListen, "init-listen", c.initListen, "address the InitServer listens on")
+	f.StringVar(&c.kubelet, "kubelet", c.kubelet, "how to run the kubelet: systemd (kubelet.service) or process (supervised child process)")
+	f.StringVar(&c.kubeletPath, "kubelet-path", c.kubeletPath, "kubelet binary for --kubelet=process")
+	f.StringSliceVar(&c.kubeletArgs, "kubelet-extra-args", c.kubeletArgs, "extra kubelet flags as NAME=VALUE, written into kubeadm's kubelet flags")
+	f.StringVar(&c.kubeadmPath, "kubeadm-path", c.kubeadmPath, "kubeadm binary")
+	f.StringSliceVar(&c.ignorePreflt, "kubeadm-ignore-preflight-errors", c.ignorePreflt, "kubeadm preflight checks to ignore (e.g. all on namespace nodes)")
+	f.StringVar(&c.kubernetesDir, "kubernetes-dir", c.kubernetesDir, "kubeadm's configuration directory")
+	f.StringVar(&c.kubeletDir, "kubelet-dir", c.kubeletDir, "the kubelet's directory")
+	f.StringVar(&c.criSocket, "cri-socket", c.criSocket, "container runtime endpoint")
+	f.StringVar(&c.cgroupDriver, "cgroup-driver", c.cgroupDriver, "kubelet cgroup driver: systemd or cgroupfs (default: systemd with --kubelet=systemd, else cgroupfs)")
+	f.StringVar(&c.kubeProxyMode, "kube-proxy-mode", c.kubeProxyMode, "kube-proxy mode (nftables, iptables); empty keeps kubeadm's default")
+	f.BoolVar(&c.neverPull, "never-pull", c.neverPull, "never pull images: every image is pre-imported into the container runtime")
+	f.StringVar(&c.componentsDir, "components-dir", c.componentsDir, "directory of extra manifests (e.g. the pod network) applied after kubeadm init")
+	f.StringVar(&c.joinImage, "joinservice-image", c.joinImage, "container image of the joinservice DaemonSet")
+	f.IntVar(&c.joinPort, "joinservice-port", c.joinPort, "port of the joinservice on control-plane nodes")
+	f.StringVar(&c.diskUUID, "disk-uuid", c.diskUUID, "UUID of the node's state disk, for its disk key")
+	f.StringVar(&c.logLevel, "log-level", c.logLevel, "log level: debug, info, warn or error")
+}
+
+func (c *config) validate() error {
+	var errs []error
+	switch c.metadata {
+	case "static":
+		if c.metadataFile == "" {
+			errs = append(errs, errors.New("--metadata=static needs --metadata-file"))
+		}
+	case "mini":
+		if c.metadataURL == "" {
+			errs = append(errs, errors.New("--metadata=mini needs --metadata-url"))
+		}
+	case "":
+		errs = append(errs, errors.New("--metadata is required (static or mini)"))
+	default:
+		errs = append(errs, fmt.Errorf("--metadata %q: want static or mini", c.metadata))
+	}
+	switch c.attestation {
+	case "insecure-none":
+	case "":
+		errs = append(errs, errors.New("--attestation is required; insecure-none must be chosen explicitly"))
+	default:
+		errs = append(errs, fmt.Errorf("--attestation %q is not wired into the daemon yet; use insecure-none for development", c.attestation))
+	}
+	switch c.kubelet {
+	case "systemd", "process":
+	default:
+		errs = append(errs, fmt.Errorf("--kubelet %q: want systemd or process", c.kubelet))
+	}
+	if c.cgroupDriver == "" {
+		c.cgroupDriver = "cgroupfs"
+		if c.kubelet == "systemd" {
+			c.cgroupDriver = "systemd"
+		}
+	}
+	if c.cgroupDriver != "systemd" && c.cgroupDriver != "cgroupfs" {
+		errs = append(errs, fmt.Errorf("--cgroup-driver %q: want systemd or cgroupfs", c.cgroupDriver))
+	}
+	if !filepath.IsAbs(c.stateDir) {
+		errs = append(errs, fmt.Errorf("--state-dir %q must be absolute", c.stateDir))
+	}
+	if _, _, err := net.SplitHostPort(c.initListen); err != nil {
+		errs = append(errs, fmt.Errorf("--init-listen %q: %w", c.initListen, err))
+	}
+	if c.joinPort <= 0 || c.joinPort > 65535 {
+		errs = append(errs, fmt.Errorf("--joinservice-port %d is not a port", c.joinPort))
+	}
+	for _, a := range c.kubeletArgs {
+		if name, _, ok := strings.Cut(a, "="); !ok || name == "" {
+			errs = append(errs, fmt.Errorf("--kubelet-extra-args %q: want NAME=VALUE", a))
+		}
+	}
+	switch c.logLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.logLevel))
+	}
+	return errors.Join(errs...)
+}
+
+func (c *config) kubeletExtraArgs() [][2]string {
+	var out [][2]string
+	for _, a := range c.kubeletArgs {
+		name, value, _ := strings.Cut(a, "=")
+		out = append(out, [2]string{strings.TrimPrefix(name, "--"), value})
+	}
+	return out
+}

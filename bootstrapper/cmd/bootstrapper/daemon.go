@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/afero"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/berth-k8s/berth/bootstrapper"
+	"github.com/berth-k8s/berth/bootstrapper/components"
+	"github.com/berth-k8s/berth/bootstrapper/initcluster"
+	"github.com/berth-k8s/berth/bootstrapper/initserver"
+	"github.com/berth-k8s/berth/bootstrapper/joinclient"
+	"github.com/berth-k8s/berth/bootstrapper/joincluster"
+	"github.com/berth-k8s/berth/internal/apiserver"
+	"github.com/berth-k8s/berth/internal/command"
+	"github.com/berth-k8s/berth/internal/kubeadm"
+	"github.com/berth-k8s/berth/internal/kubelet"
+	"github.com/berth-k8s/berth/internal/metadata"
+	"github.com/berth-k8s/berth/internal/metadata/mini"
+	"github.com/berth-k8s/berth/internal/metadata/static"
+	"github.com/berth-k8s/berth/internal/nodestate"
+	"github.com/berth-k8s/berth/internal/version"
+	"github.com/berth-k8s/berth/joinproto"
+	"github.com/berth-k8s/berth/nodelock"
+)
+
+// metadataProvider is everything the daemon asks the platform.
+type metadataProvider interface {
+	Self(ctx context.Context) (metadata.Instance, error)
+	Peers(ctx context.Context) ([]metadata.Instance, error)
+	ControlPlaneEndpoint(ctx context.Context) (string, error)
+	InitSecretHash(ctx context.Context) ([]byte, error)
+}
+
+func newLogger(level string) (*zap.Logger, error) {
+	lvl, err := zapcore.ParseLevel(level)
+	if err != nil {
+		return nil, err
+	}
+	cfg := zap.NewProductionConfig()
+	cfg.Level = zap.NewAtomicLevelAt(lvl)
+	cfg.EncoderConfig.TimeKey = "time"
+	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	cfg.Sampling = nil
+	return cfg.Build()
+}
+
+// daemon builds the daemon's parts from cfg and runs it.
+func daemon(ctx context.Context, cfg *config) error {
+	log, err := newLogger(cfg.logLevel)
+	if err != nil {
+		return &configError{err}
+	}
+	defer func() { _ = log.Sync() }()
+	log.Info("bootstrapper starting", zap.String("version", version.Version), zap.String("metadata", cfg.metadata),
+		zap.String("attestation", cfg.attestation), zap.String("kubelet", cfg.kubelet))
+	if cfg.attestation == "insecure-none" {
+		log.Warn("attestation is disabled: secrets travel over plaintext gRPC; use this only for development")
+	}
+
+	fs := afero.NewOsFs()
+	var meta metadataProvider
+	switch cfg.metadata {
+	case "static":
+		meta = static.New(fs, cfg.metadataFile)
+	case "mini":
+		meta = mini.NewClient(cfg.metadataURL)
+	}
+
+	exec := command.Runner{}
+	var kube interface {
+		Start(ctx context.Context) error
+		Run(ctx context.Context) error
+	}
+	switch cfg.kubelet {
+	case "systemd":
+		kube = &kubelet.Systemd{Exec: exec}
+	case "process":
+		if err := os.MkdirAll(cfg.stateDir, 0o700); err != nil {
+			return fmt.Errorf("creating state directory: %w", err)
+		}
+		logFile, err := os.OpenFile(filepath.Join(cfg.stateDir, "kubelet.log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+		if err != nil {
+			return fmt.Errorf("opening kubelet log: %w", err)
+		}
+		defer logFile.Close()
+		kube = &kubelet.Supervisor{Path: cfg.kubeletPath, KubeletDir: cfg.kubeletDir, KubernetesDir: cfg.kubernetesDir,
+			Output: logFile, Log: log.Named("kubelet")}
+	}
+	adm := &kubeadm.Runner{Path: cfg.kubeadmPath, IgnorePreflightErrors: cfg.ignorePreflt, Exec: exec}
+
+	lock := bootstrapper.NewRace(nodelock.New(nodelock.NewFileMarker(fs, filepath.Join(cfg.stateDir, "bootstrapped"))))
+	state := nodestate.NewStore(fs, filepath.Join(cfg.stateDir, "node-state.json"))
+
+	initer := initcluster.New(initcluster.Config{
+		StateDir: cfg.stateDir, KubernetesDir: cfg.kubernetesDir, CRISocket: cfg.criSocket, CgroupDriver: cfg.cgroupDriver,
+		KubeProxyMode: cfg.kubeProxyMode, NeverPull: cfg.neverPull, KubeletExtraArgs: cfg.kubeletExtraArgs(),
+	}, fs, meta, adm, kube, apiserver.Waiter{}, components.New(components.Config{
+		ManifestDir: cfg.componentsDir, JoinServiceImage: cfg.joinImage, ImagePullPolicy: pullPolicy(cfg.neverPull),
+	}, fs))
+	initSrv := initserver.New(log.Named("initserver"), lock, meta, initer, state,
+		initserver.WithServerOptions(
+			grpc.Creds(insecure.NewCredentials()),
+			grpc.KeepaliveParams(keepalive.ServerParameters{Time: 15 * time.Second}),
+		))
+
+	joiner := joincluster.New(joincluster.Config{
+		StateDir: cfg.stateDir, KubernetesDir: cfg.kubernetesDir, KubeletDir: cfg.kubeletDir, CRISocket: cfg.criSocket,
+		KubeletExtraArgs: cfg.kubeletExtraArgs(), NeverPull: cfg.neverPull,
+	}, log.Named("join"), fs, lock, adm, kube, state)
+	joinClient := joinclient.New(log.Named("joinclient"), meta, dialInsecure, joiner, cfg.diskUUID).WithPort(cfg.joinPort)
+
+	lis, err := net.Listen("tcp", cfg.initListen)
+	if err != nil {
+		return fmt.Errorf("listening for init: %w", err)
+	}
+	err = bootstrapper.Run(ctx, bootstrapper.Deps{
+		Log: log, Lock: lock, State: state, InitListener: lis, InitServer: initSrv, JoinClient: joinClient, Kubelet: kube,
+	})
+	if err != nil {
+		log.Error("bootstrapper failed", zap.Error(err))
+		return err
+	}
+	log.Info("bootstrapper done")
+	return nil
+}
+
+func pullPolicy(never bool) string {
+	if never {
+		return "Never"
+	}
+	return "IfNotPresent"
+}
+
+// dialInsecure opens a plaintext joinservice client; only for --attestation=insecure-none.
+func dialInsecure(_ context.Context, endpoint string) (joinproto.JoinServiceClient, io.Closer, error) {
+	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, err
+	}
+	return joinproto.NewJoinServiceClient(conn), conn, nil
+}

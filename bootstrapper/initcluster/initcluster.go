@@ -1,0 +1,305 @@
+// Package initcluster turns a fresh node into the first control plane of a new cluster, as a typed
+// list of named, idempotent phases:
+//
+//	phase             does                                                     re-run after failure
+//	preflight         kubeadm matches the requested version, CRI socket present safe
+//	kubeadm-config    renders kubeadm's config from the v1beta4 types           rewrites the file
+//	certs             kubeadm init phase certs all                              keeps valid certs
+//	kubeadm-init      starts the kubelet, runs kubeadm init (its own preflight   kubeadm reset, certs, then
+//	                  checks included, certs skipped)                           kubeadm init again
+//	wait-apiserver    polls the API server's /readyz                            safe
+//	components        server-side applies the cluster components in order       safe (apply is idempotent)
+//	admin-kubeconfig  reads admin.conf for the operator                         safe
+//
+// The InitServer runs the phases in order, streams each start and end, records finished phases, and
+// resumes at the first unfinished one when the operator retries.
+package initcluster
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/afero"
+
+	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/kubeadm"
+	"github.com/berth-k8s/berth/internal/metadata"
+)
+
+// Phase names, stable: they appear on the wire and in the node's state file.
+const (
+	PhasePreflight       = "preflight"
+	PhaseKubeadmConfig   = "kubeadm-config"
+	PhaseCerts           = "certs"
+	PhaseKubeadmInit     = "kubeadm-init"
+	PhaseWaitAPIServer   = "wait-apiserver"
+	PhaseComponents      = "components"
+	PhaseAdminKubeconfig = "admin-kubeconfig"
+)
+
+// Request is a validated init request.
+type Request struct {
+	ClusterName       string
+	KubernetesVersion string
+	ServiceCIDR       string
+	PodCIDR           string
+	CertSANs          []string
+	Keys              *clusterkeys.Keys
+	Salt              []byte
+	AttestationPolicy []byte
+	SkipKubeProxy     bool
+	SkipCoreDNS       bool
+	ImagePolicy       []byte
+}
+
+// Job is the typed state the phases share during one init attempt.
+type Job struct {
+	Req Request
+	// Out receives human-readable output of every phase (kubeadm's output, progress notes).
+	Out io.Writer
+	// Self is this node as metadata describes it.
+	Self metadata.Instance
+	// ControlPlaneEndpoint is HOST:PORT of the API server.
+	ControlPlaneEndpoint string
+	// Kubeconfig is the admin kubeconfig, set by the last phase.
+	Kubeconfig []byte
+}
+
+// Phase is one named, idempotent step of init.
+type Phase struct {
+	Name string
+	Run  func(ctx context.Context, job *Job) error
+}
+
+// Config configures an Initializer.
+type Config struct {
+	// StateDir holds Berth's files on the node (the kubeadm config goes here).
+	StateDir string
+	// KubernetesDir is kubeadm's directory (default /etc/kubernetes).
+	KubernetesDir string
+	// CRISocket is the container runtime endpoint.
+	CRISocket string
+	// CgroupDriver is the kubelet's cgroup driver ("systemd" or "cgroupfs").
+	CgroupDriver string
+	// KubeProxyMode is kube-proxy's mode; empty leaves kubeadm's default.
+	KubeProxyMode string
+	// NeverPull makes kubeadm and kubelet use pre-imported images only.
+	NeverPull bool
+	// KubeletExtraArgs are extra kubelet flags.
+	KubeletExtraArgs [][2]string
+	// APIServerTimeout bounds wait-apiserver (default 3 minutes).
+	APIServerTimeout time.Duration
+}
+
+// Initializer provides the init phases.
+type Initializer struct {
+	cfg        Config
+	fs         afero.Fs
+	meta       metadataAPI
+	kubeadm    kubeadmRunner
+	kubelet    kubeletStarter
+	waiter     apiWaiter
+	components componentInstaller
+}
+
+// New returns an Initializer.
+func New(cfg Config, fsys afero.Fs, meta metadataAPI, kubeadm kubeadmRunner, kubelet kubeletStarter, waiter apiWaiter, components componentInstaller) *Initializer {
+	if cfg.KubernetesDir == "" {
+		cfg.KubernetesDir = "/etc/kubernetes"
+	}
+	if cfg.APIServerTimeout == 0 {
+		cfg.APIServerTimeout = 3 * time.Minute
+	}
+	return &Initializer{cfg: cfg, fs: fsys, meta: meta, kubeadm: kubeadm, kubelet: kubelet, waiter: waiter, components: components}
+}
+
+func (i *Initializer) configPath() string { return filepath.Join(i.cfg.StateDir, "kubeadm-init.yaml") }
+func (i *Initializer) adminConfPath() string {
+	return filepath.Join(i.cfg.KubernetesDir, "admin.conf")
+}
+
+// Prepare fills in what the phases need from metadata. It runs before the first phase of every attempt.
+func (i *Initializer) Prepare(ctx context.Context, job *Job) error {
+	self, err := i.meta.Self(ctx)
+	if err != nil {
+		return fmt.Errorf("reading this node's metadata: %w", err)
+	}
+	if self.Role != metadata.RoleControlPlane {
+		return fmt.Errorf("metadata says this node is a %s, not a control plane", self.Role)
+	}
+	job.Self = self
+	endpoint, err := i.meta.ControlPlaneEndpoint(ctx)
+	if err != nil || endpoint == "" {
+		endpoint = net.JoinHostPort(self.IPs[0], "6443")
+	}
+	job.ControlPlaneEndpoint = endpoint
+	return nil
+}
+
+// Phases returns the init phases in order.
+func (i *Initializer) Phases() []Phase {
+	return []Phase{
+		{PhasePreflight, i.preflight},
+		{PhaseKubeadmConfig, i.writeConfig},
+		{PhaseCerts, i.certs},
+		{PhaseKubeadmInit, i.kubeadmInit},
+		{PhaseWaitAPIServer, i.waitAPIServer},
+		{PhaseComponents, i.installComponents},
+		{PhaseAdminKubeconfig, i.adminKubeconfig},
+	}
+}
+
+func (i *Initializer) preflight(ctx context.Context, job *Job) error {
+	if sock, ok := unixSocketPath(i.cfg.CRISocket); ok {
+		if _, err := i.fs.Stat(sock); err != nil {
+			return fmt.Errorf("container runtime socket %s is not there: %w", sock, err)
+		}
+	}
+	var out strings.Builder
+	if err := i.kubeadm.Version(ctx, &out); err != nil {
+		return fmt.Errorf("checking kubeadm: %w", err)
+	}
+	have := strings.TrimSpace(out.String())
+	if have != job.Req.KubernetesVersion {
+		return fmt.Errorf("this node's kubeadm is %s, the request asks for Kubernetes %s", have, job.Req.KubernetesVersion)
+	}
+	fmt.Fprintf(job.Out, "[berth] kubeadm %s, container runtime at %s\n", have, i.cfg.CRISocket)
+	return nil
+}
+
+func (i *Initializer) writeConfig(_ context.Context, job *Job) error {
+	cfg, err := kubeadm.InitConfig(kubeadm.InitParams{
+		Node: kubeadm.NodeParams{
+			Name: job.Self.Name, IP: job.Self.IPs[0], CRISocket: i.cfg.CRISocket,
+			KubeletExtraArgs: i.cfg.KubeletExtraArgs, NeverPull: i.cfg.NeverPull,
+		},
+		ControlPlaneEndpoint: job.ControlPlaneEndpoint,
+		ClusterName:          job.Req.ClusterName,
+		KubernetesVersion:    job.Req.KubernetesVersion,
+		ServiceCIDR:          job.Req.ServiceCIDR,
+		PodCIDR:              job.Req.PodCIDR,
+		CertSANs:             job.Req.CertSANs,
+		CgroupDriver:         i.cfg.CgroupDriver,
+		KubeProxyMode:        i.cfg.KubeProxyMode,
+	})
+	if err != nil {
+		return fmt.Errorf("rendering kubeadm config: %w", err)
+	}
+	if err := i.fs.MkdirAll(i.cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("creating state directory: %w", err)
+	}
+	if err := afero.WriteFile(i.fs, i.configPath(), cfg, 0o600); err != nil {
+		return fmt.Errorf("writing kubeadm config: %w", err)
+	}
+	fmt.Fprintf(job.Out, "[berth] wrote kubeadm configuration to %s\n", i.configPath())
+	return nil
+}
+
+func (i *Initializer) certs(ctx context.Context, job *Job) error {
+	return i.kubeadm.Certs(ctx, job.Out, i.configPath())
+}
+
+func (i *Initializer) kubeadmInit(ctx context.Context, job *Job) error {
+	// The kubelet must be running (or ready to start once kubeadm wrote its config) before kubeadm
+	// waits for the control-plane static pods.
+	if err := i.kubelet.Start(ctx); err != nil {
+		return fmt.Errorf("starting kubelet: %w", err)
+	}
+	var skip []string
+	if job.Req.SkipKubeProxy {
+		skip = append(skip, "addon/kube-proxy")
+	}
+	if job.Req.SkipCoreDNS {
+		skip = append(skip, "addon/coredns")
+	}
+	attempted := filepath.Join(i.cfg.StateDir, "kubeadm-init.attempted")
+	if _, err := i.fs.Stat(attempted); err == nil {
+		// An earlier kubeadm init got part of the way. kubeadm init is not idempotent, so undo it
+		// and redo it from the certificates on.
+		fmt.Fprintln(job.Out, "[berth] an earlier kubeadm init did not finish: resetting and running it again")
+		if err := i.kubeadm.Reset(ctx, job.Out, i.cfg.CRISocket); err != nil {
+			return err
+		}
+		if err := i.kubeadm.Certs(ctx, job.Out, i.configPath()); err != nil {
+			return err
+		}
+	}
+	if err := afero.WriteFile(i.fs, attempted, nil, 0o600); err != nil {
+		return fmt.Errorf("recording kubeadm init attempt: %w", err)
+	}
+	return i.kubeadm.Init(ctx, job.Out, i.configPath(), skip...)
+}
+
+func (i *Initializer) waitAPIServer(ctx context.Context, job *Job) error {
+	ctx, cancel := context.WithTimeout(ctx, i.cfg.APIServerTimeout)
+	defer cancel()
+	start := time.Now()
+	if err := i.waiter.WaitReady(ctx, i.adminConfPath()); err != nil {
+		return fmt.Errorf("waiting for the API server: %w", err)
+	}
+	fmt.Fprintf(job.Out, "[berth] API server ready after %s\n", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+func (i *Initializer) installComponents(ctx context.Context, job *Job) error {
+	return i.components.Install(ctx, i.adminConfPath(), job)
+}
+
+func (i *Initializer) adminKubeconfig(_ context.Context, job *Job) error {
+	data, err := afero.ReadFile(i.fs, i.adminConfPath())
+	if err != nil {
+		return fmt.Errorf("reading admin kubeconfig: %w", err)
+	}
+	job.Kubeconfig = data
+	return nil
+}
+
+func unixSocketPath(endpoint string) (string, bool) {
+	const prefix = "unix://"
+	if len(endpoint) > len(prefix) && endpoint[:len(prefix)] == prefix {
+		return endpoint[len(prefix):], true
+	}
+	if filepath.IsAbs(endpoint) {
+		return endpoint, true
+	}
+	return "", false
+}
+
+// metadataAPI is what init needs to know about this node.
+type metadataAPI interface {
+	// Self returns this instance.
+	Self(ctx context.Context) (metadata.Instance, error)
+	// ControlPlaneEndpoint returns HOST:PORT of the API server, if the platform publishes one.
+	ControlPlaneEndpoint(ctx context.Context) (string, error)
+}
+
+// kubeadmRunner runs kubeadm's init steps.
+type kubeadmRunner interface {
+	Version(ctx context.Context, out io.Writer) error
+	Certs(ctx context.Context, out io.Writer, configPath string) error
+	Init(ctx context.Context, out io.Writer, configPath string, skipPhases ...string) error
+	Reset(ctx context.Context, out io.Writer, criSocket string) error
+}
+
+// kubeletStarter starts the kubelet.
+type kubeletStarter interface {
+	// Start enables the kubelet; it may return before the kubelet runs.
+	Start(ctx context.Context) error
+}
+
+// apiWaiter waits for the API server.
+type apiWaiter interface {
+	// WaitReady returns once the API server behind kubeconfig answers /readyz with 200, or ctx ends.
+	WaitReady(ctx context.Context, kubeconfigPath string) error
+}
+
+// componentInstaller installs the cluster's components.
+type componentInstaller interface {
+	// Install applies every component in order. It MUST be idempotent.
+	Install(ctx context.Context, kubeconfigPath string, job *Job) error
+}

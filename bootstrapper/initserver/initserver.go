@@ -1,0 +1,356 @@
+// Package initserver serves the Init RPC on a fresh node: it checks the caller's init secret before
+// anything else, takes the node lock, runs the init phases and streams their progress and output
+// back to `berth init`.
+//
+// Init's outcomes, by node state:
+//
+//	node state                         wrong init secret   right init secret
+//	fresh                              PERMISSION_DENIED   lock, run every phase
+//	init failed at phase P (same IDs)  PERMISSION_DENIED   resume at P (earlier phases SKIPPED)
+//	init failed, other master secret   PERMISSION_DENIED   InitFailure CLUSTER_MISMATCH
+//	init running                       PERMISSION_DENIED   InitFailure BUSY
+//	init finished                      PERMISSION_DENIED   InitFailure ALREADY_INITIALIZED
+//	joined another cluster             PERMISSION_DENIED   InitFailure NODE_LOCKED
+//
+// A caller without the init secret learns nothing: the same status and message for every reason.
+package initserver
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"regexp"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/berth-k8s/berth/bootstrapper/initcluster"
+	"github.com/berth-k8s/berth/initproto"
+	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/nodestate"
+	"github.com/berth-k8s/berth/nodelock"
+)
+
+// LockOwner is the owner name the InitServer takes the node lock with.
+const LockOwner = "init"
+
+// errRejected is the one answer for a caller without the right init secret.
+var errRejected = status.Error(codes.PermissionDenied, "init request rejected")
+
+// Server implements initproto.InitServiceServer.
+type Server struct {
+	initproto.UnimplementedInitServiceServer
+
+	log    *zap.Logger
+	lock   locker
+	hashes initSecretHasher
+	init   clusterInitializer
+	state  stateStore
+	opts   []grpc.ServerOption
+	now    func() time.Time
+
+	// running serializes Init calls; a second concurrent call gets BUSY.
+	running sync.Mutex
+	// onSuccess runs once after a successful init.
+	onSuccess func()
+}
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithServerOptions sets the gRPC server options (credentials, keepalive).
+func WithServerOptions(opts ...grpc.ServerOption) Option {
+	return func(s *Server) { s.opts = append(s.opts, opts...) }
+}
+
+// WithOnSuccess sets a function that runs once after init succeeded.
+func WithOnSuccess(f func()) Option { return func(s *Server) { s.onSuccess = f } }
+
+// New returns a Server.
+func New(log *zap.Logger, lock locker, hashes initSecretHasher, init clusterInitializer, state stateStore, opts ...Option) *Server {
+	s := &Server{log: log, lock: lock, hashes: hashes, init: init, state: state, now: time.Now}
+	for _, o := range opts {
+		o(s)
+	}
+	return s
+}
+
+// Serve serves Init on lis until ctx ends, then stops gracefully (a running Init may finish) and
+// closes lis. It returns once every goroutine it started is gone.
+func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	srv := grpc.NewServer(s.opts...)
+	initproto.RegisterInitServiceServer(srv, s)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	s.log.Info("init server listening", zap.String("address", lis.Addr().String()))
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving init: %w", err)
+	case <-ctx.Done():
+	}
+	stopped := make(chan struct{})
+	go func() {
+		srv.GracefulStop()
+		close(stopped)
+	}()
+	select {
+	case <-stopped:
+	case <-time.After(30 * time.Second):
+		srv.Stop()
+		<-stopped
+	}
+	<-errc
+	s.log.Info("init server stopped")
+	return nil
+}
+
+// Init implements the Init RPC.
+func (s *Server) Init(req *initproto.InitRequest, stream initproto.InitService_InitServer) error {
+	ctx := stream.Context()
+	log := s.log.With(zap.String("peer", peerAddr(ctx)))
+	if !s.secretMatches(ctx, req.GetInitSecret()) {
+		log.Warn("init request rejected: init secret does not match")
+		return errRejected
+	}
+	log.Info("init request accepted")
+	send := &sender{stream: stream, now: s.now}
+
+	if !s.running.TryLock() {
+		return send.failure(initproto.FailureCode_FAILURE_CODE_BUSY, "another init is running on this node", "", true)
+	}
+	defer s.running.Unlock()
+
+	parsed, err := parseRequest(req)
+	if err != nil {
+		return send.failure(initproto.FailureCode_FAILURE_CODE_INVALID_REQUEST, err.Error(), "", false)
+	}
+	clusterID := parsed.Keys.ClusterID()
+	idHex := hex.EncodeToString(clusterID)
+
+	st, err := s.state.Load()
+	if err != nil {
+		log.Error("reading node state", zap.Error(err))
+		return send.failure(initproto.FailureCode_FAILURE_CODE_PHASE_FAILED, "reading the node's state failed; see the node's log", "", true)
+	}
+	switch {
+	case st == nil:
+		if err := s.lock.TryLockOnce(ctx, LockOwner, clusterID); err != nil {
+			if errors.Is(err, nodelock.ErrLocked) {
+				return send.failure(initproto.FailureCode_FAILURE_CODE_NODE_LOCKED, "this node is joining or has joined a cluster; it cannot initialize one", "", false)
+			}
+			log.Error("taking node lock", zap.Error(err))
+			return send.failure(initproto.FailureCode_FAILURE_CODE_NODE_LOCKED, "taking the node lock failed; the node cannot be used until it is reset", "", false)
+		}
+		st = &nodestate.State{Role: nodestate.RoleInit, ClusterID: idHex}
+		if err := s.state.Save(st); err != nil {
+			log.Error("saving node state", zap.Error(err))
+			return send.failure(initproto.FailureCode_FAILURE_CODE_PHASE_FAILED, "saving the node's state failed; see the node's log", "", true)
+		}
+		log.Info("node locked for init", zap.String("clusterID", idHex))
+	case st.Role != nodestate.RoleInit:
+		return send.failure(initproto.FailureCode_FAILURE_CODE_NODE_LOCKED, "this node joined a cluster; it cannot initialize one", "", false)
+	case st.ClusterID != idHex:
+		return send.failure(initproto.FailureCode_FAILURE_CODE_CLUSTER_MISMATCH,
+			"this node is already initializing a cluster with other secrets; retry with the master secret and salt of the first attempt", "", false)
+	case st.Done:
+		return send.failure(initproto.FailureCode_FAILURE_CODE_ALREADY_INITIALIZED, "this node already initialized its cluster", "", false)
+	default:
+		log.Info("resuming init", zap.Strings("completed", st.CompletedPhases))
+	}
+
+	job := &initcluster.Job{Req: parsed, Out: send.logWriter(log)}
+	if err := s.init.Prepare(ctx, job); err != nil {
+		log.Error("preparing init", zap.Error(err))
+		return send.failure(initproto.FailureCode_FAILURE_CODE_PHASE_FAILED, "preparing init: "+err.Error(), "", true)
+	}
+	phases := s.init.Phases()
+	for n, phase := range phases {
+		idx := uint32(n + 1)
+		if st.Completed(phase.Name) && phase.Name != initcluster.PhaseAdminKubeconfig {
+			if err := send.progress(phase.Name, initproto.PhaseState_PHASE_STATE_SKIPPED, "done in an earlier attempt", idx, len(phases)); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := send.progress(phase.Name, initproto.PhaseState_PHASE_STATE_STARTED, "", idx, len(phases)); err != nil {
+			return err
+		}
+		start := s.now()
+		log.Info("phase started", zap.String("phase", phase.Name))
+		if err := phase.Run(ctx, job); err != nil {
+			log.Error("phase failed", zap.String("phase", phase.Name), zap.Error(err))
+			_ = send.progress(phase.Name, initproto.PhaseState_PHASE_STATE_FAILED, err.Error(), idx, len(phases))
+			return send.failure(initproto.FailureCode_FAILURE_CODE_PHASE_FAILED,
+				fmt.Sprintf("phase %s failed: %v", phase.Name, err), phase.Name, true)
+		}
+		took := s.now().Sub(start).Round(time.Millisecond)
+		log.Info("phase succeeded", zap.String("phase", phase.Name), zap.Duration("took", took))
+		st.CompletedPhases = append(st.CompletedPhases, phase.Name)
+		if err := s.state.Save(st); err != nil {
+			log.Error("saving node state", zap.Error(err))
+			return send.failure(initproto.FailureCode_FAILURE_CODE_PHASE_FAILED, "saving the node's state failed; see the node's log", phase.Name, true)
+		}
+		if err := send.progress(phase.Name, initproto.PhaseState_PHASE_STATE_SUCCEEDED, "took "+took.String(), idx, len(phases)); err != nil {
+			return err
+		}
+	}
+	st.Done = true
+	if err := s.state.Save(st); err != nil {
+		log.Error("saving node state", zap.Error(err))
+		return send.failure(initproto.FailureCode_FAILURE_CODE_PHASE_FAILED, "saving the node's state failed; see the node's log", "", true)
+	}
+	log.Info("init succeeded", zap.String("clusterID", idHex))
+	if s.onSuccess != nil {
+		s.onSuccess()
+	}
+	return stream.Send(&initproto.InitResponse{Kind: &initproto.InitResponse_Success{Success: &initproto.InitSuccess{
+		Kubeconfig: job.Kubeconfig,
+		ClusterId:  clusterID,
+	}}})
+}
+
+// secretMatches compares SHA-256(secret) with the hash from metadata in constant time. A missing
+// hash matches nothing.
+func (s *Server) secretMatches(ctx context.Context, secret []byte) bool {
+	want, err := s.hashes.InitSecretHash(ctx)
+	if err != nil || len(want) != sha256.Size {
+		s.log.Warn("init secret hash unavailable", zap.Error(err))
+		return false
+	}
+	got := sha256.Sum256(secret)
+	return subtle.ConstantTimeCompare(got[:], want) == 1
+}
+
+var dnsLabel = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`)
+
+var kubeVersion = regexp.MustCompile(`^v1\.[0-9]+\.[0-9]+$`)
+
+// parseRequest validates the request's fields and names the first bad one.
+func parseRequest(req *initproto.InitRequest) (initcluster.Request, error) {
+	keys, err := clusterkeys.New(req.GetMasterSecret(), req.GetSalt())
+	if err != nil {
+		return initcluster.Request{}, fmt.Errorf("master_secret, salt: %w", err)
+	}
+	if !dnsLabel.MatchString(req.GetClusterName()) {
+		return initcluster.Request{}, fmt.Errorf("cluster_name %q is not a DNS label", req.GetClusterName())
+	}
+	if !kubeVersion.MatchString(req.GetKubernetesVersion()) {
+		return initcluster.Request{}, fmt.Errorf("kubernetes_version %q is not of the form v1.N.N", req.GetKubernetesVersion())
+	}
+	for name, cidr := range map[string]string{"service_cidr": req.GetServiceCidr(), "pod_cidr": req.GetPodCidr()} {
+		if _, _, err := net.ParseCIDR(cidr); err != nil {
+			return initcluster.Request{}, fmt.Errorf("%s %q is not a CIDR", name, cidr)
+		}
+	}
+	return initcluster.Request{
+		ClusterName:       req.GetClusterName(),
+		KubernetesVersion: req.GetKubernetesVersion(),
+		ServiceCIDR:       req.GetServiceCidr(),
+		PodCIDR:           req.GetPodCidr(),
+		CertSANs:          req.GetApiserverCertSans(),
+		Keys:              keys,
+		Salt:              req.GetSalt(),
+		AttestationPolicy: req.GetAttestationPolicy(),
+		SkipKubeProxy:     req.GetComponents().GetSkipKubeProxy(),
+		SkipCoreDNS:       req.GetComponents().GetSkipCoredns(),
+		ImagePolicy:       req.GetComponents().GetImagePolicy(),
+	}, nil
+}
+
+func peerAddr(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return "unknown"
+}
+
+// sender serializes writes to the stream: phase output arrives from command goroutines.
+type sender struct {
+	mu     sync.Mutex
+	stream initproto.InitService_InitServer
+	now    func() time.Time
+}
+
+func (s *sender) send(resp *initproto.InitResponse) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stream.Send(resp)
+}
+
+func (s *sender) progress(phase string, state initproto.PhaseState, msg string, idx uint32, total int) error {
+	return s.send(&initproto.InitResponse{Kind: &initproto.InitResponse_Progress{Progress: &initproto.Progress{
+		Phase: phase, State: state, Message: msg, Time: timestamppb.New(s.now()), Index: idx, Total: uint32(total),
+	}}})
+}
+
+// failure sends the final InitFailure. The stream then ends with an OK status: the failure is the
+// answer, not a transport error.
+func (s *sender) failure(code initproto.FailureCode, msg, phase string, retryable bool) error {
+	return s.send(&initproto.InitResponse{Kind: &initproto.InitResponse_Failure{Failure: &initproto.InitFailure{
+		Code: code, Message: msg, Phase: phase, Retryable: retryable,
+	}}})
+}
+
+// logWriter returns a writer that streams phase output to the client as log chunks and to the
+// node's log line by line.
+func (s *sender) logWriter(log *zap.Logger) io.Writer { return &logChunker{s: s, log: log} }
+
+type logChunker struct {
+	s   *sender
+	log *zap.Logger
+}
+
+// maxChunk bounds one LogChunk message.
+const maxChunk = 16 << 10
+
+func (c *logChunker) Write(p []byte) (int, error) {
+	for off := 0; off < len(p); off += maxChunk {
+		end := min(off+maxChunk, len(p))
+		chunk := append([]byte(nil), p[off:end]...)
+		if err := c.s.send(&initproto.InitResponse{Kind: &initproto.InitResponse_Log{Log: &initproto.LogChunk{Data: chunk}}}); err != nil {
+			// The client went away; keep the phase running to its end and keep the node's own log.
+			c.log.Debug("sending log chunk", zap.Error(err))
+			break
+		}
+	}
+	c.log.Debug("phase output", zap.ByteString("output", p))
+	return len(p), nil
+}
+
+// locker is the node lock.
+type locker interface {
+	// TryLockOnce takes the lock for owner and marks the node as belonging to clusterID; it returns
+	// an error wrapping nodelock.ErrLocked if anyone took it before.
+	TryLockOnce(ctx context.Context, owner string, clusterID []byte) error
+}
+
+// initSecretHasher supplies the expected init secret hash.
+type initSecretHasher interface {
+	// InitSecretHash returns SHA-256 of the init secret.
+	InitSecretHash(ctx context.Context) ([]byte, error)
+}
+
+// clusterInitializer provides the init phases.
+type clusterInitializer interface {
+	// Prepare fills in the job's node data before the first phase of an attempt.
+	Prepare(ctx context.Context, job *initcluster.Job) error
+	// Phases returns the phases in order.
+	Phases() []initcluster.Phase
+}
+
+// stateStore persists the node state.
+type stateStore interface {
+	Load() (*nodestate.State, error)
+	Save(*nodestate.State) error
+}

@@ -1,0 +1,239 @@
+// Package joinclient is the bootstrapper's join side: it waits until the cluster's joinservice
+// answers, asks it for a join ticket, and hands the ticket to a joiner that takes the node lock and
+// runs kubeadm join.
+//
+// Waiting is cheap and quick: the first attempt goes out at once, later ones after a jittered
+// backoff that starts at 100 ms and is capped at 1 s, so a node starts joining within a second of
+// the joinservice answering. A joinservice that answers with a rejection is asked again less
+// often (capped at 10 s), and every rejection is logged with the reason the joinservice gave.
+package joinclient
+
+import (
+	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"fmt"
+	"io"
+	mrand "math/rand/v2"
+	"net"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/berth-k8s/berth/internal/metadata"
+	"github.com/berth-k8s/berth/joinproto"
+)
+
+// DefaultPort is the joinservice's port on control-plane nodes.
+const DefaultPort = 30090
+
+// Backoff bounds.
+const (
+	initialBackoff  = 100 * time.Millisecond
+	maxBackoff      = time.Second
+	maxRejectedWait = 10 * time.Second
+	callTimeout     = 10 * time.Second
+)
+
+// Client asks the joinservice for a ticket and joins with it.
+type Client struct {
+	log      *zap.Logger
+	meta     metadataAPI
+	dial     dialFunc
+	joiner   clusterJoiner
+	port     int
+	diskUUID string
+	sleep    func(ctx context.Context, d time.Duration) error
+}
+
+// New returns a Client. dial opens a joinservice client for HOST:PORT.
+func New(log *zap.Logger, meta metadataAPI, dial dialFunc, joiner clusterJoiner, diskUUID string) *Client {
+	return &Client{log: log, meta: meta, dial: dial, joiner: joiner, port: DefaultPort, diskUUID: diskUUID, sleep: sleepCtx}
+}
+
+// WithPort sets the joinservice port (default DefaultPort).
+func (c *Client) WithPort(port int) *Client {
+	c.port = port
+	return c
+}
+
+// Run waits for a ticket and joins. It returns nil when the node joined or when ctx ended (the
+// InitServer won the lock), and an error when the join failed after the lock was taken.
+func (c *Client) Run(ctx context.Context) error {
+	self, err := c.waitForSelf(ctx)
+	if err != nil {
+		return nil //nolint:nilerr // ctx ended: the init side won or the daemon stops
+	}
+	log := c.log.With(zap.String("node", self.Name), zap.String("role", string(self.Role)))
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("generating kubelet key: %w", err)
+	}
+	csr, err := kubeletCSR(self, key)
+	if err != nil {
+		return err
+	}
+	backoff := time.Duration(0)
+	for attempt := 1; ; attempt++ {
+		endpoints, err := c.endpoints(ctx, self)
+		if err != nil {
+			log.Debug("listing joinservice endpoints", zap.Error(err))
+		}
+		rejected := false
+		for _, ep := range endpoints {
+			ticket, err := c.requestTicket(ctx, ep, self, csr)
+			if err == nil {
+				log.Info("join ticket received", zap.String("endpoint", ep), zap.Int("attempt", attempt))
+				return c.joiner.Join(ctx, self, ticket, key)
+			}
+			if ctx.Err() != nil {
+				return nil
+			}
+			if r, ok := asRejection(err); ok {
+				rejected = true
+				log.Warn("join ticket rejected", zap.String("endpoint", ep), zap.String("code", r.code.String()),
+					zap.String("reason", r.reason), zap.String("message", r.message))
+				continue
+			}
+			log.Debug("joinservice not reachable", zap.String("endpoint", ep), zap.Error(err))
+		}
+		backoff = nextBackoff(backoff, rejected)
+		if err := c.sleep(ctx, backoff); err != nil {
+			return nil //nolint:nilerr // ctx ended while waiting
+		}
+	}
+}
+
+// nextBackoff doubles the previous wait within its cap and applies ±50% jitter.
+func nextBackoff(prev time.Duration, rejected bool) time.Duration {
+	limit := maxBackoff
+	if rejected {
+		limit = maxRejectedWait
+	}
+	next := max(initialBackoff, min(prev*2, limit))
+	jittered := next/2 + time.Duration(mrand.Int64N(int64(next)))
+	return min(jittered, limit)
+}
+
+func (c *Client) waitForSelf(ctx context.Context) (metadata.Instance, error) {
+	backoff := time.Duration(0)
+	for {
+		self, err := c.meta.Self(ctx)
+		if err == nil {
+			return self, nil
+		}
+		c.log.Debug("reading own metadata", zap.Error(err))
+		backoff = nextBackoff(backoff, false)
+		if err := c.sleep(ctx, backoff); err != nil {
+			return metadata.Instance{}, err
+		}
+	}
+}
+
+// endpoints returns HOST:PORT of every control plane but this node.
+func (c *Client) endpoints(ctx context.Context, self metadata.Instance) ([]string, error) {
+	peers, err := c.meta.Peers(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing peers: %w", err)
+	}
+	var eps []string
+	for _, p := range peers {
+		if p.Role != metadata.RoleControlPlane || p.Name == self.Name || len(p.IPs) == 0 {
+			continue
+		}
+		eps = append(eps, net.JoinHostPort(p.IPs[0], strconv.Itoa(c.port)))
+	}
+	return eps, nil
+}
+
+func (c *Client) requestTicket(ctx context.Context, endpoint string, self metadata.Instance, csr []byte) (*joinproto.IssueJoinTicketResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, callTimeout)
+	defer cancel()
+	client, closer, err := c.dial(ctx, endpoint)
+	if err != nil {
+		return nil, fmt.Errorf("dialing joinservice: %w", err)
+	}
+	defer closer.Close()
+	role := joinproto.Role_ROLE_WORKER
+	if self.Role == metadata.RoleControlPlane {
+		role = joinproto.Role_ROLE_CONTROL_PLANE
+	}
+	return client.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr, Role: role, DiskUuid: c.diskUUID})
+}
+
+type rejection struct {
+	code    codes.Code
+	reason  string
+	message string
+}
+
+// asRejection reports whether err is an answer from the joinservice (as opposed to a transport
+// failure) and extracts its reason.
+func asRejection(err error) (rejection, bool) {
+	st, ok := status.FromError(err)
+	if !ok {
+		return rejection{}, false
+	}
+	switch st.Code() {
+	case codes.PermissionDenied, codes.InvalidArgument, codes.FailedPrecondition, codes.ResourceExhausted, codes.Unauthenticated:
+	default:
+		return rejection{}, false
+	}
+	r := rejection{code: st.Code(), message: st.Message(), reason: "UNSPECIFIED"}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			r.reason = info.GetReason()
+		}
+	}
+	return r, true
+}
+
+func kubeletCSR(self metadata.Instance, key crypto.Signer) ([]byte, error) {
+	tmpl := &x509.CertificateRequest{
+		Subject: pkix.Name{CommonName: "system:node:" + self.Name, Organization: []string{"system:nodes"}},
+	}
+	for _, ip := range self.IPs {
+		if parsed := net.ParseIP(ip); parsed != nil {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, parsed)
+		}
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, tmpl, key)
+	if err != nil {
+		return nil, fmt.Errorf("creating kubelet CSR: %w", err)
+	}
+	return der, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// dialFunc opens a joinservice client for HOST:PORT; closing the closer releases the connection.
+type dialFunc func(ctx context.Context, endpoint string) (joinproto.JoinServiceClient, io.Closer, error)
+
+// metadataAPI is what joining needs to know about this node and its peers.
+type metadataAPI interface {
+	Self(ctx context.Context) (metadata.Instance, error)
+	Peers(ctx context.Context) ([]metadata.Instance, error)
+}
+
+// clusterJoiner joins the node with a ticket.
+type clusterJoiner interface {
+	// Join takes the node lock and joins. It returns nil if the lock was already taken by init.
+	Join(ctx context.Context, self metadata.Instance, ticket *joinproto.IssueJoinTicketResponse, kubeletKey crypto.Signer) error
+}

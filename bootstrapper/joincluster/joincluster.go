@@ -1,0 +1,296 @@
+// Package joincluster joins a node to a cluster with a ticket from the joinservice: it takes the
+// node lock, writes the ticket's files, starts the kubelet and runs kubeadm join, retrying failures
+// that look transient a bounded number of times.
+//
+// The kubelet's client certificate comes from the ticket, issued by the joinservice for the name
+// metadata reports for this attested node; it is placed where the kubelet looks for its current
+// client certificate, so the kubelet uses it instead of requesting one for a name of its choosing.
+package joincluster
+
+import (
+	"bytes"
+	"context"
+	"crypto"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/spf13/afero"
+	"go.uber.org/zap"
+
+	"github.com/berth-k8s/berth/internal/kubeadm"
+	"github.com/berth-k8s/berth/internal/metadata"
+	"github.com/berth-k8s/berth/internal/nodestate"
+	"github.com/berth-k8s/berth/joinproto"
+	"github.com/berth-k8s/berth/nodelock"
+)
+
+// LockOwner is the owner name the joiner takes the node lock with.
+const LockOwner = "join"
+
+// Named join failures.
+var (
+	// ErrInvalidTicket: the ticket lacks something kubeadm join needs, or names another node.
+	ErrInvalidTicket = errors.New("invalid join ticket")
+	// ErrJoinFailed: kubeadm join failed in a way retrying will not fix.
+	ErrJoinFailed = errors.New("kubeadm join failed")
+	// ErrJoinRetriesExhausted: kubeadm join kept failing transiently.
+	ErrJoinRetriesExhausted = errors.New("kubeadm join kept failing")
+)
+
+// Config configures a Joiner.
+type Config struct {
+	StateDir         string
+	KubernetesDir    string // default /etc/kubernetes
+	KubeletDir       string // default /var/lib/kubelet
+	CRISocket        string
+	KubeletExtraArgs [][2]string
+	NeverPull        bool
+	// Attempts bounds kubeadm join runs (default 3); RetryDelay separates them (default 5 s).
+	Attempts   int
+	RetryDelay time.Duration
+}
+
+// Joiner joins the node.
+type Joiner struct {
+	cfg     Config
+	log     *zap.Logger
+	fs      afero.Fs
+	lock    locker
+	kubeadm kubeadmRunner
+	kubelet kubeletStarter
+	state   stateStore
+	sleep   func(ctx context.Context, d time.Duration) error
+}
+
+// New returns a Joiner.
+func New(cfg Config, log *zap.Logger, fsys afero.Fs, lock locker, kubeadm kubeadmRunner, kubelet kubeletStarter, state stateStore) *Joiner {
+	if cfg.KubernetesDir == "" {
+		cfg.KubernetesDir = "/etc/kubernetes"
+	}
+	if cfg.KubeletDir == "" {
+		cfg.KubeletDir = "/var/lib/kubelet"
+	}
+	if cfg.Attempts == 0 {
+		cfg.Attempts = 3
+	}
+	if cfg.RetryDelay == 0 {
+		cfg.RetryDelay = 5 * time.Second
+	}
+	return &Joiner{cfg: cfg, log: log, fs: fsys, lock: lock, kubeadm: kubeadm, kubelet: kubelet, state: state, sleep: sleepCtx}
+}
+
+// Join joins with ticket. It returns nil without doing anything if the node lock is already taken
+// (the InitServer won), and a named error if joining failed after the lock was taken.
+func (j *Joiner) Join(ctx context.Context, self metadata.Instance, ticket *joinproto.IssueJoinTicketResponse, kubeletKey crypto.Signer) error {
+	if err := validateTicket(self, ticket); err != nil {
+		return err
+	}
+	if err := j.lock.TryLockOnce(ctx, LockOwner, ticket.GetClusterId()); err != nil {
+		if errors.Is(err, nodelock.ErrLocked) {
+			j.log.Info("node lock already taken, not joining")
+			return nil
+		}
+		return fmt.Errorf("taking node lock: %w", err)
+	}
+	st := &nodestate.State{Role: nodestate.RoleJoin, ClusterID: hex.EncodeToString(ticket.GetClusterId()), NodeName: ticket.GetNodeName()}
+	if err := j.state.Save(st); err != nil {
+		return err
+	}
+	controlPlane := len(ticket.GetControlPlaneFiles()) > 0
+	cfg, err := kubeadm.JoinConfig(kubeadm.JoinParams{
+		Node: kubeadm.NodeParams{
+			Name: ticket.GetNodeName(), IP: self.IPs[0], CRISocket: j.cfg.CRISocket, Untainted: !controlPlane,
+			KubeletExtraArgs: j.cfg.KubeletExtraArgs, NeverPull: j.cfg.NeverPull,
+		},
+		APIServerEndpoint: ticket.GetApiServerEndpoint(),
+		Token:             ticket.GetBootstrapToken(),
+		CACertHashes:      ticket.GetDiscoveryTokenCaCertHashes(),
+		ControlPlane:      controlPlane,
+	})
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidTicket, err)
+	}
+	// The config holds the bootstrap token: owner-only, and removed once the join is over.
+	configPath := filepath.Join(j.cfg.StateDir, "kubeadm-join.yaml")
+	if err := j.fs.MkdirAll(j.cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("creating state directory: %w", err)
+	}
+	if err := afero.WriteFile(j.fs, configPath, cfg, 0o600); err != nil {
+		return fmt.Errorf("writing kubeadm join config: %w", err)
+	}
+	defer func() { _ = j.fs.Remove(configPath) }()
+
+	if err := j.kubelet.Start(ctx); err != nil {
+		return fmt.Errorf("starting kubelet: %w", err)
+	}
+	for attempt := 1; ; attempt++ {
+		if err := j.writeFiles(ticket, kubeletKey); err != nil {
+			return err
+		}
+		out := &tail{max: 64 << 10}
+		start := time.Now()
+		err := j.kubeadm.Join(ctx, io.MultiWriter(out, &zapWriter{log: j.log}), configPath)
+		if err == nil {
+			j.log.Info("kubeadm join succeeded", zap.Int("attempt", attempt), zap.Duration("took", time.Since(start)))
+			st.Done = true
+			return j.state.Save(st)
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("joining: %w", ctx.Err())
+		}
+		if !Transient(out.String()) {
+			j.log.Error("kubeadm join failed", zap.Int("attempt", attempt), zap.Error(err))
+			return fmt.Errorf("%w: %w", ErrJoinFailed, err)
+		}
+		if attempt >= j.cfg.Attempts {
+			return fmt.Errorf("%w: %d attempts: %w", ErrJoinRetriesExhausted, attempt, err)
+		}
+		j.log.Warn("kubeadm join failed transiently, retrying", zap.Int("attempt", attempt), zap.Error(err))
+		if err := j.kubeadm.Reset(ctx, io.Discard, j.cfg.CRISocket); err != nil {
+			j.log.Warn("kubeadm reset before retry failed", zap.Error(err))
+		}
+		if err := j.sleep(ctx, j.cfg.RetryDelay); err != nil {
+			return fmt.Errorf("joining: %w", err)
+		}
+	}
+}
+
+// transientPatterns match kubeadm output of failures that a retry can fix.
+var transientPatterns = regexp.MustCompile(`(?i)connection refused|connection reset|i/o timeout|TLS handshake timeout|` +
+	`context deadline exceeded|timed out waiting|EOF|too many requests|etcdserver: (request timed out|leader changed)|` +
+	`the server is currently unable to handle the request|no route to host|service unavailable`)
+
+// Transient reports whether kubeadm output describes a failure worth retrying.
+func Transient(output string) bool { return transientPatterns.MatchString(output) }
+
+func validateTicket(self metadata.Instance, t *joinproto.IssueJoinTicketResponse) error {
+	switch {
+	case t.GetNodeName() == "":
+		return fmt.Errorf("%w: no node name", ErrInvalidTicket)
+	case t.GetNodeName() != self.Name:
+		return fmt.Errorf("%w: issued for node %q, metadata says this node is %q", ErrInvalidTicket, t.GetNodeName(), self.Name)
+	case len(t.GetClusterId()) == 0:
+		return fmt.Errorf("%w: no cluster ID", ErrInvalidTicket)
+	case len(t.GetKubeletCert()) == 0:
+		return fmt.Errorf("%w: no kubelet certificate", ErrInvalidTicket)
+	case len(self.IPs) == 0:
+		return fmt.Errorf("%w: this node has no IP in metadata", ErrInvalidTicket)
+	}
+	for _, f := range t.GetControlPlaneFiles() {
+		if _, err := safeRelPath(f.GetPath()); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidTicket, err)
+		}
+	}
+	return nil
+}
+
+func safeRelPath(p string) (string, error) {
+	clean := path.Clean(p)
+	if p == "" || path.IsAbs(p) || clean == ".." || strings.HasPrefix(clean, "../") {
+		return "", fmt.Errorf("file path %q escapes the PKI directory", p)
+	}
+	return clean, nil
+}
+
+// writeFiles writes the control-plane files and the kubelet's client certificate. It runs before
+// every attempt because kubeadm reset removes them.
+func (j *Joiner) writeFiles(t *joinproto.IssueJoinTicketResponse, kubeletKey crypto.Signer) error {
+	pki := filepath.Join(j.cfg.KubernetesDir, "pki")
+	for _, f := range t.GetControlPlaneFiles() {
+		rel, _ := safeRelPath(f.GetPath())
+		dst := filepath.Join(pki, filepath.FromSlash(rel))
+		mode := os.FileMode(f.GetMode() & 0o644)
+		if mode == 0 {
+			mode = 0o600
+		}
+		if err := j.fs.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			return fmt.Errorf("creating PKI directory: %w", err)
+		}
+		if err := afero.WriteFile(j.fs, dst, f.GetData(), mode); err != nil {
+			return fmt.Errorf("writing %s: %w", rel, err)
+		}
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(kubeletKey)
+	if err != nil {
+		return fmt.Errorf("encoding kubelet key: %w", err)
+	}
+	var pair bytes.Buffer
+	pair.Write(t.GetKubeletCert())
+	if err := pem.Encode(&pair, &pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}); err != nil {
+		return fmt.Errorf("encoding kubelet key: %w", err)
+	}
+	certDir := filepath.Join(j.cfg.KubeletDir, "pki")
+	if err := j.fs.MkdirAll(certDir, 0o700); err != nil {
+		return fmt.Errorf("creating kubelet PKI directory: %w", err)
+	}
+	if err := afero.WriteFile(j.fs, filepath.Join(certDir, "kubelet-client-current.pem"), pair.Bytes(), 0o600); err != nil {
+		return fmt.Errorf("writing kubelet client certificate: %w", err)
+	}
+	return nil
+}
+
+// tail keeps the last max bytes written to it.
+type tail struct {
+	max int
+	buf []byte
+}
+
+func (t *tail) Write(p []byte) (int, error) {
+	t.buf = append(t.buf, p...)
+	if over := len(t.buf) - t.max; over > 0 {
+		t.buf = t.buf[over:]
+	}
+	return len(p), nil
+}
+
+func (t *tail) String() string { return string(t.buf) }
+
+// zapWriter logs command output at debug level.
+type zapWriter struct{ log *zap.Logger }
+
+func (w *zapWriter) Write(p []byte) (int, error) {
+	w.log.Debug("kubeadm output", zap.ByteString("output", p))
+	return len(p), nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// locker is the node lock.
+type locker interface {
+	TryLockOnce(ctx context.Context, owner string, clusterID []byte) error
+}
+
+// kubeadmRunner runs kubeadm's join steps.
+type kubeadmRunner interface {
+	Join(ctx context.Context, out io.Writer, configPath string) error
+	Reset(ctx context.Context, out io.Writer, criSocket string) error
+}
+
+// kubeletStarter starts the kubelet.
+type kubeletStarter interface {
+	Start(ctx context.Context) error
+}
+
+// stateStore persists the node state.
+type stateStore interface {
+	Save(*nodestate.State) error
+}

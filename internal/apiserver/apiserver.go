@@ -1,0 +1,58 @@
+// Package apiserver waits for a Kubernetes API server to become ready.
+package apiserver
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Waiter polls an API server's /readyz.
+type Waiter struct {
+	// Interval between polls (default 500 ms).
+	Interval time.Duration
+}
+
+// WaitReady returns once the API server named by the kubeconfig at path answers /readyz with 200.
+// A kubeconfig that does not exist yet is waited for too. On ctx's end it returns the last error.
+func (w Waiter) WaitReady(ctx context.Context, kubeconfigPath string) error {
+	interval := w.Interval
+	if interval == 0 {
+		interval = 500 * time.Millisecond
+	}
+	var last error
+	for {
+		last = probe(ctx, kubeconfigPath)
+		if last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last error: %v)", ctx.Err(), last)
+		case <-time.After(interval):
+		}
+	}
+}
+
+func probe(ctx context.Context, kubeconfigPath string) error {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfigPath)
+	if err != nil {
+		return fmt.Errorf("loading kubeconfig: %w", err)
+	}
+	cfg.Timeout = 5 * time.Second
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return fmt.Errorf("creating client: %w", err)
+	}
+	body, err := client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+	if err != nil {
+		return fmt.Errorf("querying /readyz: %w", err)
+	}
+	if string(body) != "ok" {
+		return fmt.Errorf("/readyz answered %q", body)
+	}
+	return nil
+}
