@@ -123,6 +123,10 @@ func TestIssueValidate(t *testing.T) {
 			accepted:     []string{tdx.TCBUpToDate, tdx.TCBOutOfDate},
 			wantWarnings: 1,
 		},
+		"debug TD": {
+			opts:    tdxtest.Options{Debug: true},
+			wantErr: tdx.ErrDebugTD,
+		},
 		"collateral expired": {
 			now:     testNow.Add(60 * 24 * time.Hour),
 			wantErr: tdx.ErrCollateral,

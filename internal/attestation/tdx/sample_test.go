@@ -116,6 +116,7 @@ func TestVerifyQuoteSample(t *testing.T) {
 		"garbage":                    {quote: []byte("this is not a quote at all"), wantErr: attestation.ErrMalformed},
 		"empty":                      {quote: nil, wantErr: attestation.ErrMalformed},
 		"wrong version":              {quote: flip(quote, 0), wantErr: attestation.ErrMalformed},
+		"other QE vendor":            {quote: flip(quote, 12), wantErr: attestation.ErrUntrustedRoot},
 		"untrusted root":             {quote: quote, roots: foreignRoot(t), wantErr: attestation.ErrUntrustedRoot},
 		"collateral expired":         {quote: quote, now: time.Date(2023, 3, 20, 0, 0, 0, 0, time.UTC), wantErr: ErrCollateral},
 		"before collateral issued":   {quote: quote, now: time.Date(2023, 2, 1, 0, 0, 0, 0, time.UTC), wantErr: ErrCollateral},

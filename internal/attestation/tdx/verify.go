@@ -28,7 +28,16 @@ var (
 	ErrCollateral = fmt.Errorf("tdx collateral unusable: %w", attestation.ErrUntrustedRoot)
 	// ErrTCBStatus: the platform's TCB level, TDX module or quoting enclave is not one the verifier accepts.
 	ErrTCBStatus = fmt.Errorf("tdx platform TCB not accepted: %w", attestation.ErrUntrustedRoot)
+	// ErrDebugTD: the TD runs with the DEBUG attribute, so the host can read and change its memory; its
+	// measurements prove nothing about what it runs.
+	ErrDebugTD = fmt.Errorf("tdx TD is debuggable: %w", attestation.ErrMeasurementMismatch)
 )
+
+// intelQEVendorID is the QE vendor ID in the header of quotes from Intel's quoting enclave.
+var intelQEVendorID = [16]byte{0x93, 0x9a, 0x72, 0x33, 0xf7, 0x9c, 0x4c, 0xa9, 0x94, 0x0a, 0x0d, 0xb3, 0x95, 0x7f, 0x06, 0x07}
+
+// tdAttributeDebug is bit 0 of TDATTRIBUTES.
+const tdAttributeDebug = 0x01
 
 // TCB status values as Intel publishes them.
 const (
@@ -52,6 +61,8 @@ type VerifierConfig struct {
 	// AcceptedTCBStatuses lists the TCB statuses (of the platform, the TDX module and the quoting enclave) that
 	// pass; any accepted status other than UpToDate becomes a warning. Empty means only UpToDate.
 	AcceptedTCBStatuses []string
+	// AllowDebugTD accepts TDs with the DEBUG attribute. Only for development: the host controls such a TD.
+	AllowDebugTD bool
 }
 
 // Verifier checks TDX quotes offline: structure, the PCK chain up to the configured roots, revocation, the QE
@@ -61,6 +72,7 @@ type Verifier struct {
 	collateral CollateralGetter
 	now        func() time.Time
 	accepted   []string
+	allowDebug bool
 }
 
 // NewVerifier returns a Verifier for cfg.
@@ -71,7 +83,7 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	if cfg.Collateral == nil {
 		return nil, errors.New("creating TDX verifier: no collateral getter configured")
 	}
-	v := &Verifier{roots: cfg.Roots, collateral: cfg.Collateral, now: cfg.Now, accepted: cfg.AcceptedTCBStatuses}
+	v := &Verifier{roots: cfg.Roots, collateral: cfg.Collateral, now: cfg.Now, accepted: cfg.AcceptedTCBStatuses, allowDebug: cfg.AllowDebugTD}
 	if v.now == nil {
 		v.now = time.Now
 	}
@@ -105,6 +117,9 @@ func (v *Verifier) VerifyQuote(ctx context.Context, raw []byte) (*VerifiedQuote,
 
 func (v *Verifier) verifyParsed(ctx context.Context, q *Quote) (*VerifiedQuote, error) {
 	now := v.now()
+	if q.Header.QEVendorID != intelQEVendorID {
+		return nil, fmt.Errorf("checking quote header: QE vendor ID %x is not Intel's: %w", q.Header.QEVendorID, attestation.ErrUntrustedRoot)
+	}
 
 	// 1. PCK certificate chain up to a trusted root.
 	certs, err := parsePEMCertificates(q.PCKChainPEM)
@@ -176,6 +191,11 @@ func (v *Verifier) verifyParsed(ctx context.Context, q *Quote) (*VerifiedQuote, 
 	level, moduleStatus, err := checkTCB(&col.tcbInfo, ext, &q.Body)
 	if err != nil {
 		return nil, err
+	}
+
+	// 7. A debuggable TD is under the host's control.
+	if q.Body.TDAttributes[0]&tdAttributeDebug != 0 && !v.allowDebug {
+		return nil, fmt.Errorf("checking TD attributes %x: %w", q.Body.TDAttributes, ErrDebugTD)
 	}
 
 	out := &VerifiedQuote{Quote: q, TCBStatus: level.TCBStatus, QEStatus: qeStatus, AdvisoryIDs: level.AdvisoryIDs}

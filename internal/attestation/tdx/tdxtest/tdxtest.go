@@ -39,6 +39,8 @@ type Options struct {
 	RevokePCK bool
 	// RevokePCKCA lists the PCK CA in the root CA CRL.
 	RevokePCKCA bool
+	// Debug sets the TD's DEBUG attribute.
+	Debug bool
 }
 
 // Platform is a software TD and the Intel-like PKI that vouches for it.
@@ -63,6 +65,8 @@ var (
 	qeMRSIGNER  = [32]byte{0xdc, 0x9e, 0x2a, 0x7c}
 	qeISVProdID = 2
 	qeISVSVN    = 4
+	// intelQEVendorID marks quotes from Intel's quoting enclave.
+	intelQEVendorID = []byte{0x93, 0x9a, 0x72, 0x33, 0xf7, 0x9c, 0x4c, 0xa9, 0x94, 0x0a, 0x0d, 0xb3, 0x95, 0x7f, 0x06, 0x07}
 )
 
 // New creates a Platform with fresh keys.
@@ -324,9 +328,17 @@ func (p *Platform) Quote(reportData [tdx.ReportDataSize]byte) ([]byte, error) {
 	q = binary.LittleEndian.AppendUint16(q, 4)    // version
 	q = binary.LittleEndian.AppendUint16(q, 2)    // ECDSA P-256 attestation key
 	q = binary.LittleEndian.AppendUint32(q, 0x81) // TDX
-	q = append(q, make([]byte, 4+16+20)...)       // reserved, QE vendor ID, user data
+	q = append(q, make([]byte, 4)...)             // reserved
+	q = append(q, intelQEVendorID...)
+	q = append(q, make([]byte, 20)...) // user data
 	q = append(q, teeTCBSVN[:]...)
-	q = append(q, make([]byte, 48+48+8+8+8)...) // MRSEAM, MRSIGNERSEAM, SEAM attributes, TD attributes, XFAM
+	q = append(q, make([]byte, 48+48+8)...) // MRSEAM, MRSIGNERSEAM, SEAM attributes
+	tdAttributes := make([]byte, 8)
+	if p.opts.Debug {
+		tdAttributes[0] = 0x01
+	}
+	q = append(q, tdAttributes...)
+	q = append(q, make([]byte, 8)...) // XFAM
 	q = append(q, p.opts.MRTD[:]...)
 	q = append(q, make([]byte, 3*48)...) // MRCONFIGID, MROWNER, MROWNERCONFIG
 	for i := range rtmr {
