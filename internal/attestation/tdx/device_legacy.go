@@ -4,9 +4,6 @@ import (
 	"context"
 	"crypto/sha512"
 	"fmt"
-	"os"
-
-	qpltdx "github.com/edgelesssys/go-tdx-qpl/tdx"
 )
 
 // fdDevice is an open guest device file: go-tdx-qpl issues its ioctls on Fd.
@@ -22,23 +19,10 @@ type legacyOps struct {
 	measure func(dev fdDevice) ([5][48]byte, error)
 }
 
-// qplOps calls go-tdx-qpl's ioctl wrappers (quote through the QGS envelope ioctl, RTMR extend with SHA-384 of
-// the data, measurements from a TD report with zero report data).
-var qplOps = legacyOps{
-	quote:   func(dev fdDevice, reportData []byte) ([]byte, error) { return qpltdx.GenerateQuote(dev, reportData) },
-	extend:  func(dev fdDevice, data []byte, index uint8) error { return qpltdx.ExtendRTMR(dev, data, index) },
-	measure: func(dev fdDevice) ([5][48]byte, error) { return qpltdx.ReadMeasurements(dev) },
-}
-
 // legacyDevice drives the pre-upstream /dev/tdx-guest ioctl ABI through go-tdx-qpl.
 type legacyDevice struct {
 	dev fdDevice
 	ops legacyOps
-}
-
-// OpenLegacy returns an OpenFunc for the legacy guest device at path (normally LegacyGuestDevice).
-func OpenLegacy(path string) OpenFunc {
-	return openLegacyWith(func() (fdDevice, error) { return os.OpenFile(path, os.O_RDWR, 0) }, qplOps)
 }
 
 func openLegacyWith(open func() (fdDevice, error), ops legacyOps) OpenFunc {

@@ -10,7 +10,10 @@
 //     concurrent writers. RTMR extend and MR reads go through /sys/class/misc/tdx_guest/measurements
 //     (kernels from 6.16); without those files, measurements come from a quote and RTMR extend fails.
 //   - the legacy /dev/tdx-guest ioctl ABI of the pre-upstream driver, through github.com/edgelesssys/go-tdx-qpl's
-//     device functions (quote through the quote generation service envelope, RTMR extend, TD report).
+//     device functions (quote through the quote generation service envelope, RTMR extend, TD report). That
+//     extend ioctl carries no register index, so the backend reads the registers around it and fails unless the
+//     requested RTMR took the event. go-tdx-qpl is AGPL-3.0; the build tag berth_noqpl leaves it and this
+//     backend out.
 //
 // Issuer.Issue binds user data and the verifier's nonce into the quote's REPORTDATA (see ReportData) and wraps
 // the quote in a versioned document (see Document). LockRegister extends the cluster ID into an RTMR.
