@@ -6,10 +6,10 @@
 //
 //	node state                         wrong init secret   right init secret
 //	fresh                              PERMISSION_DENIED   lock, run every phase
-//	init failed at phase P (same IDs)  PERMISSION_DENIED   resume at P (earlier phases SKIPPED)
-//	init failed, other master secret   PERMISSION_DENIED   InitFailure CLUSTER_MISMATCH
 //	init running                       PERMISSION_DENIED   InitFailure BUSY
 //	init finished                      PERMISSION_DENIED   InitFailure ALREADY_INITIALIZED
+//	init failed at phase P (same IDs)  PERMISSION_DENIED   resume at P (earlier phases SKIPPED)
+//	init failed, other master secret   PERMISSION_DENIED   InitFailure CLUSTER_MISMATCH
 //	joined another cluster             PERMISSION_DENIED   InitFailure NODE_LOCKED
 //
 // A caller without the init secret learns nothing: the same status and message for every reason.
@@ -160,11 +160,11 @@ func (s *Server) Init(req *initproto.InitRequest, stream initproto.InitService_I
 		log.Info("node locked for init", zap.String("clusterID", idHex))
 	case st.Role != nodestate.RoleInit:
 		return send.failure(initproto.FailureCode_FAILURE_CODE_NODE_LOCKED, "this node joined a cluster; it cannot initialize one", "", false)
+	case st.Done:
+		return send.failure(initproto.FailureCode_FAILURE_CODE_ALREADY_INITIALIZED, "this node already initialized its cluster", "", false)
 	case st.ClusterID != idHex:
 		return send.failure(initproto.FailureCode_FAILURE_CODE_CLUSTER_MISMATCH,
 			"this node is already initializing a cluster with other secrets; retry with the master secret and salt of the first attempt", "", false)
-	case st.Done:
-		return send.failure(initproto.FailureCode_FAILURE_CODE_ALREADY_INITIALIZED, "this node already initialized its cluster", "", false)
 	default:
 		log.Info("resuming init", zap.Strings("completed", st.CompletedPhases))
 	}

@@ -1,0 +1,357 @@
+package initserver
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/spf13/afero"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/berth-k8s/berth/bootstrapper/initcluster"
+	"github.com/berth-k8s/berth/initproto"
+	"github.com/berth-k8s/berth/internal/nodestate"
+	"github.com/berth-k8s/berth/nodelock"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+var secret = []byte("correct horse battery staple 123")
+
+type staticHash []byte
+
+func (h staticHash) InitSecretHash(context.Context) ([]byte, error) { return h, nil }
+
+// fakeInit runs scripted phases and records which ran.
+type fakeInit struct {
+	mu     sync.Mutex
+	ran    []string
+	failAt map[string]int // phase → remaining failures
+	block  chan struct{}  // if set, the first phase waits on it
+}
+
+func (f *fakeInit) Prepare(context.Context, *initcluster.Job) error { return nil }
+
+func (f *fakeInit) Phases() []initcluster.Phase {
+	var ps []initcluster.Phase
+	for _, name := range []string{"preflight", "kubeadm-config", "certs", "kubeadm-init", "wait-apiserver", "components", initcluster.PhaseAdminKubeconfig} {
+		ps = append(ps, initcluster.Phase{Name: name, Run: func(ctx context.Context, job *initcluster.Job) error {
+			f.mu.Lock()
+			f.ran = append(f.ran, name)
+			fail := f.failAt[name] > 0
+			if fail {
+				f.failAt[name]--
+			}
+			block := f.block
+			f.mu.Unlock()
+			if block != nil && name == "preflight" {
+				select {
+				case <-block:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+			fmt.Fprintf(job.Out, "output of %s\n", name)
+			if fail {
+				return errors.New("boom in " + name)
+			}
+			if name == initcluster.PhaseAdminKubeconfig {
+				job.Kubeconfig = []byte("apiVersion: v1\nkind: Config\n")
+			}
+			return nil
+		}})
+	}
+	return ps
+}
+
+func (f *fakeInit) Ran() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]string(nil), f.ran...)
+}
+
+type harness struct {
+	client initproto.InitServiceClient
+	fs     afero.Fs
+	lock   *nodelock.Lock
+	init   *fakeInit
+	state  *nodestate.Store
+}
+
+func newHarness(t *testing.T, init *fakeInit) *harness {
+	t.Helper()
+	fsys := afero.NewMemMapFs()
+	h := &harness{
+		fs:    fsys,
+		lock:  nodelock.New(nodelock.NewFileMarker(fsys, "/state/bootstrapped")),
+		init:  init,
+		state: nodestate.NewStore(fsys, "/state/node-state.json"),
+	}
+	sum := sha256.Sum256(secret)
+	srv := New(zap.NewNop(), h.lock, staticHash(sum[:]), init, h.state)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve() = %v", err)
+		}
+	})
+	h.client = initproto.NewInitServiceClient(conn)
+	return h
+}
+
+func request(master byte) *initproto.InitRequest {
+	return &initproto.InitRequest{
+		InitSecret:        secret,
+		MasterSecret:      bytes.Repeat([]byte{master}, 32),
+		Salt:              bytes.Repeat([]byte{2}, 32),
+		ClusterName:       "berth",
+		KubernetesVersion: "v1.34.2",
+		ServiceCidr:       "10.96.0.0/12",
+		PodCidr:           "10.244.0.0/16",
+	}
+}
+
+// transcript runs Init and renders the stream as lines, e.g. "preflight STARTED", "log", "FAILURE PHASE_FAILED certs".
+func (h *harness) transcript(t *testing.T, req *initproto.InitRequest) ([]string, error) {
+	t.Helper()
+	stream, err := h.client.Init(context.Background(), req)
+	if err != nil {
+		return nil, err
+	}
+	var lines []string
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return lines, nil
+		}
+		if err != nil {
+			return lines, err
+		}
+		switch k := resp.GetKind().(type) {
+		case *initproto.InitResponse_Progress:
+			lines = append(lines, fmt.Sprintf("%s %s", k.Progress.GetPhase(), strings.TrimPrefix(k.Progress.GetState().String(), "PHASE_STATE_")))
+		case *initproto.InitResponse_Log:
+			if len(lines) == 0 || lines[len(lines)-1] != "log" {
+				lines = append(lines, "log")
+			}
+		case *initproto.InitResponse_Failure:
+			lines = append(lines, fmt.Sprintf("FAILURE %s %s", strings.TrimPrefix(k.Failure.GetCode().String(), "FAILURE_CODE_"), k.Failure.GetPhase()))
+		case *initproto.InitResponse_Success:
+			lines = append(lines, "SUCCESS")
+		}
+	}
+}
+
+func phasesOK(names ...string) []string {
+	var out []string
+	for _, n := range names {
+		out = append(out, n+" STARTED", "log", n+" SUCCEEDED")
+	}
+	return out
+}
+
+func equal(t *testing.T, got, want []string) {
+	t.Helper()
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Fatalf("stream:\n%s\n\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestInitStreamsPhasesInOrder(t *testing.T) {
+	h := newHarness(t, &fakeInit{})
+	got, err := h.transcript(t, request(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(phasesOK("preflight", "kubeadm-config", "certs", "kubeadm-init", "wait-apiserver", "components", "admin-kubeconfig"), "SUCCESS")
+	equal(t, got, want)
+	st, _ := h.state.Load()
+	if st == nil || !st.Done || st.Role != nodestate.RoleInit {
+		t.Fatalf("node state = %+v, want done init", st)
+	}
+}
+
+func TestWrongSecretIsGenericAndHarmless(t *testing.T) {
+	h := newHarness(t, &fakeInit{})
+	for name, mutate := range map[string]func(*initproto.InitRequest){
+		"wrong secret": func(r *initproto.InitRequest) { r.InitSecret = []byte("guess") },
+		"no secret":    func(r *initproto.InitRequest) { r.InitSecret = nil },
+		// A bad field is not even looked at before the secret is checked.
+		"wrong secret and bad request": func(r *initproto.InitRequest) { r.InitSecret = []byte("x"); r.ClusterName = "NOT VALID" },
+	} {
+		t.Run(name, func(t *testing.T) {
+			req := request(1)
+			mutate(req)
+			_, err := h.transcript(t, req)
+			if status.Code(err) != codes.PermissionDenied || status.Convert(err).Message() != "init request rejected" {
+				t.Fatalf("Init() = %v, want PermissionDenied \"init request rejected\"", err)
+			}
+		})
+	}
+	if ran := h.init.Ran(); len(ran) != 0 {
+		t.Fatalf("phases ran after a rejected request: %v", ran)
+	}
+	if locked, _ := h.lock.Locked(); locked {
+		t.Fatal("node locked after a rejected request")
+	}
+	if ok, _ := afero.Exists(h.fs, "/state/bootstrapped"); ok {
+		t.Fatal("bootstrap marker written after a rejected request")
+	}
+	if ok, _ := afero.Exists(h.fs, "/state/node-state.json"); ok {
+		t.Fatal("node state written after a rejected request")
+	}
+}
+
+func TestFailedPhaseResumes(t *testing.T) {
+	h := newHarness(t, &fakeInit{failAt: map[string]int{"kubeadm-init": 1}})
+	got, err := h.transcript(t, request(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(phasesOK("preflight", "kubeadm-config", "certs"), "kubeadm-init STARTED", "log", "kubeadm-init FAILED", "FAILURE PHASE_FAILED kubeadm-init")
+	equal(t, got, want)
+
+	// A different master secret cannot take over the half-initialized node.
+	got, err = h.transcript(t, request(9))
+	if err != nil {
+		t.Fatal(err)
+	}
+	equal(t, got, []string{"FAILURE CLUSTER_MISMATCH "})
+
+	got, err = h.transcript(t, request(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = append([]string{"preflight SKIPPED", "kubeadm-config SKIPPED", "certs SKIPPED"},
+		phasesOK("kubeadm-init", "wait-apiserver", "components", "admin-kubeconfig")...)
+	equal(t, got, append(want, "SUCCESS"))
+	ran := strings.Join(h.init.Ran(), ",")
+	if want := "preflight,kubeadm-config,certs,kubeadm-init,kubeadm-init,wait-apiserver,components,admin-kubeconfig"; ran != want {
+		t.Fatalf("phases ran: %s\nwant:       %s", ran, want)
+	}
+}
+
+func TestInitOnFinishedNode(t *testing.T) {
+	h := newHarness(t, &fakeInit{})
+	if _, err := h.transcript(t, request(1)); err != nil {
+		t.Fatal(err)
+	}
+	for _, master := range []byte{1, 7} {
+		got, err := h.transcript(t, request(master))
+		if err != nil {
+			t.Fatal(err)
+		}
+		equal(t, got, []string{"FAILURE ALREADY_INITIALIZED "})
+	}
+}
+
+func TestInitOnJoinedNode(t *testing.T) {
+	h := newHarness(t, &fakeInit{})
+	if err := h.lock.TryLockOnce(context.Background(), "join", []byte("other cluster")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := h.transcript(t, request(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	equal(t, got, []string{"FAILURE NODE_LOCKED "})
+	if ran := h.init.Ran(); len(ran) != 0 {
+		t.Fatalf("phases ran on a joined node: %v", ran)
+	}
+}
+
+func TestInvalidRequestNamesField(t *testing.T) {
+	h := newHarness(t, &fakeInit{})
+	req := request(1)
+	req.PodCidr = "10.244.0.0"
+	stream, err := h.client.Init(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := resp.GetFailure()
+	if f.GetCode() != initproto.FailureCode_FAILURE_CODE_INVALID_REQUEST || !strings.Contains(f.GetMessage(), "pod_cidr") {
+		t.Fatalf("failure = %v, want INVALID_REQUEST naming pod_cidr", f)
+	}
+	if locked, _ := h.lock.Locked(); locked {
+		t.Fatal("node locked by an invalid request")
+	}
+}
+
+func TestConcurrentInitIsBusy(t *testing.T) {
+	block := make(chan struct{})
+	h := newHarness(t, &fakeInit{block: block})
+	first, err := h.client.Init(context.Background(), request(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Recv(); err != nil { // preflight STARTED: the first init holds the node
+		t.Fatal(err)
+	}
+	got, err := h.transcript(t, request(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	equal(t, got, []string{"FAILURE BUSY "})
+	close(block)
+	for {
+		if _, err := first.Recv(); err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.Fatal(err)
+			}
+			break
+		}
+	}
+}
+
+func TestServeStopsAndFreesPort(t *testing.T) {
+	sum := sha256.Sum256(secret)
+	fsys := afero.NewMemMapFs()
+	srv := New(zap.NewNop(), nodelock.New(), staticHash(sum[:]), &fakeInit{}, nodestate.NewStore(fsys, "/s"))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, lis) }()
+	time.Sleep(20 * time.Millisecond)
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Serve() = %v", err)
+	}
+	again, err := net.Listen("tcp", addr)
+	if err != nil {
+		t.Fatalf("port %s still taken after Serve returned: %v", addr, err)
+	}
+	again.Close()
+}

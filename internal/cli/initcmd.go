@@ -1,0 +1,386 @@
+package cli
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"sigs.k8s.io/yaml"
+
+	"github.com/berth-k8s/berth/initproto"
+)
+
+// Workspace file names.
+const (
+	fileAdminConf    = "admin.conf"
+	fileMasterSecret = "master-secret.json"
+	fileClusterID    = "cluster-id"
+	fileInitLog      = "init.log"
+)
+
+// ErrInitRejected is returned when the node refuses the init request without saying why (wrong
+// init secret, or not the node the operator meant).
+var ErrInitRejected = errors.New("the node rejected the init request: wrong init secret, or not the node you meant")
+
+// ErrInitFailed is returned when the node answered with an InitFailure.
+var ErrInitFailed = errors.New("init failed")
+
+// initConfig is the file `berth init --config` reads.
+type initConfig struct {
+	ClusterName       string   `json:"clusterName"`
+	KubernetesVersion string   `json:"kubernetesVersion"`
+	ServiceCIDR       string   `json:"serviceCIDR"`
+	PodCIDR           string   `json:"podCIDR"`
+	APIServerCertSANs []string `json:"apiServerCertSANs,omitempty"`
+	// InitSecret is the node's init secret, hex; InitSecretFile names a file holding it instead.
+	InitSecret     string `json:"initSecret,omitempty"`
+	InitSecretFile string `json:"initSecretFile,omitempty"`
+	// AttestationPolicyFile names the cluster's attestation policy (YAML) for the joinservice.
+	AttestationPolicyFile string `json:"attestationPolicyFile,omitempty"`
+	Components            struct {
+		SkipKubeProxy   bool   `json:"skipKubeProxy,omitempty"`
+		SkipCoreDNS     bool   `json:"skipCoreDNS,omitempty"`
+		ImagePolicyFile string `json:"imagePolicyFile,omitempty"`
+	} `json:"components,omitempty"`
+}
+
+func defaultInitConfig() initConfig {
+	return initConfig{ClusterName: "berth", KubernetesVersion: "v1.34.2", ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16"}
+}
+
+// masterSecretFile is the workspace's record of the cluster's root secret.
+type masterSecretFile struct {
+	MasterSecret string `json:"masterSecret"`
+	Salt         string `json:"salt"`
+}
+
+type initOptions struct {
+	endpoint       string
+	configPath     string
+	workspace      string
+	insecure       bool
+	connectTimeout time.Duration
+	timeout        time.Duration
+	verbose        bool
+}
+
+func newInitCmd() *cobra.Command {
+	o := initOptions{workspace: ".", connectTimeout: 5 * time.Minute, timeout: 30 * time.Minute}
+	cmd := &cobra.Command{
+		Use:   "init --endpoint HOST:PORT --config FILE",
+		Short: "Initialize a cluster on its first control-plane node",
+		Long: `init makes a fresh node the first control plane of a new cluster.
+
+It generates the cluster's master secret and salt, writes them to the workspace (mode 0600)
+before anything is sent, connects to the node's InitServer, proves it may initialize the node
+with the init secret, and shows the node's progress phase by phase. On success it writes the
+admin kubeconfig to the workspace.
+
+If init fails part of the way, run the same command again with the same workspace: the node
+resumes at the failed phase. A workspace that holds a finished cluster's admin.conf is never
+overwritten.
+
+Until attested TLS is wired in, init refuses to send secrets over an unattested connection
+unless you pass --insecure-skip-attestation (development only).
+
+The config file (YAML):
+  clusterName: berth
+  kubernetesVersion: v1.34.2
+  serviceCIDR: 10.96.0.0/12
+  podCIDR: 10.244.0.0/16
+  apiServerCertSANs: [198.51.100.10]
+  initSecretFile: init-secret        # or initSecret: <hex>
+  attestationPolicyFile: policy.yaml # optional
+  components: {skipKubeProxy: false, skipCoreDNS: false}`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return runInit(cmd.Context(), cmd.OutOrStdout(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.endpoint, "endpoint", "", "HOST:PORT of the node's InitServer (required)")
+	f.StringVar(&o.configPath, "config", "", "cluster config file (required)")
+	f.StringVar(&o.workspace, "workspace", o.workspace, "directory for the cluster's admin kubeconfig, master secret and init log")
+	f.BoolVar(&o.insecure, "insecure-skip-attestation", false, "send secrets without verifying the node's attestation (development only)")
+	f.DurationVar(&o.connectTimeout, "connect-timeout", o.connectTimeout, "how long to keep trying to reach the node before init starts")
+	f.DurationVar(&o.timeout, "timeout", o.timeout, "overall limit for init once connected")
+	f.BoolVarP(&o.verbose, "verbose", "v", false, "also print the node's init output (always saved to the workspace's init.log)")
+	_ = cmd.MarkFlagRequired("endpoint")
+	_ = cmd.MarkFlagRequired("config")
+	return cmd
+}
+
+func usageErr(format string, args ...any) error {
+	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
+}
+
+func loadInitConfig(path string) (initConfig, []byte, error) {
+	cfg := defaultInitConfig()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, nil, usageErr("reading config: %w", err)
+	}
+	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
+		return cfg, nil, usageErr("parsing config %s: %w", path, err)
+	}
+	secretHex := strings.TrimSpace(cfg.InitSecret)
+	switch {
+	case cfg.InitSecret != "" && cfg.InitSecretFile != "":
+		return cfg, nil, usageErr("config %s: set initSecret or initSecretFile, not both", path)
+	case cfg.InitSecretFile != "":
+		p := cfg.InitSecretFile
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(filepath.Dir(path), p)
+		}
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			return cfg, nil, usageErr("reading init secret file: %w", err)
+		}
+		secretHex = strings.TrimSpace(string(raw))
+	case secretHex == "":
+		return cfg, nil, usageErr("config %s: no initSecret or initSecretFile", path)
+	}
+	secret, err := hex.DecodeString(secretHex)
+	if err != nil || len(secret) < 16 {
+		return cfg, nil, usageErr("config %s: the init secret must be at least 16 bytes, hex-encoded", path)
+	}
+	return cfg, secret, nil
+}
+
+func readRelative(base, p string) ([]byte, error) {
+	if p == "" {
+		return nil, nil
+	}
+	if !filepath.IsAbs(p) {
+		p = filepath.Join(filepath.Dir(base), p)
+	}
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return nil, usageErr("reading %s: %w", p, err)
+	}
+	return data, nil
+}
+
+// prepareWorkspace refuses a workspace of a finished cluster and returns the master secret and
+// salt: those of an earlier, unfinished attempt (so the node can resume), or new ones written
+// to the workspace before anything is sent.
+func prepareWorkspace(dir string, out io.Writer) (master, salt []byte, err error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, nil, fmt.Errorf("creating workspace: %w", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, fileAdminConf)); err == nil {
+		return nil, nil, usageErr("workspace %s already holds a cluster's %s; use another --workspace", dir, fileAdminConf)
+	}
+	path := filepath.Join(dir, fileMasterSecret)
+	data, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		var f masterSecretFile
+		if err := json.Unmarshal(data, &f); err != nil {
+			return nil, nil, fmt.Errorf("parsing %s: %w", path, err)
+		}
+		master, err1 := base64.StdEncoding.DecodeString(f.MasterSecret)
+		salt, err2 := base64.StdEncoding.DecodeString(f.Salt)
+		if err1 != nil || err2 != nil || len(master) != 32 || len(salt) != 32 {
+			return nil, nil, fmt.Errorf("%s is damaged: want a 32-byte master secret and salt", path)
+		}
+		fmt.Fprintf(out, "Resuming with the master secret in %s\n", path)
+		return master, salt, nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return nil, nil, fmt.Errorf("reading %s: %w", path, err)
+	}
+	master, salt = make([]byte, 32), make([]byte, 32)
+	if _, err := rand.Read(master); err != nil {
+		return nil, nil, fmt.Errorf("generating master secret: %w", err)
+	}
+	if _, err := rand.Read(salt); err != nil {
+		return nil, nil, fmt.Errorf("generating salt: %w", err)
+	}
+	data, _ = json.MarshalIndent(masterSecretFile{
+		MasterSecret: base64.StdEncoding.EncodeToString(master),
+		Salt:         base64.StdEncoding.EncodeToString(salt),
+	}, "", "  ")
+	if err := writeExclusive(path, append(data, '\n')); err != nil {
+		return nil, nil, err
+	}
+	fmt.Fprintf(out, "Wrote the cluster's master secret to %s (keep it safe: it is the root of every cluster key)\n", path)
+	return master, salt, nil
+}
+
+// writeExclusive creates path with mode 0600 and fails if it exists.
+func writeExclusive(path string, data []byte) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("creating %s: %w", path, err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("syncing %s: %w", path, err)
+	}
+	return f.Close()
+}
+
+func runInit(ctx context.Context, out io.Writer, o initOptions) error {
+	if !o.insecure {
+		return usageErr("attested TLS is not wired into berth init yet: pass --insecure-skip-attestation to send the cluster's secrets without verifying the node (development only)")
+	}
+	cfg, secret, err := loadInitConfig(o.configPath)
+	if err != nil {
+		return err
+	}
+	policy, err := readRelative(o.configPath, cfg.AttestationPolicyFile)
+	if err != nil {
+		return err
+	}
+	imagePolicy, err := readRelative(o.configPath, cfg.Components.ImagePolicyFile)
+	if err != nil {
+		return err
+	}
+	master, salt, err := prepareWorkspace(o.workspace, out)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(out, "WARNING: attestation is skipped; the node's identity is not verified")
+
+	conn, err := grpc.NewClient(o.endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return usageErr("--endpoint %q: %w", o.endpoint, err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(out, "Connecting to %s ...\n", o.endpoint)
+	if err := waitConnected(ctx, conn, o.connectTimeout); err != nil {
+		return err
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	stream, err := initproto.NewInitServiceClient(conn).Init(ctx, &initproto.InitRequest{
+		InitSecret:        secret,
+		MasterSecret:      master,
+		Salt:              salt,
+		ClusterName:       cfg.ClusterName,
+		KubernetesVersion: cfg.KubernetesVersion,
+		ServiceCidr:       cfg.ServiceCIDR,
+		PodCidr:           cfg.PodCIDR,
+		ApiserverCertSans: cfg.APIServerCertSANs,
+		AttestationPolicy: policy,
+		Components: &initproto.Components{
+			SkipKubeProxy: cfg.Components.SkipKubeProxy,
+			SkipCoredns:   cfg.Components.SkipCoreDNS,
+			ImagePolicy:   imagePolicy,
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("starting init: %w", err)
+	}
+	logFile, err := os.OpenFile(filepath.Join(o.workspace, fileInitLog), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	if err != nil {
+		return fmt.Errorf("opening init log: %w", err)
+	}
+	defer logFile.Close()
+	return receiveInit(stream, out, logFile, o)
+}
+
+// waitConnected retries connecting until the connection is ready or timeout passes. It is the only
+// retry: once connected, a failure is reported, not retried.
+func waitConnected(ctx context.Context, conn *grpc.ClientConn, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn.Connect()
+	for {
+		s := conn.GetState()
+		if s == connectivity.Ready {
+			return nil
+		}
+		if s == connectivity.Idle {
+			conn.Connect()
+		}
+		if !conn.WaitForStateChange(ctx, s) {
+			return fmt.Errorf("could not reach the node within %s (last state %s)", timeout, s)
+		}
+	}
+}
+
+func receiveInit(stream initproto.InitService_InitClient, out, logFile io.Writer, o initOptions) error {
+	start := time.Now()
+	started := map[string]time.Time{}
+	for {
+		resp, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return errors.New("the node ended init without a result; see the node's log")
+		}
+		if err != nil {
+			if status.Code(err) == codes.PermissionDenied {
+				return &exitError{code: exitRejected, err: ErrInitRejected}
+			}
+			return fmt.Errorf("init interrupted after %s: %w; run the same command again to resume", time.Since(start).Round(time.Second), err)
+		}
+		switch k := resp.GetKind().(type) {
+		case *initproto.InitResponse_Progress:
+			p := k.Progress
+			label := fmt.Sprintf("[%d/%d] %-17s", p.GetIndex(), p.GetTotal(), p.GetPhase())
+			switch p.GetState() {
+			case initproto.PhaseState_PHASE_STATE_STARTED:
+				started[p.GetPhase()] = time.Now()
+				fmt.Fprintf(out, "%s started\n", label)
+			case initproto.PhaseState_PHASE_STATE_SUCCEEDED:
+				fmt.Fprintf(out, "%s done in %s\n", label, time.Since(started[p.GetPhase()]).Round(time.Millisecond))
+			case initproto.PhaseState_PHASE_STATE_SKIPPED:
+				fmt.Fprintf(out, "%s skipped (%s)\n", label, p.GetMessage())
+			case initproto.PhaseState_PHASE_STATE_FAILED:
+				fmt.Fprintf(out, "%s FAILED after %s\n", label, time.Since(started[p.GetPhase()]).Round(time.Millisecond))
+			}
+		case *initproto.InitResponse_Log:
+			_, _ = logFile.Write(k.Log.GetData())
+			if o.verbose {
+				_, _ = out.Write(k.Log.GetData())
+			}
+		case *initproto.InitResponse_Failure:
+			f := k.Failure
+			msg := fmt.Sprintf("%s: %s", strings.TrimPrefix(f.GetCode().String(), "FAILURE_CODE_"), f.GetMessage())
+			if f.GetRetryable() {
+				msg += fmt.Sprintf("\nThe node's output is in %s. Run the same command again to resume.", filepath.Join(o.workspace, fileInitLog))
+			}
+			return fmt.Errorf("%w: %s", ErrInitFailed, msg)
+		case *initproto.InitResponse_Success:
+			return writeInitResult(out, o.workspace, k.Success, time.Since(start))
+		}
+	}
+}
+
+func writeInitResult(out io.Writer, dir string, s *initproto.InitSuccess, took time.Duration) error {
+	if len(s.GetKubeconfig()) == 0 {
+		return errors.New("the node reported success without a kubeconfig")
+	}
+	adminPath := filepath.Join(dir, fileAdminConf)
+	if err := writeExclusive(adminPath, s.GetKubeconfig()); err != nil {
+		return err
+	}
+	idHex := hex.EncodeToString(s.GetClusterId())
+	if err := os.WriteFile(filepath.Join(dir, fileClusterID), []byte(idHex+"\n"), 0o600); err != nil {
+		return fmt.Errorf("writing cluster ID: %w", err)
+	}
+	fmt.Fprintf(out, "\nCluster initialized in %s.\nCluster ID: %s\nAdmin kubeconfig: %s\n  export KUBECONFIG=%s\n",
+		took.Round(time.Millisecond), idHex, adminPath, adminPath)
+	return nil
+}
