@@ -1,6 +1,7 @@
 package vtpm
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -17,6 +18,10 @@ import (
 // RSAEKCertIndex is the NV index of the RSA-2048 EK certificate (TCG EK Credential Profile); swtpm_setup
 // --create-ek-cert writes it there.
 const RSAEKCertIndex = 0x01c00002
+
+// DefaultAKHandle is the persistent handle the Issuer keeps its AK at, so that a quote needs neither
+// the EK (an RSA key the TPM re-derives at some cost) nor a policy session.
+const DefaultAKHandle = 0x81000b01
 
 // DefaultPCRs is the selection the Issuer quotes unless configured otherwise: all 24 PC Client PCRs.
 var DefaultPCRs = []uint{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23}
@@ -54,6 +59,10 @@ func WithPCRs(pcrs []uint) IssuerOption {
 	return func(i *Issuer) { i.pcrs = append([]uint(nil), pcrs...) }
 }
 
+// WithAKHandle sets the persistent handle of the AK. The Issuer replaces whatever is there when it
+// creates its AK (once per process).
+func WithAKHandle(h uint32) IssuerOption { return func(i *Issuer) { i.akHandle = h } }
+
 // WithEKCertIndex sets the NV index the EK certificate is read from.
 func WithEKCertIndex(idx uint32) IssuerOption { return func(i *Issuer) { i.ekCertIndex = idx } }
 
@@ -63,14 +72,15 @@ type Issuer struct {
 	log         *zap.Logger
 	pcrs        []uint
 	ekCertIndex uint32
+	akHandle    uint32
 
 	mu sync.Mutex // serializes TPM use and guards ak
 	ak *akRecord
 }
 
-// akRecord is the AK as created under the EK, kept in memory so later quotes only reload it.
+// akRecord is the AK as created under the EK; the key itself stays persistent in the TPM.
 type akRecord struct {
-	private      tpm2.TPM2BPrivate
+	name         tpm2.TPM2BName
 	public       tpm2.TPM2BPublic
 	creationData []byte
 	certifyInfo  []byte
@@ -81,7 +91,7 @@ type akRecord struct {
 
 // NewIssuer returns an Issuer that reaches the TPM through open.
 func NewIssuer(open OpenFunc, log *zap.Logger, opts ...IssuerOption) *Issuer {
-	i := &Issuer{open: open, log: log, pcrs: DefaultPCRs, ekCertIndex: RSAEKCertIndex}
+	i := &Issuer{open: open, log: log, pcrs: DefaultPCRs, ekCertIndex: RSAEKCertIndex, akHandle: DefaultAKHandle}
 	for _, o := range opts {
 		o(i)
 	}
@@ -103,30 +113,23 @@ func (i *Issuer) Issue(ctx context.Context, userData, nonce []byte) ([]byte, err
 	}
 	defer c.Close()
 
-	ek, err := createEK(c)
-	if err != nil {
-		return nil, err
+	if i.ak != nil {
+		// Another issuer, or a TPM clear, may have replaced the persistent AK: recreate it then.
+		cur, err := (tpm2.ReadPublic{ObjectHandle: tpm2.TPMHandle(i.akHandle)}).Execute(c)
+		if err != nil || !bytes.Equal(cur.Name.Buffer, i.ak.name.Buffer) {
+			i.log.Warn("attestation key missing or replaced, creating a new one", zap.Uint32("handle", i.akHandle))
+			i.ak = nil
+		}
 	}
-	defer flush(c, ek.ObjectHandle)
-
 	if i.ak == nil {
-		rec, err := i.createAK(c, ek)
+		rec, err := i.createAK(c)
 		if err != nil {
 			return nil, err
 		}
 		i.ak = rec
-		i.log.Info("attestation key created under the endorsement key")
+		i.log.Info("attestation key created under the endorsement key", zap.Uint32("handle", i.akHandle))
 	}
-	load, err := tpm2.Load{
-		ParentHandle: tpm2.AuthHandle{Handle: ek.ObjectHandle, Name: ek.Name, Auth: endorsementPolicy()},
-		InPrivate:    i.ak.private,
-		InPublic:     i.ak.public,
-	}.Execute(c)
-	if err != nil {
-		return nil, fmt.Errorf("loading attestation key: %w", err)
-	}
-	defer flush(c, load.ObjectHandle)
-	ak := tpm2.NamedHandle{Handle: load.ObjectHandle, Name: load.Name}
+	ak := tpm2.NamedHandle{Handle: tpm2.TPMHandle(i.akHandle), Name: i.ak.name}
 
 	doc := Document{
 		Variant:            Variant,
@@ -181,11 +184,16 @@ func (i *Issuer) Issue(ctx context.Context, userData, nonce []byte) ([]byte, err
 
 // createAK creates the AK under the EK, records its creation with TPM2_CertifyCreation and reads the
 // EK certificate.
-func (i *Issuer) createAK(c transport.TPM, ek *tpm2.CreatePrimaryResponse) (*akRecord, error) {
+func (i *Issuer) createAK(c transport.TPM) (*akRecord, error) {
 	ekCert, err := readNV(c, i.ekCertIndex)
 	if err != nil {
 		return nil, err
 	}
+	ek, err := createEK(c)
+	if err != nil {
+		return nil, err
+	}
+	defer flush(c, ek.ObjectHandle)
 	created, err := tpm2.Create{
 		ParentHandle: tpm2.AuthHandle{Handle: ek.ObjectHandle, Name: ek.Name, Auth: endorsementPolicy()},
 		InPublic:     tpm2.New2B(akTemplate),
@@ -212,8 +220,11 @@ func (i *Issuer) createAK(c transport.TPM, ek *tpm2.CreatePrimaryResponse) (*akR
 	if err != nil {
 		return nil, fmt.Errorf("certifying attestation key creation: %w", err)
 	}
+	if err := persist(c, load.ObjectHandle, load.Name, tpm2.TPMHandle(i.akHandle)); err != nil {
+		return nil, err
+	}
 	return &akRecord{
-		private:      created.OutPrivate,
+		name:         load.Name,
 		public:       created.OutPublic,
 		creationData: created.CreationData.Bytes(),
 		certifyInfo:  cert.CertifyInfo.Bytes(),
@@ -221,6 +232,28 @@ func (i *Issuer) createAK(c transport.TPM, ek *tpm2.CreatePrimaryResponse) (*akR
 		ekPublic:     ek.OutPublic.Bytes(),
 		ekCert:       ekCert,
 	}, nil
+}
+
+// persist makes the loaded object h persistent at handle, evicting what was there before.
+func persist(c transport.TPM, h tpm2.TPMHandle, name tpm2.TPM2BName, handle tpm2.TPMHandle) error {
+	owner := tpm2.AuthHandle{Handle: tpm2.TPMRHOwner, Auth: tpm2.PasswordAuth(nil)}
+	if old, err := (tpm2.ReadPublic{ObjectHandle: handle}).Execute(c); err == nil {
+		if _, err := (tpm2.EvictControl{
+			Auth:             owner,
+			ObjectHandle:     tpm2.NamedHandle{Handle: handle, Name: old.Name},
+			PersistentHandle: handle,
+		}).Execute(c); err != nil {
+			return fmt.Errorf("evicting old attestation key at %#x: %w", uint32(handle), err)
+		}
+	}
+	if _, err := (tpm2.EvictControl{
+		Auth:             owner,
+		ObjectHandle:     tpm2.NamedHandle{Handle: h, Name: name},
+		PersistentHandle: handle,
+	}).Execute(c); err != nil {
+		return fmt.Errorf("persisting attestation key at %#x: %w", uint32(handle), err)
+	}
+	return nil
 }
 
 // createEK creates the RSA-2048 EK from the TCG default template; the same template always yields

@@ -323,3 +323,71 @@ func indentPEM(b []byte) string {
 	}
 	return s.String()
 }
+
+func TestAKReplacedByAnotherIssuer(t *testing.T) {
+	open, ca, _ := newSimulator(t)
+	ctx := context.Background()
+	a, b := vtpm.NewIssuer(open, zap.NewNop()), vtpm.NewIssuer(open, zap.NewNop())
+	v, err := vtpm.NewValidator(policyFor(t, [][]byte{ca.PEM()}, ""), zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, iss := range []*vtpm.Issuer{a, b, a} {
+		raw, err := iss.Issue(ctx, nil, []byte("n"))
+		if err != nil {
+			t.Fatalf("issue %d: %v", i, err)
+		}
+		if _, err := v.Validate(ctx, raw, []byte("n")); err != nil {
+			t.Fatalf("validate %d: %v", i, err)
+		}
+	}
+}
+
+func benchIssueValidate(b *testing.B, open vtpm.OpenFunc, roots [][]byte) {
+	ctx := context.Background()
+	issuer := vtpm.NewIssuer(open, zap.NewNop())
+	v, err := vtpm.NewValidator(policyFor(b, roots, fmt.Sprintf("  15: {expected: %q}\n", strings.Repeat("00", 32))), zap.NewNop())
+	if err != nil {
+		b.Fatal(err)
+	}
+	nonce := []byte("benchmark nonce")
+	raw, err := issuer.Issue(ctx, nil, nonce) // creates the AK once
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("issue", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			if _, err := issuer.Issue(ctx, nil, nonce); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("validate", func(b *testing.B) {
+		b.ReportMetric(float64(len(raw)), "doc-bytes")
+		for i := 0; i < b.N; i++ {
+			if _, err := v.Validate(ctx, raw, nonce); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("validate-rejected-nonce", func(b *testing.B) {
+		for i := 0; i < b.N; i++ {
+			if _, err := v.Validate(ctx, raw, []byte("other")); !errors.Is(err, attestation.ErrNonceMismatch) {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkSimulator prints issue and validate latency on the reference simulator.
+func BenchmarkSimulator(b *testing.B) {
+	open, ca, _ := newSimulator(b)
+	benchIssueValidate(b, open, [][]byte{ca.PEM()})
+}
+
+// BenchmarkSwtpm prints issue and validate latency on swtpm over a unix socket.
+func BenchmarkSwtpm(b *testing.B) {
+	ca := vtpmtest.NewSwtpmCA(b)
+	sw := vtpmtest.StartSwtpm(b, ca)
+	benchIssueValidate(b, sw.Open, [][]byte{ca.RootPEM(b), ca.IssuerPEM(b)})
+}

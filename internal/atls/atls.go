@@ -1,0 +1,291 @@
+// Package atls is attested TLS: TLS 1.3 whose certificates carry an attestation document bound to the
+// certificate's key and to a nonce the peer chose for this one connection.
+//
+// Protocol, per connection:
+//   - Every attesting side uses a fresh ECDSA P-256 key and a self-signed certificate holding, in an
+//     extension (OIDAttestation), the variant and the document Issue(SHA-256(PKIX(key)), nonce).
+//   - The client's nonce for the server travels in the SNI (32 random bytes, base32); the server's
+//     nonce for the client travels as the common name of the single acceptable CA in the
+//     CertificateRequest. Both are fresh per handshake.
+//   - The validating side checks the document inside the handshake (VerifyPeerCertificate): variant,
+//     Validate(doc, nonce) and that the document's user data is the hash of the key that the peer
+//     proved possession of in this handshake. Nothing reaches the application before that.
+//
+// Modes: server attests (berth init: the node attests to the CLI), client attests, and mutual (join).
+//
+// Every document costs a quote, so an attesting server rate-limits handshakes that ask for one: per
+// peer IP 2/s with a burst of 8, and globally 20/s with a burst of 40 (DefaultLimits). A TPM quote
+// takes 2-10 ms on swtpm and 50-200 ms on hardware TPMs, so the global limit keeps the TPM below
+// roughly a third of its capacity on real hardware while one client still retries comfortably. An
+// excess handshake gets a certificate without attestation that carries a refusal (OIDRefusal); the
+// client fails it with ErrRateLimited. Producing that costs a map lookup, no quote and no signature.
+package atls
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
+	"encoding/base32"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/big"
+	"strings"
+	"time"
+
+	"github.com/berth-k8s/berth/internal/attestation"
+)
+
+// Issuer produces attestation documents (implemented by the variants, e.g. vtpm.Issuer).
+type Issuer interface {
+	// Variant names the attestation variant.
+	Variant() string
+	// Issue returns a document binding userData and nonce.
+	Issue(ctx context.Context, userData, nonce []byte) ([]byte, error)
+}
+
+// Validator checks attestation documents (implemented by the variants, e.g. vtpm.Validator).
+type Validator interface {
+	// Variant names the attestation variant the validator accepts.
+	Variant() string
+	// Validate checks doc against nonce and the validator's policy and returns what it proves.
+	Validate(ctx context.Context, doc, nonce []byte) (attestation.Result, error)
+}
+
+var (
+	// OIDAttestation is the certificate extension holding the attestation. The arc 1.3.9901 is
+	// unregistered and private to Berth; move it under a registered enterprise number before a release.
+	OIDAttestation = asn1.ObjectIdentifier{1, 3, 9901, 1, 1}
+	// OIDRefusal marks a certificate that refuses to attest; its value is the reason.
+	OIDRefusal = asn1.ObjectIdentifier{1, 3, 9901, 1, 2}
+)
+
+// Named handshake failures beyond the validation errors of package attestation.
+var (
+	// ErrRateLimited means the attesting peer refused to attest because of its handshake rate limit.
+	ErrRateLimited = errors.New("peer is rate-limiting attested handshakes")
+	// ErrNoAttestation means the peer's certificate carries no attestation.
+	ErrNoAttestation = errors.New("peer certificate carries no attestation")
+	// ErrNoNonce means the peer did not send a nonce to attest with.
+	ErrNoNonce = errors.New("peer sent no attestation nonce")
+)
+
+const (
+	nonceSize = 32
+	// sniSuffix follows the base32 nonce in the SNI.
+	sniSuffix = ".atls.berth.invalid"
+	// caNoncePrefix prefixes the hex nonce in the acceptable CA's common name.
+	caNoncePrefix = "berth-atls-nonce-"
+	// validateTimeout bounds a validation inside a handshake.
+	validateTimeout = 30 * time.Second
+)
+
+var nonceEncoding = base32.HexEncoding.WithPadding(base32.NoPadding)
+
+// extension is the ASN.1 value of the attestation extension.
+type extension struct {
+	Variant  string `asn1:"utf8"`
+	Document []byte
+}
+
+// Evidence is what a validating side saw from its peer in one handshake.
+type Evidence struct {
+	// Variant is the variant the peer claimed.
+	Variant string
+	// Document is the peer's raw attestation document.
+	Document []byte
+	// Nonce is the nonce this side chose for the handshake.
+	Nonce []byte
+	// Result is the validation result; its Measurements are set also when the policy rejected them.
+	Result attestation.Result
+}
+
+// newNonce returns nonceSize random bytes.
+func newNonce() ([]byte, error) {
+	n := make([]byte, nonceSize)
+	if _, err := rand.Read(n); err != nil {
+		return nil, fmt.Errorf("generating nonce: %w", err)
+	}
+	return n, nil
+}
+
+// keyHash is the user data an attesting side binds: SHA-256 over the PKIX public key.
+func keyHash(pub any) ([]byte, error) {
+	der, err := x509.MarshalPKIXPublicKey(pub)
+	if err != nil {
+		return nil, err
+	}
+	h := sha256.Sum256(der)
+	return h[:], nil
+}
+
+// attestedCertificate creates a fresh key and a certificate attesting it with nonce.
+func attestedCertificate(ctx context.Context, issuer Issuer, nonce []byte) (*tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generating TLS key: %w", err)
+	}
+	userData, err := keyHash(&key.PublicKey)
+	if err != nil {
+		return nil, fmt.Errorf("hashing TLS key: %w", err)
+	}
+	doc, err := issuer.Issue(ctx, userData, nonce)
+	if err != nil {
+		return nil, fmt.Errorf("issuing attestation: %w", err)
+	}
+	ext, err := asn1.Marshal(extension{Variant: issuer.Variant(), Document: doc})
+	if err != nil {
+		return nil, fmt.Errorf("encoding attestation extension: %w", err)
+	}
+	return selfSigned(key, pkix.Extension{Id: OIDAttestation, Value: ext})
+}
+
+// selfSigned wraps key in a short-lived self-signed certificate with extra extensions.
+func selfSigned(key *ecdsa.PrivateKey, exts ...pkix.Extension) (*tls.Certificate, error) {
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, fmt.Errorf("generating serial: %w", err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:    serial,
+		Subject:         pkix.Name{CommonName: "berth attested TLS"},
+		NotBefore:       now.Add(-2 * time.Hour),
+		NotAfter:        now.Add(2 * time.Hour),
+		KeyUsage:        x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+		ExtraExtensions: exts,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, fmt.Errorf("creating certificate: %w", err)
+	}
+	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+}
+
+// verifyPeer validates the peer's leaf certificate against nonce and reports the evidence to observe.
+func verifyPeer(ctx context.Context, validator Validator, rawCerts [][]byte, nonce []byte, observe func(Evidence, error)) error {
+	ev, err := checkPeer(ctx, validator, rawCerts, nonce)
+	if observe != nil {
+		observe(ev, err)
+	}
+	return err
+}
+
+func checkPeer(ctx context.Context, validator Validator, rawCerts [][]byte, nonce []byte) (Evidence, error) {
+	ev := Evidence{Nonce: nonce}
+	if len(rawCerts) == 0 {
+		return ev, ErrNoAttestation
+	}
+	cert, err := x509.ParseCertificate(rawCerts[0])
+	if err != nil {
+		return ev, fmt.Errorf("%w: parsing peer certificate: %w", attestation.ErrMalformed, err)
+	}
+	var raw []byte
+	for _, e := range cert.Extensions {
+		switch {
+		case e.Id.Equal(OIDRefusal):
+			return ev, fmt.Errorf("%w: %s", ErrRateLimited, sanitize(e.Value))
+		case e.Id.Equal(OIDAttestation):
+			raw = e.Value
+		}
+	}
+	if raw == nil {
+		return ev, ErrNoAttestation
+	}
+	var ext extension
+	if rest, err := asn1.Unmarshal(raw, &ext); err != nil || len(rest) != 0 {
+		return ev, fmt.Errorf("%w: attestation extension is not valid ASN.1", attestation.ErrMalformed)
+	}
+	ev.Variant, ev.Document = ext.Variant, ext.Document
+	if ext.Variant != validator.Variant() {
+		return ev, fmt.Errorf("%w: peer attests with %q, policy wants %q", attestation.ErrUnknownVariant, sanitize([]byte(ext.Variant)), validator.Variant())
+	}
+	ctx, cancel := context.WithTimeout(ctx, validateTimeout)
+	defer cancel()
+	res, err := validator.Validate(ctx, ext.Document, nonce)
+	ev.Result = res
+	if err != nil {
+		return ev, err
+	}
+	want, err := keyHash(cert.PublicKey)
+	if err != nil {
+		return ev, fmt.Errorf("%w: peer key: %w", attestation.ErrMalformed, err)
+	}
+	if subtle.ConstantTimeCompare(res.UserData, want) != 1 {
+		return ev, attestation.ErrKeyBinding
+	}
+	return ev, nil
+}
+
+// sanitize renders untrusted bytes printable and short for error messages.
+func sanitize(b []byte) string {
+	if len(b) > 64 {
+		b = b[:64]
+	}
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r > 0x7e {
+			return '?'
+		}
+		return r
+	}, string(b))
+}
+
+// encodeSNINonce puts a nonce into a server name.
+func encodeSNINonce(nonce []byte) string {
+	return strings.ToLower(nonceEncoding.EncodeToString(nonce)) + sniSuffix
+}
+
+// decodeSNINonce extracts the nonce from a server name.
+func decodeSNINonce(name string) ([]byte, error) {
+	enc, ok := strings.CutSuffix(name, sniSuffix)
+	if !ok {
+		return nil, ErrNoNonce
+	}
+	n, err := nonceEncoding.DecodeString(strings.ToUpper(enc))
+	if err != nil || len(n) != nonceSize {
+		return nil, ErrNoNonce
+	}
+	return n, nil
+}
+
+// nonceCAPool returns a pool with one pseudo CA whose subject carries the nonce; TLS 1.3 sends it to
+// the client as the acceptable certificate authorities.
+func nonceCAPool(nonce []byte) (*x509.CertPool, error) {
+	subject, err := asn1.Marshal(pkix.Name{CommonName: caNoncePrefix + hex.EncodeToString(nonce)}.ToRDNSequence())
+	if err != nil {
+		return nil, fmt.Errorf("encoding nonce subject: %w", err)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(&x509.Certificate{Raw: subject, RawSubject: subject})
+	return pool, nil
+}
+
+// decodeCANonce finds the nonce among the acceptable CAs of a CertificateRequest.
+func decodeCANonce(acceptable [][]byte) ([]byte, error) {
+	for _, der := range acceptable {
+		var rdn pkix.RDNSequence
+		if rest, err := asn1.Unmarshal(der, &rdn); err != nil || len(rest) != 0 {
+			continue
+		}
+		var name pkix.Name
+		name.FillFromRDNSequence(&rdn)
+		h, ok := strings.CutPrefix(name.CommonName, caNoncePrefix)
+		if !ok {
+			continue
+		}
+		n, err := hex.DecodeString(h)
+		if err != nil || len(n) != nonceSize {
+			continue
+		}
+		return n, nil
+	}
+	return nil, ErrNoNonce
+}

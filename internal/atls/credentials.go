@@ -1,0 +1,146 @@
+package atls
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+)
+
+// handshakeTimeout bounds a server-side handshake including the quote.
+const handshakeTimeout = 30 * time.Second
+
+// Credentials are gRPC transport credentials speaking attested TLS. Clients get a fresh nonce per
+// connection; servers attest and/or validate per connection. Handlers read what the peer proved with
+// PeerEvidence.
+type Credentials struct {
+	issuer    Issuer
+	validator Validator
+	opts      options
+	certs     *serverCerts
+}
+
+var _ credentials.TransportCredentials = (*Credentials)(nil)
+
+// NewCredentials returns gRPC credentials. On a server: issuer attests to clients, validator requires
+// clients to attest. On a client: validator requires the server to attest, issuer attests on request.
+func NewCredentials(issuer Issuer, validator Validator, opts ...Option) (*Credentials, error) {
+	certs, err := newServerCerts()
+	if err != nil {
+		return nil, err
+	}
+	return &Credentials{issuer: issuer, validator: validator, opts: buildOptions(opts), certs: certs}, nil
+}
+
+// AuthInfo is the credentials.AuthInfo of an attested TLS connection.
+type AuthInfo struct {
+	credentials.TLSInfo
+	// Evidence is what the peer proved; nil when this side did not validate the peer.
+	Evidence *Evidence
+}
+
+// AuthType returns "atls".
+func (AuthInfo) AuthType() string { return "atls" }
+
+// PeerEvidence returns the validated evidence of the gRPC peer in ctx.
+func PeerEvidence(ctx context.Context) (*Evidence, bool) {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return nil, false
+	}
+	info, ok := p.AuthInfo.(AuthInfo)
+	if !ok || info.Evidence == nil {
+		return nil, false
+	}
+	return info.Evidence, true
+}
+
+// recorder keeps the evidence of the one validation in a handshake and forwards it to the observer.
+type recorder struct {
+	mu      sync.Mutex
+	ev      *Evidence
+	forward func(Evidence, error)
+}
+
+func (r *recorder) observe(ev Evidence, err error) {
+	if err == nil {
+		r.mu.Lock()
+		r.ev = &ev
+		r.mu.Unlock()
+	}
+	if r.forward != nil {
+		r.forward(ev, err)
+	}
+}
+
+func (r *recorder) evidence() *Evidence {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ev
+}
+
+// ClientHandshake runs the client side of attested TLS on rawConn.
+func (c *Credentials) ClientHandshake(ctx context.Context, _ string, rawConn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	rec := &recorder{forward: c.opts.observe}
+	o := c.opts
+	o.observe = rec.observe
+	cfg, err := NewClientConfig(ctx, c.issuer, c.validator, func(dst *options) { *dst = o })
+	if err != nil {
+		return nil, nil, err
+	}
+	conn := tls.Client(rawConn, cfg)
+	if err := conn.HandshakeContext(ctx); err != nil {
+		conn.Close()
+		return nil, nil, fmt.Errorf("attested TLS handshake: %w", err)
+	}
+	return conn, c.authInfo(conn, rec.evidence()), nil
+}
+
+// ServerHandshake runs the server side of attested TLS on rawConn.
+func (c *Credentials) ServerHandshake(rawConn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	rec := &recorder{forward: c.opts.observe}
+	o := c.opts
+	o.observe = rec.observe
+	if c.issuer == nil && c.validator == nil {
+		return nil, nil, errors.New("attested TLS server: neither issuer nor validator")
+	}
+	cfg := serverConfig(c.issuer, c.validator, o, c.certs)
+	ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
+	defer cancel()
+	conn := tls.Server(rawConn, cfg)
+	if err := conn.HandshakeContext(ctx); err != nil {
+		conn.Close()
+		return nil, nil, fmt.Errorf("attested TLS handshake: %w", err)
+	}
+	return conn, c.authInfo(conn, rec.evidence()), nil
+}
+
+func (c *Credentials) authInfo(conn *tls.Conn, ev *Evidence) AuthInfo {
+	return AuthInfo{
+		TLSInfo: credentials.TLSInfo{
+			State:          conn.ConnectionState(),
+			CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity},
+		},
+		Evidence: ev,
+	}
+}
+
+// Info describes the protocol.
+func (c *Credentials) Info() credentials.ProtocolInfo {
+	return credentials.ProtocolInfo{SecurityProtocol: "atls", SecurityVersion: "1.3"}
+}
+
+// Clone returns a copy sharing issuer, validator and rate limiter.
+func (c *Credentials) Clone() credentials.TransportCredentials {
+	cp := *c
+	return &cp
+}
+
+// OverrideServerName is a no-op: the server name carries the nonce.
+func (c *Credentials) OverrideServerName(string) error { return nil }

@@ -1,0 +1,71 @@
+package atls
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/berth-k8s/berth/internal/attestation"
+)
+
+func TestLimiter(t *testing.T) {
+	now := time.Unix(1000, 0)
+	l := newLimiterWithClock(Limits{PerPeer: 1, PerPeerBurst: 2, Global: 10, GlobalBurst: 3, MaxPeers: 3}, func() time.Time { return now })
+	steps := []struct {
+		peer string
+		want bool
+	}{
+		{"a", true}, {"a", true}, {"a", false}, // per-peer burst of 2
+		{"b", true}, {"c", false}, // global burst of 3 used up
+	}
+	for i, s := range steps {
+		if got := l.Allow(s.peer); got != s.want {
+			t.Fatalf("step %d: Allow(%q) = %v, want %v", i, s.peer, got, s.want)
+		}
+	}
+	now = now.Add(time.Second) // one per-peer token for a, 10 global tokens
+	if !l.Allow("a") || l.Allow("a") {
+		t.Fatal("after 1s, a should get exactly one handshake")
+	}
+	// A fourth peer evicts the least recently seen one (b or c, seen a second before a).
+	now = now.Add(time.Second)
+	if !l.Allow("d") {
+		t.Fatal("new peer d refused")
+	}
+	if len(l.peers) != 3 {
+		t.Fatalf("tracking %d peers, limit 3", len(l.peers))
+	}
+	if _, ok := l.peers["a"]; !ok {
+		t.Fatal("evicted the most recently seen peer")
+	}
+}
+
+func FuzzCheckPeer(f *testing.F) {
+	f.Add([]byte{0x30, 0x03, 0x02, 0x01, 0x00})
+	f.Add([]byte("garbage"))
+	f.Fuzz(func(t *testing.T, der []byte) {
+		_, err := checkPeer(t.Context(), nopValidator{}, [][]byte{der}, make([]byte, nonceSize))
+		if err == nil {
+			t.Fatal("accepted a fuzzed certificate")
+		}
+	})
+}
+
+func FuzzNonceCarriers(f *testing.F) {
+	f.Add("0123456789abcdefghijklmnopqrstuv0123456789abcdefghij.atls.berth.invalid", []byte{0x30, 0x00})
+	f.Fuzz(func(t *testing.T, sni string, ca []byte) {
+		if n, err := decodeSNINonce(sni); err == nil && len(n) != nonceSize {
+			t.Fatalf("SNI nonce of %d bytes", len(n))
+		}
+		if n, err := decodeCANonce([][]byte{ca}); err == nil && len(n) != nonceSize {
+			t.Fatalf("CA nonce of %d bytes", len(n))
+		}
+	})
+}
+
+type nopValidator struct{}
+
+func (nopValidator) Variant() string { return "fake-insecure" }
+func (nopValidator) Validate(context.Context, []byte, []byte) (attestation.Result, error) {
+	return attestation.Result{UserData: []byte("never matches a key hash")}, nil
+}

@@ -1,0 +1,181 @@
+package atls_test
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/atls/atlstest"
+	"github.com/berth-k8s/berth/internal/attestation"
+	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/attestation/tpmsim"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
+)
+
+// tpmPair returns an issuer on the reference simulator and validators accepting and rejecting it.
+func tpmPair(tb testing.TB) (atls.Issuer, atls.Validator, atls.Validator) {
+	tb.Helper()
+	sim, err := tpmsim.New()
+	if errors.Is(err, tpmsim.ErrUnavailable) {
+		tb.Skip("TPM simulator needs cgo")
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { _ = sim.Close() })
+	ca, err := vtpmtest.NewCA("EK CA")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := vtpmtest.ProvisionEKCert(sim.Open, ca); err != nil {
+		tb.Fatal(err)
+	}
+	return vtpm.NewIssuer(sim.Open, zap.NewNop()), tpmValidator(tb, ca.PEM(), ""), tpmValidator(tb, ca.PEM(), "  0: {expected: "+strings.Repeat("ab", 32)+"}\n")
+}
+
+// swtpmPair is tpmPair on a swtpm process.
+func swtpmPair(tb testing.TB) (atls.Issuer, atls.Validator, atls.Validator) {
+	tb.Helper()
+	ca := vtpmtest.NewSwtpmCA(tb)
+	sw := vtpmtest.StartSwtpm(tb, ca)
+	roots := append(ca.RootPEM(tb), ca.IssuerPEM(tb)...)
+	return vtpm.NewIssuer(sw.Open, zap.NewNop()), tpmValidator(tb, roots, ""), tpmValidator(tb, roots, "  0: {expected: "+strings.Repeat("ab", 32)+"}\n")
+}
+
+func tpmValidator(tb testing.TB, rootsPEM []byte, measurements string) atls.Validator {
+	tb.Helper()
+	doc := "variant: tpm\n"
+	if measurements != "" {
+		doc += "measurements:\n" + measurements
+	}
+	doc += "trustRoots:\n  - pem: |\n"
+	for _, line := range strings.Split(strings.TrimSpace(string(rootsPEM)), "\n") {
+		doc += "      " + line + "\n"
+	}
+	p, err := policy.Parse([]byte(doc), "test-policy.yaml", nil)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	v, err := vtpm.NewValidator(p, zap.NewNop())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return v
+}
+
+func TestGRPCMutualTPM(t *testing.T) {
+	issuer, accept, reject := tpmPair(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	addr, seen := serveGRPC(t, mustCreds(t, issuer, accept))
+	if err := check(ctx, addr, mustCreds(t, issuer, accept)); err != nil {
+		t.Fatalf("mutual TPM-attested gRPC: %v", err)
+	}
+	if ev := seen(); ev == nil || ev.Variant != vtpm.Variant || len(ev.Result.Measurements) != 24 {
+		t.Fatalf("server handler saw evidence %+v", ev)
+	}
+	// The client rejects the server's measurements: the RPC never runs.
+	var verdict error
+	creds := mustCreds(t, issuer, reject, atls.WithObserver(func(_ atls.Evidence, err error) { verdict = err }))
+	if err := check(ctx, addr, creds); err == nil {
+		t.Fatal("RPC succeeded although the client's policy rejects the server")
+	}
+	if !errors.Is(verdict, attestation.ErrMeasurementMismatch) {
+		t.Fatalf("client verdict %v, want ErrMeasurementMismatch", verdict)
+	}
+}
+
+// benchServer serves handshakes for benchmarks and returns the address.
+func benchServer(b *testing.B, cfg *tls.Config) string {
+	b.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			tc := tls.Server(c, cfg)
+			_ = tc.Handshake()
+			tc.Close()
+		}
+	}()
+	b.Cleanup(func() {
+		lis.Close()
+		wg.Wait()
+	})
+	return lis.Addr().String()
+}
+
+func benchHandshake(b *testing.B, issuer atls.Issuer, validator atls.Validator, limiter *atls.Limiter, wantErr error) {
+	srv, err := atls.NewServerConfig(issuer, nil, atls.WithLimiter(limiter))
+	if err != nil {
+		b.Fatal(err)
+	}
+	addr := benchServer(b, srv)
+	ctx := context.Background()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		cfg, err := atls.NewClientConfig(ctx, nil, validator)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		tc := tls.Client(c, cfg)
+		err = tc.Handshake()
+		tc.Close()
+		if wantErr == nil && err != nil || wantErr != nil && !errors.Is(err, wantErr) {
+			b.Fatalf("handshake: %v, want %v", err, wantErr)
+		}
+	}
+}
+
+func unlimited() *atls.Limiter {
+	return atls.NewLimiter(atls.Limits{PerPeer: 1e9, PerPeerBurst: 1 << 30, Global: 1e9, GlobalBurst: 1 << 30})
+}
+
+// BenchmarkHandshake measures full server-attests handshakes over loopback: accepted, rejected by the
+// client's policy (full cost: quote and validation), and refused by the server's rate limit.
+func BenchmarkHandshake(b *testing.B) {
+	variants := map[string]func(testing.TB) (atls.Issuer, atls.Validator, atls.Validator){
+		"fake": func(testing.TB) (atls.Issuer, atls.Validator, atls.Validator) {
+			return atlstest.Issuer{}, atlstest.Validator{}, rejectingValidator{}
+		},
+		"tpm-simulator": tpmPair,
+		"tpm-swtpm":     swtpmPair,
+	}
+	for _, name := range []string{"fake", "tpm-simulator", "tpm-swtpm"} {
+		b.Run(fmt.Sprintf("%s/accepted", name), func(b *testing.B) {
+			issuer, accept, _ := variants[name](b)
+			benchHandshake(b, issuer, accept, unlimited(), nil)
+		})
+		b.Run(fmt.Sprintf("%s/rejected-by-policy", name), func(b *testing.B) {
+			issuer, _, reject := variants[name](b)
+			benchHandshake(b, issuer, reject, unlimited(), attestation.ErrMeasurementMismatch)
+		})
+		b.Run(fmt.Sprintf("%s/refused-rate-limit", name), func(b *testing.B) {
+			issuer, accept, _ := variants[name](b)
+			none := atls.NewLimiter(atls.Limits{PerPeer: 0, PerPeerBurst: 0, Global: 0, GlobalBurst: 0})
+			benchHandshake(b, issuer, accept, none, atls.ErrRateLimited)
+		})
+	}
+}
