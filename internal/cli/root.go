@@ -45,6 +45,7 @@ cluster's joinservice and joins on its own.`,
 	}
 	root.AddCommand(
 		newInitCmd(),
+		newMiniCmd(),
 	)
 	return root
 }

@@ -1,0 +1,317 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/berth-k8s/berth/internal/mini"
+)
+
+// errNotRoot is returned by every mini command that changes the host when not run as root.
+var errNotRoot = errors.New("berth mini needs root: it creates network namespaces, mounts, cgroups and daemons (run it with sudo)")
+
+func newMiniCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "mini",
+		Short: "Run a local Berth cluster whose nodes are namespaces on this machine",
+		Long: `berth mini runs a real Kubernetes cluster on one Linux machine, without VMs.
+
+Each node is a network namespace plus a private mount and UTS namespace with its own software TPM
+(swtpm, EK certificate from a CA local to the cluster), containerd, cgroup subtree, kubelet and
+Berth bootstrapper. A bridge in a separate namespace joins the nodes; the host reaches them through
+one veth and serves them the metadata API. Node addresses come from a documentation range and no
+namespace gets a default route, so nothing in the cluster can reach outside this machine.
+
+Kubernetes, etcd, CoreDNS and flannel are built from their Go modules (scripts/build-k8s.sh, cached
+by version), and every image is assembled locally and imported into each node: nothing is pulled.
+
+Needs root, cgroup v1 or hybrid, and the Debian packages containerd, runc,
+containernetworking-plugins, swtpm, swtpm-tools, nftables and iproute2 (scripts/install-deps.sh).`,
+	}
+	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniRestartCmd(), newMiniAgentCmd())
+	return cmd
+}
+
+func requireRoot() error {
+	if os.Geteuid() != 0 {
+		return &exitError{code: exitUsage, err: errNotRoot}
+	}
+	return nil
+}
+
+func miniLogger(w io.Writer) *zap.Logger {
+	enc := zap.NewDevelopmentEncoderConfig()
+	core := zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(w), zapcore.InfoLevel)
+	return zap.New(core)
+}
+
+func printPhase(w io.Writer) func(mini.Phase) {
+	return func(p mini.Phase) {
+		fmt.Fprintf(w, "  %-14s %6.2fs\n", p.Name, p.Duration.Seconds())
+	}
+}
+
+type miniUpFlags struct {
+	dir           string
+	name          string
+	subnet        string
+	controlPlanes int
+	workers       int
+	buildScript   string
+	cacheDir      string
+	bootstrapper  string
+	noBootstrap   bool
+}
+
+func newMiniUpCmd() *cobra.Command {
+	var f miniUpFlags
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Build (cached) and start a mini cluster",
+		Long: `up builds the Kubernetes binaries and images (a no-op when cached), creates the nodes and starts
+every node's swtpm, containerd and bootstrapper, then reports the time of every phase.
+
+With --no-bootstrap it stops once every node has its TPM, containerd with all images imported and
+its kubelet ready to be started; no bootstrapper runs and no Kubernetes cluster is formed.
+
+If up fails half-way, what it created stays for inspection (logs under DIR/nodes/*/logs);
+berth mini down removes it.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireRoot(); err != nil {
+				return err
+			}
+			return runMiniUp(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.dir, "dir", mini.DefaultDir, "directory for the cluster's state, node files, logs and admin.conf")
+	fl.StringVar(&f.name, "name", mini.DefaultName, "cluster name; prefixes namespaces, links and cgroups (1-8 of [a-z0-9])")
+	fl.StringVar(&f.subnet, "subnet", mini.DefaultSubnet, "node network (a documentation range); the host takes .1, nodes .10 and up")
+	fl.IntVar(&f.controlPlanes, "control-planes", 1, "number of control-plane nodes")
+	fl.IntVar(&f.workers, "workers", 2, "number of worker nodes")
+	fl.StringVar(&f.buildScript, "build-script", "scripts/build-k8s.sh", "script that builds the upstream binaries and prints their bin dirs")
+	fl.StringVar(&f.cacheDir, "cache", envOr("BERTH_CACHE", "/var/cache/berth"), "build and image cache (also $BERTH_CACHE)")
+	fl.StringVar(&f.bootstrapper, "bootstrapper", "", "bootstrapper binary (default: bootstrapper next to the berth binary)")
+	fl.BoolVar(&f.noBootstrap, "no-bootstrap", false, "prepare the nodes but start no bootstrapper")
+	return cmd
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error {
+	subnet, err := netip.ParsePrefix(f.subnet)
+	if err != nil {
+		return &exitError{code: exitUsage, err: fmt.Errorf("parsing --subnet: %w", err)}
+	}
+	dir, err := filepath.Abs(f.dir)
+	if err != nil {
+		return fmt.Errorf("resolving --dir: %w", err)
+	}
+	env, err := mini.HostEnv()
+	if err != nil {
+		return err
+	}
+	cfg := mini.Config{
+		Name: f.name, Dir: dir, Subnet: subnet,
+		PodCIDR:       netip.MustParsePrefix(mini.DefaultPodCIDR),
+		ServiceCIDR:   netip.MustParsePrefix(mini.DefaultServiceCIDR),
+		ControlPlanes: f.controlPlanes, Workers: f.workers,
+	}
+	if err := cfg.Validate(); err != nil {
+		return &exitError{code: exitUsage, err: err}
+	}
+	if !f.noBootstrap {
+		cfg.Bootstrapper = f.bootstrapper
+		if cfg.Bootstrapper == "" {
+			cfg.Bootstrapper = filepath.Join(filepath.Dir(env.Self), "bootstrapper")
+		}
+		if _, err := os.Stat(cfg.Bootstrapper); err != nil {
+			return &exitError{code: exitUsage, err: fmt.Errorf("finding bootstrapper (build it with make build, or pass --no-bootstrap): %w", err)}
+		}
+	}
+	start := time.Now()
+	phase := printPhase(out)
+	fmt.Fprintf(out, "berth mini up: %d control plane(s), %d worker(s) in %s\n", cfg.ControlPlanes, cfg.Workers, dir)
+
+	t0 := time.Now()
+	bins, err := buildBins(ctx, f.buildScript, f.cacheDir, errOut)
+	if err != nil {
+		return err
+	}
+	cfg.Bins = bins
+	phase(mini.Phase{Name: "build", Duration: time.Since(t0)})
+
+	t0 = time.Now()
+	archive, err := mini.EnsureImageArchive(f.cacheDir, bins)
+	if err != nil {
+		return fmt.Errorf("building images: %w", err)
+	}
+	cfg.ImageArchive = archive
+	phase(mini.Phase{Name: "image-archive", Duration: time.Since(t0)})
+
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return fmt.Errorf("creating init secret: %w", err)
+	}
+	log := miniLogger(errOut)
+	cl := mini.New(cfg, env, mini.Exec{}, log)
+	if _, err := cl.Up(ctx, mini.UpOptions{Progress: phase, InitSecret: secret}); err != nil {
+		fmt.Fprintf(errOut, "berth mini up failed; logs are under %s/nodes/*/logs; remove the cluster with: berth mini down --dir %s\n", dir, dir)
+		return err
+	}
+	fmt.Fprintf(out, "nodes ready in %.1fs:", time.Since(start).Seconds())
+	for _, n := range cfg.Nodes() {
+		fmt.Fprintf(out, " %s=%s", n.Name, n.IP)
+	}
+	fmt.Fprintln(out)
+	if f.noBootstrap {
+		fmt.Fprintf(out, "no bootstrapper started (--no-bootstrap). Run a command in a node with:\n  nsenter --net=/run/netns/%s --mount=%s --uts=%s -- CMD\n",
+			cfg.NodeNetns(cfg.Nodes()[0].Name), cfg.MountNS(cfg.Nodes()[0].Name), cfg.UTSNS(cfg.Nodes()[0].Name))
+	}
+	return nil
+}
+
+// buildBins runs the build script and maps its output lines (one bin dir per component, in the
+// order asked for) to mini.Bins.
+func buildBins(ctx context.Context, script, cacheDir string, errOut io.Writer) (mini.Bins, error) {
+	comps := []string{"k8s", "etcd", "coredns", "flannel", "podbin"}
+	cmd := exec.CommandContext(ctx, script, comps...)
+	cmd.Env = append(os.Environ(), "BERTH_CACHE="+cacheDir)
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	cmd.Stderr = errOut
+	if err := cmd.Run(); err != nil {
+		return mini.Bins{}, fmt.Errorf("building binaries with %s: %w", script, err)
+	}
+	var dirs []string
+	sc := bufio.NewScanner(&stdout)
+	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); l != "" {
+			dirs = append(dirs, l)
+		}
+	}
+	if len(dirs) != len(comps) {
+		return mini.Bins{}, fmt.Errorf("building binaries: %s printed %d bin dirs, want %d", script, len(dirs), len(comps))
+	}
+	return mini.Bins{K8s: dirs[0], Etcd: dirs[1], CoreDNS: dirs[2], Flannel: dirs[3], PodBin: dirs[4]}, nil
+}
+
+func newMiniDownCmd() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "down",
+		Short: "Remove a mini cluster and everything it created",
+		Long: `down stops every process of the cluster (the recorded daemons and everything in the nodes'
+cgroups, containers included), unpins the nodes' namespaces, deletes the network namespaces and
+links, the cgroups, the host mount points it created and the cluster directory. It works from the
+state file, is idempotent, and also cleans up after a crashed up. Without a state file it does
+nothing.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireRoot(); err != nil {
+				return err
+			}
+			env, err := mini.HostEnv()
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			cl, err := mini.Open(dir, env, mini.Exec{}, miniLogger(cmd.ErrOrStderr()))
+			if errors.Is(err, mini.ErrNoState) {
+				fmt.Fprintf(out, "no mini cluster in %s; nothing to remove\n", dir)
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "berth mini down: %s\n", dir)
+			t, err := cl.Down(cmd.Context())
+			for _, p := range t.Phases {
+				printPhase(out)(p)
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "removed in %.2fs\n", t.Total().Seconds())
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", mini.DefaultDir, "directory of the cluster")
+	return cmd
+}
+
+func newMiniRestartCmd() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "restart",
+		Short: "Power-cycle every node of a mini cluster at once",
+		Long: `restart kills every process of every node at once (a power cut), recreates the nodes' network
+and mount namespaces (so /run and all runtime mounts are gone, as after a reboot), and starts each
+node's swtpm (PCRs reset, keys kept), containerd and bootstrapper again on the nodes' persistent
+directories.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireRoot(); err != nil {
+				return err
+			}
+			env, err := mini.HostEnv()
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			cl, err := mini.Open(dir, env, mini.Exec{}, miniLogger(cmd.ErrOrStderr()))
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "berth mini restart: %s\n", dir)
+			t, err := cl.Restart(cmd.Context(), mini.RestartOptions{Progress: printPhase(out)})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, "nodes restarted in %.2fs\n", t.Total().Seconds())
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", mini.DefaultDir, "directory of the cluster")
+	return cmd
+}
+
+func newMiniAgentCmd() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:    "agent",
+		Short:  "Host daemon of a mini cluster (started by up): metadata API and CNI configs",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
+			defer stop()
+			return mini.RunAgent(ctx, dir, miniLogger(cmd.ErrOrStderr()))
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", mini.DefaultDir, "directory of the cluster")
+	return cmd
+}

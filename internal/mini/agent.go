@@ -1,0 +1,136 @@
+package mini
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/berth-k8s/berth/internal/metadata"
+	metamini "github.com/berth-k8s/berth/internal/metadata/mini"
+)
+
+// cniConfName is the file the agent writes into each node's /etc/cni/net.d.
+const cniConfName = "10-berth-mini.conflist"
+
+// RunAgent is the host daemon of the cluster in dir (`berth mini agent`): it serves the mini
+// metadata API on the host's bridge address, telling callers apart by source address, and writes
+// each node's CNI configuration once flannel has leased the node a pod subnet (flannel's
+// subnet.env, as its own CNI plugin would read it). It runs until ctx ends.
+func RunAgent(ctx context.Context, dir string, log *zap.Logger) error {
+	st, err := LoadState(dir)
+	if err != nil {
+		return err
+	}
+	cfg := st.Config
+	srv := metamini.NewServer()
+	var instances []metadata.Instance
+	for _, n := range cfg.Nodes() {
+		instances = append(instances, metadata.Instance{Name: n.Name, Role: n.Role, IPs: []string{n.IP.String()}})
+	}
+	srv.SetInstances(instances)
+	publish := func(st *State) {
+		if st.ControlPlaneEndpoint != "" {
+			srv.SetControlPlaneEndpoint(st.ControlPlaneEndpoint)
+		}
+		if h, err := hex.DecodeString(st.InitSecretHash); err == nil && len(h) > 0 {
+			srv.SetInitSecretHash(h)
+		}
+	}
+	publish(st)
+
+	addr := netip.AddrPortFrom(cfg.HostAddr(), MetadataPort).String()
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", addr, err)
+	}
+	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 5 * time.Second}
+	log.Info("agent serving metadata", zap.String("endpoint", addr))
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := hs.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serving metadata: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		return hs.Shutdown(sctx)
+	})
+	g.Go(func() error {
+		t := time.NewTicker(500 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-gctx.Done():
+				return nil
+			case <-t.C:
+			}
+			cur, err := LoadState(dir)
+			if err != nil {
+				log.Warn("agent cannot read state", zap.Error(err))
+				continue
+			}
+			publish(cur)
+			for _, n := range cfg.Nodes() {
+				if err := syncCNI(cfg, cur, n.Name); err != nil {
+					log.Warn("agent cannot write CNI config", zap.String("node", n.Name), zap.Error(err))
+				}
+			}
+		}
+	})
+	return g.Wait()
+}
+
+// syncCNI writes node's conflist from the subnet flannel leased it, read through the root of the
+// node's containerd (which lives in the node's mount namespace, where /run is the node's own).
+func syncCNI(cfg Config, st *State, node string) error {
+	var pid int
+	for _, p := range st.Procs[node] {
+		if p.Name == "containerd" {
+			pid = p.PID
+		}
+	}
+	if pid == 0 {
+		return nil
+	}
+	env, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "root", "run", "flannel", "subnet.env"))
+	if err != nil {
+		return nil // flannel has not leased a subnet yet
+	}
+	return writeCNI(cfg, node, env)
+}
+
+// writeCNI writes node's conflist for flannel's subnet.env contents unless it is already current.
+func writeCNI(cfg Config, node string, subnetEnv []byte) error {
+	subnet, mtu, err := parseSubnetEnv(subnetEnv)
+	if err != nil {
+		return err
+	}
+	conf, err := cniConflist(subnet, cfg.PodCIDR, cfg.ServiceCIDR, mtu)
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(cfg.NodeDir(node), "fs", "etc-cni-net.d", cniConfName)
+	if cur, err := os.ReadFile(path); err == nil && bytes.Equal(cur, conf) {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("creating CNI config directory: %w", err)
+	}
+	return writeFileAtomic(path, conf, 0o644)
+}

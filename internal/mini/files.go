@@ -1,0 +1,151 @@
+package mini
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+)
+
+// containerdConfig is containerd 1.6's configuration for a node. Paths are the standard ones: the
+// node's mount namespace maps them to the node's own directories. restrict_oom_score_adj is required
+// on hosts without CAP_SYS_RESOURCE (runc cannot set negative OOM scores there).
+func containerdConfig() string {
+	return `# Written by berth mini.
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = "/run/containerd/containerd.sock"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "` + ImagePause + `"
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "/etc/cni/net.d"
+`
+}
+
+// cniConflist is the node's CNI configuration: a bridge with host-local addresses from the node's
+// pod subnet, and routes only to the cluster's pod and service ranges (no default route), so a pod
+// can reach pods, Services and its node but nothing outside.
+func cniConflist(nodeSubnet, podCIDR, serviceCIDR netip.Prefix, mtu int) ([]byte, error) {
+	gw := nodeSubnet.Masked().Addr().Next()
+	conf := map[string]any{
+		"cniVersion": "0.4.0",
+		"name":       "berth-mini",
+		"plugins": []any{
+			map[string]any{
+				"type":             "bridge",
+				"bridge":           "cni0",
+				"isGateway":        true,
+				"ipMasq":           false,
+				"hairpinMode":      true,
+				"promiscMode":      true,
+				"mtu":              mtu,
+				"forceAddress":     true,
+				"isDefaultGateway": false,
+				"ipam": map[string]any{
+					"type":    "host-local",
+					"ranges":  [][]map[string]string{{{"subnet": nodeSubnet.Masked().String(), "gateway": gw.String()}}},
+					"routes":  []map[string]string{{"dst": podCIDR.Masked().String(), "gw": gw.String()}, {"dst": serviceCIDR.Masked().String(), "gw": gw.String()}},
+					"dataDir": "/var/lib/cni/networks",
+				},
+			},
+			map[string]any{"type": "portmap", "capabilities": map[string]bool{"portMappings": true}},
+		},
+	}
+	b, err := json.MarshalIndent(conf, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encoding CNI config: %w", err)
+	}
+	return append(b, '\n'), nil
+}
+
+// parseSubnetEnv reads flannel's subnet.env (KEY=VALUE lines) and returns FLANNEL_SUBNET as the
+// node's pod subnet and FLANNEL_MTU.
+func parseSubnetEnv(b []byte) (netip.Prefix, int, error) {
+	vals := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), "=")
+		if ok {
+			vals[k] = v
+		}
+	}
+	p, err := netip.ParsePrefix(vals["FLANNEL_SUBNET"])
+	if err != nil {
+		return netip.Prefix{}, 0, fmt.Errorf("parsing FLANNEL_SUBNET: %w", err)
+	}
+	mtu := 1500
+	if s := vals["FLANNEL_MTU"]; s != "" {
+		if _, err := fmt.Sscanf(s, "%d", &mtu); err != nil {
+			return netip.Prefix{}, 0, fmt.Errorf("parsing FLANNEL_MTU: %w", err)
+		}
+	}
+	return p.Masked(), mtu, nil
+}
+
+// hostsFile maps localhost and every node name to its address, so that no node ever asks a DNS
+// server for a node name.
+func hostsFile(nodes []Node) []byte {
+	var b strings.Builder
+	b.WriteString("# Written by berth mini.\n127.0.0.1\tlocalhost\n::1\tlocalhost\n")
+	sorted := append([]Node(nil), nodes...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Name < sorted[j].Name })
+	for _, n := range sorted {
+		fmt.Fprintf(&b, "%s\t%s\n", n.IP, n.Name)
+	}
+	return []byte(b.String())
+}
+
+// resolvConf points a node's resolver at the host's bridge address, where no DNS server runs:
+// lookups of outside names fail at once instead of leaving the namespace.
+func resolvConf(host netip.Addr) []byte {
+	return []byte(fmt.Sprintf("# Written by berth mini: no outside DNS for mini nodes.\nnameserver %s\noptions timeout:1 attempts:1\n", host))
+}
+
+// kubeletWrapper is the script a node's bootstrapper runs as kubelet: it adds the node's cgroup
+// root and the host facts (cgroupfs, swap) to whatever kubeadm's flags say.
+func kubeletWrapper(kubelet, cgroupRoot string) []byte {
+	return []byte(fmt.Sprintf(`#!/bin/sh
+# Written by berth mini: kubelet for one namespace node (own cgroup root; the host has no systemd).
+exec %s "$@" --cgroup-root=%s --cgroup-driver=cgroupfs --fail-swap-on=false
+`, shellQuote(kubelet), shellQuote(cgroupRoot)))
+}
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// swtpmSetupConf and friends are swtpm_setup's private configuration: the mini-local CA in caDir
+// signs every node's EK and platform certificates.
+func swtpmSetupConf(caDir string) []byte {
+	return []byte(fmt.Sprintf(`# Written by berth mini.
+create_certs_tool = /usr/bin/swtpm_localca
+create_certs_tool_config = %s/swtpm-localca.conf
+create_certs_tool_options = %s/swtpm-localca.options
+active_pcr_banks = sha256
+`, caDir, caDir))
+}
+
+func swtpmLocalCAConf(caDir string) []byte {
+	return []byte(fmt.Sprintf(`statedir = %[1]s
+signingkey = %[1]s/signkey.pem
+issuercert = %[1]s/issuercert.pem
+certserial = %[1]s/certserial
+`, caDir))
+}
+
+func swtpmLocalCAOptions() []byte {
+	return []byte("--platform-manufacturer Berth\n--platform-version 2.1\n--platform-model berth-mini\n")
+}

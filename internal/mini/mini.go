@@ -1,0 +1,188 @@
+// Package mini builds and removes Berth's mini cluster: Kubernetes "nodes" on one Linux host, each
+// a network namespace plus a private mount and UTS namespace with its own swtpm (EK certificate from
+// a mini-local CA), containerd, cgroup subtree and bootstrapper, joined by a bridge that lives in a
+// switch namespace. The host reaches the nodes through one veth on that bridge and serves them the
+// mini metadata API. Addresses come from a documentation range; no namespace gets a default route.
+//
+// Every side effect goes through Runner (commands and detached daemons) or through plain files under
+// the cluster directory and the cgroup and netns roots named in Env, so the logic is unit-testable
+// with a recording Runner and temporary roots. What Up creates is recorded in the cluster's state
+// file before and after it is created, and Down removes it, idempotently, also after a crash.
+package mini
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+
+	"github.com/berth-k8s/berth/internal/metadata"
+)
+
+// Versions and image references of the mini cluster. kubeadm v1.34.2 names the registry.k8s.io
+// tags; the berth.local ones are ours and never resolve anywhere, so a missing import fails fast.
+const (
+	KubernetesVersion = "v1.34.2"
+
+	ImagePause                 = "registry.k8s.io/pause:3.10.1"
+	ImageEtcd                  = "registry.k8s.io/etcd:3.6.5-0"
+	ImageCoreDNS               = "registry.k8s.io/coredns/coredns:v1.12.1"
+	ImageKubeAPIServer         = "registry.k8s.io/kube-apiserver:" + KubernetesVersion
+	ImageKubeControllerManager = "registry.k8s.io/kube-controller-manager:" + KubernetesVersion
+	ImageKubeScheduler         = "registry.k8s.io/kube-scheduler:" + KubernetesVersion
+	ImageKubeProxy             = "registry.k8s.io/kube-proxy:" + KubernetesVersion
+	ImageFlannel               = "berth.local/flannel:v0.28.4"
+	ImageTestApp               = "berth.local/testapp:v1"
+)
+
+// Network defaults. Pod and service ranges exist only inside the node namespaces.
+const (
+	DefaultSubnet      = "198.51.100.0/24"
+	DefaultPodCIDR     = "10.244.0.0/16"
+	DefaultServiceCIDR = "10.96.0.0/12"
+	DefaultName        = "mini"
+	DefaultDir         = "/var/lib/berth/mini"
+	// MetadataPort is the port of the metadata API on the host's address in the cluster subnet.
+	MetadataPort = 8099
+	// TPMPort is swtpm's data port on each node's own loopback; the control port is TPMPort+1.
+	TPMPort = 2321
+	// InitPort is the bootstrapper's InitServer port on every node.
+	InitPort = 9000
+	// CRISocket is containerd's socket inside every node.
+	CRISocket = "unix:///run/containerd/containerd.sock"
+)
+
+// ErrInvalidConfig is returned by Config.Validate.
+var ErrInvalidConfig = errors.New("invalid mini cluster configuration")
+
+// Bins locates the binaries scripts/build-k8s.sh built (one bin dir per component).
+type Bins struct {
+	K8s     string `json:"k8s"`
+	Etcd    string `json:"etcd"`
+	CoreDNS string `json:"coredns"`
+	Flannel string `json:"flannel"`
+	PodBin  string `json:"podbin"`
+}
+
+// Config describes one mini cluster.
+type Config struct {
+	// Name prefixes every namespace, link and cgroup; 1-8 of [a-z0-9], starting with a letter.
+	Name string `json:"name"`
+	// Dir holds the cluster's state, node directories, logs and admin.conf.
+	Dir string `json:"dir"`
+	// Subnet is the node network; the host takes the first address, nodes start at .10.
+	Subnet        netip.Prefix `json:"subnet"`
+	PodCIDR       netip.Prefix `json:"podCIDR"`
+	ServiceCIDR   netip.Prefix `json:"serviceCIDR"`
+	ControlPlanes int          `json:"controlPlanes"`
+	Workers       int          `json:"workers"`
+	Bins          Bins         `json:"bins"`
+	// Bootstrapper is the bootstrapper binary each node runs; empty means none is started.
+	Bootstrapper string `json:"bootstrapper,omitempty"`
+	// ImageArchive is the docker-archive tar imported into every node's containerd.
+	ImageArchive string `json:"imageArchive"`
+}
+
+var nameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,7}$`)
+
+// Validate reports the first problem with c.
+func (c Config) Validate() error {
+	switch {
+	case !nameRE.MatchString(c.Name):
+		return fmt.Errorf("%w: name %q must be 1-8 of [a-z0-9] starting with a letter", ErrInvalidConfig, c.Name)
+	case !filepath.IsAbs(c.Dir):
+		return fmt.Errorf("%w: dir %q is not absolute", ErrInvalidConfig, c.Dir)
+	case !c.Subnet.IsValid() || !c.Subnet.Addr().Is4() || c.Subnet.Bits() > 26:
+		return fmt.Errorf("%w: subnet %v must be an IPv4 prefix of /26 or larger", ErrInvalidConfig, c.Subnet)
+	case !c.PodCIDR.IsValid() || !c.ServiceCIDR.IsValid():
+		return fmt.Errorf("%w: pod and service CIDRs are required", ErrInvalidConfig)
+	case c.ControlPlanes < 1 || c.ControlPlanes > 9:
+		return fmt.Errorf("%w: control planes must be 1..9, got %d", ErrInvalidConfig, c.ControlPlanes)
+	case c.Workers < 0 || c.Workers > 40:
+		return fmt.Errorf("%w: workers must be 0..40, got %d", ErrInvalidConfig, c.Workers)
+	}
+	return nil
+}
+
+// Node is one namespace node of the cluster.
+type Node struct {
+	// Name is the node's instance and Kubernetes node name.
+	Name string        `json:"name"`
+	Role metadata.Role `json:"role"`
+	IP   netip.Addr    `json:"ip"`
+}
+
+// Nodes lists the cluster's nodes: control planes cp1..cpM first, then workers w1..wN. Node i
+// (from 0) gets the subnet's address .10+i.
+func (c Config) Nodes() []Node {
+	var nodes []Node
+	ip := c.Subnet.Masked().Addr()
+	for range 10 {
+		ip = ip.Next()
+	}
+	for i := 1; i <= c.ControlPlanes; i++ {
+		nodes = append(nodes, Node{Name: fmt.Sprintf("cp%d", i), Role: metadata.RoleControlPlane, IP: ip})
+		ip = ip.Next()
+	}
+	for i := 1; i <= c.Workers; i++ {
+		nodes = append(nodes, Node{Name: fmt.Sprintf("w%d", i), Role: metadata.RoleWorker, IP: ip})
+		ip = ip.Next()
+	}
+	return nodes
+}
+
+// HostAddr is the host's address on the cluster bridge; the metadata API listens there.
+func (c Config) HostAddr() netip.Addr { return c.Subnet.Masked().Addr().Next() }
+
+// HostPrefix is HostAddr with the subnet's length.
+func (c Config) HostPrefix() netip.Prefix { return netip.PrefixFrom(c.HostAddr(), c.Subnet.Bits()) }
+
+// MetadataURL is the base URL of the metadata API as nodes reach it.
+func (c Config) MetadataURL() string {
+	return fmt.Sprintf("http://%s", netip.AddrPortFrom(c.HostAddr(), MetadataPort))
+}
+
+// SwitchNetns is the name of the namespace holding the bridge.
+func (c Config) SwitchNetns() string { return "berth-" + c.Name + "-sw" }
+
+// NodeNetns is the name of a node's network namespace.
+func (c Config) NodeNetns(node string) string { return "berth-" + c.Name + "-" + node }
+
+// HostLink is the host end of the veth into the switch.
+func (c Config) HostLink() string { return c.Name + "-host" }
+
+// CgroupPath is a node's cgroup, relative to each hierarchy's root; kubelet gets it as cgroup root.
+func (c Config) CgroupPath(node string) string { return "/berth/" + c.Name + "/" + node }
+
+// ClusterCgroup is the parent of every node cgroup of the cluster.
+func (c Config) ClusterCgroup() string { return "/berth/" + c.Name }
+
+// NodeDir is the host directory holding everything of one node.
+func (c Config) NodeDir(node string) string { return filepath.Join(c.Dir, "nodes", node) }
+
+// NSDir holds the files that pin the nodes' mount and UTS namespaces.
+func (c Config) NSDir() string { return filepath.Join(c.Dir, "ns") }
+
+// MountNS is the file pinning a node's mount namespace.
+func (c Config) MountNS(node string) string { return filepath.Join(c.NSDir(), node+".mnt") }
+
+// UTSNS is the file pinning a node's UTS namespace.
+func (c Config) UTSNS(node string) string { return filepath.Join(c.NSDir(), node+".uts") }
+
+// TPMCADir holds the mini-local CA that signs every node's EK certificate.
+func (c Config) TPMCADir() string { return filepath.Join(c.Dir, "tpm-ca") }
+
+// TPMCARoot is the PEM root certificate of the EK CA; verifiers trust it.
+func (c Config) TPMCARoot() string {
+	return filepath.Join(c.TPMCADir(), "swtpm-localca-rootca-cert.pem")
+}
+
+// TPMCAIntermediate is the PEM certificate that signs the EK certificates (issued by the root).
+func (c Config) TPMCAIntermediate() string { return filepath.Join(c.TPMCADir(), "issuercert.pem") }
+
+// AdminKubeconfig is where up writes the cluster's admin kubeconfig.
+func (c Config) AdminKubeconfig() string { return filepath.Join(c.Dir, "admin.conf") }
+
+// StatePath is the cluster's state file.
+func (c Config) StatePath() string { return filepath.Join(c.Dir, "state.json") }

@@ -1,0 +1,305 @@
+package mini
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// cgroupHierarchies lists the cgroup hierarchies under root (directories holding cgroup.procs): the
+// v1 hierarchies and, on a hybrid host, the v2 "unified" one, where runc mirrors container cgroups.
+func cgroupHierarchies(root string) ([]string, error) {
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		return nil, fmt.Errorf("listing cgroup hierarchies: %w", err)
+	}
+	var hs []string
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(root, e.Name(), "cgroup.procs")); err == nil {
+			hs = append(hs, filepath.Join(root, e.Name()))
+		}
+	}
+	return hs, nil
+}
+
+// cgroups creates node n's cgroup in every hierarchy; cpuset levels inherit their parent's CPUs
+// and memory nodes, which cgroup v1 does not do by itself.
+func (c *Cluster) cgroups(n Node) error {
+	hs, err := cgroupHierarchies(c.env.CgroupRoot)
+	if err != nil {
+		return err
+	}
+	rel := strings.Split(strings.Trim(c.cfg.CgroupPath(n.Name), "/"), "/")
+	for _, h := range hs {
+		dir := h
+		for _, part := range rel {
+			parent := dir
+			dir = filepath.Join(dir, part)
+			if err := os.Mkdir(dir, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+				return fmt.Errorf("creating cgroup %s: %w", dir, err)
+			}
+			if filepath.Base(h) == "cpuset" {
+				for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+					if err := inheritCgroupValue(parent, dir, f); err != nil {
+						return err
+					}
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func inheritCgroupValue(parent, dir, file string) error {
+	cur, err := os.ReadFile(filepath.Join(dir, file))
+	if err == nil && strings.TrimSpace(string(cur)) != "" {
+		return nil
+	}
+	v, err := os.ReadFile(filepath.Join(parent, file))
+	if err != nil {
+		return fmt.Errorf("reading %s of %s: %w", file, parent, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, file), v, 0o644); err != nil {
+		return fmt.Errorf("writing %s of %s: %w", file, dir, err)
+	}
+	return nil
+}
+
+// joinCgroup moves pid into node n's cgroup in every hierarchy.
+func (c *Cluster) joinCgroup(n string, pid int) error {
+	hs, err := cgroupHierarchies(c.env.CgroupRoot)
+	if err != nil {
+		return err
+	}
+	for _, h := range hs {
+		f := filepath.Join(h, c.cfg.CgroupPath(n), "cgroup.procs")
+		if err := os.WriteFile(f, []byte(strconv.Itoa(pid)), 0o644); err != nil {
+			return fmt.Errorf("moving %d into %s: %w", pid, f, err)
+		}
+	}
+	return nil
+}
+
+// cgroupPIDs lists every process in the cgroup subtree rel of every hierarchy.
+func (c *Cluster) cgroupPIDs(rel string) []int {
+	hs, err := cgroupHierarchies(c.env.CgroupRoot)
+	if err != nil {
+		return nil
+	}
+	seen := map[int]bool{}
+	var pids []int
+	for _, h := range hs {
+		_ = filepath.WalkDir(filepath.Join(h, rel), func(p string, d os.DirEntry, err error) error {
+			if err != nil || !d.IsDir() {
+				return nil
+			}
+			b, err := os.ReadFile(filepath.Join(p, "cgroup.procs"))
+			if err != nil {
+				return nil
+			}
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 1 && !seen[pid] {
+					seen[pid] = true
+					pids = append(pids, pid)
+				}
+			}
+			return nil
+		})
+	}
+	return pids
+}
+
+func (c *Cluster) logDir(n string) string { return filepath.Join(c.cfg.NodeDir(n), "logs") }
+
+// startDaemon starts cmd for node n (or the host when n is empty), records it in the state file
+// and moves it into the node's cgroup.
+func (c *Cluster) startDaemon(n, name string, cmd Cmd) (Proc, error) {
+	p, err := c.run.Start(cmd)
+	if err != nil {
+		return Proc{}, err
+	}
+	p.Name = name
+	if n == "" {
+		c.state.Agent = &p
+	} else {
+		c.state.Procs[n] = append(c.state.Procs[n], p)
+	}
+	if err := c.state.save(); err != nil {
+		return p, err
+	}
+	if n != "" {
+		if err := c.joinCgroup(n, p.PID); err != nil {
+			return p, err
+		}
+	}
+	return p, nil
+}
+
+// tpm manufactures node n's TPM on first use (EK and platform certificates from the mini-local CA)
+// and starts swtpm on the node's own loopback.
+func (c *Cluster) tpm(ctx context.Context, n Node) error {
+	dir := filepath.Join(c.cfg.NodeDir(n.Name), "tpm")
+	if _, err := os.Stat(filepath.Join(dir, "tpm2-00.permall")); err != nil {
+		ek := filepath.Join(c.cfg.NodeDir(n.Name), "ek")
+		for _, d := range []string{dir, ek, c.logDir(n.Name)} {
+			if err := os.MkdirAll(d, 0o755); err != nil {
+				return fmt.Errorf("creating TPM directory: %w", err)
+			}
+		}
+		if _, err := c.run.Run(ctx, Cmd{Path: "swtpm_setup", Args: []string{"--tpm2", "--tpmstate", dir,
+			"--create-ek-cert", "--create-platform-cert", "--config", filepath.Join(c.cfg.TPMCADir(), "swtpm_setup.conf"),
+			"--not-overwrite", "--write-ek-cert-files", ek}}); err != nil {
+			return fmt.Errorf("manufacturing TPM: %w", err)
+		}
+	}
+	netns := filepath.Join(c.env.NetnsRoot, c.cfg.NodeNetns(n.Name))
+	_, err := c.startDaemon(n.Name, "swtpm", Cmd{
+		Path: "nsenter",
+		Args: []string{"--net=" + netns, "--", "swtpm", "socket", "--tpm2", "--tpmstate", "dir=" + dir,
+			"--server", fmt.Sprintf("type=tcp,port=%d,bindaddr=127.0.0.1", TPMPort),
+			"--ctrl", fmt.Sprintf("type=tcp,port=%d,bindaddr=127.0.0.1", TPMPort+1),
+			"--flags", "not-need-init,startup-clear"},
+		Log: filepath.Join(c.logDir(n.Name), "swtpm.log"),
+	})
+	if err != nil {
+		return fmt.Errorf("starting swtpm: %w", err)
+	}
+	return nil
+}
+
+// ctr returns the command running ctr against node n's containerd.
+func (c *Cluster) ctr(n string, args ...string) Cmd {
+	return Cmd{Path: "nsenter", Args: append([]string{"--mount=" + c.cfg.MountNS(n), "--", "ctr",
+		"--address", "/run/containerd/containerd.sock", "--namespace", "k8s.io"}, args...)}
+}
+
+// containerd starts every node's containerd and waits until each answers.
+func (c *Cluster) containerd(ctx context.Context, nodes []Node) error {
+	for _, n := range nodes {
+		if err := os.MkdirAll(c.logDir(n.Name), 0o755); err != nil {
+			return fmt.Errorf("creating log directory: %w", err)
+		}
+		if _, err := c.startDaemon(n.Name, "containerd", Cmd{
+			Path: "nsenter",
+			Args: append(c.nsenter(n.Name), "containerd", "--config", "/etc/containerd/config.toml"),
+			Log:  filepath.Join(c.logDir(n.Name), "containerd.log"),
+		}); err != nil {
+			return fmt.Errorf("node %s: starting containerd: %w", n.Name, err)
+		}
+	}
+	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	for _, n := range nodes {
+		var last error
+		err := waitFor(wctx, 50*time.Millisecond, func() bool {
+			_, last = c.run.Run(wctx, c.ctr(n.Name, "version"))
+			return last == nil
+		})
+		if err != nil {
+			return fmt.Errorf("node %s: waiting for containerd: %w (last: %v)", n.Name, err, last)
+		}
+	}
+	return nil
+}
+
+// images imports the cluster's image archive into node n's containerd (namespace k8s.io, where the
+// kubelet looks), unpacked for the overlayfs snapshotter.
+func (c *Cluster) images(ctx context.Context, n Node) error {
+	if c.cfg.ImageArchive == "" {
+		return nil
+	}
+	if _, err := c.run.Run(ctx, c.ctr(n.Name, "images", "import", c.cfg.ImageArchive)); err != nil {
+		return fmt.Errorf("importing images: %w", err)
+	}
+	return nil
+}
+
+// agent starts the host daemon (metadata API, CNI configs) and waits until it listens.
+func (c *Cluster) agent(ctx context.Context) error {
+	if c.state.ControlPlaneEndpoint == "" {
+		c.state.ControlPlaneEndpoint = netip.AddrPortFrom(c.cfg.Nodes()[0].IP, 6443).String()
+	}
+	if _, err := c.startDaemon("", "agent", Cmd{
+		Path: c.env.Self,
+		Args: []string{"mini", "agent", "--dir", c.cfg.Dir},
+		Env:  c.env.AgentEnv,
+		Log:  filepath.Join(c.cfg.Dir, "agent.log"),
+	}); err != nil {
+		return fmt.Errorf("starting agent: %w", err)
+	}
+	addr := netip.AddrPortFrom(c.cfg.HostAddr(), MetadataPort).String()
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := waitFor(wctx, 50*time.Millisecond, func() bool { return c.dial(wctx, addr) == nil }); err != nil {
+		return fmt.Errorf("waiting for agent on %s: %w", addr, err)
+	}
+	return nil
+}
+
+// dial checks that something accepts TCP connections at addr (an address on the cluster's own
+// bridge, never outside).
+func (c *Cluster) dial(ctx context.Context, addr string) error {
+	if c.dialer != nil {
+		return c.dialer(ctx, addr)
+	}
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return err
+	}
+	return conn.Close()
+}
+
+// bootstrapper writes node n's kubelet wrapper and, when the cluster has a bootstrapper binary,
+// starts it inside the node with the mini platform's settings.
+func (c *Cluster) bootstrapper(n Node) error {
+	nodeDir := c.cfg.NodeDir(n.Name)
+	kubelet := filepath.Join(nodeDir, "bin", "kubelet")
+	if err := writeFile(kubelet, kubeletWrapper(filepath.Join(c.cfg.Bins.K8s, "kubelet"), c.cfg.CgroupPath(n.Name)), 0o755); err != nil {
+		return err
+	}
+	if c.cfg.Bootstrapper == "" {
+		return nil
+	}
+	stateDir := filepath.Join(nodeDir, "state")
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		return fmt.Errorf("creating state directory: %w", err)
+	}
+	if _, err := c.startDaemon(n.Name, "bootstrapper", Cmd{
+		Path: "nsenter",
+		Args: append(c.nsenter(n.Name), c.cfg.Bootstrapper),
+		Env:  c.bootstrapperEnv(n),
+		Log:  filepath.Join(c.logDir(n.Name), "bootstrapper.log"),
+	}); err != nil {
+		return fmt.Errorf("starting bootstrapper: %w", err)
+	}
+	return nil
+}
+
+// bootstrapperEnv is the daemon configuration of node n (CONTRIBUTING's BERTH_* settings).
+func (c *Cluster) bootstrapperEnv(n Node) []string {
+	nodeDir := c.cfg.NodeDir(n.Name)
+	return []string{
+		"BERTH_METADATA=mini",
+		"BERTH_METADATA_URL=" + c.cfg.MetadataURL(),
+		"BERTH_ATTESTATION=tpm",
+		fmt.Sprintf("BERTH_TPM=tcp:127.0.0.1:%d", TPMPort),
+		"BERTH_STATE_DIR=" + filepath.Join(nodeDir, "state"),
+		"BERTH_KUBELET=process",
+		"BERTH_KUBELET_PATH=" + filepath.Join(nodeDir, "bin", "kubelet"),
+		"BERTH_KUBEADM_PATH=" + filepath.Join(c.cfg.Bins.K8s, "kubeadm"),
+		"BERTH_CRI_SOCKET=" + CRISocket,
+		fmt.Sprintf("BERTH_INIT_LISTEN=:%d", InitPort),
+		"PATH=" + c.cfg.Bins.K8s + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	}
+}
