@@ -1,0 +1,201 @@
+package joincluster
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/afero"
+	"go.uber.org/zap"
+
+	"github.com/berth-k8s/berth/internal/command/commandtest"
+	"github.com/berth-k8s/berth/internal/kubeadm"
+	"github.com/berth-k8s/berth/internal/metadata"
+	"github.com/berth-k8s/berth/internal/nodestate"
+	"github.com/berth-k8s/berth/joinproto"
+	"github.com/berth-k8s/berth/nodelock"
+)
+
+type startCounter struct{ n int }
+
+func (s *startCounter) Start(context.Context) error { s.n++; return nil }
+
+var self = metadata.Instance{Name: "worker-0", Role: metadata.RoleWorker, IPs: []string{"198.51.100.20"}}
+
+func ticket() *joinproto.IssueJoinTicketResponse {
+	return &joinproto.IssueJoinTicketResponse{
+		NodeName:                   "worker-0",
+		ApiServerEndpoint:          "198.51.100.10:6443",
+		BootstrapToken:             "abcdef.0123456789abcdef",
+		DiscoveryTokenCaCertHashes: []string{"sha256:0011"},
+		KubeletCert:                []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"),
+		ClusterId:                  []byte{1, 2, 3},
+	}
+}
+
+type fixture struct {
+	j       *Joiner
+	rec     *commandtest.Recorder
+	fs      afero.Fs
+	lock    *nodelock.Lock
+	kubelet *startCounter
+	state   *nodestate.Store
+}
+
+func newFixture(script map[string][]commandtest.Result) *fixture {
+	f := &fixture{rec: &commandtest.Recorder{Script: script}, fs: afero.NewMemMapFs(), kubelet: &startCounter{}}
+	f.lock = nodelock.New(nodelock.NewFileMarker(f.fs, "/state/bootstrapped"))
+	f.state = nodestate.NewStore(f.fs, "/state/node-state.json")
+	f.j = New(Config{StateDir: "/state", CRISocket: "unix:///c.sock"}, zap.NewNop(), f.fs, f.lock,
+		&kubeadm.Runner{Path: "kubeadm", Exec: f.rec}, f.kubelet, f.state)
+	f.j.sleep = func(context.Context, time.Duration) error { return nil }
+	return f
+}
+
+func key(t *testing.T) *ecdsa.PrivateKey {
+	k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func TestJoinSucceeds(t *testing.T) {
+	f := newFixture(nil)
+	if err := f.j.Join(context.Background(), self, ticket(), key(t)); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := f.rec.String(), "kubeadm join --config /state/kubeadm-join.yaml"; got != want {
+		t.Fatalf("calls = %q, want %q", got, want)
+	}
+	if f.kubelet.n != 1 {
+		t.Fatalf("kubelet started %d times, want 1", f.kubelet.n)
+	}
+	st, _ := f.state.Load()
+	if st == nil || !st.Done || st.Role != nodestate.RoleJoin || st.NodeName != "worker-0" {
+		t.Fatalf("state = %+v", st)
+	}
+	pem, err := afero.ReadFile(f.fs, "/var/lib/kubelet/pki/kubelet-client-current.pem")
+	if err != nil || !strings.Contains(string(pem), "BEGIN CERTIFICATE") || !strings.Contains(string(pem), "BEGIN PRIVATE KEY") {
+		t.Fatalf("kubelet client certificate = %q, %v", pem, err)
+	}
+	if ok, _ := afero.Exists(f.fs, "/state/kubeadm-join.yaml"); ok {
+		t.Fatal("join config with the bootstrap token left on disk")
+	}
+}
+
+func TestJoinRetriesTransientFailures(t *testing.T) {
+	f := newFixture(map[string][]commandtest.Result{
+		"kubeadm join": {
+			{Output: "error: Get https://198.51.100.10:6443: connection refused", Err: errors.New("exit 1")},
+			{Output: "error: TLS handshake timeout", Err: errors.New("exit 1")},
+			{},
+		},
+	})
+	if err := f.j.Join(context.Background(), self, ticket(), key(t)); err != nil {
+		t.Fatalf("Join() = %v", err)
+	}
+	want := strings.Join([]string{
+		"kubeadm join --config /state/kubeadm-join.yaml",
+		"kubeadm reset --force --cri-socket unix:///c.sock",
+		"kubeadm join --config /state/kubeadm-join.yaml",
+		"kubeadm reset --force --cri-socket unix:///c.sock",
+		"kubeadm join --config /state/kubeadm-join.yaml",
+	}, "\n")
+	if got := f.rec.String(); got != want {
+		t.Fatalf("calls:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestJoinGivesUp(t *testing.T) {
+	for name, tc := range map[string]struct {
+		output string
+		want   error
+		calls  int
+	}{
+		"permanent":         {"error: couldn't validate the identity of the API server: cluster CA found in cluster-info does not match", ErrJoinFailed, 1},
+		"transient forever": {"dial tcp: i/o timeout", ErrJoinRetriesExhausted, 3},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(map[string][]commandtest.Result{"kubeadm join": {{Output: tc.output, Err: errors.New("exit 1")}}})
+			err := f.j.Join(context.Background(), self, ticket(), key(t))
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Join() = %v, want %v", err, tc.want)
+			}
+			joins := 0
+			for _, c := range f.rec.Calls() {
+				if strings.HasPrefix(c, "kubeadm join") {
+					joins++
+				}
+			}
+			if joins != tc.calls {
+				t.Fatalf("kubeadm join ran %d times, want %d", joins, tc.calls)
+			}
+			st, _ := f.state.Load()
+			if st == nil || st.Done {
+				t.Fatalf("state after failed join = %+v, want locked, not done", st)
+			}
+		})
+	}
+}
+
+func TestJoinRejectsBadTickets(t *testing.T) {
+	for name, mutate := range map[string]func(*joinproto.IssueJoinTicketResponse){
+		"other node":    func(t *joinproto.IssueJoinTicketResponse) { t.NodeName = "worker-1" },
+		"no cluster id": func(t *joinproto.IssueJoinTicketResponse) { t.ClusterId = nil },
+		"no CA pin":     func(t *joinproto.IssueJoinTicketResponse) { t.DiscoveryTokenCaCertHashes = nil },
+		"escaping file": func(t *joinproto.IssueJoinTicketResponse) {
+			t.ControlPlaneFiles = []*joinproto.File{{Path: "../../etc/shadow", Data: []byte("x")}}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(nil)
+			tk := ticket()
+			mutate(tk)
+			if err := f.j.Join(context.Background(), self, tk, key(t)); !errors.Is(err, ErrInvalidTicket) {
+				t.Fatalf("Join() = %v, want ErrInvalidTicket", err)
+			}
+			if len(f.rec.Calls()) != 0 {
+				t.Fatalf("kubeadm ran for a bad ticket: %v", f.rec.Calls())
+			}
+		})
+	}
+}
+
+func TestJoinAfterInitWonDoesNothing(t *testing.T) {
+	f := newFixture(nil)
+	if err := f.lock.TryLockOnce(context.Background(), "init", []byte{9}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.j.Join(context.Background(), self, ticket(), key(t)); err != nil {
+		t.Fatalf("Join() after init won = %v, want nil", err)
+	}
+	if len(f.rec.Calls()) != 0 || f.kubelet.n != 0 {
+		t.Fatalf("joiner acted after losing the lock: calls %v, kubelet starts %d", f.rec.Calls(), f.kubelet.n)
+	}
+}
+
+func TestControlPlaneFilesWritten(t *testing.T) {
+	f := newFixture(nil)
+	cp := metadata.Instance{Name: "worker-0", Role: metadata.RoleControlPlane, IPs: []string{"198.51.100.11"}}
+	tk := ticket()
+	tk.ControlPlaneFiles = []*joinproto.File{{Path: "etcd/ca.key", Data: []byte("key"), Mode: 0o600}, {Path: "ca.crt", Data: []byte("crt"), Mode: 0o644}}
+	if err := f.j.Join(context.Background(), cp, tk, key(t)); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]string{"/etc/kubernetes/pki/etcd/ca.key": "key", "/etc/kubernetes/pki/ca.crt": "crt"} {
+		got, err := afero.ReadFile(f.fs, p)
+		if err != nil || string(got) != want {
+			t.Errorf("%s = %q, %v; want %q", p, got, err, want)
+		}
+	}
+	info, _ := f.fs.Stat("/etc/kubernetes/pki/etcd/ca.key")
+	if info.Mode().Perm() != 0o600 {
+		t.Errorf("etcd/ca.key mode = %v, want 0600", info.Mode().Perm())
+	}
+}
