@@ -103,6 +103,9 @@ type Evidence struct {
 	Document []byte
 	// Nonce is the nonce this side chose for the handshake.
 	Nonce []byte
+	// Certificate is the peer's DER leaf certificate, which holds the document; with Nonce it is all
+	// VerifyRecorded needs to reach the same verdict again.
+	Certificate []byte
 	// Result is the validation result; its Measurements are set also when the policy rejected them.
 	Result attestation.Result
 }
@@ -184,6 +187,7 @@ func checkPeer(ctx context.Context, validator Validator, rawCerts [][]byte, nonc
 	if len(rawCerts) == 0 {
 		return ev, ErrNoAttestation
 	}
+	ev.Certificate = rawCerts[0]
 	cert, err := x509.ParseCertificate(rawCerts[0])
 	if err != nil {
 		return ev, fmt.Errorf("%w: parsing peer certificate: %w", attestation.ErrMalformed, err)
@@ -223,6 +227,12 @@ func checkPeer(ctx context.Context, validator Validator, rawCerts [][]byte, nonc
 		return ev, attestation.ErrKeyBinding
 	}
 	return ev, nil
+}
+
+// VerifyRecorded reaches the handshake's verdict again, offline, on a recorded peer certificate and
+// the nonce that was sent to the peer: the same checks, the same errors.
+func VerifyRecorded(ctx context.Context, validator Validator, certificate, nonce []byte) (Evidence, error) {
+	return checkPeer(ctx, validator, [][]byte{certificate}, nonce)
 }
 
 // sanitize renders untrusted bytes printable and short for error messages.

@@ -46,6 +46,7 @@ cluster's joinservice and joins on its own.`,
 	root.AddCommand(
 		newInitCmd(),
 		newMiniCmd(),
+		newVerifyCmd(), newPolicyCmd(),
 	)
 	return root
 }

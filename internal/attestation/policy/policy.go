@@ -8,10 +8,14 @@
 //	    expected: 3d45...         # hex; or anyOf: [hex, hex]; or nonZero: true
 //	    mode: enforce             # enforce (default) or warn
 //	    source: image 1.2 build   # free text: where the expected value came from
-//	trustRoots:                   # CA certificates the variant roots its keys in (TPM: EK CAs)
-//	  - file: ek-ca.pem           # relative to the policy file
+//	trustRoots:                   # CA certificates the variant roots its keys in (TPM: EK CAs,
+//	  - file: ek-ca.pem           # TDX: Intel's SGX root, the default); files relative to the policy
 //	  - pem: |
 //	      -----BEGIN CERTIFICATE-----
+//	tdx:                          # TDX only, all optional
+//	  collateralDir: collateral   # pre-fetched PCK CRL, TCB info, QE identity (relative to the policy)
+//	  acceptedTCBStatuses: [UpToDate, SWHardeningNeeded]
+//	  allowDebugTD: false
 //
 // Evaluate compares actual measurements with the expectations. An enforced deviation fails with a
 // *MismatchError (errors.Is attestation.ErrMeasurementMismatch) that names every deviating index, the
@@ -120,6 +124,18 @@ type Policy struct {
 	TrustRoots []*x509.Certificate
 	// Origin names where the policy was read from (a file path), for messages.
 	Origin string
+	// TDX holds the TDX variant's options; nil when the file has no tdx section.
+	TDX *TDXOptions
+}
+
+// TDXOptions are the TDX variant's verification options.
+type TDXOptions struct {
+	// CollateralDir holds pre-fetched collateral; relative paths are resolved against the policy file.
+	CollateralDir string `yaml:"collateralDir"`
+	// AcceptedTCBStatuses lists the TCB statuses that pass (empty: only UpToDate).
+	AcceptedTCBStatuses []string `yaml:"acceptedTCBStatuses"`
+	// AllowDebugTD accepts debuggable TDs (development only).
+	AllowDebugTD bool `yaml:"allowDebugTD"`
 }
 
 // Violation is one deviation from an expectation.
@@ -208,12 +224,19 @@ func Load(path string) (*Policy, error) {
 		return nil, fmt.Errorf("reading policy %s: %w", path, err)
 	}
 	dir := filepath.Dir(path)
-	return Parse(data, path, func(name string) ([]byte, error) {
+	p, err := Parse(data, path, func(name string) ([]byte, error) {
 		if !filepath.IsAbs(name) {
 			name = filepath.Join(dir, name)
 		}
 		return os.ReadFile(name)
 	})
+	if err != nil {
+		return nil, err
+	}
+	if p.TDX != nil && p.TDX.CollateralDir != "" && !filepath.IsAbs(p.TDX.CollateralDir) {
+		p.TDX.CollateralDir = filepath.Join(dir, p.TDX.CollateralDir)
+	}
+	return p, nil
 }
 
 // Parse parses policy bytes. origin names the input in messages and sources; readFile resolves
@@ -235,7 +258,7 @@ func Parse(data []byte, origin string, readFile func(name string) ([]byte, error
 	if doc.Variant == "" {
 		return nil, fmt.Errorf("%w: %s: variant is required", ErrInvalid, origin)
 	}
-	p := &Policy{Variant: doc.Variant, Origin: origin}
+	p := &Policy{Variant: doc.Variant, Origin: origin, TDX: doc.TDX}
 
 	if doc.Measurements.Kind != 0 && doc.Measurements.Kind != yaml.MappingNode {
 		return nil, fmt.Errorf("%w: %s:%d: measurements must be a mapping from index to expectation", ErrInvalid, origin, doc.Measurements.Line)
@@ -270,6 +293,7 @@ type fileDoc struct {
 	Variant      string      `yaml:"variant"`
 	Measurements yaml.Node   `yaml:"measurements"`
 	TrustRoots   []trustRoot `yaml:"trustRoots"`
+	TDX          *TDXOptions `yaml:"tdx"`
 }
 
 // fileExpectation is the on-disk shape of one measurement expectation.

@@ -1,0 +1,145 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/attestation/tpmsim"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
+)
+
+// attestingNode serves server-attests handshakes from the reference simulator on loopback and
+// returns its address and the PEM of its EK CA.
+func attestingNode(t *testing.T) (string, []byte) {
+	t.Helper()
+	sim, err := tpmsim.New()
+	if errors.Is(err, tpmsim.ErrUnavailable) {
+		t.Skip("TPM simulator needs cgo")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := vtpmtest.NewCA("node EK CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := vtpmtest.ProvisionEKCert(sim.Open, ca); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := atls.NewServerConfig(vtpm.NewIssuer(sim.Open, zap.NewNop()), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			tc := tls.Server(c, cfg)
+			_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+			_ = tc.Handshake()
+			tc.Close()
+		}
+	}()
+	t.Cleanup(func() {
+		lis.Close()
+		wg.Wait()
+		_ = sim.Close()
+	})
+	return lis.Addr().String(), ca.PEM()
+}
+
+func writePolicy(t *testing.T, dir, name, measurements string, caPEM []byte) string {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "ek-ca.pem"), caPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	doc := "variant: tpm\nmeasurements:\n" + measurements + "trustRoots:\n  - file: ek-ca.pem\n"
+	path := filepath.Join(dir, name)
+	if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func run(args ...string) (int, string) {
+	var out bytes.Buffer
+	code := Execute(context.Background(), args, &out, &out)
+	return code, out.String()
+}
+
+func TestVerifyAndPolicyCheck(t *testing.T) {
+	addr, caPEM := attestingNode(t)
+	dir := t.TempDir()
+	zero := strings.Repeat("00", 32)
+	good := writePolicy(t, dir, "good.yaml", "  15: {expected: "+zero+", source: lock register of a fresh node}\n", caPEM)
+	strict := writePolicy(t, dir, "strict.yaml", "  0: {expected: "+strings.Repeat("ab", 32)+", source: image 9.9}\n  15: {nonZero: true, mode: warn}\n", caPEM)
+	evidence := filepath.Join(dir, "node.evidence")
+
+	code, out := run("verify", "--endpoint", addr, "--policy", good, "--save-evidence", evidence)
+	if code != 0 || !strings.Contains(out, "verdict: ACCEPTED") || !strings.Contains(out, "15: "+zero+"  [enforce]") {
+		t.Fatalf("verify with the good policy: exit %d\n%s", code, out)
+	}
+	code, out = run("policy", "check", "--policy", good, "--evidence", evidence)
+	if code != 0 || !strings.Contains(out, "verdict: ACCEPTED") {
+		t.Fatalf("policy check with the good policy: exit %d\n%s", code, out)
+	}
+	// The stricter policy rejects the recorded evidence offline, naming index, values and source,
+	// and reports the warn-only deviation.
+	code, out = run("policy", "check", "--policy", strict, "--evidence", evidence)
+	for _, want := range []string{"verdict: REJECTED", "index 0", strings.Repeat("ab", 32), "image 9.9", "strict.yaml:4", "warnings:", "index 15"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("policy check output lacks %q", want)
+		}
+	}
+	if code != exitRejected {
+		t.Fatalf("policy check with the strict policy: exit %d, want %d\n%s", code, exitRejected, out)
+	}
+	code, out = run("verify", "--endpoint", addr, "--policy", strict)
+	if code != exitRejected || !strings.Contains(out, "measurements:") {
+		t.Fatalf("verify with the strict policy: exit %d\n%s", code, out)
+	}
+	// Evidence replayed under another nonce is a replay.
+	data, err := os.ReadFile(evidence)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forged := filepath.Join(dir, "forged.evidence")
+	if err := os.WriteFile(forged, bytes.Replace(data, []byte(`"nonce": "`), []byte(`"nonce": "AAAA`), 1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	code, out = run("policy", "check", "--policy", good, "--evidence", forged)
+	if code != exitRejected || !strings.Contains(out, "nonce mismatch") {
+		t.Fatalf("policy check of forged evidence: exit %d\n%s", code, out)
+	}
+}
+
+func TestVerifyUsage(t *testing.T) {
+	if code, _ := run("verify", "--endpoint", "127.0.0.1:1"); code != exitUsage {
+		t.Fatalf("verify without --policy: exit %d, want %d", code, exitUsage)
+	}
+	if code, _ := run("policy", "check", "--policy", "nonexistent.yaml", "--evidence", "x"); code != exitUsage {
+		t.Fatalf("policy check with a missing policy: exit %d, want %d", code, exitUsage)
+	}
+}
