@@ -205,4 +205,3 @@ func loadEvidence(path string) (*evidenceFile, error) {
 	}
 	return &ev, nil
 }
-
