@@ -39,6 +39,9 @@ type Document struct {
 	QuoteSignature []byte `json:"quoteSignature"`
 	// PCRs are the quoted SHA-256 PCR values by index.
 	PCRs map[uint32][]byte `json:"pcrs"`
+	// EventLog is the firmware's TCG event log, when the machine has one; the validator replays it
+	// against the quoted PCRs.
+	EventLog []byte `json:"eventLog,omitempty"`
 }
 
 // ParseDocument decodes a document and checks its shape. It never trusts its content.

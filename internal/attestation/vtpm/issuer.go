@@ -63,6 +63,12 @@ func WithPCRs(pcrs []uint) IssuerOption {
 // creates its AK (once per process).
 func WithAKHandle(h uint32) IssuerOption { return func(i *Issuer) { i.akHandle = h } }
 
+// WithEventLog makes the Issuer attach the event log that read returns (nil: none) to every document;
+// use ReadSystemEventLog on machines whose firmware keeps one.
+func WithEventLog(read func() ([]byte, error)) IssuerOption {
+	return func(i *Issuer) { i.eventLog = read }
+}
+
 // WithEKCertIndex sets the NV index the EK certificate is read from.
 func WithEKCertIndex(idx uint32) IssuerOption { return func(i *Issuer) { i.ekCertIndex = idx } }
 
@@ -73,6 +79,7 @@ type Issuer struct {
 	pcrs        []uint
 	ekCertIndex uint32
 	akHandle    uint32
+	eventLog    func() ([]byte, error)
 
 	mu sync.Mutex // serializes TPM use and guards ak
 	ak *akRecord
@@ -140,6 +147,12 @@ func (i *Issuer) Issue(ctx context.Context, userData, nonce []byte) ([]byte, err
 		AKCreationData:     i.ak.creationData,
 		AKCertifyInfo:      i.ak.certifyInfo,
 		AKCertifySignature: i.ak.certifySig,
+	}
+	if i.eventLog != nil {
+		// Read before the quote: an event appended in between shows as a PCR the log does not explain.
+		if doc.EventLog, err = i.eventLog(); err != nil {
+			return nil, fmt.Errorf("reading event log: %w", err)
+		}
 	}
 	// The PCRs are read separately from the quote; retry when one changed in between.
 	for attempt := 0; ; attempt++ {

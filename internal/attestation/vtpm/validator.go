@@ -58,6 +58,11 @@ func (v *Validator) Validate(_ context.Context, raw, nonce []byte) (attestation.
 	if err := v.verifyEK(doc); err != nil {
 		return attestation.Result{}, err
 	}
+	if len(doc.EventLog) > 0 {
+		if err := verifyEventLog(doc.EventLog, measurements); err != nil {
+			return attestation.Result{}, err
+		}
+	}
 	res := attestation.Result{Variant: Variant, UserData: doc.UserData, Measurements: measurements}
 	res.Warnings, err = v.policy.Evaluate(measurements)
 	for _, w := range res.Warnings {

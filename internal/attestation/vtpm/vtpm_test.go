@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 
 	"go.uber.org/zap"
@@ -17,6 +18,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/tpmsim"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
+	"github.com/berth-k8s/berth/nodelock"
 )
 
 // newSimulator returns the reference simulator with an EK certificate from a fresh CA.
@@ -390,4 +392,45 @@ func BenchmarkSwtpm(b *testing.B) {
 	ca := vtpmtest.NewSwtpmCA(b)
 	sw := vtpmtest.StartSwtpm(b, ca)
 	benchIssueValidate(b, sw.Open, [][]byte{ca.RootPEM(b), ca.IssuerPEM(b)})
+}
+
+// TestNodeLockMarker wires the lock register into nodelock's marker seam: of many racing callers
+// exactly one takes the lock, and the PCR holds the cluster ID exactly once.
+func TestNodeLockMarker(t *testing.T) {
+	open, _, _ := newSimulator(t)
+	ctx := context.Background()
+	reg := vtpm.NewLockRegister(open, vtpm.DefaultLockPCR)
+	lock := nodelock.New(reg)
+	clusterID := []byte("cluster")
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	won := 0
+	for i := 0; i < 8; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := lock.TryLockOnce(ctx, "racer", clusterID); err == nil {
+				mu.Lock()
+				won++
+				mu.Unlock()
+			} else if !errors.Is(err, nodelock.ErrLocked) {
+				t.Errorf("TryLockOnce: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if won != 1 {
+		t.Fatalf("%d callers took the lock, want 1", won)
+	}
+	raw, err := vtpm.NewIssuer(open, zap.NewNop()).Issue(ctx, nil, []byte("n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc vtpm.Document
+	if err := json.Unmarshal(raw, &doc); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(doc.PCRs[vtpm.DefaultLockPCR], vtpm.ExpectedLockValue(clusterID)) {
+		t.Fatal("lock PCR does not hold the cluster ID exactly once")
+	}
 }
