@@ -12,6 +12,19 @@
 //
 // The TPM is reached through an OpenFunc: a device such as /dev/tpmrm0, swtpm's data port over TCP
 // or a unix socket, or (in tests only) the reference simulator in package tpmsim.
+//
+// The AK lives at a persistent handle (DefaultAKHandle) so that a quote costs one TPM command plus
+// PCR reads; the Issuer recreates it under the EK once per process, or when it finds it replaced.
+// Use one Issuer per TPM per process.
+//
+// Limit, on purpose and documented: the link from the AK to the EK is shown by the AK's own
+// TPM2_CertifyCreation (its creation record names the EK as parent) and by the AK's fixedTPM and
+// restricted attributes. That proves consistency, not possession: somebody who holds a copy of a
+// genuine EK certificate (certificates are public) and a software key could forge all of it. Proof
+// needs credential activation (TPM2_MakeCredential to the EK, TPM2_ActivateCredential on the node),
+// which needs a round trip that a single TLS handshake does not have; it belongs in an enrollment
+// step that certifies the AK once. Until then the EK CA check stops misconfigured and foreign TPMs,
+// not an attacker who controls a node's software.
 package vtpm
 
 import (
