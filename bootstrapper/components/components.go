@@ -45,6 +45,8 @@ type Config struct {
 	JoinServiceImage string
 	// ImagePullPolicy for Berth's images ("Never" when images are pre-imported).
 	ImagePullPolicy string
+	// JoinServiceEnv is passed to the joinservice container (metadata provider, attestation variant).
+	JoinServiceEnv map[string]string
 }
 
 // Installer installs the components.
@@ -134,6 +136,15 @@ func (i *Installer) objects(job *initcluster.Job) ([]*unstructured.Unstructured,
 		return nil, fmt.Errorf("no joinservice image configured")
 	}
 	clusterID := job.Req.Keys.ClusterID()
+	env := []any{map[string]any{"name": "NODE_NAME", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "spec.nodeName"}}}}
+	names := make([]string, 0, len(i.cfg.JoinServiceEnv))
+	for k := range i.cfg.JoinServiceEnv {
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	for _, k := range names {
+		env = append(env, map[string]any{"name": k, "value": i.cfg.JoinServiceEnv[k]})
+	}
 	labels := map[string]any{"app.kubernetes.io/name": JoinServiceName, "app.kubernetes.io/part-of": "berth"}
 	objs := []map[string]any{
 		{

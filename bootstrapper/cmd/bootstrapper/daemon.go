@@ -108,6 +108,10 @@ func daemon(ctx context.Context, cfg *config) error {
 		KubeProxyMode: cfg.kubeProxyMode, NeverPull: cfg.neverPull, KubeletExtraArgs: cfg.kubeletExtraArgs(),
 	}, fs, meta, adm, kube, apiserver.Waiter{}, components.New(components.Config{
 		ManifestDir: cfg.componentsDir, JoinServiceImage: cfg.joinImage, ImagePullPolicy: pullPolicy(cfg.neverPull),
+		JoinServiceEnv: map[string]string{
+			"BERTH_METADATA": cfg.metadata, "BERTH_METADATA_URL": cfg.metadataURL,
+			"BERTH_METADATA_FILE": cfg.metadataFile, "BERTH_ATTESTATION": cfg.attestation,
+		},
 	}, fs))
 	initSrv := initserver.New(log.Named("initserver"), lock, meta, initer, state,
 		initserver.WithServerOptions(

@@ -1,0 +1,124 @@
+// Package ca signs kubelet client certificates with the cluster CA that kubeadm created, and
+// computes the CA pin kubeadm join uses for discovery.
+package ca
+
+import (
+	"crypto"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// ErrBadCSR is returned for a CSR that does not parse or whose signature does not verify.
+var ErrBadCSR = errors.New("invalid certificate signing request")
+
+// Authority is the cluster CA.
+type Authority struct {
+	cert    *x509.Certificate
+	certPEM []byte
+	key     crypto.Signer
+	now     func() time.Time
+}
+
+// Load reads ca.crt and ca.key from kubeadm's PKI directory.
+func Load(pkiDir string) (*Authority, error) {
+	certPEM, err := os.ReadFile(filepath.Join(pkiDir, "ca.crt"))
+	if err != nil {
+		return nil, fmt.Errorf("reading CA certificate: %w", err)
+	}
+	keyPEM, err := os.ReadFile(filepath.Join(pkiDir, "ca.key"))
+	if err != nil {
+		return nil, fmt.Errorf("reading CA key: %w", err)
+	}
+	return New(certPEM, keyPEM)
+}
+
+// New parses a PEM CA certificate and its PEM private key (PKCS#1, PKCS#8 or SEC 1).
+func New(certPEM, keyPEM []byte) (*Authority, error) {
+	cb, _ := pem.Decode(certPEM)
+	if cb == nil {
+		return nil, errors.New("CA certificate is not PEM")
+	}
+	cert, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("parsing CA certificate: %w", err)
+	}
+	kb, _ := pem.Decode(keyPEM)
+	if kb == nil {
+		return nil, errors.New("CA key is not PEM")
+	}
+	key, err := parseKey(kb.Bytes)
+	if err != nil {
+		return nil, err
+	}
+	return &Authority{cert: cert, certPEM: certPEM, key: key, now: time.Now}, nil
+}
+
+func parseKey(der []byte) (crypto.Signer, error) {
+	if k, err := x509.ParsePKCS1PrivateKey(der); err == nil {
+		return k, nil
+	}
+	if k, err := x509.ParseECPrivateKey(der); err == nil {
+		return k, nil
+	}
+	k, err := x509.ParsePKCS8PrivateKey(der)
+	if err != nil {
+		return nil, errors.New("CA key is neither PKCS#1, SEC 1 nor PKCS#8")
+	}
+	s, ok := k.(crypto.Signer)
+	if !ok {
+		return nil, errors.New("CA key cannot sign")
+	}
+	return s, nil
+}
+
+// CertPEM returns the CA certificate.
+func (a *Authority) CertPEM() []byte { return append([]byte(nil), a.certPEM...) }
+
+// Pin returns kubeadm's discovery pin of the CA: "sha256:" + hex SHA-256 of its SubjectPublicKeyInfo.
+func (a *Authority) Pin() string {
+	sum := sha256.Sum256(a.cert.RawSubjectPublicKeyInfo)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+// SignKubeletClient issues a kubelet client certificate for nodeName over the CSR's public key.
+// Everything the CSR claims besides its key is ignored: the subject is "system:node:<nodeName>"
+// in "system:nodes", and the IP SANs are ips.
+func (a *Authority) SignKubeletClient(csrDER []byte, nodeName string, ips []net.IP, validity time.Duration) ([]byte, error) {
+	csr, err := x509.ParseCertificateRequest(csrDER)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadCSR, err)
+	}
+	if err := csr.CheckSignature(); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadCSR, err)
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, fmt.Errorf("generating serial: %w", err)
+	}
+	now := a.now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: "system:node:" + nodeName, Organization: []string{"system:nodes"}},
+		NotBefore:    now.Add(-5 * time.Minute),
+		NotAfter:     now.Add(validity),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+		IPAddresses:  ips,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, a.cert, csr.PublicKey, a.key)
+	if err != nil {
+		return nil, fmt.Errorf("signing kubelet certificate: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
+}

@@ -1,0 +1,190 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/metadata"
+	"github.com/berth-k8s/berth/joinproto"
+	"github.com/berth-k8s/berth/joinservice/ca"
+	"github.com/berth-k8s/berth/joinservice/tokens"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type fakeTokens struct{ n int }
+
+func (f *fakeTokens) Create(context.Context, time.Duration, string) (tokens.Token, error) {
+	f.n++
+	return tokens.Token{Value: "abcdef.0123456789abcdef", Expires: time.Now().Add(time.Minute)}, nil
+}
+
+type peers []metadata.Instance
+
+func (p peers) Peers(context.Context) ([]metadata.Instance, error) { return p, nil }
+
+func writePKI(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubernetes"}, IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	files := map[string][]byte{
+		"ca.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		"ca.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+	}
+	for _, name := range controlPlaneFiles {
+		if _, ok := files[name]; !ok {
+			files[name] = []byte("contents of " + name)
+		}
+	}
+	for name, data := range files {
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func start(t *testing.T, meta peers, tok *fakeTokens) joinproto.JoinServiceClient {
+	t.Helper()
+	pki := writePKI(t)
+	authority, err := ca.Load(pki)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
+	srv := New(Config{APIServerEndpoint: "198.51.100.10:6443", KubernetesVersion: "v1.34.2", PKIDir: pki},
+		zap.NewNop(), keys, bytes.Repeat([]byte{2}, 32), authority, tok, meta)
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	joinproto.RegisterJoinServiceServer(g, srv)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = g.Serve(lis) }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(); g.Stop(); <-done })
+	return joinproto.NewJoinServiceClient(conn)
+}
+
+func csr(t *testing.T, cn string) []byte {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: cn}}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return der
+}
+
+func reason(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
+
+func TestWorkerTicketBindsAttestedName(t *testing.T) {
+	tok := &fakeTokens{}
+	c := start(t, peers{{Name: "worker-7", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, tok)
+	resp, err := c.IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{
+		KubeletCsr: csr(t, "system:node:control-plane-0"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: "d1",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := pem.Decode(resp.GetKubeletCert())
+	cert, err := x509.ParseCertificate(b.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cert.Subject.CommonName != "system:node:worker-7" || resp.GetNodeName() != "worker-7" {
+		t.Fatalf("certificate for %q, ticket for %q; want worker-7", cert.Subject.CommonName, resp.GetNodeName())
+	}
+	if len(resp.GetControlPlaneFiles()) != 0 {
+		t.Fatal("worker got control-plane files")
+	}
+	if tok.n != 1 || resp.GetBootstrapToken() == "" || len(resp.GetDiscoveryTokenCaCertHashes()) != 1 || len(resp.GetClusterId()) != 32 {
+		t.Fatalf("ticket incomplete: %v", resp)
+	}
+}
+
+func TestControlPlaneTicketCarriesFiles(t *testing.T) {
+	c := start(t, peers{{Name: "cp-1", Role: metadata.RoleControlPlane, IPs: []string{"127.0.0.1"}}}, &fakeTokens{})
+	resp, err := c.IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := len(resp.GetControlPlaneFiles()); got != len(controlPlaneFiles) {
+		t.Fatalf("got %d control-plane files, want %d", got, len(controlPlaneFiles))
+	}
+}
+
+func TestRejections(t *testing.T) {
+	for name, tc := range map[string]struct {
+		meta   peers
+		req    *joinproto.IssueJoinTicketRequest
+		code   codes.Code
+		reason string
+	}{
+		"unknown peer": {
+			meta: peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"198.51.100.20"}}},
+			req:  &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER},
+			code: codes.PermissionDenied, reason: ReasonUnknownPeer,
+		},
+		"worker asks for control plane": {
+			meta: peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}},
+			req:  &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE},
+			code: codes.PermissionDenied, reason: ReasonRoleMismatch,
+		},
+		"garbage CSR": {
+			meta: peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}},
+			req:  &joinproto.IssueJoinTicketRequest{KubeletCsr: []byte("garbage"), Role: joinproto.Role_ROLE_WORKER},
+			code: codes.InvalidArgument, reason: ReasonBadCSR,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			tok := &fakeTokens{}
+			_, err := start(t, tc.meta, tok).IssueJoinTicket(context.Background(), tc.req)
+			if status.Code(err) != tc.code || reason(err) != tc.reason {
+				t.Fatalf("IssueJoinTicket() = %v (reason %q), want %s %s", err, reason(err), tc.code, tc.reason)
+			}
+			if tok.n != 0 {
+				t.Fatal("a bootstrap token was created for a rejected node")
+			}
+		})
+	}
+}
