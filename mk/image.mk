@@ -20,3 +20,7 @@ test-image: image ## systemd-analyze verify the units and check every path they 
 image-clean: ## remove the built tree and the image's OS cache (Debian packages stay cached)
 	rm -rf $(IMAGE_OUT)
 	rm -rf $${BERTH_CACHE:-/var/cache/berth}/image/os-*
+
+.PHONY: image-boot-test
+image-boot-test: ## boot the built tree under QEMU/TCG with swtpm and check the units at run time (minutes; needs qemu-system-x86, swtpm)
+	IMAGE_ROOT=$(IMAGE_ROOT) BOOT_WORK=$(IMAGE_OUT)/boot image/boot-test.sh

@@ -144,6 +144,23 @@ func TestTreeEnabledUnits(t *testing.T) {
 			t.Errorf("%s: %v", link, err)
 		}
 	}
+	// systemd applies the presets again on the node's first boot (the image has no machine ID):
+	// they must agree with the links made at build time.
+	for unit, want := range map[string]string{
+		"berth-bootstrapper.service": "enable",
+		"containerd.service":         "enable",
+		"kubelet.service":            "disable",
+		"cni-dhcp.socket":            "disable",
+		"apt-daily.timer":            "disable",
+	} {
+		got, err := Preset(root, unit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("preset for %s: %s, want %s", unit, got, want)
+		}
+	}
 	// kubelet is started by the bootstrapper, never at boot by itself.
 	wants, err := filepath.Glob(filepath.Join(root, "etc/systemd/system/*.wants/kubelet.service"))
 	if err != nil {

@@ -609,3 +609,59 @@ func readDirIn(root, p string) ([]string, error) {
 	}
 	return names, nil
 }
+
+var presetDirs = []string{"/etc/systemd/system-preset", "/run/systemd/system-preset", "/usr/local/lib/systemd/system-preset", "/usr/lib/systemd/system-preset"}
+
+// Preset returns what systemd's presets in the tree say about a unit, "enable" or "disable", as
+// systemd applies them on a first boot: preset files from every preset directory (one in a
+// higher-priority directory hiding one of the same name in a lower one), in file name order; the
+// first line whose pattern matches the unit decides; no match means enable.
+func Preset(root, unit string) (string, error) {
+	files := map[string]string{}
+	for i := len(presetDirs) - 1; i >= 0; i-- {
+		entries, err := readDirIn(root, presetDirs[i])
+		if err != nil {
+			return "", err
+		}
+		for _, e := range entries {
+			if strings.HasSuffix(e, ".preset") {
+				files[e] = path.Join(presetDirs[i], e)
+			}
+		}
+	}
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		real, err := resolveIn(root, files[n])
+		if err != nil {
+			return "", fmt.Errorf("reading %s: %w", files[n], err)
+		}
+		data, err := os.ReadFile(real)
+		if err != nil {
+			return "", fmt.Errorf("reading %s: %w", files[n], err)
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 2 || strings.HasPrefix(f[0], "#") || strings.HasPrefix(f[0], ";") {
+				continue
+			}
+			matched, err := path.Match(f[1], unit)
+			if err != nil {
+				return "", fmt.Errorf("parsing %s: pattern %q: %w", files[n], f[1], err)
+			}
+			if !matched {
+				continue
+			}
+			switch f[0] {
+			case "enable", "disable":
+				return f[0], nil
+			case "ignore":
+				return "disable", nil
+			}
+		}
+	}
+	return "enable", nil
+}

@@ -168,6 +168,32 @@ WantedBy=multi-user.target
 	}
 }
 
+func TestPreset(t *testing.T) {
+	root := t.TempDir()
+	writeFile(t, root, "usr/lib/systemd/system-preset/90-systemd.preset", "enable systemd-*.service\nenable getty@.service\n", 0o644)
+	writeFile(t, root, "usr/lib/systemd/system-preset/20-berth.preset", "# ours first\ndisable kubelet.service\ndisable systemd-timesyncd.service\n", 0o644)
+	writeFile(t, root, "usr/lib/systemd/system-preset/30-hidden.preset", "disable containerd.service\n", 0o644)
+	writeFile(t, root, "etc/systemd/system-preset/30-hidden.preset", "enable containerd.service\ndisable *\n", 0o644)
+	for unit, want := range map[string]string{
+		"kubelet.service":           "disable",
+		"systemd-timesyncd.service": "disable", // 20-berth sorts before 90-systemd
+		"systemd-networkd.service":  "disable", // "disable *" in 30-hidden (the /etc one) comes first
+		"containerd.service":        "enable",  // /etc's 30-hidden hides /usr/lib's
+	} {
+		got, err := Preset(root, unit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("Preset(%s) = %s, want %s", unit, got, want)
+		}
+	}
+	empty := t.TempDir()
+	if got, err := Preset(empty, "anything.service"); err != nil || got != "enable" {
+		t.Errorf("Preset without preset files = %s, %v; want enable", got, err)
+	}
+}
+
 // berthUnits are the units the image adds; the tree tests and the synthetic test check them all.
 var berthUnits = []string{"berth-bootstrapper.service", "berth-cmdline-env.service", "kubelet.service"}
 
