@@ -13,6 +13,11 @@
 //
 // Modes: server attests (berth init: the node attests to the CLI), client attests, and mutual (join).
 //
+// Validators that are Challengers (TPM) also require key activation inside the handshake; see
+// activation.go. A client validating such a server first probes the server's identity over a separate
+// connection (Dial and Credentials do this), so its handshake costs one extra TLS round trip but no
+// extra quote.
+//
 // Every document costs a quote, so an attesting server rate-limits handshakes that ask for one: per
 // peer IP 2/s with a burst of 8, and globally 20/s with a burst of 40 (DefaultLimits). A TPM quote
 // takes 2-10 ms on swtpm and 50-200 ms on hardware TPMs, so the global limit keeps the TPM below
@@ -101,8 +106,12 @@ type Evidence struct {
 	Variant string
 	// Document is the peer's raw attestation document.
 	Document []byte
-	// Nonce is the nonce this side chose for the handshake.
+	// Nonce is the nonce the document must bind: the one this side chose for the handshake, with the
+	// activation secret mixed in when the key was activated.
 	Nonce []byte
+	// Activated says the peer proved in this handshake that its attestation key lives with its
+	// certified endorsement key (TPM credential activation).
+	Activated bool
 	// Certificate is the peer's DER leaf certificate, which holds the document; with Nonce it is all
 	// VerifyRecorded needs to reach the same verdict again.
 	Certificate []byte
@@ -174,16 +183,31 @@ func selfSigned(key *ecdsa.PrivateKey, exts ...pkix.Extension) (*tls.Certificate
 }
 
 // verifyPeer validates the peer's leaf certificate against nonce and reports the evidence to observe.
-func verifyPeer(ctx context.Context, validator Validator, rawCerts [][]byte, nonce []byte, observe func(Evidence, error)) error {
-	ev, err := checkPeer(ctx, validator, rawCerts, nonce)
+func verifyPeer(ctx context.Context, chk peerCheck, rawCerts [][]byte, observe func(Evidence, error)) error {
+	ev, err := checkPeer(ctx, chk, rawCerts)
 	if observe != nil {
 		observe(ev, err)
 	}
 	return err
 }
 
-func checkPeer(ctx context.Context, validator Validator, rawCerts [][]byte, nonce []byte) (Evidence, error) {
-	ev := Evidence{Nonce: nonce}
+// peerCheck is how one handshake validates its peer: the variant and validation function (the
+// validator's Validate, or the one bound to an activation challenge) and the nonce the document must
+// bind (with the activation secret mixed in, when there was a challenge).
+type peerCheck struct {
+	variant   string
+	validate  func(ctx context.Context, doc, nonce []byte) (attestation.Result, error)
+	nonce     []byte
+	activated bool
+}
+
+// plainCheck validates with validator and nonce, without activation.
+func plainCheck(validator Validator, nonce []byte) peerCheck {
+	return peerCheck{variant: validator.Variant(), validate: validator.Validate, nonce: nonce}
+}
+
+func checkPeer(ctx context.Context, chk peerCheck, rawCerts [][]byte) (Evidence, error) {
+	ev := Evidence{Nonce: chk.nonce, Activated: chk.activated}
 	if len(rawCerts) == 0 {
 		return ev, ErrNoAttestation
 	}
@@ -209,12 +233,15 @@ func checkPeer(ctx context.Context, validator Validator, rawCerts [][]byte, nonc
 		return ev, fmt.Errorf("%w: attestation extension is not valid ASN.1", attestation.ErrMalformed)
 	}
 	ev.Variant, ev.Document = ext.Variant, ext.Document
-	if ext.Variant != validator.Variant() {
-		return ev, fmt.Errorf("%w: peer attests with %q, policy wants %q", attestation.ErrUnknownVariant, sanitize([]byte(ext.Variant)), validator.Variant())
+	if ext.Variant != chk.variant {
+		return ev, fmt.Errorf("%w: peer attests with %q, policy wants %q", attestation.ErrUnknownVariant, sanitize([]byte(ext.Variant)), chk.variant)
+	}
+	if chk.validate == nil {
+		return ev, ErrNotActivated
 	}
 	ctx, cancel := context.WithTimeout(ctx, validateTimeout)
 	defer cancel()
-	res, err := validator.Validate(ctx, ext.Document, nonce)
+	res, err := chk.validate(ctx, ext.Document, chk.nonce)
 	ev.Result = res
 	if err != nil {
 		return ev, err
@@ -230,9 +257,10 @@ func checkPeer(ctx context.Context, validator Validator, rawCerts [][]byte, nonc
 }
 
 // VerifyRecorded reaches the handshake's verdict again, offline, on a recorded peer certificate and
-// the nonce that was sent to the peer: the same checks, the same errors.
+// the nonce its document binds (Evidence.Nonce): the same checks and errors, except that a key
+// activation cannot be repeated without the peer.
 func VerifyRecorded(ctx context.Context, validator Validator, certificate, nonce []byte) (Evidence, error) {
-	return checkPeer(ctx, validator, [][]byte{certificate}, nonce)
+	return checkPeer(ctx, plainCheck(validator, nonce), [][]byte{certificate})
 }
 
 // sanitize renders untrusted bytes printable and short for error messages.

@@ -19,9 +19,10 @@ import (
 type Option func(*options)
 
 type options struct {
-	limiter *Limiter
-	observe func(Evidence, error)
-	log     *zap.Logger
+	limiter      *Limiter
+	observe      func(Evidence, error)
+	log          *zap.Logger
+	peerIdentity []byte
 }
 
 // WithLimiter sets the handshake rate limiter of an attesting server (default: NewLimiter(DefaultLimits)).
@@ -33,6 +34,10 @@ func WithObserver(f func(Evidence, error)) Option { return func(o *options) { o.
 
 // WithLogger sets the logger (default: no logging).
 func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
+
+// WithPeerIdentity gives a client the server's activation identity (from ProbeIdentity), which a
+// Challenger validator needs to challenge the server.
+func WithPeerIdentity(id []byte) Option { return func(o *options) { o.peerIdentity = id } }
 
 func buildOptions(opts []Option) options {
 	o := options{log: zap.NewNop()}
@@ -60,8 +65,9 @@ func NewServerConfig(issuer Issuer, validator Validator, opts ...Option) (*tls.C
 	return serverConfig(issuer, validator, buildOptions(opts), certs), nil
 }
 
-// serverCerts are the certificates a server reuses: made once, because refusing must stay cheap.
+// serverCerts are the key and certificates a server reuses: made once, because refusing must stay cheap.
 type serverCerts struct {
+	key            *ecdsa.PrivateKey
 	plain, refusal *tls.Certificate
 }
 
@@ -78,19 +84,22 @@ func newServerCerts() (*serverCerts, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &serverCerts{plain: plain, refusal: refusal}, nil
+	return &serverCerts{key: key, plain: plain, refusal: refusal}, nil
 }
 
 func serverConfig(issuer Issuer, validator Validator, o options, certs *serverCerts) *tls.Config {
-	plain, refusal := certs.plain, certs.refusal
 	return &tls.Config{
 		MinVersion: tls.VersionTLS13,
 		GetConfigForClient: func(chi *tls.ClientHelloInfo) (*tls.Config, error) {
 			cfg := &tls.Config{MinVersion: tls.VersionTLS13, NextProtos: []string{"h2"}}
 			peer := peerHost(chi.Conn)
+			ctx := chi.Context()
 			if issuer == nil {
-				cfg.Certificates = []tls.Certificate{*plain}
+				cfg.Certificates = []tls.Certificate{*certs.plain}
 			} else {
+				if chi.ServerName == probeServerName {
+					return probeConfig(ctx, issuer, o, certs, peer)
+				}
 				nonce, err := decodeSNINonce(chi.ServerName)
 				if err != nil {
 					o.log.Info("refusing handshake without attestation nonce", zap.String("peer", peer))
@@ -98,10 +107,21 @@ func serverConfig(issuer Issuer, validator Validator, o options, certs *serverCe
 				}
 				if !o.limiter.Allow(peer) {
 					o.log.Info("refusing attestation: rate limit", zap.String("peer", peer))
-					cfg.Certificates = []tls.Certificate{*refusal}
+					cfg.Certificates = []tls.Certificate{*certs.refusal}
 					return cfg, nil
 				}
-				cert, err := attestedCertificate(chi.Context(), issuer, nonce)
+				if challenge := fromALPN(alpnChallenge, chi.SupportedProtos); challenge != nil {
+					if a, ok := issuer.(Activator); ok {
+						secret, err := a.Activate(ctx, challenge)
+						if err != nil {
+							// Answer anyway: the client's validation names the failure.
+							o.log.Info("activating attestation key failed", zap.String("peer", peer), zap.Error(err))
+							secret = nil
+						}
+						nonce = mixNonce(nonce, secret)
+					}
+				}
+				cert, err := attestedCertificate(ctx, issuer, nonce)
 				if err != nil {
 					o.log.Error("issuing attestation failed", zap.String("peer", peer), zap.Error(err))
 					return nil, errors.New("attestation unavailable")
@@ -117,11 +137,25 @@ func serverConfig(issuer Issuer, validator Validator, o options, certs *serverCe
 				if err != nil {
 					return nil, err
 				}
-				ctx := chi.Context()
+				chk := plainCheck(validator, nonce)
+				if ch, ok := validator.(Challenger); ok {
+					chk = peerCheck{variant: validator.Variant(), nonce: nonce} // no validate: rejects unless activated
+					if id := fromALPN(alpnIdentity, chi.SupportedProtos); id != nil {
+						challenge, secret, validate, err := ch.Challenge(id)
+						if err == nil {
+							err = addChallengeCA(pool, challenge)
+						}
+						if err != nil {
+							o.log.Info("cannot challenge client", zap.String("peer", peer), zap.Error(err))
+						} else {
+							chk = peerCheck{variant: validator.Variant(), validate: validate, nonce: mixNonce(nonce, secret), activated: true}
+						}
+					}
+				}
 				cfg.ClientCAs = pool
 				cfg.ClientAuth = tls.RequireAnyClientCert
 				cfg.VerifyPeerCertificate = func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
-					err := verifyPeer(ctx, validator, rawCerts, nonce, o.observe)
+					err := verifyPeer(ctx, chk, rawCerts, o.observe)
 					if err != nil {
 						o.log.Info("rejected client attestation", zap.String("peer", peer), zap.Error(err))
 					}
@@ -133,9 +167,33 @@ func serverConfig(issuer Issuer, validator Validator, o options, certs *serverCe
 	}
 }
 
+// probeConfig answers a probe with the issuer's activation identity. Probes count against the rate
+// limit like attestations: the first one per process creates the attestation key.
+func probeConfig(ctx context.Context, issuer Issuer, o options, certs *serverCerts, peer string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS13}
+	a, ok := issuer.(Activator)
+	if !ok {
+		// Nothing to activate: a certificate without identity tells the client so.
+		cfg.Certificates = []tls.Certificate{*certs.plain}
+		return cfg, nil
+	}
+	if !o.limiter.Allow(peer) {
+		cfg.Certificates = []tls.Certificate{*certs.refusal}
+		return cfg, nil
+	}
+	cert, err := identityCertificate(ctx, a, certs)
+	if err != nil {
+		o.log.Error("reading attestation identity failed", zap.String("peer", peer), zap.Error(err))
+		return nil, errors.New("attestation unavailable")
+	}
+	cfg.Certificates = []tls.Certificate{*cert}
+	return cfg, nil
+}
+
 // NewClientConfig returns the TLS config for ONE client connection: it holds a fresh nonce, so build a
-// new one per dial (Credentials does). With a validator the server must attest; with an issuer the
-// client attests when the server asks.
+// new one per dial (Credentials and Dial do). With a validator the server must attest; a Challenger
+// validator also needs WithPeerIdentity (from ProbeIdentity). With an issuer the client attests when
+// the server asks, and volunteers its activation identity if it has one.
 func NewClientConfig(ctx context.Context, issuer Issuer, validator Validator, opts ...Option) (*tls.Config, error) {
 	o := buildOptions(opts)
 	cfg := &tls.Config{
@@ -150,8 +208,20 @@ func NewClientConfig(ctx context.Context, issuer Issuer, validator Validator, op
 			return nil, err
 		}
 		cfg.ServerName = encodeSNINonce(nonce)
+		chk := plainCheck(validator, nonce)
+		if ch, ok := validator.(Challenger); ok {
+			if o.peerIdentity == nil {
+				return nil, fmt.Errorf("creating aTLS client config: %w: the validator requires key activation and no server identity was probed", ErrNotActivated)
+			}
+			challenge, secret, validate, err := ch.Challenge(o.peerIdentity)
+			if err != nil {
+				return nil, fmt.Errorf("challenging server: %w", err)
+			}
+			cfg.NextProtos = append(cfg.NextProtos, toALPN(alpnChallenge, challenge)...)
+			chk = peerCheck{variant: validator.Variant(), validate: validate, nonce: mixNonce(nonce, secret), activated: true}
+		}
 		cfg.VerifyPeerCertificate = func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
-			return verifyPeer(ctx, validator, rawCerts, nonce, o.observe)
+			return verifyPeer(ctx, chk, rawCerts, o.observe)
 		}
 	} else {
 		// Neither attestation nor a CA vouches for the server: only for client-attests mode, where the
@@ -159,10 +229,26 @@ func NewClientConfig(ctx context.Context, issuer Issuer, validator Validator, op
 		cfg.VerifyPeerCertificate = func([][]byte, [][]*x509.Certificate) error { return nil }
 	}
 	if issuer != nil {
+		if a, ok := issuer.(Activator); ok {
+			id, err := a.Identity(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("reading attestation identity: %w", err)
+			}
+			cfg.NextProtos = append(cfg.NextProtos, toALPN(alpnIdentity, id)...)
+		}
 		cfg.GetClientCertificate = func(cri *tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			nonce, err := decodeCANonce(cri.AcceptableCAs)
 			if err != nil {
 				return nil, err
+			}
+			if challenge := decodeCAChallenge(cri.AcceptableCAs); challenge != nil {
+				if a, ok := issuer.(Activator); ok {
+					secret, err := a.Activate(cri.Context(), challenge)
+					if err != nil {
+						return nil, fmt.Errorf("activating attestation key: %w", err)
+					}
+					nonce = mixNonce(nonce, secret)
+				}
 			}
 			return attestedCertificate(cri.Context(), issuer, nonce)
 		}

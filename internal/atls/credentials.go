@@ -86,10 +86,23 @@ func (r *recorder) evidence() *Evidence {
 }
 
 // ClientHandshake runs the client side of attested TLS on rawConn.
-func (c *Credentials) ClientHandshake(ctx context.Context, _ string, rawConn net.Conn) (net.Conn, credentials.AuthInfo, error) {
+// With a Challenger validator it first probes the server's identity over a separate connection to
+// authority, which must therefore be the server's HOST:PORT.
+func (c *Credentials) ClientHandshake(ctx context.Context, authority string, rawConn net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	rec := &recorder{forward: c.opts.observe}
 	o := c.opts
 	o.observe = rec.observe
+	if _, ok := c.validator.(Challenger); ok {
+		// Key activation needs the server's identity first: probe it over a connection of our own.
+		var d net.Dialer
+		probe, err := d.DialContext(ctx, "tcp", authority)
+		if err != nil {
+			return nil, nil, fmt.Errorf("connecting to %s for the identity probe: %w", authority, err)
+		}
+		if o.peerIdentity, err = ProbeIdentity(ctx, probe); err != nil {
+			return nil, nil, err
+		}
+	}
 	cfg, err := NewClientConfig(ctx, c.issuer, c.validator, func(dst *options) { *dst = o })
 	if err != nil {
 		return nil, nil, err

@@ -44,7 +44,7 @@ func FuzzCheckPeer(f *testing.F) {
 	f.Add([]byte{0x30, 0x03, 0x02, 0x01, 0x00})
 	f.Add([]byte("garbage"))
 	f.Fuzz(func(t *testing.T, der []byte) {
-		_, err := checkPeer(t.Context(), nopValidator{}, [][]byte{der}, make([]byte, nonceSize))
+		_, err := checkPeer(t.Context(), plainCheck(nopValidator{}, make([]byte, nonceSize)), [][]byte{der})
 		if err == nil {
 			t.Fatal("accepted a fuzzed certificate")
 		}
@@ -59,6 +59,12 @@ func FuzzNonceCarriers(f *testing.F) {
 		}
 		if n, err := decodeCANonce([][]byte{ca}); err == nil && len(n) != nonceSize {
 			t.Fatalf("CA nonce of %d bytes", len(n))
+		}
+		if c := decodeCAChallenge([][]byte{ca}); len(c) > maxActivationBlob {
+			t.Fatalf("CA challenge of %d bytes", len(c))
+		}
+		if b := fromALPN(alpnChallenge, []string{sni, string(ca)}); len(b) > maxActivationBlob {
+			t.Fatalf("ALPN blob of %d bytes", len(b))
 		}
 	})
 }

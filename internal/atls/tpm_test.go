@@ -81,7 +81,7 @@ func TestGRPCMutualTPM(t *testing.T) {
 	if err := check(ctx, addr, mustCreds(t, issuer, accept)); err != nil {
 		t.Fatalf("mutual TPM-attested gRPC: %v", err)
 	}
-	if ev := seen(); ev == nil || ev.Variant != vtpm.Variant || len(ev.Result.Measurements) != 24 {
+	if ev := seen(); ev == nil || ev.Variant != vtpm.Variant || len(ev.Result.Measurements) != 24 || !ev.Activated {
 		t.Fatalf("server handler saw evidence %+v", ev)
 	}
 	// The client rejects the server's measurements: the RPC never runs.
@@ -123,6 +123,8 @@ func benchServer(b *testing.B, cfg *tls.Config) string {
 	return lis.Addr().String()
 }
 
+// benchHandshake measures atls.Dial: for TPM validators that is an identity probe plus the attested
+// handshake with key activation.
 func benchHandshake(b *testing.B, issuer atls.Issuer, validator atls.Validator, limiter *atls.Limiter, wantErr error) {
 	srv, err := atls.NewServerConfig(issuer, nil, atls.WithLimiter(limiter))
 	if err != nil {
@@ -130,19 +132,13 @@ func benchHandshake(b *testing.B, issuer atls.Issuer, validator atls.Validator, 
 	}
 	addr := benchServer(b, srv)
 	ctx := context.Background()
+	var d net.Dialer
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		cfg, err := atls.NewClientConfig(ctx, nil, validator)
-		if err != nil {
-			b.Fatal(err)
+		tc, err := atls.Dial(ctx, &d, addr, nil, validator)
+		if err == nil {
+			tc.Close()
 		}
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			b.Fatal(err)
-		}
-		tc := tls.Client(c, cfg)
-		err = tc.Handshake()
-		tc.Close()
 		if wantErr == nil && err != nil || wantErr != nil && !errors.Is(err, wantErr) {
 			b.Fatalf("handshake: %v, want %v", err, wantErr)
 		}
@@ -176,6 +172,83 @@ func BenchmarkHandshake(b *testing.B) {
 			issuer, accept, _ := variants[name](b)
 			none := atls.NewLimiter(atls.Limits{PerPeer: 0, PerPeerBurst: 0, Global: 0, GlobalBurst: 0})
 			benchHandshake(b, issuer, accept, none, atls.ErrRateLimited)
+		})
+	}
+}
+
+// fakeActivation keeps the TPM issuer but answers challenges with a made-up secret, as an attester
+// whose AK does not live with the certified EK would have to.
+type fakeActivation struct{ *vtpm.Issuer }
+
+func (fakeActivation) Activate(context.Context, []byte) ([]byte, error) {
+	return make([]byte, 32), nil
+}
+
+// noActivation hides the issuer's Identity and Activate.
+type noActivation struct{ inner atls.Issuer }
+
+func (n noActivation) Variant() string { return n.inner.Variant() }
+func (n noActivation) Issue(ctx context.Context, userData, nonce []byte) ([]byte, error) {
+	return n.inner.Issue(ctx, userData, nonce)
+}
+
+func TestActivationRequired(t *testing.T) {
+	issuer, accept, _ := tpmPair(t)
+	vi := issuer.(*vtpm.Issuer)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	testCases := map[string]struct {
+		attester atls.Issuer
+		wantErr  error
+	}{
+		"activated":                {attester: vi},
+		"secret not recovered":     {attester: fakeActivation{vi}, wantErr: attestation.ErrUntrustedRoot},
+		"attester cannot activate": {attester: noActivation{vi}, wantErr: atls.ErrNotActivated},
+	}
+	for name, tc := range testCases {
+		t.Run("server attests/"+name, func(t *testing.T) {
+			srv, err := atls.NewServerConfig(tc.attester, nil, atls.WithLimiter(unlimited()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := listenTLS(t, srv)
+			var d net.Dialer
+			conn, err := atls.Dial(ctx, &d, addr, nil, accept)
+			if err == nil {
+				conn.Close()
+			}
+			if tc.wantErr == nil && err != nil || tc.wantErr != nil && !errors.Is(err, tc.wantErr) {
+				t.Fatalf("got %v, want %v", err, tc.wantErr)
+			}
+		})
+		t.Run("client attests/"+name, func(t *testing.T) {
+			var mu sync.Mutex
+			var verdict error
+			srv, err := atls.NewServerConfig(nil, accept, atls.WithObserver(func(_ atls.Evidence, err error) {
+				mu.Lock()
+				verdict = err
+				mu.Unlock()
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			addr := listenTLS(t, srv)
+			cfg, err := atls.NewClientConfig(ctx, tc.attester, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			clientErr := handshake(t, addr, cfg)
+			mu.Lock()
+			defer mu.Unlock()
+			if tc.wantErr == nil {
+				if clientErr != nil || verdict != nil {
+					t.Fatalf("client %v, server %v", clientErr, verdict)
+				}
+				return
+			}
+			if clientErr == nil || !errors.Is(verdict, tc.wantErr) {
+				t.Fatalf("client %v, server verdict %v; want %v", clientErr, verdict, tc.wantErr)
+			}
 		})
 	}
 }

@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -72,23 +71,16 @@ func runVerify(ctx context.Context, out io.Writer, endpoint, policyPath, savePat
 	}
 	var seen *atls.Evidence
 	var verdict error
-	cfg, err := atls.NewClientConfig(ctx, nil, validator, atls.WithObserver(func(ev atls.Evidence, err error) {
+	var d net.Dialer
+	conn, hsErr := atls.Dial(ctx, &d, endpoint, nil, validator, atls.WithObserver(func(ev atls.Evidence, err error) {
 		seen, verdict = &ev, err
 	}))
-	if err != nil {
-		return err
+	if hsErr == nil {
+		conn.Close()
 	}
-	var d net.Dialer
-	raw, err := d.DialContext(ctx, "tcp", endpoint)
-	if err != nil {
-		return fmt.Errorf("connecting to %s: %w", endpoint, err)
-	}
-	conn := tls.Client(raw, cfg)
-	hsErr := conn.HandshakeContext(ctx)
-	conn.Close()
 	if seen == nil {
-		// The handshake failed before the node presented a certificate.
-		return fmt.Errorf("attested TLS handshake with %s: %w", endpoint, hsErr)
+		// The handshake failed before the node presented an attested certificate.
+		return fmt.Errorf("attesting %s: %w", endpoint, hsErr)
 	}
 	if savePath != "" && seen.Certificate != nil {
 		if err := saveEvidence(savePath, endpoint, seen); err != nil {
@@ -117,6 +109,9 @@ func loadValidator(path string) (*policy.Policy, choose.Validator, error) {
 // exit code 3.
 func report(out io.Writer, p *policy.Policy, ev atls.Evidence, verdict error) error {
 	fmt.Fprintf(out, "variant: %s\n", orNone(ev.Variant))
+	if ev.Activated {
+		fmt.Fprintln(out, "attestation key: activated (proven to live with the certified endorsement key)")
+	}
 	fmt.Fprintf(out, "policy: %s\n", p.Origin)
 	m, verified := ev.Result.Measurements, true
 	if len(m) == 0 && ev.Variant == vtpm.Variant && len(ev.Document) > 0 {

@@ -1,7 +1,6 @@
 package vtpm
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -88,6 +87,7 @@ type Issuer struct {
 // akRecord is the AK as created under the EK; the key itself stays persistent in the TPM.
 type akRecord struct {
 	name         tpm2.TPM2BName
+	ekName       tpm2.TPM2BName
 	public       tpm2.TPM2BPublic
 	creationData []byte
 	certifyInfo  []byte
@@ -120,21 +120,8 @@ func (i *Issuer) Issue(ctx context.Context, userData, nonce []byte) ([]byte, err
 	}
 	defer c.Close()
 
-	if i.ak != nil {
-		// Another issuer, or a TPM clear, may have replaced the persistent AK: recreate it then.
-		cur, err := (tpm2.ReadPublic{ObjectHandle: tpm2.TPMHandle(i.akHandle)}).Execute(c)
-		if err != nil || !bytes.Equal(cur.Name.Buffer, i.ak.name.Buffer) {
-			i.log.Warn("attestation key missing or replaced, creating a new one", zap.Uint32("handle", i.akHandle))
-			i.ak = nil
-		}
-	}
-	if i.ak == nil {
-		rec, err := i.createAK(c)
-		if err != nil {
-			return nil, err
-		}
-		i.ak = rec
-		i.log.Info("attestation key created under the endorsement key", zap.Uint32("handle", i.akHandle))
+	if err := i.ensureAK(c); err != nil {
+		return nil, err
 	}
 	ak := tpm2.NamedHandle{Handle: tpm2.TPMHandle(i.akHandle), Name: i.ak.name}
 
@@ -236,8 +223,12 @@ func (i *Issuer) createAK(c transport.TPM) (*akRecord, error) {
 	if err := persist(c, load.ObjectHandle, load.Name, tpm2.TPMHandle(i.akHandle)); err != nil {
 		return nil, err
 	}
+	if err := persist(c, ek.ObjectHandle, ek.Name, tpm2.TPMHandle(DefaultEKHandle)); err != nil {
+		return nil, err
+	}
 	return &akRecord{
 		name:         load.Name,
+		ekName:       ek.Name,
 		public:       created.OutPublic,
 		creationData: created.CreationData.Bytes(),
 		certifyInfo:  cert.CertifyInfo.Bytes(),

@@ -17,14 +17,12 @@
 // PCR reads; the Issuer recreates it under the EK once per process, or when it finds it replaced.
 // Use one Issuer per TPM per process.
 //
-// Limit, on purpose and documented: the link from the AK to the EK is shown by the AK's own
-// TPM2_CertifyCreation (its creation record names the EK as parent) and by the AK's fixedTPM and
-// restricted attributes. That proves consistency, not possession: somebody who holds a copy of a
-// genuine EK certificate (certificates are public) and a software key could forge all of it. Proof
-// needs credential activation (TPM2_MakeCredential to the EK, TPM2_ActivateCredential on the node),
-// which needs a round trip that a single TLS handshake does not have; it belongs in an enrollment
-// step that certifies the AK once. Until then the EK CA check stops misconfigured and foreign TPMs,
-// not an attacker who controls a node's software.
+// The AK's link to the certified EK is proven by credential activation (activation.go): the
+// Validator, as an atls.Challenger, encrypts a fresh secret to the EK bound to the AK's name; only a
+// TPM holding both recovers it (Issuer.Activate), and the quote must bind the secret. The AK's
+// TPM2_CertifyCreation record (its parent is the EK) and its fixedTPM/restricted attributes are
+// checked too, but they alone prove consistency, not possession: EK certificates are public. Plain
+// Validate, as used offline by berth policy check, cannot repeat an activation.
 package vtpm
 
 import (

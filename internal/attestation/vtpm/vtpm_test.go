@@ -434,3 +434,86 @@ func TestNodeLockMarker(t *testing.T) {
 		t.Fatal("lock PCR does not hold the cluster ID exactly once")
 	}
 }
+
+// mixed is how attested TLS mixes an activation secret into a nonce; any injective mix serves here.
+func mixed(nonce, secret []byte) []byte { return append(append([]byte{}, nonce...), secret...) }
+
+func TestActivation(t *testing.T) {
+	ctx := context.Background()
+	ca := vtpmtest.NewSwtpmCA(t)
+	a, b := vtpmtest.StartSwtpm(t, ca), vtpmtest.StartSwtpm(t, ca)
+	issA, issB := vtpm.NewIssuer(a.Open, zap.NewNop()), vtpm.NewIssuer(b.Open, zap.NewNop())
+	v, err := vtpm.NewValidator(policyFor(t, [][]byte{ca.RootPEM(t), ca.IssuerPEM(t)}, ""), zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nonce := []byte("nonce")
+
+	// Genuine: A's identity, A activates, A quotes.
+	idA, err := issA.Identity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	challenge, secret, validate, err := v.Challenge(idA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := issA.Activate(ctx, challenge)
+	if err != nil || !bytes.Equal(got, secret) {
+		t.Fatalf("Activate: %x, %v; want the secret", got, err)
+	}
+	doc, err := issA.Issue(ctx, nil, mixed(nonce, got))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := validate(ctx, doc, mixed(nonce, secret)); err != nil {
+		t.Fatalf("activated document: %v", err)
+	}
+
+	// Forged: A's identity (genuine EK certificate) but B's TPM answers: it cannot recover the secret.
+	challenge, secret, validate, err = v.Challenge(idA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := issB.Activate(ctx, challenge); err == nil {
+		t.Fatal("TPM B activated a credential made for TPM A")
+	}
+	guess := make([]byte, len(secret))
+	docB, err := issB.Issue(ctx, nil, mixed(nonce, guess))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := validate(ctx, docB, mixed(nonce, secret)); !errors.Is(err, attestation.ErrUntrustedRoot) {
+		t.Fatalf("B's document under A's challenge: got %v, want ErrUntrustedRoot", err)
+	}
+	// A genuine A document without the secret mixed in: activation not proven.
+	docA, err := issA.Issue(ctx, nil, mixed(nonce, guess))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := validate(ctx, docA, mixed(nonce, secret)); !errors.Is(err, attestation.ErrUntrustedRoot) {
+		t.Fatalf("A's document without the secret: got %v, want ErrUntrustedRoot", err)
+	}
+}
+
+func FuzzChallenge(f *testing.F) {
+	f.Add([]byte{0, 1, 0, 0, 1, 0})
+	f.Add([]byte{})
+	p, err := policy.Parse([]byte("variant: tpm\ntrustRoots:\n  - pem: |\n"+indentPEM(mustCA(f).PEM())), "fuzz", nil)
+	if err != nil {
+		f.Fatal(err)
+	}
+	v, err := vtpm.NewValidator(p, zap.NewNop())
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, identity []byte) {
+		_, _, validate, err := v.Challenge(identity)
+		if err != nil {
+			return
+		}
+		if _, err := validate(context.Background(), identity, []byte("n")); err == nil {
+			t.Fatal("validated a fuzzed document")
+		}
+	})
+}

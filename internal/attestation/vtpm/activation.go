@@ -1,0 +1,186 @@
+package vtpm
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/google/go-tpm/tpm2"
+	"go.uber.org/zap"
+
+	"github.com/berth-k8s/berth/internal/attestation"
+)
+
+// Credential activation proves that the AK lives in the same TPM as the certified EK: the validator
+// encrypts a fresh secret to the EK, bound to the AK's name (TPM2_MakeCredential in software); only a
+// TPM holding both keys recovers it (TPM2_ActivateCredential). Attested TLS carries the attester's
+// identity and the challenge in the handshake and mixes the secret into the nonce of the quote, so a
+// document from an attester that could not recover the secret fails the nonce check.
+
+// DefaultEKHandle is where the Issuer keeps the EK persistent for activations (the TCG-recommended
+// EK handle); the RSA EK from the default template is the same key whenever it is created.
+const DefaultEKHandle = 0x81010001
+
+// maxIdentity bounds identities and challenges.
+const maxIdentity = 4096
+
+// identity is what a validator needs to build a challenge: the EK's public area and the AK's name.
+type identity struct {
+	ekPublic []byte
+	akName   []byte
+}
+
+func (id identity) marshal() []byte {
+	return appendSized(appendSized(nil, id.ekPublic), id.akName)
+}
+
+func parseIdentity(b []byte) (identity, error) {
+	if len(b) > maxIdentity {
+		return identity{}, fmt.Errorf("%w: identity of %d bytes", attestation.ErrMalformed, len(b))
+	}
+	ek, rest, ok := cutSized(b)
+	ak, rest2, ok2 := cutSized(rest)
+	if !ok || !ok2 || len(rest2) != 0 || len(ek) == 0 || len(ak) == 0 {
+		return identity{}, fmt.Errorf("%w: identity", attestation.ErrMalformed)
+	}
+	return identity{ekPublic: ek, akName: ak}, nil
+}
+
+func appendSized(b, v []byte) []byte {
+	b = binary.BigEndian.AppendUint16(b, uint16(len(v)))
+	return append(b, v...)
+}
+
+func cutSized(b []byte) (v, rest []byte, ok bool) {
+	if len(b) < 2 {
+		return nil, nil, false
+	}
+	n := int(binary.BigEndian.Uint16(b))
+	if len(b) < 2+n {
+		return nil, nil, false
+	}
+	return b[2 : 2+n], b[2+n:], true
+}
+
+// Identity returns the attester's identity for activation challenges, creating the AK if needed.
+func (i *Issuer) Identity(ctx context.Context) ([]byte, error) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.ak == nil {
+		c, err := openTPM(ctx, i.open)
+		if err != nil {
+			return nil, err
+		}
+		defer c.Close()
+		if err := i.ensureAK(c); err != nil {
+			return nil, err
+		}
+	}
+	return identity{ekPublic: i.ak.ekPublic, akName: i.ak.name.Buffer}.marshal(), nil
+}
+
+// Activate answers an activation challenge with TPM2_ActivateCredential and returns the secret.
+func (i *Issuer) Activate(ctx context.Context, challenge []byte) ([]byte, error) {
+	if len(challenge) > maxIdentity {
+		return nil, fmt.Errorf("%w: challenge of %d bytes", attestation.ErrMalformed, len(challenge))
+	}
+	idObject, rest, ok := cutSized(challenge)
+	encSecret, rest2, ok2 := cutSized(rest)
+	if !ok || !ok2 || len(rest2) != 0 {
+		return nil, fmt.Errorf("%w: activation challenge", attestation.ErrMalformed)
+	}
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	c, err := openTPM(ctx, i.open)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	if err := i.ensureAK(c); err != nil {
+		return nil, err
+	}
+	rsp, err := tpm2.ActivateCredential{
+		ActivateHandle: tpm2.AuthHandle{Handle: tpm2.TPMHandle(i.akHandle), Name: i.ak.name, Auth: tpm2.PasswordAuth(nil)},
+		KeyHandle:      tpm2.AuthHandle{Handle: tpm2.TPMHandle(DefaultEKHandle), Name: i.ak.ekName, Auth: endorsementPolicy()},
+		CredentialBlob: tpm2.TPM2BIDObject{Buffer: idObject},
+		Secret:         tpm2.TPM2BEncryptedSecret{Buffer: encSecret},
+	}.Execute(c)
+	if err != nil {
+		return nil, fmt.Errorf("activating credential: %w", err)
+	}
+	return rsp.CertInfo.Buffer, nil
+}
+
+// Challenge builds an activation challenge for an attester identity. The attester must quote over a
+// nonce that mixes in secret; validate checks such a document and that it comes from the challenged
+// EK and AK.
+func (v *Validator) Challenge(rawIdentity []byte) (challenge, secret []byte, validate func(ctx context.Context, doc, nonce []byte) (attestation.Result, error), err error) {
+	id, err := parseIdentity(rawIdentity)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ekPub, err := tpm2.Unmarshal[tpm2.TPMTPublic](id.ekPublic)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("%w: identity EK: %w", attestation.ErrMalformed, err)
+	}
+	key, err := tpm2.ImportEncapsulationKey(ekPub)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("%w: identity EK: %w", attestation.ErrMalformed, err)
+	}
+	secret = make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, nil, nil, fmt.Errorf("generating activation secret: %w", err)
+	}
+	idObject, encSecret, err := tpm2.CreateCredential(rand.Reader, key, id.akName, secret)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("%w: making credential: %w", attestation.ErrMalformed, err)
+	}
+	challenge = appendSized(appendSized(nil, idObject), encSecret)
+	validate = func(ctx context.Context, raw, nonce []byte) (attestation.Result, error) {
+		doc, err := ParseDocument(raw)
+		if err != nil {
+			return attestation.Result{}, err
+		}
+		akPub, err := tpm2.Unmarshal[tpm2.TPMTPublic](doc.AKPublic)
+		if err != nil {
+			return attestation.Result{}, fmt.Errorf("%w: decoding AK public area: %w", attestation.ErrMalformed, err)
+		}
+		akName, err := tpm2.ObjectName(akPub)
+		if err != nil {
+			return attestation.Result{}, fmt.Errorf("%w: AK name: %w", attestation.ErrMalformed, err)
+		}
+		if !bytes.Equal(akName.Buffer, id.akName) || !bytes.Equal(doc.EKPublic, id.ekPublic) {
+			return attestation.Result{}, fmt.Errorf("%w: document is not from the challenged EK and AK", attestation.ErrUntrustedRoot)
+		}
+		res, err := v.Validate(ctx, raw, nonce)
+		if errors.Is(err, attestation.ErrNonceMismatch) {
+			// Either a replay, or the attester could not recover the secret: its AK does not live with the EK.
+			return res, fmt.Errorf("%w: AK activation not proven: %w", attestation.ErrUntrustedRoot, err)
+		}
+		return res, err
+	}
+	return challenge, secret, validate, nil
+}
+
+// ensureAK makes sure the AK (and the EK for activations) are persistent in the TPM, recreating
+// them when they were replaced. Callers hold i.mu.
+func (i *Issuer) ensureAK(c *conn) error {
+	if i.ak != nil {
+		cur, err := (tpm2.ReadPublic{ObjectHandle: tpm2.TPMHandle(i.akHandle)}).Execute(c)
+		if err == nil && bytes.Equal(cur.Name.Buffer, i.ak.name.Buffer) {
+			return nil
+		}
+		i.log.Warn("attestation key missing or replaced, creating a new one", zap.Uint32("handle", i.akHandle))
+		i.ak = nil
+	}
+	rec, err := i.createAK(c)
+	if err != nil {
+		return err
+	}
+	i.ak = rec
+	i.log.Info("attestation key created under the endorsement key", zap.Uint32("handle", i.akHandle))
+	return nil
+}
