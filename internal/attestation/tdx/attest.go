@@ -145,7 +145,7 @@ func (v *Validator) Validate(ctx context.Context, doc, nonce []byte) (attestatio
 	}
 	return attestation.Result{
 		Variant:      VariantName,
-		UserData:     d.UserData,
+		UserData:     slices.Clone(d.UserData),
 		Measurements: measurements,
 		Warnings:     append(slices.Clone(vq.Warnings), warnings...),
 	}, nil
