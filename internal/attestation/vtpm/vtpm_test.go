@@ -372,6 +372,32 @@ func benchIssueValidate(b *testing.B, open vtpm.OpenFunc, roots [][]byte) {
 			}
 		}
 	})
+	b.Run("challenge", func(b *testing.B) {
+		id, err := issuer.Identity(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := 0; i < b.N; i++ {
+			if _, _, _, err := v.Challenge(id); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("activate", func(b *testing.B) {
+		id, err := issuer.Identity(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		challenge, _, _, err := v.Challenge(id)
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := 0; i < b.N; i++ {
+			if _, err := issuer.Activate(ctx, challenge); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	b.Run("validate-rejected-nonce", func(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			if _, err := v.Validate(ctx, raw, []byte("other")); !errors.Is(err, attestation.ErrNonceMismatch) {
