@@ -42,6 +42,9 @@ for b in kubelet kubeadm; do
 done
 
 mkdir -p "$OUT" "$CACHE/image/apt"
+# One image build at a time per cache: mkosi's caches are not safe to fill concurrently.
+exec 9>"$CACHE/image/build.lock"
+flock 9
 OUT=$(cd "$OUT" && pwd)
 
 # The project's binaries and the rendered settings, as a second extra tree.

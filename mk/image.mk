@@ -6,9 +6,13 @@ IMAGE_ATTESTATION ?= tpm
 IMAGE_METADATA ?= static
 IMAGE_ROOT := $(IMAGE_OUT)/berth-root
 
-.PHONY: image image-clean test-image
+.PHONY: image image-bootstrapper image-clean test-image
 
-image: build ## build the node image's root tree into image/mkosi.output/berth-root (needs root and mkosi)
+# The image needs only the bootstrapper; it is built as `make build` builds it.
+image-bootstrapper:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./bootstrapper/cmd/bootstrapper
+
+image: image-bootstrapper ## build the node image's root tree into image/mkosi.output/berth-root (needs root and mkosi)
 	IMAGE_OUT=$(IMAGE_OUT) IMAGE_ATTESTATION=$(IMAGE_ATTESTATION) IMAGE_METADATA=$(IMAGE_METADATA) \
 		BERTH_BOOTSTRAPPER=$(CURDIR)/$(BIN)/bootstrapper image/build.sh
 
