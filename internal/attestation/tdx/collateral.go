@@ -2,7 +2,9 @@ package tdx
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
@@ -232,6 +234,20 @@ func (c *Collateral) parse() (*parsedCollateral, error) {
 		return nil, fmt.Errorf("parsing QE identity issuer chain: %w", err)
 	}
 	return p, nil
+}
+
+// digest identifies the collateral's content: SHA-256 over every field, each length-prefixed.
+func (c *Collateral) digest() [32]byte {
+	h := sha256.New()
+	for _, f := range [][]byte{c.PCKCRL, c.PCKCRLIssuerChain, c.RootCACRL, c.TCBInfo, c.TCBInfoIssuerChain, c.QEIdentity, c.QEIdentityIssuerChain} {
+		var l [8]byte
+		binary.BigEndian.PutUint64(l[:], uint64(len(f)))
+		h.Write(l[:])
+		h.Write(f)
+	}
+	var out [32]byte
+	h.Sum(out[:0])
+	return out
 }
 
 // nextUpdate is the earliest time at which a part of the collateral is due to be replaced.

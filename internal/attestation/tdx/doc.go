@@ -35,7 +35,10 @@
 //  5. the quoting enclave against the QE identity, the TDX module and the platform's SVNs against TCB info; the
 //     resulting TCB statuses must be in the accepted set (only UpToDate by default; others become warnings).
 //
+// Collateral signatures are checked once per collateral content and remembered for as long as the signing
+// certificates are valid; each quote still checks the collateral's update times and revocation of its own chain.
 // Collateral is injected through CollateralGetter. CachingGetter keeps it in memory and, optionally, on disk, so
-// that a verifier can run with pre-fetched collateral and no upstream at all. Validator adds the report data
+// that a verifier can run with pre-fetched collateral (StoreCollateral seeds a directory) and no upstream at all;
+// PCSGetter fetches from an Intel PCS (API v4) compatible service where one is reachable. Validator adds the report data
 // binding and the measurement policy (indices: 0 = MRTD, 1..4 = RTMR0..3).
 package tdx

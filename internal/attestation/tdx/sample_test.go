@@ -205,3 +205,32 @@ func TestValidateSampleQuoteNotBound(t *testing.T) {
 		t.Fatalf("Validate() = %v, want %v", err, attestation.ErrNonceMismatch)
 	}
 }
+
+// A verifier remembers verified collateral, but only for times in which its signing certificates are valid.
+func TestVerifierCollateralMemo(t *testing.T) {
+	now := sampleNow
+	v, err := NewVerifier(VerifierConfig{Roots: IntelSGXRootCA(), Collateral: StaticCollateral{Collateral: sampleCollateral()}, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, tc := range []struct {
+		now     time.Time
+		wantErr error
+	}{
+		{sampleNow, nil},
+		{sampleNow, nil},
+		{time.Date(2025, 6, 1, 0, 0, 0, 0, time.UTC), attestation.ErrUntrustedRoot}, // TCB signing certificate expired
+		{time.Date(2023, 3, 1, 0, 0, 0, 0, time.UTC), nil},
+		{time.Date(2023, 3, 16, 0, 0, 0, 0, time.UTC), ErrCollateral}, // PCK CRL past nextUpdate, memo still valid
+	} {
+		now = tc.now
+		_, err := v.VerifyQuote(ctx, blobs.TDXQuote())
+		if tc.wantErr == nil && err != nil || tc.wantErr != nil && !errors.Is(err, tc.wantErr) {
+			t.Errorf("VerifyQuote() at %s = %v, want %v", now.Format(time.DateOnly), err, tc.wantErr)
+		}
+	}
+	if n := len(v.memo); n != 1 {
+		t.Errorf("memo holds %d entries, want 1", n)
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math/big"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/berth-k8s/berth/internal/attestation"
@@ -73,6 +74,9 @@ type Verifier struct {
 	now        func() time.Time
 	accepted   []string
 	allowDebug bool
+
+	mu   sync.Mutex
+	memo map[[32]byte]*checkedCollateral
 }
 
 // NewVerifier returns a Verifier for cfg.
@@ -83,7 +87,7 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	if cfg.Collateral == nil {
 		return nil, errors.New("creating TDX verifier: no collateral getter configured")
 	}
-	v := &Verifier{roots: cfg.Roots, collateral: cfg.Collateral, now: cfg.Now, accepted: cfg.AcceptedTCBStatuses, allowDebug: cfg.AllowDebugTD}
+	v := &Verifier{roots: cfg.Roots, collateral: cfg.Collateral, now: cfg.Now, accepted: cfg.AcceptedTCBStatuses, allowDebug: cfg.AllowDebugTD, memo: map[[32]byte]*checkedCollateral{}}
 	if v.now == nil {
 		v.now = time.Now
 	}
@@ -150,11 +154,11 @@ func (v *Verifier) verifyParsed(ctx context.Context, q *Quote) (*VerifiedQuote, 
 	if err != nil {
 		return nil, fmt.Errorf("getting TDX collateral: %w", err)
 	}
-	col, err := raw.parse()
+	col, err := v.checkCollateral(raw, now)
 	if err != nil {
-		return nil, fmt.Errorf("parsing TDX collateral: %w: %w", err, ErrCollateral)
+		return nil, err
 	}
-	if err := v.verifyCollateral(col, pckChain, now); err != nil {
+	if err := verifyCollateral(col, pckChain, now); err != nil {
 		return nil, err
 	}
 
@@ -212,66 +216,135 @@ func (v *Verifier) verifyParsed(ctx context.Context, q *Quote) (*VerifiedQuote, 
 	return out, nil
 }
 
-// verifyCollateral checks every piece of collateral against the roots and the time, and the PCK chain against
-// the CRLs.
-func (v *Verifier) verifyCollateral(col *parsedCollateral, pckChain []*x509.Certificate, now time.Time) error {
-	pck := pckChain[0]
+// checkedCollateral is collateral whose signatures and signing chains were verified. The result holds for every
+// verification time in [notBefore, notAfter], the window in which all signing certificates are valid; the
+// collateral's own issue and update times are checked per quote.
+type checkedCollateral struct {
+	*parsedCollateral
+	crlIssuer           *x509.Certificate
+	root                *x509.Certificate
+	notBefore, notAfter time.Time
+}
 
-	// PCK CRL: issued by the PCK certificate's issuer, rooted, current, and not listing the PCK certificate.
-	crlChain, err := verifyChain(col.pckCRLChain, v.roots, now)
+// maxCheckedCollateral bounds the memo of verified collateral; a verifier sees one entry per platform family.
+const maxCheckedCollateral = 32
+
+// checkCollateral returns raw parsed and verified, from the memo when the same bytes were verified before for a
+// window that includes now. Signature checks are most of a validation's cost, and collateral changes rarely.
+func (v *Verifier) checkCollateral(raw *Collateral, now time.Time) (*checkedCollateral, error) {
+	key := raw.digest()
+	v.mu.Lock()
+	c, ok := v.memo[key]
+	v.mu.Unlock()
+	if ok && !now.Before(c.notBefore) && !now.After(c.notAfter) {
+		return c, nil
+	}
+	col, err := raw.parse()
 	if err != nil {
-		return fmt.Errorf("verifying PCK CRL issuer chain: %w", err)
+		return nil, fmt.Errorf("parsing TDX collateral: %w: %w", err, ErrCollateral)
 	}
-	if !bytes.Equal(crlChain[0].RawSubject, pck.RawIssuer) {
-		return fmt.Errorf("checking PCK CRL: issued by %q, PCK certificate by %q: %w", crlChain[0].Subject.CommonName, pck.Issuer.CommonName, ErrCollateral)
+	c, err = checkCollateralSignatures(col, v.roots, now)
+	if err != nil {
+		return nil, err
 	}
-	if err := col.pckCRL.CheckSignatureFrom(crlChain[0]); err != nil {
-		return fmt.Errorf("verifying PCK CRL signature: %w", attestation.ErrBadSignature)
+	v.mu.Lock()
+	if len(v.memo) >= maxCheckedCollateral {
+		clear(v.memo)
 	}
-	if err := checkCRLTime(col.pckCRL, now); err != nil {
-		return fmt.Errorf("checking PCK CRL: %w", err)
-	}
-	if revoked(col.pckCRL, pck) {
-		return fmt.Errorf("checking PCK certificate serial %s: %w", pck.SerialNumber, ErrRevoked)
-	}
+	v.memo[key] = c
+	v.mu.Unlock()
+	return c, nil
+}
 
-	// Root CA CRL, when provided: signed by the chain's root, listing none of the chain's CAs.
-	if col.rootCRL != nil {
-		root := pckChain[len(pckChain)-1]
-		if err := col.rootCRL.CheckSignatureFrom(root); err != nil {
-			return fmt.Errorf("verifying root CA CRL signature: %w", attestation.ErrBadSignature)
-		}
-		if err := checkCRLTime(col.rootCRL, now); err != nil {
-			return fmt.Errorf("checking root CA CRL: %w", err)
-		}
-		for _, c := range pckChain[min(1, len(pckChain)-1) : len(pckChain)-1] {
-			if revoked(col.rootCRL, c) {
-				return fmt.Errorf("checking CA %q: %w", c.Subject.CommonName, ErrRevoked)
+// checkCollateralSignatures verifies the PCK CRL, root CA CRL, TCB info and QE identity signatures and their
+// signing chains up to roots at time now.
+func checkCollateralSignatures(col *parsedCollateral, roots *x509.CertPool, now time.Time) (*checkedCollateral, error) {
+	c := &checkedCollateral{parsedCollateral: col, notAfter: time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)}
+	window := func(chain []*x509.Certificate) {
+		for _, cert := range chain {
+			if cert.NotBefore.After(c.notBefore) {
+				c.notBefore = cert.NotBefore
+			}
+			if cert.NotAfter.Before(c.notAfter) {
+				c.notAfter = cert.NotAfter
 			}
 		}
 	}
 
+	// PCK CRL, signed by the first certificate of its issuer chain.
+	crlChain, err := verifyChain(col.pckCRLChain, roots, now)
+	if err != nil {
+		return nil, fmt.Errorf("verifying PCK CRL issuer chain: %w", err)
+	}
+	window(crlChain)
+	c.crlIssuer, c.root = crlChain[0], crlChain[len(crlChain)-1]
+	if !bytes.Equal(col.pckCRL.RawIssuer, c.crlIssuer.RawSubject) {
+		return nil, fmt.Errorf("checking PCK CRL: issued by another CA than %q: %w", c.crlIssuer.Subject.CommonName, ErrCollateral)
+	}
+	if err := col.pckCRL.CheckSignatureFrom(c.crlIssuer); err != nil {
+		return nil, fmt.Errorf("verifying PCK CRL signature: %w", attestation.ErrBadSignature)
+	}
+
+	// Root CA CRL, when provided, signed by the root.
+	if col.rootCRL != nil {
+		if err := col.rootCRL.CheckSignatureFrom(c.root); err != nil {
+			return nil, fmt.Errorf("verifying root CA CRL signature: %w", attestation.ErrBadSignature)
+		}
+	}
+
 	// TCB info.
-	if err := verifySignedBody("TCB info", col.tcbInfoSigned, col.tcbInfoChain, v.roots, now); err != nil {
-		return err
+	chain, err := verifySignedBody("TCB info", col.tcbInfoSigned, col.tcbInfoChain, roots, now)
+	if err != nil {
+		return nil, err
 	}
-	ti := &col.tcbInfo
-	if ti.ID != "TDX" || ti.Version < 3 {
-		return fmt.Errorf("checking TCB info: id %q version %d, want TDX version 3: %w", ti.ID, ti.Version, ErrCollateral)
-	}
-	if err := checkValidity("TCB info", ti.IssueDate, ti.NextUpdate, now); err != nil {
-		return err
+	window(chain)
+	if ti := &col.tcbInfo; ti.ID != "TDX" || ti.Version < 3 {
+		return nil, fmt.Errorf("checking TCB info: id %q version %d, want TDX version 3: %w", ti.ID, ti.Version, ErrCollateral)
 	}
 
 	// QE identity.
-	if err := verifySignedBody("QE identity", col.qeIdentitySigned, col.qeIdentityChain, v.roots, now); err != nil {
+	if chain, err = verifySignedBody("QE identity", col.qeIdentitySigned, col.qeIdentityChain, roots, now); err != nil {
+		return nil, err
+	}
+	window(chain)
+	if qi := &col.qeIdentity; qi.ID != "TD_QE" || qi.Version != 2 {
+		return nil, fmt.Errorf("checking QE identity: id %q version %d, want TD_QE version 2: %w", qi.ID, qi.Version, ErrCollateral)
+	}
+	return c, nil
+}
+
+// verifyCollateral checks verified collateral against one quote's PCK chain and the time: the CRLs are the ones
+// for this chain and current and list none of its certificates, and TCB info and QE identity are current.
+func verifyCollateral(c *checkedCollateral, pckChain []*x509.Certificate, now time.Time) error {
+	pck := pckChain[0]
+	if !bytes.Equal(c.crlIssuer.RawSubject, pck.RawIssuer) {
+		return fmt.Errorf("checking PCK CRL: issued by %q, PCK certificate by %q: %w", c.crlIssuer.Subject.CommonName, pck.Issuer.CommonName, ErrCollateral)
+	}
+	if err := checkCRLTime(c.pckCRL, now); err != nil {
+		return fmt.Errorf("checking PCK CRL: %w", err)
+	}
+	if revoked(c.pckCRL, pck) {
+		return fmt.Errorf("checking PCK certificate serial %s: %w", pck.SerialNumber, ErrRevoked)
+	}
+
+	if c.rootCRL != nil {
+		if root := pckChain[len(pckChain)-1]; !bytes.Equal(root.Raw, c.root.Raw) {
+			return fmt.Errorf("checking root CA CRL: it is for %q, the PCK chain ends in %q: %w", c.root.Subject.CommonName, root.Subject.CommonName, ErrCollateral)
+		}
+		if err := checkCRLTime(c.rootCRL, now); err != nil {
+			return fmt.Errorf("checking root CA CRL: %w", err)
+		}
+		for _, ca := range pckChain[min(1, len(pckChain)-1) : len(pckChain)-1] {
+			if revoked(c.rootCRL, ca) {
+				return fmt.Errorf("checking CA %q: %w", ca.Subject.CommonName, ErrRevoked)
+			}
+		}
+	}
+
+	if err := checkValidity("TCB info", c.tcbInfo.IssueDate, c.tcbInfo.NextUpdate, now); err != nil {
 		return err
 	}
-	qi := &col.qeIdentity
-	if qi.ID != "TD_QE" || qi.Version != 2 {
-		return fmt.Errorf("checking QE identity: id %q version %d, want TD_QE version 2: %w", qi.ID, qi.Version, ErrCollateral)
-	}
-	return checkValidity("QE identity", qi.IssueDate, qi.NextUpdate, now)
+	return checkValidity("QE identity", c.qeIdentity.IssueDate, c.qeIdentity.NextUpdate, now)
 }
 
 // verifyChain verifies certs[0] up to one of roots, using certs[1:] as intermediates, at time now.
@@ -296,17 +369,17 @@ func verifyChain(certs []*x509.Certificate, roots *x509.CertPool, now time.Time)
 }
 
 // verifySignedBody checks a PCS response signature: ECDSA P-256 over the raw member text, by the first
-// certificate of chain, which must chain to roots.
-func verifySignedBody(what string, body signedBody, chain []*x509.Certificate, roots *x509.CertPool, now time.Time) error {
+// certificate of chain, which must chain to roots. It returns the verified chain.
+func verifySignedBody(what string, body signedBody, chain []*x509.Certificate, roots *x509.CertPool, now time.Time) ([]*x509.Certificate, error) {
 	verified, err := verifyChain(chain, roots, now)
 	if err != nil {
-		return fmt.Errorf("verifying %s issuer chain: %w", what, err)
+		return nil, fmt.Errorf("verifying %s issuer chain: %w", what, err)
 	}
 	key, ok := verified[0].PublicKey.(*ecdsa.PublicKey)
 	if !ok || !verifyRawECDSA(key, body.raw, body.signature) {
-		return fmt.Errorf("verifying %s signature: %w", what, attestation.ErrBadSignature)
+		return nil, fmt.Errorf("verifying %s signature: %w", what, attestation.ErrBadSignature)
 	}
-	return nil
+	return verified, nil
 }
 
 func checkValidity(what string, issued, next time.Time, now time.Time) error {
