@@ -48,9 +48,18 @@ func (i *Issuer) Issue(ctx context.Context, userData, nonce []byte) (doc []byte,
 			i.log.Warn("closing TDX guest device failed", zap.Error(cerr))
 		}
 	}()
-	quote, err := dev.Quote(ctx, ReportData(userData, nonce))
+	reportData := ReportData(userData, nonce)
+	quote, err := dev.Quote(ctx, reportData)
 	if err != nil {
 		return nil, fmt.Errorf("issuing TDX attestation: %w", err)
+	}
+	// Catch a device that answers with another report's quote here rather than at the verifier.
+	q, err := ParseQuote(quote)
+	if err != nil {
+		return nil, fmt.Errorf("checking the device's quote: %w", err)
+	}
+	if q.Body.ReportData != reportData {
+		return nil, errors.New("checking the device's quote: it carries other report data than requested")
 	}
 	d := Document{UserData: slices.Clone(userData), Quote: quote}
 	out, err := d.Marshal()

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgelesssys/go-tdx-qpl/blobs"
 	"go.uber.org/goleak"
 
 	"github.com/berth-k8s/berth/internal/attestation"
@@ -243,6 +244,14 @@ func TestIssueErrors(t *testing.T) {
 	failing := tdx.NewIssuer(func() (tdx.Device, error) { return nil, tdx.ErrNoDevice }, nil)
 	if _, err := failing.Issue(context.Background(), nil, nil); !errors.Is(err, tdx.ErrNoDevice) {
 		t.Errorf("Issue() without device = %v, want %v", err, tdx.ErrNoDevice)
+	}
+	stale := tdx.NewIssuer(func() (tdx.Device, error) { return sampleDevice{quote: blobs.TDXQuote(), keep: true}, nil }, nil)
+	if _, err := stale.Issue(context.Background(), nil, nil); err == nil {
+		t.Error("Issue() with a device that returns a quote over other report data = nil error")
+	}
+	garbage := tdx.NewIssuer(func() (tdx.Device, error) { return sampleDevice{quote: []byte("x"), keep: true}, nil }, nil)
+	if _, err := garbage.Issue(context.Background(), nil, nil); err == nil {
+		t.Error("Issue() with a device that returns garbage = nil error")
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()

@@ -11,11 +11,19 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/tdx/tdxtest"
 )
 
-// sampleDevice returns the recorded sample quote for any report data: Issue's own cost without quote signing.
-type sampleDevice struct{ quote []byte }
+// sampleDevice returns the recorded sample quote with the requested report data patched in (so its signature no
+// longer holds, which Issue does not check): Issue's own cost without quote signing.
+type sampleDevice struct {
+	quote []byte
+	keep  bool // return the quote unchanged, with its original report data
+}
 
-func (d sampleDevice) Quote(context.Context, [tdx.ReportDataSize]byte) ([]byte, error) {
-	return d.quote, nil
+func (d sampleDevice) Quote(_ context.Context, rd [tdx.ReportDataSize]byte) ([]byte, error) {
+	q := append([]byte{}, d.quote...)
+	if !d.keep {
+		copy(q[48+520:], rd[:])
+	}
+	return q, nil
 }
 func (sampleDevice) ExtendRTMR(context.Context, int, []byte) error { return nil }
 func (sampleDevice) Measurements(context.Context) ([5][tdx.MeasurementSize]byte, error) {
