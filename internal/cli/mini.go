@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/berth-k8s/berth/internal/mini"
+	"github.com/berth-k8s/berth/internal/mini/image"
 )
 
 // errNotRoot is returned by every mini command that changes the host when not run as root.
@@ -77,7 +78,9 @@ type miniUpFlags struct {
 	buildScript   string
 	cacheDir      string
 	bootstrapper  string
+	attestation   string
 	noBootstrap   bool
+	readyTimeout  time.Duration
 }
 
 func newMiniUpCmd() *cobra.Command {
@@ -110,7 +113,9 @@ berth mini down removes it.`,
 	fl.StringVar(&f.buildScript, "build-script", "scripts/build-k8s.sh", "script that builds the upstream binaries and prints their bin dirs")
 	fl.StringVar(&f.cacheDir, "cache", envOr("BERTH_CACHE", "/var/cache/berth"), "build and image cache (also $BERTH_CACHE)")
 	fl.StringVar(&f.bootstrapper, "bootstrapper", "", "bootstrapper binary (default: bootstrapper next to the berth binary)")
+	fl.StringVar(&f.attestation, "attestation", mini.AttestationInsecureNone, "attestation variant of the bootstrappers: tpm or insecure-none (development only)")
 	fl.BoolVar(&f.noBootstrap, "no-bootstrap", false, "prepare the nodes but start no bootstrapper")
+	fl.DurationVar(&f.readyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for every node to be Ready after init")
 	return cmd
 }
 
@@ -139,6 +144,10 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 		PodCIDR:       netip.MustParsePrefix(mini.DefaultPodCIDR),
 		ServiceCIDR:   netip.MustParsePrefix(mini.DefaultServiceCIDR),
 		ControlPlanes: f.controlPlanes, Workers: f.workers,
+		Attestation: f.attestation,
+	}
+	if f.attestation != mini.AttestationTPM && f.attestation != mini.AttestationInsecureNone {
+		return &exitError{code: exitUsage, err: fmt.Errorf("--attestation %q: want tpm or insecure-none", f.attestation)}
 	}
 	if err := cfg.Validate(); err != nil {
 		return &exitError{code: exitUsage, err: err}
@@ -170,6 +179,24 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 		return fmt.Errorf("building images: %w", err)
 	}
 	cfg.ImageArchive = archive
+	golden, err := mini.EnsureGoldenRoot(ctx, mini.Exec{}, f.cacheDir, archive)
+	if err != nil {
+		return fmt.Errorf("building images: %w", err)
+	}
+	cfg.GoldenRoot = golden
+	if js := filepath.Join(filepath.Dir(env.Self), "joinservice"); !f.noBootstrap {
+		if _, err := os.Stat(js); err != nil {
+			fmt.Fprintf(errOut, "warning: no joinservice binary at %s (make build); workers will not be able to join\n", js)
+		} else {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return fmt.Errorf("creating %s: %w", dir, err)
+			}
+			cfg.BerthArchive = filepath.Join(dir, "images-berth.tar")
+			if err := image.WriteArchive(cfg.BerthArchive, cfg.BerthImageSpecs(js)); err != nil {
+				return fmt.Errorf("building Berth images: %w", err)
+			}
+		}
+	}
 	phase(mini.Phase{Name: "image-archive", Duration: time.Since(t0)})
 
 	secret := make([]byte, 32)
@@ -182,7 +209,7 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 		fmt.Fprintf(errOut, "berth mini up failed; logs are under %s/nodes/*/logs; remove the cluster with: berth mini down --dir %s\n", dir, dir)
 		return err
 	}
-	fmt.Fprintf(out, "nodes ready in %.1fs:", time.Since(start).Seconds())
+	fmt.Fprintf(out, "nodes up in %.1fs:", time.Since(start).Seconds())
 	for _, n := range cfg.Nodes() {
 		fmt.Fprintf(out, " %s=%s", n.Name, n.IP)
 	}
@@ -190,7 +217,14 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 	if f.noBootstrap {
 		fmt.Fprintf(out, "no bootstrapper started (--no-bootstrap). Run a command in a node with:\n  nsenter --net=/run/netns/%s --mount=%s --uts=%s -- CMD\n",
 			cfg.NodeNetns(cfg.Nodes()[0].Name), cfg.MountNS(cfg.Nodes()[0].Name), cfg.UTSNS(cfg.Nodes()[0].Name))
+		return nil
 	}
+	status := func(s string) { fmt.Fprintf(out, "    %s\n", strings.ReplaceAll(s, "\n", "\n    ")) }
+	if _, err := cl.Bootstrap(ctx, mini.BootstrapOptions{Progress: phase, Status: status, ReadyTimeout: f.readyTimeout}); err != nil {
+		fmt.Fprintf(errOut, "berth mini up failed; logs are under %s/nodes/*/logs; remove the cluster with: berth mini down --dir %s\n", dir, dir)
+		return err
+	}
+	fmt.Fprintf(out, "cluster ready in %.1fs. Use it with:\n  export KUBECONFIG=%s\n  kubectl get nodes\n", time.Since(start).Seconds(), cfg.AdminKubeconfig())
 	return nil
 }
 

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -65,6 +66,8 @@ type Cluster struct {
 	dialer func(ctx context.Context, addr string) error
 	// rmdir replaces os.Remove for cgroup directories in tests (a fake cgroupfs has real files).
 	rmdir func(string) error
+	// initSecret is Up's init secret until prepare wrote it to the cluster directory.
+	initSecret []byte
 }
 
 // New returns a Cluster for cfg. Nothing happens until Up, Restart or Down.
@@ -143,6 +146,7 @@ func (c *Cluster) Up(ctx context.Context, opts UpOptions) (Timings, error) {
 		return t, err
 	}
 	c.state = &State{Config: c.cfg, Procs: map[string][]Proc{}}
+	c.initSecret = opts.InitSecret
 	if len(opts.InitSecret) > 0 {
 		h := sha256.Sum256(opts.InitSecret)
 		c.state.InitSecretHash = hex.EncodeToString(h[:])
@@ -157,6 +161,7 @@ func (c *Cluster) Up(ctx context.Context, opts UpOptions) (Timings, error) {
 		{"namespaces", func() error { return c.eachNode(nodes, func(n Node) error { return c.namespaces(ctx, n) }) }},
 		{"cgroups", func() error { return c.eachNode(nodes, c.cgroups) }},
 		{"tpm", func() error { return c.eachNode(nodes, func(n Node) error { return c.tpm(ctx, n) }) }},
+		{"seed", func() error { return c.eachNode(nodes, c.seed) }},
 		{"containerd", func() error { return c.containerd(ctx, nodes) }},
 		{"images", func() error { return c.eachNode(nodes, func(n Node) error { return c.images(ctx, n) }) }},
 		{"agent", func() error { return c.agent(ctx) }},
@@ -184,6 +189,8 @@ func (c *Cluster) eachNode(nodes []Node, f func(Node) error) error {
 func (c *Cluster) prepare(ctx context.Context) error {
 	if _, err := os.Stat(c.cfg.Dir); errors.Is(err, fs.ErrNotExist) {
 		c.state.CreatedDir = true
+		missing := missingDirs(c.cfg.Dir)
+		c.state.CreatedParents = missing[:len(missing)-1]
 	}
 	if err := os.MkdirAll(c.cfg.Dir, 0o755); err != nil {
 		return fmt.Errorf("creating cluster directory: %w", err)
@@ -221,6 +228,15 @@ func (c *Cluster) prepare(ctx context.Context) error {
 	}
 	if _, err := c.run.Run(ctx, Cmd{Path: "mount", Args: []string{"--make-private", c.cfg.NSDir()}}); err != nil {
 		return fmt.Errorf("making namespace directory private: %w", err)
+	}
+	if err := c.writeInitSecret(c.initSecret); err != nil {
+		return err
+	}
+	if len(c.cfg.Nodes()) > 0 {
+		api := netip.AddrPortFrom(c.cfg.Nodes()[0].IP, 6443)
+		if err := writeFile(filepath.Join(c.cfg.ComponentsDir(), "10-flannel.yaml"), flannelManifest(c.cfg.PodCIDR, api), 0o644); err != nil {
+			return err
+		}
 	}
 	ca := c.cfg.TPMCADir()
 	for name, b := range map[string][]byte{

@@ -203,8 +203,14 @@ func (c *Cluster) removeFiles() error {
 		if err := os.RemoveAll(c.cfg.Dir); err != nil {
 			errs = append(errs, fmt.Errorf("removing %s: %w", c.cfg.Dir, err))
 		}
+		if c.state != nil {
+			for i := len(c.state.CreatedParents) - 1; i >= 0; i-- {
+				_ = os.Remove(c.state.CreatedParents[i]) // only if empty
+			}
+		}
 	} else {
-		for _, name := range []string{"nodes", "ns", "tpm-ca", "admin.conf", "agent.log", "state.json", "state.json.tmp"} {
+		for _, name := range []string{"nodes", "ns", "tpm-ca", "components", "admin.conf", "agent.log", "init.yaml", "init-secret",
+			"init.log", "master-secret.json", "cluster-id", "state.json", "state.json.tmp"} {
 			if err := os.RemoveAll(filepath.Join(c.cfg.Dir, name)); err != nil {
 				errs = append(errs, fmt.Errorf("removing %s: %w", name, err))
 			}

@@ -53,7 +53,6 @@ func cniConflist(nodeSubnet, podCIDR, serviceCIDR netip.Prefix, mtu int) ([]byte
 				"isGateway":        true,
 				"ipMasq":           false,
 				"hairpinMode":      true,
-				"promiscMode":      true,
 				"mtu":              mtu,
 				"forceAddress":     true,
 				"isDefaultGateway": false,

@@ -117,3 +117,22 @@ func hashFile(w io.Writer, p string) error {
 	}
 	return nil
 }
+
+// BerthImageSpecs lists Berth's own images: the joinservice, built from the binary at joinservice,
+// with the platform settings of this cluster (metadata API, attestation variant) in its environment,
+// the way a machine image carries its platform's configuration.
+func (c Config) BerthImageSpecs(joinservice string) []image.Spec {
+	attestation := c.Attestation
+	if attestation == "" {
+		attestation = AttestationTPM
+	}
+	return []image.Spec{{
+		Tag:        ImageJoinService,
+		Files:      []image.File{{Src: joinservice, Dst: "/usr/local/bin/joinservice"}},
+		Entrypoint: []string{"/usr/local/bin/joinservice"},
+		Env:        []string{defaultImagePath, "BERTH_METADATA=mini", "BERTH_METADATA_URL=" + c.MetadataURL(), "BERTH_ATTESTATION=" + attestation},
+	}}
+}
+
+// defaultImagePath is the PATH of Berth's images.
+const defaultImagePath = "PATH=/usr/local/bin:/usr/bin:/bin"

@@ -34,6 +34,8 @@ const (
 	ImageKubeProxy             = "registry.k8s.io/kube-proxy:" + KubernetesVersion
 	ImageFlannel               = "berth.local/flannel:v0.28.4"
 	ImageTestApp               = "berth.local/testapp:v1"
+	// ImageJoinService is the bootstrapper's default joinservice image.
+	ImageJoinService = "berth.local/joinservice:dev"
 )
 
 // Network defaults. Pod and service ranges exist only inside the node namespaces.
@@ -80,8 +82,15 @@ type Config struct {
 	Bins          Bins         `json:"bins"`
 	// Bootstrapper is the bootstrapper binary each node runs; empty means none is started.
 	Bootstrapper string `json:"bootstrapper,omitempty"`
-	// ImageArchive is the docker-archive tar imported into every node's containerd.
+	// ImageArchive is the docker-archive tar of the upstream images imported into every node.
 	ImageArchive string `json:"imageArchive"`
+	// GoldenRoot is a containerd root holding the upstream images (EnsureGoldenRoot); nodes start
+	// from a copy of it. Without it, ImageArchive is imported into each node instead.
+	GoldenRoot string `json:"goldenRoot,omitempty"`
+	// BerthArchive is the docker-archive tar of Berth's own images (joinservice); optional.
+	BerthArchive string `json:"berthArchive,omitempty"`
+	// Attestation is the variant the bootstrappers use (AttestationTPM or AttestationInsecureNone).
+	Attestation string `json:"attestation,omitempty"`
 }
 
 var nameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,7}$`)
@@ -183,6 +192,9 @@ func (c Config) TPMCAIntermediate() string { return filepath.Join(c.TPMCADir(), 
 
 // AdminKubeconfig is where up writes the cluster's admin kubeconfig.
 func (c Config) AdminKubeconfig() string { return filepath.Join(c.Dir, "admin.conf") }
+
+// ComponentsDir holds the manifests the first control plane applies after kubeadm init.
+func (c Config) ComponentsDir() string { return filepath.Join(c.Dir, "components") }
 
 // StatePath is the cluster's state file.
 func (c Config) StatePath() string { return filepath.Join(c.Dir, "state.json") }

@@ -308,7 +308,7 @@ func TestUpCommandsAndDownFromState(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Up: %v", err)
 	}
-	if len(timings.Phases) != 9 {
+	if len(timings.Phases) != 10 {
 		t.Errorf("phases = %v", timings.Phases)
 	}
 	cmds := rec.all()

@@ -215,11 +215,33 @@ func (c *Cluster) containerd(ctx context.Context, nodes []Node) error {
 // images imports the cluster's image archive into node n's containerd (namespace k8s.io, where the
 // kubelet looks), unpacked for the overlayfs snapshotter.
 func (c *Cluster) images(ctx context.Context, n Node) error {
-	if c.cfg.ImageArchive == "" {
+	archives := []string{c.cfg.BerthArchive}
+	if c.cfg.GoldenRoot == "" {
+		archives = append(archives, c.cfg.ImageArchive)
+	}
+	for _, a := range archives {
+		if a == "" {
+			continue
+		}
+		if _, err := c.run.Run(ctx, c.ctr(n.Name, "images", "import", a)); err != nil {
+			return fmt.Errorf("importing images: %w", err)
+		}
+	}
+	return nil
+}
+
+// seed fills node n's containerd root from the golden root, unless it holds data already (a
+// restarted node keeps its images, as a machine keeps its disk).
+func (c *Cluster) seed(n Node) error {
+	if c.cfg.GoldenRoot == "" {
 		return nil
 	}
-	if _, err := c.run.Run(ctx, c.ctr(n.Name, "images", "import", c.cfg.ImageArchive)); err != nil {
-		return fmt.Errorf("importing images: %w", err)
+	dst := filepath.Join(c.fsDir(n.Name), "var-lib-containerd")
+	if entries, err := os.ReadDir(dst); err == nil && len(entries) > 0 {
+		return nil
+	}
+	if err := SeedContainerdRoot(c.cfg.GoldenRoot, dst); err != nil {
+		return fmt.Errorf("seeding containerd root: %w", err)
 	}
 	return nil
 }
@@ -289,10 +311,14 @@ func (c *Cluster) bootstrapper(n Node) error {
 // bootstrapperEnv is the daemon configuration of node n (CONTRIBUTING's BERTH_* settings).
 func (c *Cluster) bootstrapperEnv(n Node) []string {
 	nodeDir := c.cfg.NodeDir(n.Name)
+	attestation := c.cfg.Attestation
+	if attestation == "" {
+		attestation = AttestationTPM
+	}
 	return []string{
 		"BERTH_METADATA=mini",
 		"BERTH_METADATA_URL=" + c.cfg.MetadataURL(),
-		"BERTH_ATTESTATION=tpm",
+		"BERTH_ATTESTATION=" + attestation,
 		fmt.Sprintf("BERTH_TPM=tcp:127.0.0.1:%d", TPMPort),
 		"BERTH_STATE_DIR=" + filepath.Join(nodeDir, "state"),
 		"BERTH_KUBELET=process",
@@ -300,6 +326,14 @@ func (c *Cluster) bootstrapperEnv(n Node) []string {
 		"BERTH_KUBEADM_PATH=" + filepath.Join(c.cfg.Bins.K8s, "kubeadm"),
 		"BERTH_CRI_SOCKET=" + CRISocket,
 		fmt.Sprintf("BERTH_INIT_LISTEN=:%d", InitPort),
+		"BERTH_CGROUP_DRIVER=cgroupfs",
+		"BERTH_KUBE_PROXY_MODE=nftables",
+		"BERTH_NEVER_PULL=true",
+		// Namespace nodes share the host's kernel, swap and hostname rules; kubeadm's checks for a
+		// dedicated machine do not apply.
+		"BERTH_KUBEADM_IGNORE_PREFLIGHT_ERRORS=all",
+		"BERTH_COMPONENTS_DIR=" + c.cfg.ComponentsDir(),
+		"BERTH_JOINSERVICE_IMAGE=" + ImageJoinService,
 		"PATH=" + c.cfg.Bins.K8s + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 	}
 }

@@ -15,6 +15,8 @@ type State struct {
 	Config Config `json:"config"`
 	// CreatedDir is true when Up created Config.Dir itself, so Down may remove it.
 	CreatedDir bool `json:"createdDir"`
+	// CreatedParents are the missing parents of Config.Dir that Up created, outermost first.
+	CreatedParents []string `json:"createdParents,omitempty"`
 	// HostDirs are mount points Up had to create on the host for the nodes' bind mounts.
 	HostDirs []string `json:"hostDirs,omitempty"`
 	// Agent is the host daemon serving metadata and writing CNI configs.

@@ -1,0 +1,241 @@
+package mini
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
+)
+
+// Attestation variants the mini cluster can ask its bootstrappers for.
+const (
+	AttestationTPM          = "tpm"
+	AttestationInsecureNone = "insecure-none"
+)
+
+// BootstrapOptions tune Bootstrap.
+type BootstrapOptions struct {
+	Progress func(Phase)
+	// ReadyTimeout bounds the wait for every node to be Ready (default 10 minutes).
+	ReadyTimeout time.Duration
+	// Status, when set, is called with a one-line summary while waiting for nodes.
+	Status func(string)
+}
+
+// ErrNotReady is returned when nodes did not become Ready in time.
+var ErrNotReady = errors.New("nodes not ready")
+
+// initConfig is `berth init`'s cluster config file for the mini cluster.
+func (c *Cluster) initConfig() []byte {
+	cp := c.cfg.Nodes()[0]
+	return []byte(fmt.Sprintf(`# Written by berth mini.
+clusterName: %s
+kubernetesVersion: %s
+serviceCIDR: %s
+podCIDR: %s
+apiServerCertSANs: [%s]
+initSecretFile: %s
+`, c.cfg.Name, KubernetesVersion, c.cfg.ServiceCIDR.Masked(), c.cfg.PodCIDR.Masked(), cp.IP, c.initSecretPath()))
+}
+
+func (c *Cluster) initSecretPath() string { return filepath.Join(c.cfg.Dir, "init-secret") }
+
+// Bootstrap initializes the cluster through the first control plane's InitServer with `berth init`
+// (the same command an operator runs) and waits until every node joined by itself and is Ready.
+func (c *Cluster) Bootstrap(ctx context.Context, opts BootstrapOptions) (Timings, error) {
+	var t Timings
+	cp := c.cfg.Nodes()[0]
+	err := t.run("init", opts.Progress, func() error {
+		cfgPath := filepath.Join(c.cfg.Dir, "init.yaml")
+		if err := writeFile(cfgPath, c.initConfig(), 0o600); err != nil {
+			return err
+		}
+		args := []string{"init", "--endpoint", netip.AddrPortFrom(cp.IP, InitPort).String(), "--config", cfgPath,
+			"--workspace", c.cfg.Dir, "--connect-timeout", "2m"}
+		if c.cfg.Attestation == AttestationInsecureNone {
+			args = append(args, "--insecure-skip-attestation")
+		}
+		out, err := c.run.Run(ctx, Cmd{Path: c.env.Self, Args: args})
+		if err != nil {
+			return fmt.Errorf("berth init: %w", err)
+		}
+		if opts.Status != nil {
+			opts.Status(strings.TrimSpace(string(out)))
+		}
+		return nil
+	})
+	if err != nil {
+		return t, err
+	}
+	err = t.run("ready", opts.Progress, func() error {
+		timeout := opts.ReadyTimeout
+		if timeout == 0 {
+			timeout = 10 * time.Minute
+		}
+		cs, err := newClientset(c.cfg.AdminKubeconfig())
+		if err != nil {
+			return err
+		}
+		wctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		if fixed, err := fixKubeProxyConntrack(wctx, kubeProxyClientset{cs}); err != nil {
+			return err
+		} else if fixed && opts.Status != nil {
+			opts.Status("kube-proxy set to leave the host's nf_conntrack_max alone")
+		}
+		return waitNodesReady(wctx, cs.CoreV1().Nodes(), c.cfg.Nodes(), opts.Status)
+	})
+	return t, err
+}
+
+// nodeClient lists the cluster's Node objects.
+type nodeClient interface {
+	List(ctx context.Context, opts metav1.ListOptions) (*corev1.NodeList, error)
+}
+
+func newClientset(kubeconfig string) (kubernetes.Interface, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("loading %s: %w", kubeconfig, err)
+	}
+	rc.Timeout = 10 * time.Second
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
+	}
+	return cs, nil
+}
+
+// waitNodesReady polls until every node in want is registered and Ready.
+func waitNodesReady(ctx context.Context, client nodeClient, want []Node, status func(string)) error {
+	last := ""
+	var missing []string
+	err := waitFor(ctx, time.Second, func() bool {
+		list, err := client.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			missing = []string{"(API: " + err.Error() + ")"}
+			return false
+		}
+		missing = notReady(list.Items, want)
+		if s := strings.Join(missing, " "); s != last && status != nil {
+			status("waiting for nodes: " + s)
+			last = s
+		}
+		return len(missing) == 0
+	})
+	if err != nil {
+		return fmt.Errorf("%w: %s: %w", ErrNotReady, strings.Join(missing, " "), err)
+	}
+	return nil
+}
+
+// notReady returns "name(reason)" for every wanted node that is missing or not Ready.
+func notReady(items []corev1.Node, want []Node) []string {
+	byName := map[string]corev1.Node{}
+	for _, n := range items {
+		byName[n.Name] = n
+	}
+	var out []string
+	for _, w := range want {
+		n, ok := byName[w.Name]
+		if !ok {
+			out = append(out, w.Name+"(not registered)")
+			continue
+		}
+		ready := false
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				ready = true
+			}
+		}
+		if !ready {
+			out = append(out, w.Name+"(not ready)")
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// writeInitSecret stores the init secret (hex) for berth init; only root can read it.
+func (c *Cluster) writeInitSecret(secret []byte) error {
+	if len(secret) == 0 {
+		return nil
+	}
+	return writeFile(c.initSecretPath(), []byte(hex.EncodeToString(secret)+"\n"), 0o600)
+}
+
+// kubeProxyClient reads and updates kube-proxy's ConfigMap and restarts its pods.
+type kubeProxyClient interface {
+	GetConfigMap(ctx context.Context) (*corev1.ConfigMap, error)
+	UpdateConfigMap(ctx context.Context, cm *corev1.ConfigMap) error
+	RestartPods(ctx context.Context) error
+}
+
+type kubeProxyClientset struct{ cs kubernetes.Interface }
+
+func (k kubeProxyClientset) GetConfigMap(ctx context.Context) (*corev1.ConfigMap, error) {
+	return k.cs.CoreV1().ConfigMaps("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
+}
+
+func (k kubeProxyClientset) UpdateConfigMap(ctx context.Context, cm *corev1.ConfigMap) error {
+	_, err := k.cs.CoreV1().ConfigMaps("kube-system").Update(ctx, cm, metav1.UpdateOptions{})
+	return err
+}
+
+func (k kubeProxyClientset) RestartPods(ctx context.Context) error {
+	return k.cs.CoreV1().Pods("kube-system").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "k8s-app=kube-proxy"})
+}
+
+// fixKubeProxyConntrack makes kube-proxy leave nf_conntrack_max alone: on a namespace node that
+// sysctl belongs to the host (read-only outside the initial network namespace), and kube-proxy
+// exits when it cannot set it. kubeadm's KubeProxyConfiguration would be the right place
+// (conntrack.maxPerCore: 0); until the bootstrapper sets it there, mini patches the ConfigMap.
+func fixKubeProxyConntrack(ctx context.Context, k kubeProxyClient) (bool, error) {
+	cm, err := k.GetConfigMap(ctx)
+	if apierrors.IsNotFound(err) {
+		return false, nil // kube-proxy not installed
+	}
+	if err != nil {
+		return false, fmt.Errorf("reading kube-proxy config: %w", err)
+	}
+	var conf map[string]any
+	if err := yaml.Unmarshal([]byte(cm.Data["config.conf"]), &conf); err != nil {
+		return false, fmt.Errorf("decoding kube-proxy config: %w", err)
+	}
+	if conf == nil {
+		return false, errors.New("decoding kube-proxy config: empty config.conf")
+	}
+	ct, _ := conf["conntrack"].(map[string]any)
+	if ct == nil {
+		ct = map[string]any{}
+	}
+	if v, ok := ct["maxPerCore"].(float64); ok && v == 0 {
+		return false, nil
+	}
+	ct["maxPerCore"] = 0
+	conf["conntrack"] = ct
+	b, err := yaml.Marshal(conf)
+	if err != nil {
+		return false, fmt.Errorf("encoding kube-proxy config: %w", err)
+	}
+	cm.Data["config.conf"] = string(b)
+	if err := k.UpdateConfigMap(ctx, cm); err != nil {
+		return false, fmt.Errorf("updating kube-proxy config: %w", err)
+	}
+	if err := k.RestartPods(ctx); err != nil {
+		return true, fmt.Errorf("restarting kube-proxy: %w", err)
+	}
+	return true, nil
+}
