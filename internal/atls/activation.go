@@ -38,7 +38,8 @@ type Activator interface {
 // Challenger is a Validator that requires key activation (vtpm.Validator).
 type Challenger interface {
 	// Challenge returns a challenge for identity, the secret the attester must recover, and the
-	// validation to use for its document.
+	// validation to use for its document. Challenge and secret are nil when the validator already
+	// saw this identity's key activated; the document then binds the plain nonce.
 	Challenge(identity []byte) (challenge, secret []byte, validate func(ctx context.Context, doc, nonce []byte) (attestation.Result, error), err error)
 }
 

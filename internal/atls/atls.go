@@ -109,8 +109,8 @@ type Evidence struct {
 	// Nonce is the nonce the document must bind: the one this side chose for the handshake, with the
 	// activation secret mixed in when the key was activated.
 	Nonce []byte
-	// Activated says the peer proved in this handshake that its attestation key lives with its
-	// certified endorsement key (TPM credential activation).
+	// Activated says the peer's attestation key is proven to live with its certified endorsement key
+	// (TPM credential activation, in this handshake or an earlier one with the same validator).
 	Activated bool
 	// Certificate is the peer's DER leaf certificate, which holds the document; with Nonce it is all
 	// VerifyRecorded needs to reach the same verdict again.

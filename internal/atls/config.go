@@ -142,13 +142,16 @@ func serverConfig(issuer Issuer, validator Validator, o options, certs *serverCe
 					chk = peerCheck{variant: validator.Variant(), nonce: nonce} // no validate: rejects unless activated
 					if id := fromALPN(alpnIdentity, chi.SupportedProtos); id != nil {
 						challenge, secret, validate, err := ch.Challenge(id)
-						if err == nil {
+						if err == nil && challenge != nil {
 							err = addChallengeCA(pool, challenge)
 						}
 						if err != nil {
 							o.log.Info("cannot challenge client", zap.String("peer", peer), zap.Error(err))
 						} else {
-							chk = peerCheck{variant: validator.Variant(), validate: validate, nonce: mixNonce(nonce, secret), activated: true}
+							chk = peerCheck{variant: validator.Variant(), validate: validate, nonce: nonce, activated: true}
+							if secret != nil {
+								chk.nonce = mixNonce(nonce, secret)
+							}
 						}
 					}
 				}
@@ -217,8 +220,11 @@ func NewClientConfig(ctx context.Context, issuer Issuer, validator Validator, op
 			if err != nil {
 				return nil, fmt.Errorf("challenging server: %w", err)
 			}
-			cfg.NextProtos = append(cfg.NextProtos, toALPN(alpnChallenge, challenge)...)
-			chk = peerCheck{variant: validator.Variant(), validate: validate, nonce: mixNonce(nonce, secret), activated: true}
+			chk = peerCheck{variant: validator.Variant(), validate: validate, nonce: nonce, activated: true}
+			if challenge != nil {
+				cfg.NextProtos = append(cfg.NextProtos, toALPN(alpnChallenge, challenge)...)
+				chk.nonce = mixNonce(nonce, secret)
+			}
 		}
 		cfg.VerifyPeerCertificate = func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
 			return verifyPeer(ctx, chk, rawCerts, o.observe)

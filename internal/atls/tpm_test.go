@@ -164,6 +164,13 @@ func BenchmarkHandshake(b *testing.B) {
 			issuer, accept, _ := variants[name](b)
 			benchHandshake(b, issuer, accept, unlimited(), nil)
 		})
+		if name != "fake" {
+			// A validator that never saw the node: every handshake activates the AK.
+			b.Run(fmt.Sprintf("%s/accepted-first-contact", name), func(b *testing.B) {
+				issuer, accept, _ := variants[name](b)
+				benchHandshake(b, issuer, firstContact{accept.(*vtpm.Validator)}, unlimited(), nil)
+			})
+		}
 		b.Run(fmt.Sprintf("%s/rejected-by-policy", name), func(b *testing.B) {
 			issuer, _, reject := variants[name](b)
 			benchHandshake(b, issuer, reject, unlimited(), attestation.ErrMeasurementMismatch)
@@ -205,8 +212,16 @@ func TestActivationRequired(t *testing.T) {
 		"secret not recovered":     {attester: fakeActivation{vi}, wantErr: attestation.ErrUntrustedRoot},
 		"attester cannot activate": {attester: noActivation{vi}, wantErr: atls.ErrNotActivated},
 	}
+	fresh := func(t *testing.T) atls.Validator {
+		v, err := vtpm.NewValidator(accept.(*vtpm.Validator).Policy(), zap.NewNop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
 	for name, tc := range testCases {
 		t.Run("server attests/"+name, func(t *testing.T) {
+			accept := fresh(t)
 			srv, err := atls.NewServerConfig(tc.attester, nil, atls.WithLimiter(unlimited()))
 			if err != nil {
 				t.Fatal(err)
@@ -222,6 +237,7 @@ func TestActivationRequired(t *testing.T) {
 			}
 		})
 		t.Run("client attests/"+name, func(t *testing.T) {
+			accept := fresh(t)
 			var mu sync.Mutex
 			var verdict error
 			srv, err := atls.NewServerConfig(nil, accept, atls.WithObserver(func(_ atls.Evidence, err error) {
@@ -250,5 +266,61 @@ func TestActivationRequired(t *testing.T) {
 				t.Fatalf("client %v, server verdict %v; want %v", clientErr, verdict, tc.wantErr)
 			}
 		})
+	}
+}
+
+// firstContact is a TPM validator that never saw the node: each Challenge comes from a fresh
+// validator with the same policy, so every handshake activates.
+type firstContact struct{ *vtpm.Validator }
+
+func (f firstContact) Challenge(id []byte) ([]byte, []byte, func(context.Context, []byte, []byte) (attestation.Result, error), error) {
+	fresh, err := vtpm.NewValidator(f.Validator.Policy(), zap.NewNop())
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return fresh.Challenge(id)
+}
+
+// countingActivator counts activations.
+type countingActivator struct {
+	*vtpm.Issuer
+	mu sync.Mutex
+	n  int
+}
+
+func (c *countingActivator) Activate(ctx context.Context, challenge []byte) ([]byte, error) {
+	c.mu.Lock()
+	c.n++
+	c.mu.Unlock()
+	return c.Issuer.Activate(ctx, challenge)
+}
+
+// TestActivationRemembered: a validator activates a node's key once; later handshakes skip it.
+func TestActivationRemembered(t *testing.T) {
+	issuer, accept, _ := tpmPair(t)
+	counting := &countingActivator{Issuer: issuer.(*vtpm.Issuer)}
+	srv, err := atls.NewServerConfig(counting, nil, atls.WithLimiter(unlimited()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := listenTLS(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var d net.Dialer
+	for i := 0; i < 3; i++ {
+		var ev atls.Evidence
+		conn, err := atls.Dial(ctx, &d, addr, nil, accept, atls.WithObserver(func(e atls.Evidence, _ error) { ev = e }))
+		if err != nil {
+			t.Fatalf("handshake %d: %v", i, err)
+		}
+		conn.Close()
+		if !ev.Activated {
+			t.Fatalf("handshake %d: evidence not marked activated", i)
+		}
+	}
+	counting.mu.Lock()
+	defer counting.mu.Unlock()
+	if counting.n != 1 {
+		t.Fatalf("%d activations in 3 handshakes, want 1", counting.n)
 	}
 }

@@ -27,6 +27,10 @@ const DefaultEKHandle = 0x81010001
 // maxIdentity bounds identities and challenges.
 const maxIdentity = 4096
 
+// maxActivated bounds the validator's memory of activated keys; when full, new keys are still
+// activated, just not remembered.
+const maxActivated = 8192
+
 // identity is what a validator needs to build a challenge: the EK's public area and the AK's name.
 type identity struct {
 	ekPublic []byte
@@ -116,17 +120,22 @@ func (i *Issuer) Activate(ctx context.Context, challenge []byte) ([]byte, error)
 
 // Challenge builds an activation challenge for an attester identity. The attester must quote over a
 // nonce that mixes in secret; validate checks such a document and that it comes from the challenged
-// EK and AK.
+// EK and AK. For a key pair this validator saw activated before (the AK is fixedTPM, so it stays
+// with that EK), challenge and secret are nil: no activation, the plain nonce, the same identity check.
 func (v *Validator) Challenge(rawIdentity []byte) (challenge, secret []byte, validate func(ctx context.Context, doc, nonce []byte) (attestation.Result, error), err error) {
 	id, err := parseIdentity(rawIdentity)
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	key := string(id.marshal())
+	if v.isActivated(key) {
+		return nil, nil, v.identityBound(id, key), nil
+	}
 	ekPub, err := tpm2.Unmarshal[tpm2.TPMTPublic](id.ekPublic)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%w: identity EK: %w", attestation.ErrMalformed, err)
 	}
-	key, err := tpm2.ImportEncapsulationKey(ekPub)
+	ekKey, err := tpm2.ImportEncapsulationKey(ekPub)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%w: identity EK: %w", attestation.ErrMalformed, err)
 	}
@@ -134,12 +143,18 @@ func (v *Validator) Challenge(rawIdentity []byte) (challenge, secret []byte, val
 	if _, err := rand.Read(secret); err != nil {
 		return nil, nil, nil, fmt.Errorf("generating activation secret: %w", err)
 	}
-	idObject, encSecret, err := tpm2.CreateCredential(rand.Reader, key, id.akName, secret)
+	idObject, encSecret, err := tpm2.CreateCredential(rand.Reader, ekKey, id.akName, secret)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("%w: making credential: %w", attestation.ErrMalformed, err)
 	}
 	challenge = appendSized(appendSized(nil, idObject), encSecret)
-	validate = func(ctx context.Context, raw, nonce []byte) (attestation.Result, error) {
+	return challenge, secret, v.identityBound(id, key), nil
+}
+
+// identityBound validates a document that must come from id's EK and AK, and remembers the pair as
+// activated when it passes.
+func (v *Validator) identityBound(id identity, key string) func(ctx context.Context, doc, nonce []byte) (attestation.Result, error) {
+	return func(ctx context.Context, raw, nonce []byte) (attestation.Result, error) {
 		doc, err := ParseDocument(raw)
 		if err != nil {
 			return attestation.Result{}, err
@@ -160,9 +175,27 @@ func (v *Validator) Challenge(rawIdentity []byte) (challenge, secret []byte, val
 			// Either a replay, or the attester could not recover the secret: its AK does not live with the EK.
 			return res, fmt.Errorf("%w: AK activation not proven: %w", attestation.ErrUntrustedRoot, err)
 		}
+		if err == nil || errors.Is(err, attestation.ErrMeasurementMismatch) {
+			// The quote verified under the mixed nonce: the key pair is activated, whatever the PCRs say.
+			v.remember(key)
+		}
 		return res, err
 	}
-	return challenge, secret, validate, nil
+}
+
+func (v *Validator) isActivated(key string) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	_, ok := v.activated[key]
+	return ok
+}
+
+func (v *Validator) remember(key string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if len(v.activated) < maxActivated {
+		v.activated[key] = struct{}{}
+	}
 }
 
 // ensureAK makes sure the AK (and the EK for activations) are persistent in the TPM, recreating

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"math/big"
 	"sort"
+	"sync"
 
 	"github.com/google/go-tpm/tpm2"
 	"go.uber.org/zap"
@@ -27,6 +28,9 @@ type Validator struct {
 	policy *policy.Policy
 	roots  *x509.CertPool
 	log    *zap.Logger
+
+	mu        sync.Mutex
+	activated map[string]struct{} // identities whose AK was proven to live with the EK
 }
 
 // NewValidator returns a Validator for p, whose variant must be "tpm" and whose trust roots are the
@@ -38,11 +42,14 @@ func NewValidator(p *policy.Policy, log *zap.Logger) (*Validator, error) {
 	if len(p.TrustRoots) == 0 {
 		return nil, fmt.Errorf("%w: a tpm policy needs at least one EK CA in trustRoots", policy.ErrInvalid)
 	}
-	return &Validator{policy: p, roots: p.CertPool(), log: log}, nil
+	return &Validator{policy: p, roots: p.CertPool(), log: log, activated: map[string]struct{}{}}, nil
 }
 
 // Variant returns "tpm".
 func (v *Validator) Variant() string { return Variant }
+
+// Policy returns the policy the validator judges by.
+func (v *Validator) Policy() *policy.Policy { return v.policy }
 
 // Validate checks doc against nonce and the policy. On success the result carries the document's user
 // data, which the caller must compare with what it expects (aTLS: the peer's TLS key).

@@ -496,7 +496,17 @@ func TestActivation(t *testing.T) {
 		t.Fatalf("activated document: %v", err)
 	}
 
-	// Forged: A's identity (genuine EK certificate) but B's TPM answers: it cannot recover the secret.
+	// The validator remembers the activated pair: no second activation.
+	if c, sec, _, err := v.Challenge(idA); err != nil || c != nil || sec != nil {
+		t.Fatalf("second challenge for an activated key: %x, %x, %v; want none", c, sec, err)
+	}
+
+	// Forged, on a validator that has not seen A: A's identity (genuine EK certificate) but B's TPM
+	// answers; it cannot recover the secret.
+	v, err = vtpm.NewValidator(policyFor(t, [][]byte{ca.RootPEM(t), ca.IssuerPEM(t)}, ""), zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
 	challenge, secret, validate, err = v.Challenge(idA)
 	if err != nil {
 		t.Fatal(err)
