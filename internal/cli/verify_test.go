@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/atls/atlstest"
 	"github.com/berth-k8s/berth/internal/attestation/tpmsim"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
@@ -24,6 +25,12 @@ import (
 // attestingNode serves server-attests handshakes from the reference simulator on loopback and
 // returns its address and the PEM of its EK CA.
 func attestingNode(t *testing.T) (string, []byte) {
+	return attestingServer(t, false)
+}
+
+// attestingServer is attestingNode; with mutual it also demands client attestation, as the
+// joinservice does.
+func attestingServer(t *testing.T, mutual bool) (string, []byte) {
 	t.Helper()
 	sim, err := tpmsim.New()
 	if errors.Is(err, tpmsim.ErrUnavailable) {
@@ -39,7 +46,11 @@ func attestingNode(t *testing.T) (string, []byte) {
 	if err := vtpmtest.ProvisionEKCert(sim.Open, ca); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := atls.NewServerConfig(vtpm.NewIssuer(sim.Open, zap.NewNop()), nil)
+	var clientValidator atls.Validator
+	if mutual {
+		clientValidator = atlstest.Validator{}
+	}
+	cfg, err := atls.NewServerConfig(vtpm.NewIssuer(sim.Open, zap.NewNop()), clientValidator)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,5 +152,16 @@ func TestVerifyUsage(t *testing.T) {
 	}
 	if code, _ := run("policy", "check", "--policy", "nonexistent.yaml", "--evidence", "x"); code != exitUsage {
 		t.Fatalf("policy check with a missing policy: exit %d, want %d", code, exitUsage)
+	}
+}
+
+// TestVerifyMutualServer: a server that demands client attestation (a joinservice) still attests to
+// berth verify, which has nothing to attest itself.
+func TestVerifyMutualServer(t *testing.T) {
+	addr, caPEM := attestingServer(t, true)
+	policyPath := writePolicy(t, t.TempDir(), "p.yaml", "  15: {expected: "+strings.Repeat("00", 32)+"}\n", caPEM)
+	code, out := run("verify", "--endpoint", addr, "--policy", policyPath)
+	if code != 0 || !strings.Contains(out, "verdict: ACCEPTED") || !strings.Contains(out, "attestation key: activated") {
+		t.Fatalf("verify against a mutual server: exit %d\n%s", code, out)
 	}
 }
