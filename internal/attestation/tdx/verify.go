@@ -75,8 +75,9 @@ type Verifier struct {
 	accepted   []string
 	allowDebug bool
 
-	mu   sync.Mutex
-	memo map[[32]byte]*checkedCollateral
+	mu      sync.Mutex
+	memo    map[[32]byte]*checkedCollateral
+	pckMemo map[[32]byte]*checkedPCK
 }
 
 // NewVerifier returns a Verifier for cfg.
@@ -87,7 +88,7 @@ func NewVerifier(cfg VerifierConfig) (*Verifier, error) {
 	if cfg.Collateral == nil {
 		return nil, errors.New("creating TDX verifier: no collateral getter configured")
 	}
-	v := &Verifier{roots: cfg.Roots, collateral: cfg.Collateral, now: cfg.Now, accepted: cfg.AcceptedTCBStatuses, allowDebug: cfg.AllowDebugTD, memo: map[[32]byte]*checkedCollateral{}}
+	v := &Verifier{roots: cfg.Roots, collateral: cfg.Collateral, now: cfg.Now, accepted: cfg.AcceptedTCBStatuses, allowDebug: cfg.AllowDebugTD, memo: map[[32]byte]*checkedCollateral{}, pckMemo: map[[32]byte]*checkedPCK{}}
 	if v.now == nil {
 		v.now = time.Now
 	}
@@ -126,28 +127,11 @@ func (v *Verifier) verifyParsed(ctx context.Context, q *Quote) (*VerifiedQuote, 
 	}
 
 	// 1. PCK certificate chain up to a trusted root.
-	certs, err := parsePEMCertificates(q.PCKChainPEM)
+	pc, err := v.checkPCKChain(q.PCKChainPEM, now)
 	if err != nil {
-		return nil, fmt.Errorf("parsing PCK certificate chain: %w: %w", err, attestation.ErrMalformed)
+		return nil, err
 	}
-	pckChain, err := verifyChain(certs, v.roots, now)
-	if err != nil {
-		return nil, fmt.Errorf("verifying PCK certificate chain: %w", err)
-	}
-	pck := pckChain[0]
-	ext, err := parsePCKExtensions(pck)
-	if err != nil {
-		return nil, fmt.Errorf("reading PCK certificate: %w: %w", err, attestation.ErrMalformed)
-	}
-	var ca string
-	switch pck.Issuer.CommonName {
-	case pckPlatformCACN:
-		ca = PCKCAPlatform
-	case pckProcessorCACN:
-		ca = PCKCAProcessor
-	default:
-		return nil, fmt.Errorf("reading PCK certificate: unknown issuer %q: %w", pck.Issuer.CommonName, attestation.ErrUntrustedRoot)
-	}
+	pckChain, ext, ca := pc.chain, pc.ext, pc.ca
 
 	// 2. Collateral for this platform.
 	raw, err := v.collateral.GetCollateral(ctx, CollateralRequest{CA: ca, FMSPC: hex.EncodeToString(ext.FMSPC[:])})
@@ -163,11 +147,7 @@ func (v *Verifier) verifyParsed(ctx context.Context, q *Quote) (*VerifiedQuote, 
 	}
 
 	// 3. QE report, signed by the PCK key, must bind the attestation key.
-	pckKey, ok := pck.PublicKey.(*ecdsa.PublicKey)
-	if !ok || pckKey.Curve != elliptic.P256() {
-		return nil, fmt.Errorf("reading PCK certificate: key is not ECDSA P-256: %w", attestation.ErrMalformed)
-	}
-	if !verifyRawECDSA(pckKey, q.RawQEReport, q.QEReportSignature[:]) {
+	if !verifyRawECDSA(pc.key, q.RawQEReport, q.QEReportSignature[:]) {
 		return nil, fmt.Errorf("verifying QE report signature: %w", attestation.ErrBadSignature)
 	}
 	binding := sha256.New()
@@ -214,6 +194,75 @@ func (v *Verifier) verifyParsed(ctx context.Context, q *Quote) (*VerifiedQuote, 
 		}
 	}
 	return out, nil
+}
+
+// checkedPCK is a PCK certificate chain verified up to the roots, valid for verification times in
+// [notBefore, notAfter].
+type checkedPCK struct {
+	chain               []*x509.Certificate
+	key                 *ecdsa.PublicKey
+	ext                 *pckExtensions
+	ca                  string
+	notBefore, notAfter time.Time
+}
+
+// maxCheckedPCK bounds the memo of verified PCK chains: one per platform this verifier sees.
+const maxCheckedPCK = 256
+
+// checkPCKChain parses and verifies a quote's PCK chain, from the memo when the same chain was verified before
+// for a window that includes now. Only chains that verified are remembered.
+func (v *Verifier) checkPCKChain(chainPEM []byte, now time.Time) (*checkedPCK, error) {
+	key := sha256.Sum256(chainPEM)
+	v.mu.Lock()
+	c, ok := v.pckMemo[key]
+	v.mu.Unlock()
+	if ok && !now.Before(c.notBefore) && !now.After(c.notAfter) {
+		return c, nil
+	}
+
+	certs, err := parsePEMCertificates(chainPEM)
+	if err != nil {
+		return nil, fmt.Errorf("parsing PCK certificate chain: %w: %w", err, attestation.ErrMalformed)
+	}
+	chain, err := verifyChain(certs, v.roots, now)
+	if err != nil {
+		return nil, fmt.Errorf("verifying PCK certificate chain: %w", err)
+	}
+	pck := chain[0]
+	ext, err := parsePCKExtensions(pck)
+	if err != nil {
+		return nil, fmt.Errorf("reading PCK certificate: %w: %w", err, attestation.ErrMalformed)
+	}
+	c = &checkedPCK{chain: chain, ext: ext, notAfter: chain[0].NotAfter}
+	switch pck.Issuer.CommonName {
+	case pckPlatformCACN:
+		c.ca = PCKCAPlatform
+	case pckProcessorCACN:
+		c.ca = PCKCAProcessor
+	default:
+		return nil, fmt.Errorf("reading PCK certificate: unknown issuer %q: %w", pck.Issuer.CommonName, attestation.ErrUntrustedRoot)
+	}
+	pubKey, isECDSA := pck.PublicKey.(*ecdsa.PublicKey)
+	if !isECDSA || pubKey.Curve != elliptic.P256() {
+		return nil, fmt.Errorf("reading PCK certificate: key is not ECDSA P-256: %w", attestation.ErrMalformed)
+	}
+	c.key = pubKey
+	for _, cert := range chain {
+		if cert.NotBefore.After(c.notBefore) {
+			c.notBefore = cert.NotBefore
+		}
+		if cert.NotAfter.Before(c.notAfter) {
+			c.notAfter = cert.NotAfter
+		}
+	}
+
+	v.mu.Lock()
+	if len(v.pckMemo) >= maxCheckedPCK {
+		clear(v.pckMemo)
+	}
+	v.pckMemo[key] = c
+	v.mu.Unlock()
+	return c, nil
 }
 
 // checkedCollateral is collateral whose signatures and signing chains were verified. The result holds for every
