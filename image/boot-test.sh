@@ -12,7 +12,11 @@
 # The disk is an ext4 file system made from the tree (mkfs.ext4 -d, no mount needed), booted with
 # the tree's own kernel and initrd. Test-only files are written into the disk with debugfs, never
 # into the tree: /etc/berth/bootstrapper.env and metadata.json (a static, one-node control plane;
-# attestation insecure-none, the only variant the daemon serves so far) and a report unit.
+# attestation insecure-none, the only variant the daemon serves so far), a report unit, and a
+# sandbox probe: a copy of berth-bootstrapper.service with all its sandboxing whose ExecStart runs
+# the kubeadm init phases that need no images or API server (certs, kubeconfig, etcd and
+# control-plane manifests, kubelet-start) and then `systemctl enable --now kubelet.service` as the
+# daemon does, so kubeadm's writes and the kubelet drop-in are exercised under the real unit.
 # The guest's network is QEMU's user network with restrict=on on a documentation range: the guest
 # reaches nothing outside QEMU.
 set -euo pipefail
@@ -56,10 +60,51 @@ cat >"$WORK/files/metadata.json" <<'EOF'
 {"self": {"name": "boot-test-0", "role": "control-plane", "ips": ["198.51.100.15"]},
  "initSecretHash": "0000000000000000000000000000000000000000000000000000000000000000"}
 EOF
+cat >"$WORK/files/probe-kubeadm.yaml" <<'EOF'
+apiVersion: kubeadm.k8s.io/v1beta4
+kind: InitConfiguration
+localAPIEndpoint:
+  advertiseAddress: 198.51.100.15
+  bindPort: 6443
+nodeRegistration:
+  name: boot-test-0
+  criSocket: unix:///run/containerd/containerd.sock
+---
+apiVersion: kubeadm.k8s.io/v1beta4
+kind: ClusterConfiguration
+kubernetesVersion: v1.34.2
+---
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+cgroupDriver: systemd
+EOF
+cat >"$WORK/files/berth-sandbox-probe" <<'EOF'
+#!/bin/sh
+# Runs inside a copy of berth-bootstrapper.service's sandbox.
+set -eu
+mkdir -p /run/berth-probe
+systemctl is-enabled kubelet.service >/run/berth-probe/kubelet-before || true
+cfg=/etc/berth/probe-kubeadm.yaml
+for phase in "certs all" "kubeconfig all" "etcd local" "control-plane all" "kubelet-start"; do
+	echo "probe: kubeadm init phase $phase"
+	# shellcheck disable=SC2086 # the phase is two words
+	kubeadm init phase $phase --config "$cfg"
+done
+systemctl enable --now kubelet.service
+echo "probe: done"
+EOF
+sed -e 's/^Description=.*/Description=Berth boot test: kubeadm under the bootstrapper sandbox/' \
+	-e 's/^Type=notify$/Type=oneshot/' -e '/^NotifyAccess=/d' -e '/^Restart/d' -e '/^RemainAfterExit=/d' \
+	-e 's|^ExecStart=/usr/bin/bootstrapper$|ExecStart=/usr/local/sbin/berth-sandbox-probe|' \
+	-e 's/^TimeoutStartSec=.*/TimeoutStartSec=20min/' \
+	"$ROOT/usr/lib/systemd/system/berth-bootstrapper.service" >"$WORK/files/berth-sandbox-probe.service"
+grep -q '^ExecStart=/usr/local/sbin/berth-sandbox-probe$' "$WORK/files/berth-sandbox-probe.service" ||
+	die "could not derive the sandbox probe from berth-bootstrapper.service"
 cat >"$WORK/files/berth-boot-report.service" <<'EOF'
 [Unit]
 Description=Berth boot test report
 After=berth-bootstrapper.service containerd.service systemd-networkd-wait-online.service
+After=berth-sandbox-probe.service
 
 [Service]
 Type=oneshot
@@ -79,6 +124,17 @@ for u in berth-bootstrapper containerd berth-cmdline-env systemd-networkd kubele
 	check "active:$u" "$(systemctl is-active $u.service)"
 done
 check enabled:kubelet "$(systemctl is-enabled kubelet.service)"
+check kubelet-before-probe "$(cat /run/berth-probe/kubelet-before 2>&1)"
+check probe-result "$(systemctl show -P Result berth-sandbox-probe.service)"
+for f in /etc/kubernetes/pki/ca.crt /etc/kubernetes/admin.conf /etc/kubernetes/kubelet.conf \
+	/etc/kubernetes/manifests/kube-apiserver.yaml /etc/kubernetes/manifests/etcd.yaml \
+	/var/lib/kubelet/config.yaml /var/lib/kubelet/kubeadm-flags.env; do
+	check "file:$f" "$(test -s $f && echo present || echo missing)"
+done
+check kubelet-cgroup-driver "$(sed -n 's/^cgroupDriver: //p' /var/lib/kubelet/config.yaml 2>&1)"
+check kubelet-runtime-endpoint "$(sed -n 's/^containerRuntimeEndpoint: //p' /var/lib/kubelet/config.yaml 2>&1)"
+check kubelet-pause-image "$(grep -o 'pod-infra-container-image=[^ "]*' /var/lib/kubelet/kubeadm-flags.env 2>&1)"
+check containerd-sandbox-image "$(sed -n 's/^ *sandbox_image = "\(.*\)"/\1/p' /etc/containerd/config.toml)"
 check bootstrapper-type "$(systemctl show -P Type berth-bootstrapper.service)"
 check bootstrapper-restarts "$(systemctl show -P NRestarts berth-bootstrapper.service)"
 check cmdline-env "$(grep -v '^#' /run/berth/cmdline.env 2>&1)"
@@ -91,6 +147,10 @@ check containerd-serving "$(ctr --address /run/containerd/containerd.sock versio
 check failed-units "$(systemctl list-units --failed --plain --no-legend | awk '{print $1}')"
 echo "--- systemd-analyze security berth-bootstrapper.service"
 systemd-analyze security --no-pager berth-bootstrapper.service 2>&1 | tail -n 3
+echo "--- journal of berth-sandbox-probe.service"
+journalctl -b --no-pager -o cat -u berth-sandbox-probe.service | grep -v '^\[' | tail -n 25
+echo "--- journal of kubelet.service"
+journalctl -b --no-pager -o cat -u kubelet.service | tail -n 8
 echo "--- journal of berth-bootstrapper.service"
 journalctl -b --no-pager -o cat -u berth-bootstrapper.service | tail -n 30
 echo "--- boot time"
@@ -98,7 +158,7 @@ systemd-analyze time 2>&1 | head -n 2
 echo BERTH-BOOT-REPORT-END
 systemctl poweroff --no-block
 EOF
-chmod 0755 "$WORK/files/berth-boot-report"
+chmod 0755 "$WORK/files/berth-boot-report" "$WORK/files/berth-sandbox-probe"
 
 echo "image/boot-test.sh: making the disk from $ROOT" >&2
 disk=$WORK/disk.raw
@@ -110,6 +170,10 @@ write $WORK/files/metadata.json /etc/berth/metadata.json
 write $WORK/files/berth-boot-report.service /etc/systemd/system/berth-boot-report.service
 write $WORK/files/berth-boot-report /usr/local/sbin/berth-boot-report
 symlink /etc/systemd/system/multi-user.target.wants/berth-boot-report.service /etc/systemd/system/berth-boot-report.service
+write $WORK/files/probe-kubeadm.yaml /etc/berth/probe-kubeadm.yaml
+write $WORK/files/berth-sandbox-probe /usr/local/sbin/berth-sandbox-probe
+write $WORK/files/berth-sandbox-probe.service /etc/systemd/system/berth-sandbox-probe.service
+symlink /etc/systemd/system/multi-user.target.wants/berth-sandbox-probe.service /etc/systemd/system/berth-sandbox-probe.service
 EOF
 
 swtpm socket --tpm2 --tpmstate dir="$WORK/tpm" --ctrl type=unixio,path="$WORK/swtpm.sock" \
@@ -153,7 +217,7 @@ echo "$report"
 fail=0
 expect() {
 	local got
-	got=$(printf '%s\n' "$report" | sed -n "s/^CHECK $1 //p")
+	got=$(printf '%s\n' "$report" | sed -n "s|^CHECK $1 ||p")
 	if [ "$got" != "$2" ]; then
 		echo "FAIL $1: got '$got', want '$2'" >&2
 		fail=1
@@ -172,7 +236,19 @@ expect modules "br_netfilter overlay"
 expect tpmrm0 present
 expect listen-9000 1
 expect containerd-serving yes
-expect enabled:kubelet disabled
+expect kubelet-before-probe disabled
+expect probe-result success
+expect enabled:kubelet enabled
+expect active:kubelet active
+for f in /etc/kubernetes/pki/ca.crt /etc/kubernetes/admin.conf /etc/kubernetes/kubelet.conf \
+	/etc/kubernetes/manifests/kube-apiserver.yaml /etc/kubernetes/manifests/etcd.yaml \
+	/var/lib/kubelet/config.yaml /var/lib/kubelet/kubeadm-flags.env; do
+	expect "file:$f" present
+done
+expect kubelet-cgroup-driver systemd
+expect kubelet-runtime-endpoint "unix:///run/containerd/containerd.sock"
+pause=$(printf '%s\n' "$report" | sed -n 's|^CHECK containerd-sandbox-image ||p')
+expect kubelet-pause-image "pod-infra-container-image=$pause"
 expect failed-units ""
 if ((fail)); then
 	die "boot test failed (console: $console)"

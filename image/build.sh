@@ -77,10 +77,15 @@ start=$(date +%s)
 	--cache="$CACHE/image/apt" \
 	--extra-tree="$IMAGE_DIR/mkosi.extra" \
 	--extra-tree="$stage" \
+	--environment="BERTH_INITRD_CACHE=$osdir/initrd" \
 	build)
 end=$(date +%s)
 
 [ -d "$OUT/berth-root/usr/lib/systemd" ] || die "mkosi did not produce $OUT/berth-root"
+# OS caches of earlier package lists are about 1 GB each: keep only the current one.
+for old in "$CACHE"/image/os-*; do
+	[ "$old" = "$osdir" ] || rm -rf "$old"
+done
 {
 	echo "IMAGE_ROOT=$OUT/berth-root"
 	echo "IMAGE_ATTESTATION=$ATTESTATION"

@@ -280,7 +280,32 @@ func TestTreeBinariesRun(t *testing.T) {
 	if err != nil {
 		t.Fatalf("kubeadm version: %v\n%s", err, out)
 	}
-	if !strings.HasPrefix(string(out), "v1.34.") {
-		t.Errorf("kubeadm version = %q, want v1.34.x (from %s)", out, info["IMAGE_K8S_BIN"])
+	version := strings.TrimSpace(string(out))
+	if !strings.HasPrefix(version, "v1.34.") {
+		t.Fatalf("kubeadm version = %q, want v1.34.x (from %s)", version, info["IMAGE_K8S_BIN"])
+	}
+
+	// containerd must use the pod sandbox image this kubeadm expects (a node imports it, never pulls).
+	out, err = exec.Command(real, "config", "images", "list", "--kubernetes-version", version).Output()
+	if err != nil {
+		t.Fatalf("kubeadm config images list: %v", err)
+	}
+	var pause string
+	for _, img := range strings.Fields(string(out)) {
+		if strings.Contains(img, "/pause:") {
+			pause = img
+		}
+	}
+	cfgPath, err := resolveIn(root, "/etc/containerd/config.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := os.ReadFile(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^\s*sandbox_image\s*=\s*"([^"]+)"`).FindSubmatch(cfg)
+	if m == nil || pause == "" || string(m[1]) != pause {
+		t.Errorf("containerd sandbox_image = %q, kubeadm %s expects %q", m, version, pause)
 	}
 }
