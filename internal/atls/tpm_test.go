@@ -324,3 +324,100 @@ func TestActivationRemembered(t *testing.T) {
 		t.Fatalf("%d activations in 3 handshakes, want 1", counting.n)
 	}
 }
+
+// wrapIssuer changes what a real issuer binds or returns, for the rejection cases below.
+type wrapIssuer struct {
+	inner    *vtpm.Issuer
+	variant  string
+	userData []byte // bind this instead of the TLS key hash
+	raw      []byte // return this instead of a document
+	mu       sync.Mutex
+	replay   bool   // return the first document every time
+	first    []byte // the first document
+}
+
+func (w *wrapIssuer) Variant() string {
+	if w.variant != "" {
+		return w.variant
+	}
+	return w.inner.Variant()
+}
+
+func (w *wrapIssuer) Issue(ctx context.Context, userData, nonce []byte) ([]byte, error) {
+	if w.raw != nil {
+		return w.raw, nil
+	}
+	if w.userData != nil {
+		userData = w.userData
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.replay && w.first != nil {
+		return w.first, nil
+	}
+	doc, err := w.inner.Issue(ctx, userData, nonce)
+	w.first = doc
+	return doc, err
+}
+
+func (w *wrapIssuer) Identity(ctx context.Context) ([]byte, error) { return w.inner.Identity(ctx) }
+func (w *wrapIssuer) Activate(ctx context.Context, c []byte) ([]byte, error) {
+	return w.inner.Activate(ctx, c)
+}
+
+// TestTPMRoundTrip runs attested TLS handshakes on the reference simulator and on swtpm: the
+// accepted case and each named rejection.
+func TestTPMRoundTrip(t *testing.T) {
+	backends := map[string]func(testing.TB) (atls.Issuer, atls.Validator, atls.Validator){
+		"simulator": tpmPair,
+		"swtpm":     swtpmPair,
+	}
+	for backend, pair := range backends {
+		t.Run(backend, func(t *testing.T) {
+			issuer, accept, reject := pair(t)
+			vi := issuer.(*vtpm.Issuer)
+			otherCA, err := vtpmtest.NewCA("someone else's EK CA")
+			if err != nil {
+				t.Fatal(err)
+			}
+			untrusting := tpmValidator(t, otherCA.PEM(), "")
+			testCases := map[string]struct {
+				issuer    atls.Issuer
+				validator atls.Validator
+				rounds    int
+				wantErr   error
+			}{
+				"accepted":                      {issuer: vi, validator: accept},
+				"PCR mismatch":                  {issuer: vi, validator: reject, wantErr: attestation.ErrMeasurementMismatch},
+				"replayed document":             {issuer: &wrapIssuer{inner: vi, replay: true}, validator: accept, rounds: 2, wantErr: attestation.ErrNonceMismatch},
+				"document bound to another key": {issuer: &wrapIssuer{inner: vi, userData: make([]byte, 32)}, validator: accept, wantErr: attestation.ErrKeyBinding},
+				"EK CA not trusted":             {issuer: vi, validator: untrusting, wantErr: attestation.ErrUntrustedRoot},
+				"garbage document":              {issuer: &wrapIssuer{inner: vi, raw: []byte("{\"variant\":\"tpm\",")}, validator: accept, wantErr: attestation.ErrMalformed},
+				"unknown variant":               {issuer: &wrapIssuer{inner: vi, variant: "sev-snp"}, validator: accept, wantErr: attestation.ErrUnknownVariant},
+			}
+			for name, tc := range testCases {
+				t.Run(name, func(t *testing.T) {
+					srv, err := atls.NewServerConfig(tc.issuer, nil, atls.WithLimiter(unlimited()))
+					if err != nil {
+						t.Fatal(err)
+					}
+					addr := listenTLS(t, srv)
+					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+					defer cancel()
+					var d net.Dialer
+					var lastErr error
+					for i := 0; i < max(tc.rounds, 1); i++ {
+						conn, err := atls.Dial(ctx, &d, addr, nil, tc.validator)
+						if err == nil {
+							conn.Close()
+						}
+						lastErr = err
+					}
+					if tc.wantErr == nil && lastErr != nil || tc.wantErr != nil && !errors.Is(lastErr, tc.wantErr) {
+						t.Fatalf("got %v, want %v", lastErr, tc.wantErr)
+					}
+				})
+			}
+		})
+	}
+}
