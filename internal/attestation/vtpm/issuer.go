@@ -98,7 +98,10 @@ type akRecord struct {
 
 // NewIssuer returns an Issuer that reaches the TPM through open.
 func NewIssuer(open OpenFunc, log *zap.Logger, opts ...IssuerOption) *Issuer {
-	i := &Issuer{open: open, log: log, pcrs: DefaultPCRs, ekCertIndex: RSAEKCertIndex, akHandle: DefaultAKHandle}
+	i := &Issuer{open: open, log: log, pcrs: append([]uint(nil), DefaultPCRs...), ekCertIndex: RSAEKCertIndex, akHandle: DefaultAKHandle}
+	if i.log == nil {
+		i.log = zap.NewNop()
+	}
 	for _, o := range opts {
 		o(i)
 	}

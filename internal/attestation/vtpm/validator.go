@@ -42,6 +42,9 @@ func NewValidator(p *policy.Policy, log *zap.Logger) (*Validator, error) {
 	if len(p.TrustRoots) == 0 {
 		return nil, fmt.Errorf("%w: a tpm policy needs at least one EK CA in trustRoots", policy.ErrInvalid)
 	}
+	if log == nil {
+		log = zap.NewNop()
+	}
 	return &Validator{policy: p, roots: p.CertPool(), log: log, activated: map[string]struct{}{}}, nil
 }
 
