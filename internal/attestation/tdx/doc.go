@@ -35,8 +35,9 @@
 //  5. the quoting enclave against the QE identity, the TDX module and the platform's SVNs against TCB info; the
 //     resulting TCB statuses must be in the accepted set (only UpToDate by default; others become warnings).
 //
-// Collateral signatures are checked once per collateral content and remembered for as long as the signing
-// certificates are valid; each quote still checks the collateral's update times and revocation of its own chain.
+// PCK chains and collateral signatures are checked once per content and remembered for as long as the
+// certificates involved are valid; each quote still gets its own QE report and quote signature checks, and its
+// own checks of the collateral's update times and of revocation.
 // Collateral is injected through CollateralGetter. CachingGetter keeps it in memory and, optionally, on disk, so
 // that a verifier can run with pre-fetched collateral (StoreCollateral seeds a directory) and no upstream at all;
 // PCSGetter fetches from an Intel PCS (API v4) compatible service where one is reachable. Validator adds the report data
