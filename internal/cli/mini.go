@@ -299,13 +299,14 @@ nothing.`,
 
 func newMiniRestartCmd() *cobra.Command {
 	var dir string
+	var readyTimeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "restart",
 		Short: "Power-cycle every node of a mini cluster at once",
 		Long: `restart kills every process of every node at once (a power cut), recreates the nodes' network
 and mount namespaces (so /run and all runtime mounts are gone, as after a reboot), and starts each
 node's swtpm (PCRs reset, keys kept), containerd and bootstrapper again on the nodes' persistent
-directories.`,
+directories. It exits 0 once every node is Ready again.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := requireRoot(); err != nil {
@@ -321,15 +322,27 @@ directories.`,
 				return err
 			}
 			fmt.Fprintf(out, "berth mini restart: %s\n", dir)
+			start := time.Now()
 			t, err := cl.Restart(cmd.Context(), mini.RestartOptions{Progress: printPhase(out)})
 			if err != nil {
 				return err
 			}
 			fmt.Fprintf(out, "nodes restarted in %.2fs\n", t.Total().Seconds())
+			if _, err := os.Stat(cl.Config().AdminKubeconfig()); err != nil {
+				return nil // never bootstrapped (--no-bootstrap): nothing to wait for
+			}
+			t0 := time.Now()
+			status := func(s string) { fmt.Fprintf(out, "    %s\n", s) }
+			if err := cl.WaitReady(cmd.Context(), start, readyTimeout, status); err != nil {
+				return err
+			}
+			printPhase(out)(mini.Phase{Name: "ready", Duration: time.Since(t0)})
+			fmt.Fprintf(out, "all nodes Ready again %.1fs after the power cut\n", time.Since(start).Seconds())
 			return nil
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", mini.DefaultDir, "directory of the cluster")
+	cmd.Flags().DurationVar(&readyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for every node to be Ready again")
 	return cmd
 }
 

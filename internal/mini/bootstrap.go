@@ -79,25 +79,39 @@ func (c *Cluster) Bootstrap(ctx context.Context, opts BootstrapOptions) (Timings
 	if err != nil {
 		return t, err
 	}
-	err = t.run("ready", opts.Progress, func() error {
-		timeout := opts.ReadyTimeout
-		if timeout == 0 {
-			timeout = 10 * time.Minute
-		}
-		cs, err := newClientset(c.cfg.AdminKubeconfig())
-		if err != nil {
-			return err
-		}
-		wctx, cancel := context.WithTimeout(ctx, timeout)
-		defer cancel()
-		if fixed, err := fixKubeProxyConntrack(wctx, kubeProxyClientset{cs}); err != nil {
-			return err
-		} else if fixed && opts.Status != nil {
-			opts.Status("kube-proxy set to leave the host's nf_conntrack_max alone")
-		}
-		return waitNodesReady(wctx, cs.CoreV1().Nodes(), c.cfg.Nodes(), opts.Status)
-	})
+	err = t.run("ready", opts.Progress, func() error { return c.WaitReady(ctx, time.Time{}, opts.ReadyTimeout, opts.Status) })
 	return t, err
+}
+
+// WaitReady waits until every node of the cluster is registered and Ready, through the admin
+// kubeconfig berth init wrote (default timeout 10 minutes). It also applies the kube-proxy fix for
+// namespace nodes once.
+//
+// Only a Ready condition posted at or after since counts (zero since accepts any), so that after a
+// restart a node's status from before the power cut is not mistaken for a fresh one.
+func (c *Cluster) WaitReady(ctx context.Context, since time.Time, timeout time.Duration, status func(string)) error {
+	if timeout == 0 {
+		timeout = 10 * time.Minute
+	}
+	cs, err := newClientset(c.cfg.AdminKubeconfig())
+	if err != nil {
+		return err
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := waitFor(wctx, time.Second, func() bool {
+		fixed, err := fixKubeProxyConntrack(wctx, kubeProxyClientset{cs})
+		if err != nil {
+			return false // API not up yet (after a restart); retry
+		}
+		if fixed && status != nil {
+			status("kube-proxy set to leave the host's nf_conntrack_max alone")
+		}
+		return true
+	}); err != nil {
+		return fmt.Errorf("%w: API server unreachable: %w", ErrNotReady, err)
+	}
+	return waitNodesReady(wctx, cs.CoreV1().Nodes(), c.cfg.Nodes(), since, status)
 }
 
 // nodeClient lists the cluster's Node objects.
@@ -119,7 +133,7 @@ func newClientset(kubeconfig string) (kubernetes.Interface, error) {
 }
 
 // waitNodesReady polls until every node in want is registered and Ready.
-func waitNodesReady(ctx context.Context, client nodeClient, want []Node, status func(string)) error {
+func waitNodesReady(ctx context.Context, client nodeClient, want []Node, since time.Time, status func(string)) error {
 	last := ""
 	var missing []string
 	err := waitFor(ctx, time.Second, func() bool {
@@ -128,7 +142,7 @@ func waitNodesReady(ctx context.Context, client nodeClient, want []Node, status 
 			missing = []string{"(API: " + err.Error() + ")"}
 			return false
 		}
-		missing = notReady(list.Items, want)
+		missing = notReady(list.Items, want, since)
 		if s := strings.Join(missing, " "); s != last && status != nil {
 			status("waiting for nodes: " + s)
 			last = s
@@ -141,8 +155,8 @@ func waitNodesReady(ctx context.Context, client nodeClient, want []Node, status 
 	return nil
 }
 
-// notReady returns "name(reason)" for every wanted node that is missing or not Ready.
-func notReady(items []corev1.Node, want []Node) []string {
+// notReady returns "name(reason)" for every wanted node that is missing or not Ready (since).
+func notReady(items []corev1.Node, want []Node, since time.Time) []string {
 	byName := map[string]corev1.Node{}
 	for _, n := range items {
 		byName[n.Name] = n
@@ -156,7 +170,7 @@ func notReady(items []corev1.Node, want []Node) []string {
 		}
 		ready := false
 		for _, cond := range n.Status.Conditions {
-			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue && !cond.LastHeartbeatTime.Time.Before(since.Truncate(time.Second)) {
 				ready = true
 			}
 		}

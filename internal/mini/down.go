@@ -145,6 +145,17 @@ func (c *Cluster) removeNetwork(ctx context.Context, nodes []Node) error {
 // removeCgroups removes the cluster's cgroup subtree in every hierarchy, deepest first, and the
 // shared /berth parent when no other cluster uses it.
 func (c *Cluster) removeCgroups() error {
+	err := c.removeCgroupTree(c.cfg.ClusterCgroup())
+	if hs, herr := cgroupHierarchies(c.env.CgroupRoot); herr == nil {
+		for _, h := range hs {
+			_ = os.Remove(filepath.Join(h, "berth")) // fails while another cluster lives; fine
+		}
+	}
+	return err
+}
+
+// removeCgroupTree removes the cgroup rel and everything below it in every hierarchy, deepest first.
+func (c *Cluster) removeCgroupTree(rel string) error {
 	hs, err := cgroupHierarchies(c.env.CgroupRoot)
 	if err != nil {
 		return err
@@ -152,7 +163,7 @@ func (c *Cluster) removeCgroups() error {
 	var errs []error
 	for _, h := range hs {
 		var dirs []string
-		_ = filepath.WalkDir(filepath.Join(h, c.cfg.ClusterCgroup()), func(p string, d fs.DirEntry, err error) error {
+		_ = filepath.WalkDir(filepath.Join(h, rel), func(p string, d fs.DirEntry, err error) error {
 			if err == nil && d.IsDir() {
 				dirs = append(dirs, p)
 			}
@@ -168,7 +179,6 @@ func (c *Cluster) removeCgroups() error {
 				errs = append(errs, err)
 			}
 		}
-		_ = os.Remove(filepath.Join(h, "berth")) // fails while another cluster lives; fine
 	}
 	return errors.Join(errs...)
 }

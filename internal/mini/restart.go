@@ -14,7 +14,7 @@ type RestartOptions struct {
 }
 
 // Restart power-cycles every node at once: all node processes die by SIGKILL, the nodes' network
-// and mount namespaces (and with them /run and every runtime mount) are recreated, and swtpm
+// and mount namespaces (and with them /run and every runtime mount) and cgroups are recreated, and swtpm
 // (PCRs reset, keys kept), containerd and the bootstrapper start again on the nodes' persistent
 // directories. The switch, the host link and the agent keep running, like a rack and its metadata
 // service during a power cut of the machines.
@@ -29,7 +29,12 @@ func (c *Cluster) Restart(ctx context.Context, opts RestartOptions) (Timings, er
 		f    func() error
 	}{
 		{"power-off", func() error {
-			return errors.Join(c.killAll(ctx, nodes, false), c.removeNamespaces(ctx, nodes), c.removeNodeNetns(ctx, nodes))
+			errs := []error{c.killAll(ctx, nodes, false), c.removeNamespaces(ctx, nodes), c.removeNodeNetns(ctx, nodes)}
+			// A machine boots with fresh cgroups; stale pod cgroups would stall the kubelet.
+			for _, n := range nodes {
+				errs = append(errs, c.removeCgroupTree(c.cfg.CgroupPath(n.Name)))
+			}
+			return errors.Join(errs...)
 		}},
 		{"network", func() error { return c.network(ctx, nodes) }},
 		{"namespaces", func() error { return c.eachNode(nodes, func(n Node) error { return c.namespaces(ctx, n) }) }},
