@@ -84,6 +84,12 @@ cat >"$WORK/files/berth-sandbox-probe" <<'EOF'
 set -eu
 mkdir -p /run/berth-probe
 systemctl is-enabled kubelet.service >/run/berth-probe/kubelet-before || true
+# TPM2_GetRandom(8) straight to the resource manager: the response code (bytes 7-10) is 0 when the
+# sandbox lets the unit reach the TPM.
+exec 3<>/dev/tpmrm0
+printf '\200\001\000\000\000\014\000\000\001\173\000\010' >&3
+dd bs=64 count=1 <&3 2>/dev/null | od -An -tx1 -j6 -N4 | tr -d ' \n' >/run/berth-probe/tpm-rc
+exec 3>&-
 cfg=/etc/berth/probe-kubeadm.yaml
 for phase in "certs all" "kubeconfig all" "etcd local" "control-plane all" "kubelet-start"; do
 	echo "probe: kubeadm init phase $phase"
@@ -126,6 +132,7 @@ done
 check enabled:kubelet "$(systemctl is-enabled kubelet.service)"
 check kubelet-before-probe "$(cat /run/berth-probe/kubelet-before 2>&1)"
 check probe-result "$(systemctl show -P Result berth-sandbox-probe.service)"
+check tpm-getrandom-rc "$(cat /run/berth-probe/tpm-rc 2>&1)"
 for f in /etc/kubernetes/pki/ca.crt /etc/kubernetes/admin.conf /etc/kubernetes/kubelet.conf \
 	/etc/kubernetes/manifests/kube-apiserver.yaml /etc/kubernetes/manifests/etcd.yaml \
 	/var/lib/kubelet/config.yaml /var/lib/kubelet/kubeadm-flags.env; do
@@ -238,6 +245,7 @@ expect listen-9000 1
 expect containerd-serving yes
 expect kubelet-before-probe disabled
 expect probe-result success
+expect tpm-getrandom-rc 00000000
 expect enabled:kubelet enabled
 expect active:kubelet active
 for f in /etc/kubernetes/pki/ca.crt /etc/kubernetes/admin.conf /etc/kubernetes/kubelet.conf \
