@@ -13,17 +13,23 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/yaml"
 
 	"github.com/berth-k8s/berth/initproto"
+	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/attestation/choose"
+	"github.com/berth-k8s/berth/internal/attestation/policy"
 )
 
 // Workspace file names.
@@ -96,8 +102,10 @@ If init fails part of the way, run the same command again with the same workspac
 resumes at the failed phase. A workspace that holds a finished cluster's admin.conf is never
 overwritten.
 
-Until attested TLS is wired in, init refuses to send secrets over an unattested connection
-unless you pass --insecure-skip-attestation (development only).
+Nothing secret is sent before the node has proven, inside the TLS handshake, that it runs what
+the attestation policy (attestationPolicyFile in the config) expects; a node that fails gets
+nothing and init stops at once with the index, expected and actual value. Only with
+--insecure-skip-attestation (development only) does init talk to an unattested node.
 
 The config file (YAML):
   clusterName: berth
@@ -163,13 +171,19 @@ func loadInitConfig(path string) (initConfig, []byte, error) {
 	return cfg, secret, nil
 }
 
+// resolve interprets p relative to the directory of the config file base.
+func resolve(base, p string) string {
+	if filepath.IsAbs(p) {
+		return p
+	}
+	return filepath.Join(filepath.Dir(base), p)
+}
+
 func readRelative(base, p string) ([]byte, error) {
 	if p == "" {
 		return nil, nil
 	}
-	if !filepath.IsAbs(p) {
-		p = filepath.Join(filepath.Dir(base), p)
-	}
+	p = resolve(base, p)
 	data, err := os.ReadFile(p)
 	if err != nil {
 		return nil, usageErr("reading %s: %w", p, err)
@@ -241,16 +255,27 @@ func writeExclusive(path string, data []byte) error {
 }
 
 func runInit(ctx context.Context, out io.Writer, o initOptions) error {
-	if !o.insecure {
-		return usageErr("attested TLS is not wired into berth init yet: pass --insecure-skip-attestation to send the cluster's secrets without verifying the node (development only)")
-	}
 	cfg, secret, err := loadInitConfig(o.configPath)
 	if err != nil {
 		return err
 	}
-	policy, err := readRelative(o.configPath, cfg.AttestationPolicyFile)
+	policyBytes, err := readRelative(o.configPath, cfg.AttestationPolicyFile)
 	if err != nil {
 		return err
+	}
+	var validator choose.Validator
+	switch {
+	case o.insecure:
+	case cfg.AttestationPolicyFile == "":
+		return usageErr("config %s has no attestationPolicyFile: berth init verifies the node against it before sending secrets (or pass --insecure-skip-attestation, development only)", o.configPath)
+	default:
+		p, err := policy.Load(resolve(o.configPath, cfg.AttestationPolicyFile))
+		if err != nil {
+			return usageErr("attestation policy: %w", err)
+		}
+		if validator, err = choose.NewValidator(p, zap.NewNop()); err != nil {
+			return usageErr("attestation policy: %w", err)
+		}
 	}
 	imagePolicy, err := readRelative(o.configPath, cfg.Components.ImagePolicyFile)
 	if err != nil {
@@ -260,16 +285,29 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintln(out, "WARNING: attestation is skipped; the node's identity is not verified")
-
-	conn, err := grpc.NewClient(o.endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	var creds credentials.TransportCredentials = insecure.NewCredentials()
+	verdict := &attestVerdict{}
+	if validator == nil {
+		fmt.Fprintln(out, "WARNING: attestation is skipped; the node's identity is not verified")
+	} else {
+		if creds, err = atls.NewCredentials(nil, validator, atls.WithObserver(verdict.observe)); err != nil {
+			return fmt.Errorf("creating attested TLS credentials: %w", err)
+		}
+	}
+	conn, err := grpc.NewClient(o.endpoint, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return usageErr("--endpoint %q: %w", o.endpoint, err)
 	}
 	defer conn.Close()
 	fmt.Fprintf(out, "Connecting to %s ...\n", o.endpoint)
-	if err := waitConnected(ctx, conn, o.connectTimeout); err != nil {
+	if err := waitConnected(ctx, conn, o.connectTimeout, verdict); err != nil {
 		return err
+	}
+	if ev := verdict.accepted(); ev != nil {
+		fmt.Fprintf(out, "Node attested (%s): %d measurements match the policy\n", ev.Variant, len(ev.Result.Measurements))
+		for _, w := range ev.Result.Warnings {
+			fmt.Fprintf(out, "  warning: %s\n", w)
+		}
 	}
 
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
@@ -283,7 +321,7 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 		ServiceCidr:       cfg.ServiceCIDR,
 		PodCidr:           cfg.PodCIDR,
 		ApiserverCertSans: cfg.APIServerCertSANs,
-		AttestationPolicy: policy,
+		AttestationPolicy: policyBytes,
 		Components: &initproto.Components{
 			SkipKubeProxy: cfg.Components.SkipKubeProxy,
 			SkipCoredns:   cfg.Components.SkipCoreDNS,
@@ -301,13 +339,49 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 	return receiveInit(stream, out, logFile, o)
 }
 
+// attestVerdict remembers what the node proved, or why it was rejected, in the last handshake.
+type attestVerdict struct {
+	mu       sync.Mutex
+	ev       *atls.Evidence
+	rejected error
+}
+
+func (v *attestVerdict) observe(ev atls.Evidence, err error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err != nil {
+		// A rate-limited handshake is retried; anything else the node proved (or failed to) is final.
+		if !errors.Is(err, atls.ErrRateLimited) {
+			v.rejected = err
+		}
+		return
+	}
+	v.ev = &ev
+}
+
+func (v *attestVerdict) rejection() error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.rejected
+}
+
+func (v *attestVerdict) accepted() *atls.Evidence {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.ev
+}
+
 // waitConnected retries connecting until the connection is ready or timeout passes. It is the only
-// retry: once connected, a failure is reported, not retried.
-func waitConnected(ctx context.Context, conn *grpc.ClientConn, timeout time.Duration) error {
+// retry: once connected, a failure is reported, not retried. A node that fails attestation is not
+// retried either: nothing it can do in the next handshake will change what it measured.
+func waitConnected(ctx context.Context, conn *grpc.ClientConn, timeout time.Duration, verdict *attestVerdict) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	conn.Connect()
 	for {
+		if err := verdict.rejection(); err != nil {
+			return &exitError{code: exitRejected, err: fmt.Errorf("the node failed attestation; nothing was sent: %w", err)}
+		}
 		s := conn.GetState()
 		if s == connectivity.Ready {
 			return nil
@@ -316,6 +390,9 @@ func waitConnected(ctx context.Context, conn *grpc.ClientConn, timeout time.Dura
 			conn.Connect()
 		}
 		if !conn.WaitForStateChange(ctx, s) {
+			if err := verdict.rejection(); err != nil {
+				continue
+			}
 			return fmt.Errorf("could not reach the node within %s (last state %s)", timeout, s)
 		}
 	}

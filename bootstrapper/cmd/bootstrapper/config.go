@@ -19,6 +19,7 @@ type config struct {
 	metadataURL   string
 	attestation   string
 	tpm           string
+	lockPCR       uint
 	stateDir      string
 	initListen    string
 	kubelet       string
@@ -52,6 +53,7 @@ func defaultConfig() *config {
 		joinImage:     "berth.local/joinservice:" + version.Version,
 		joinPort:      30090,
 		logLevel:      "info",
+		lockPCR:       15,
 	}
 }
 
@@ -59,8 +61,9 @@ func (c *config) register(f *pflag.FlagSet) {
 	f.StringVar(&c.metadata, "metadata", c.metadata, "metadata provider: static (a file) or mini (the HTTP API of 'berth mini up')")
 	f.StringVar(&c.metadataFile, "metadata-file", c.metadataFile, "metadata file for --metadata=static")
 	f.StringVar(&c.metadataURL, "metadata-url", c.metadataURL, "base URL of the metadata API for --metadata=mini")
-	f.StringVar(&c.attestation, "attestation", c.attestation, "attestation variant; only insecure-none (no attestation, for development) is wired so far")
-	f.StringVar(&c.tpm, "tpm", c.tpm, "TPM to use: a device path such as /dev/tpmrm0, or tcp:HOST:PORT for swtpm")
+	f.StringVar(&c.attestation, "attestation", c.attestation, "attestation variant: tpm, tdx, or insecure-none (no attestation, development only)")
+	f.StringVar(&c.tpm, "tpm", c.tpm, "TPM for --attestation=tpm: a device path such as /dev/tpmrm0, tcp:HOST:PORT or unix:PATH for swtpm")
+	f.UintVar(&c.lockPCR, "lock-pcr", c.lockPCR, "PCR the node lock extends the cluster ID into (--attestation=tpm)")
 	f.StringVar(&c.stateDir, "state-dir", c.stateDir, "directory for the node's state (lock marker, node state, kubeadm config)")
 	f.StringVar(&c.initListen, "init-listen", c.initListen, "address the InitServer listens on")
 	f.StringVar(&c.kubelet, "kubelet", c.kubelet, "how to run the kubelet: systemd (kubelet.service) or process (supervised child process)")
@@ -98,11 +101,18 @@ func (c *config) validate() error {
 		errs = append(errs, fmt.Errorf("--metadata %q: want static or mini", c.metadata))
 	}
 	switch c.attestation {
-	case "insecure-none":
+	case "insecure-none", "tdx":
+	case "tpm":
+		if c.tpm == "" {
+			errs = append(errs, errors.New("--attestation=tpm needs --tpm"))
+		}
+		if c.lockPCR > 23 {
+			errs = append(errs, fmt.Errorf("--lock-pcr %d is not a PCR (0-23)", c.lockPCR))
+		}
 	case "":
-		errs = append(errs, errors.New("--attestation is required; insecure-none must be chosen explicitly"))
+		errs = append(errs, errors.New("--attestation is required (tpm, tdx, or insecure-none chosen explicitly)"))
 	default:
-		errs = append(errs, fmt.Errorf("--attestation %q is not wired into the daemon yet; use insecure-none for development", c.attestation))
+		errs = append(errs, fmt.Errorf("--attestation %q: want tpm, tdx or insecure-none", c.attestation))
 	}
 	switch c.kubelet {
 	case "systemd", "process":

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -13,7 +12,6 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/berth-k8s/berth/bootstrapper"
@@ -31,7 +29,6 @@ import (
 	"github.com/berth-k8s/berth/internal/metadata/static"
 	"github.com/berth-k8s/berth/internal/nodestate"
 	"github.com/berth-k8s/berth/internal/version"
-	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/nodelock"
 )
 
@@ -65,9 +62,6 @@ func daemon(ctx context.Context, cfg *config) error {
 	defer func() { _ = log.Sync() }()
 	log.Info("bootstrapper starting", zap.String("version", version.Version), zap.String("metadata", cfg.metadata),
 		zap.String("attestation", cfg.attestation), zap.String("kubelet", cfg.kubelet))
-	if cfg.attestation == "insecure-none" {
-		log.Warn("attestation is disabled: secrets travel over plaintext gRPC; use this only for development")
-	}
 
 	fs := afero.NewOsFs()
 	var meta metadataProvider
@@ -100,7 +94,12 @@ func daemon(ctx context.Context, cfg *config) error {
 	}
 	adm := &kubeadm.Runner{Path: cfg.kubeadmPath, IgnorePreflightErrors: cfg.ignorePreflt, Exec: exec}
 
-	lock := bootstrapper.NewRace(nodelock.New(nodelock.NewFileMarker(fs, filepath.Join(cfg.stateDir, "bootstrapped"))))
+	att, err := newAttestation(cfg, log)
+	if err != nil {
+		return &configError{err}
+	}
+	markers := append(att.markers, nodelock.NewFileMarker(fs, filepath.Join(cfg.stateDir, "bootstrapped")))
+	lock := bootstrapper.NewRace(nodelock.New(markers...))
 	state := nodestate.NewStore(fs, filepath.Join(cfg.stateDir, "node-state.json"))
 
 	initer := initcluster.New(initcluster.Config{
@@ -115,7 +114,7 @@ func daemon(ctx context.Context, cfg *config) error {
 	}, fs))
 	initSrv := initserver.New(log.Named("initserver"), lock, meta, initer, state,
 		initserver.WithServerOptions(
-			grpc.Creds(insecure.NewCredentials()),
+			grpc.Creds(att.serverCreds),
 			grpc.KeepaliveParams(keepalive.ServerParameters{Time: 15 * time.Second}),
 		))
 
@@ -123,7 +122,7 @@ func daemon(ctx context.Context, cfg *config) error {
 		StateDir: cfg.stateDir, KubernetesDir: cfg.kubernetesDir, KubeletDir: cfg.kubeletDir, CRISocket: cfg.criSocket,
 		KubeletExtraArgs: cfg.kubeletExtraArgs(), NeverPull: cfg.neverPull,
 	}, log.Named("join"), fs, lock, adm, kube, state)
-	joinClient := joinclient.New(log.Named("joinclient"), meta, dialInsecure, joiner, cfg.diskUUID).WithPort(cfg.joinPort)
+	joinClient := joinclient.New(log.Named("joinclient"), meta, att.dialJoin, joiner, cfg.diskUUID).WithPort(cfg.joinPort)
 
 	lis, err := net.Listen("tcp", cfg.initListen)
 	if err != nil {
@@ -145,13 +144,4 @@ func pullPolicy(never bool) string {
 		return "Never"
 	}
 	return "IfNotPresent"
-}
-
-// dialInsecure opens a plaintext joinservice client; only for --attestation=insecure-none.
-func dialInsecure(_ context.Context, endpoint string) (joinproto.JoinServiceClient, io.Closer, error) {
-	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, nil, err
-	}
-	return joinproto.NewJoinServiceClient(conn), conn, nil
 }

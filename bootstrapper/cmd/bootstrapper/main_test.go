@@ -134,7 +134,7 @@ func write(t *testing.T, path, data string, mode os.FileMode) {
 }
 
 // startNode starts the bootstrapper for a control-plane node whose init secret is secretHex.
-func startNode(t *testing.T, api *apiServer, secretHex string, failFirstInit bool) *node {
+func startNode(t *testing.T, api *apiServer, secretHex string, failFirstInit bool, extraArgs ...string) *node {
 	t.Helper()
 	dir := t.TempDir()
 	n := &node{dir: dir, stateDir: filepath.Join(dir, "state"), k8sDir: filepath.Join(dir, "etc-kubernetes"),
@@ -152,13 +152,16 @@ func startNode(t *testing.T, api *apiServer, secretHex string, failFirstInit boo
 	n.out = &lockedBuffer{}
 	n.cmd = exec.Command(filepath.Join(binDir, "bootstrapper"),
 		"--metadata=static", "--metadata-file="+filepath.Join(dir, "metadata.yaml"),
-		"--attestation=insecure-none",
 		"--state-dir="+n.stateDir, "--init-listen="+n.addr,
 		"--kubelet=process", "--kubelet-path="+filepath.Join(dir, "kubelet"),
 		"--kubeadm-path="+filepath.Join(binDir, "fakekubeadm"),
 		"--kubernetes-dir="+n.k8sDir, "--kubelet-dir="+n.kubeletDir,
 		"--cri-socket=unix://"+filepath.Join(dir, "cri.sock"),
 		"--joinservice-image=berth.local/joinservice:test", "--never-pull")
+	if len(extraArgs) == 0 {
+		extraArgs = []string{"--attestation=insecure-none"}
+	}
+	n.cmd.Args = append(n.cmd.Args, extraArgs...)
 	n.cmd.Env = append(os.Environ(),
 		"FAKE_KUBEADM_LOG="+n.kubeadmLog, "FAKE_K8S_DIR="+n.k8sDir, "FAKE_KUBELET_DIR="+n.kubeletDir,
 		"FAKE_ADMIN_CONF="+filepath.Join(dir, "admin.conf"), "FAKE_KUBEADM_FAIL_ONCE="+n.failOnce,
@@ -237,12 +240,15 @@ type result struct {
 	output string
 }
 
-func berthInit(t *testing.T, endpoint, config, workspace string) result {
+func berthInit(t *testing.T, endpoint, config, workspace string, extraArgs ...string) result {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "berth"), "init", "--endpoint", endpoint, "--config", config,
-		"--workspace", workspace, "--insecure-skip-attestation", "--connect-timeout", "20s")
+	if extraArgs == nil {
+		extraArgs = []string{"--insecure-skip-attestation"}
+	}
+	args := append([]string{"init", "--endpoint", endpoint, "--config", config, "--workspace", workspace, "--connect-timeout", "20s"}, extraArgs...)
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir, "berth"), args...)
 	out, err := cmd.CombinedOutput()
 	code := 0
 	var exitErr *exec.ExitError
