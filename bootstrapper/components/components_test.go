@@ -1,0 +1,79 @@
+package components
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/spf13/afero"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/berth-k8s/berth/bootstrapper/initcluster"
+	"github.com/berth-k8s/berth/internal/clusterkeys"
+)
+
+type recorder struct{ applied []string }
+
+func (r *recorder) Apply(_ context.Context, objs ...*unstructured.Unstructured) error {
+	for _, o := range objs {
+		r.applied = append(r.applied, o.GetKind()+" "+qualifiedName(o))
+	}
+	return nil
+}
+
+func job(t *testing.T) *initcluster.Job {
+	keys, err := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &initcluster.Job{Req: initcluster.Request{Keys: keys, Salt: bytes.Repeat([]byte{2}, 32), KubernetesVersion: "v1.34.2"},
+		Out: io.Discard, ControlPlaneEndpoint: "198.51.100.10:6443"}
+}
+
+func TestInstallOrder(t *testing.T) {
+	fsys := afero.NewMemMapFs()
+	_ = afero.WriteFile(fsys, "/m/20-dns.yaml", []byte("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: dns, namespace: kube-system}\n"), 0o644)
+	_ = afero.WriteFile(fsys, "/m/10-net.yaml", []byte("apiVersion: v1\nkind: ServiceAccount\nmetadata: {name: flannel, namespace: kube-system}\n---\n"), 0o644)
+	_ = afero.WriteFile(fsys, "/m/README.md", []byte("not a manifest"), 0o644)
+	rec := &recorder{}
+	i := New(Config{ManifestDir: "/m", JoinServiceImage: "berth.local/joinservice:test"}, fsys)
+	i.newClient = func(string) (applier, error) { return rec, nil }
+	if err := i.Install(context.Background(), "/admin.conf", job(t)); err != nil {
+		t.Fatal(err)
+	}
+	want := strings.Join([]string{
+		"ServiceAccount kube-system/flannel",
+		"ConfigMap kube-system/dns",
+		"Namespace berth-system",
+		"Secret berth-system/berth-cluster-secrets",
+		"ConfigMap berth-system/berth-join-config",
+		"ServiceAccount berth-system/berth-joinservice",
+		"ClusterRole berth:joinservice",
+		"ClusterRoleBinding berth:joinservice",
+		"DaemonSet berth-system/berth-joinservice",
+	}, "\n")
+	if got := strings.Join(rec.applied, "\n"); got != want {
+		t.Fatalf("applied:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+func TestInstallNeedsImage(t *testing.T) {
+	i := New(Config{}, afero.NewMemMapFs())
+	i.newClient = func(string) (applier, error) { return &recorder{}, nil }
+	if err := i.Install(context.Background(), "/admin.conf", job(t)); err == nil {
+		t.Fatal("Install() without a joinservice image = nil")
+	}
+}
+
+func TestBadManifestIsNamed(t *testing.T) {
+	fsys := afero.NewMemMapFs()
+	_ = afero.WriteFile(fsys, "/m/bad.yaml", []byte("kind: [\n"), 0o644)
+	i := New(Config{ManifestDir: "/m", JoinServiceImage: "x"}, fsys)
+	i.newClient = func(string) (applier, error) { return &recorder{}, nil }
+	err := i.Install(context.Background(), "/admin.conf", job(t))
+	if err == nil || !strings.Contains(err.Error(), "bad.yaml") {
+		t.Fatalf("Install() = %v, want an error naming bad.yaml", err)
+	}
+}

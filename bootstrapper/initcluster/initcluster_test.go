@@ -1,0 +1,108 @@
+package initcluster
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/spf13/afero"
+
+	"github.com/berth-k8s/berth/internal/command/commandtest"
+	"github.com/berth-k8s/berth/internal/kubeadm"
+	"github.com/berth-k8s/berth/internal/metadata"
+)
+
+type meta struct{}
+
+func (meta) Self(context.Context) (metadata.Instance, error) {
+	return metadata.Instance{Name: "cp-0", Role: metadata.RoleControlPlane, IPs: []string{"198.51.100.10"}}, nil
+}
+func (meta) ControlPlaneEndpoint(context.Context) (string, error) { return "", metadata.ErrNotFound }
+
+type nopKubelet struct{ starts int }
+
+func (k *nopKubelet) Start(context.Context) error { k.starts++; return nil }
+
+type readyWaiter struct{}
+
+func (readyWaiter) WaitReady(context.Context, string) error { return nil }
+
+type nopComponents struct{}
+
+func (nopComponents) Install(context.Context, string, *Job) error { return nil }
+
+func setup(version string) (*Initializer, *commandtest.Recorder, afero.Fs, *nopKubelet) {
+	fsys := afero.NewMemMapFs()
+	_ = afero.WriteFile(fsys, "/run/cri.sock", nil, 0o600)
+	rec := &commandtest.Recorder{Script: map[string][]commandtest.Result{"kubeadm version": {{Output: version + "\n"}}}}
+	k := &nopKubelet{}
+	i := New(Config{StateDir: "/state", CRISocket: "unix:///run/cri.sock", CgroupDriver: "cgroupfs"}, fsys, meta{},
+		&kubeadm.Runner{Path: "kubeadm", Exec: rec}, k, readyWaiter{}, nopComponents{})
+	return i, rec, fsys, k
+}
+
+func newJob(t *testing.T, i *Initializer) *Job {
+	job := &Job{Req: Request{ClusterName: "berth", KubernetesVersion: "v1.34.2", ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16"}, Out: &bytes.Buffer{}}
+	if err := i.Prepare(context.Background(), job); err != nil {
+		t.Fatal(err)
+	}
+	return job
+}
+
+func TestPreflightChecksKubeadmVersion(t *testing.T) {
+	i, _, _, _ := setup("v1.33.6")
+	job := newJob(t, i)
+	err := i.Phases()[0].Run(context.Background(), job)
+	if err == nil || !strings.Contains(err.Error(), "v1.33.6") {
+		t.Fatalf("preflight = %v, want a version mismatch naming v1.33.6", err)
+	}
+}
+
+func TestPhasesAndRetryOfKubeadmInit(t *testing.T) {
+	i, rec, fsys, k := setup("v1.34.2")
+	job := newJob(t, i)
+	if job.ControlPlaneEndpoint != "198.51.100.10:6443" {
+		t.Fatalf("endpoint = %q, want the node's IP on 6443 when metadata publishes none", job.ControlPlaneEndpoint)
+	}
+	ctx := context.Background()
+	byName := map[string]Phase{}
+	for _, p := range i.Phases() {
+		byName[p.Name] = p
+	}
+	for _, name := range []string{PhasePreflight, PhaseKubeadmConfig, PhaseCerts, PhaseKubeadmInit, PhaseKubeadmInit} {
+		if err := byName[name].Run(ctx, job); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	cfg, err := afero.ReadFile(fsys, "/state/kubeadm-init.yaml")
+	if err != nil || !strings.Contains(string(cfg), "advertiseAddress: 198.51.100.10") {
+		t.Fatalf("kubeadm config = %s, %v", cfg, err)
+	}
+	want := strings.Join([]string{
+		"kubeadm version -o short",
+		"kubeadm init phase certs all --config /state/kubeadm-init.yaml",
+		"kubeadm init --config /state/kubeadm-init.yaml --skip-token-print --skip-phases=certs",
+		"kubeadm reset --force --cri-socket unix:///run/cri.sock",
+		"kubeadm init phase certs all --config /state/kubeadm-init.yaml",
+		"kubeadm init --config /state/kubeadm-init.yaml --skip-token-print --skip-phases=certs",
+	}, "\n")
+	if got := rec.String(); got != want {
+		t.Fatalf("calls:\n%s\nwant:\n%s", got, want)
+	}
+	if k.starts != 2 {
+		t.Fatalf("kubelet started %d times, want once per kubeadm-init attempt", k.starts)
+	}
+	_ = afero.WriteFile(fsys, "/etc/kubernetes/admin.conf", []byte("kind: Config\n"), 0o600)
+	if err := byName[PhaseAdminKubeconfig].Run(ctx, job); err != nil || string(job.Kubeconfig) != "kind: Config\n" {
+		t.Fatalf("admin-kubeconfig: %v, %q", err, job.Kubeconfig)
+	}
+}
+
+func TestPreflightNeedsCRISocket(t *testing.T) {
+	i, _, fsys, _ := setup("v1.34.2")
+	_ = fsys.Remove("/run/cri.sock")
+	if err := i.Phases()[0].Run(context.Background(), newJob(t, i)); err == nil || !strings.Contains(err.Error(), "cri.sock") {
+		t.Fatalf("preflight = %v, want an error naming the socket", err)
+	}
+}
