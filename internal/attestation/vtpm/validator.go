@@ -42,6 +42,16 @@ func NewValidator(p *policy.Policy, log *zap.Logger) (*Validator, error) {
 	if len(p.TrustRoots) == 0 {
 		return nil, fmt.Errorf("%w: a tpm policy needs at least one EK CA in trustRoots", policy.ErrInvalid)
 	}
+	for _, e := range p.Expectations {
+		if e.Index > 23 {
+			return nil, fmt.Errorf("%w: %s: a TPM has PCRs 0..23, not %d", policy.ErrInvalid, e.Source, e.Index)
+		}
+		for _, val := range e.AnyOf {
+			if len(val) != sha256.Size {
+				return nil, fmt.Errorf("%w: %s: PCR %d expects %d bytes, SHA-256 PCRs have %d", policy.ErrInvalid, e.Source, e.Index, len(val), sha256.Size)
+			}
+		}
+	}
 	if log == nil {
 		log = zap.NewNop()
 	}

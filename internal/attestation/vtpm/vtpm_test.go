@@ -553,3 +553,20 @@ func FuzzChallenge(f *testing.F) {
 		}
 	})
 }
+
+func TestNewValidatorChecksPolicy(t *testing.T) {
+	ca, err := vtpmtest.NewCA("CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, m := range map[string]string{
+		"short digest": "  4: {expected: abcd}\n",
+		"PCR 24":       "  24: {nonZero: true}\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := vtpm.NewValidator(policyFor(t, [][]byte{ca.PEM()}, m), zap.NewNop()); !errors.Is(err, policy.ErrInvalid) {
+				t.Fatalf("got %v, want policy.ErrInvalid", err)
+			}
+		})
+	}
+}
