@@ -19,11 +19,13 @@
 // extra quote.
 //
 // Every document costs a quote, so an attesting server rate-limits handshakes that ask for one: per
-// peer IP 2/s with a burst of 8, and globally 20/s with a burst of 40 (DefaultLimits). A TPM quote
-// takes 2-10 ms on swtpm and 50-200 ms on hardware TPMs, so the global limit keeps the TPM below
-// roughly a third of its capacity on real hardware while one client still retries comfortably. An
-// excess handshake gets a certificate without attestation that carries a refusal (OIDRefusal); the
-// client fails it with ErrRateLimited. Producing that costs a map lookup, no quote and no signature.
+// peer IP 2/s with a burst of 8, and globally 20/s with a burst of 40 (DefaultLimits). A quote takes
+// about 1 ms on swtpm (measured, see internal/attestation/README.md); on a hardware TPM, which runs one
+// command at a time, assume 10-50 ms. 20/s then bounds the TPM time spent on attestation to 20-100%
+// of the TPM: choose a lower Global limit with WithLimiter for slow TPMs. 2/s per peer lets one client
+// retry every second without starving the others. An excess handshake gets a certificate without
+// attestation that carries a refusal (OIDRefusal); the client fails it with ErrRateLimited. Producing
+// that costs a map lookup, no quote and no signature.
 package atls
 
 import (
