@@ -188,10 +188,13 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 		if _, err := os.Stat(js); err != nil {
 			fmt.Fprintf(errOut, "warning: no joinservice binary at %s (make build); workers will not be able to join\n", js)
 		} else {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				return fmt.Errorf("creating %s: %w", dir, err)
+			// Berth's images change with every build: a throwaway archive, removed once imported.
+			tmp, err := os.MkdirTemp(f.cacheDir, "berth-images-")
+			if err != nil {
+				return fmt.Errorf("creating Berth image directory: %w", err)
 			}
-			cfg.BerthArchive = filepath.Join(dir, "images-berth.tar")
+			defer os.RemoveAll(tmp)
+			cfg.BerthArchive = filepath.Join(tmp, "images-berth.tar")
 			if err := image.WriteArchive(cfg.BerthArchive, cfg.BerthImageSpecs(js)); err != nil {
 				return fmt.Errorf("building Berth images: %w", err)
 			}

@@ -109,7 +109,7 @@ func TestIntegrationTwoNodes(t *testing.T) {
 	env.AgentEnv = []string{agentEnvVar + "=1"}
 	cfg := Config{
 		Name: "itest", Dir: filepath.Join(t.TempDir(), "cluster"),
-		Subnet:        netip.MustParsePrefix("203.0.113.0/24"),
+		Subnet:        netip.MustParsePrefix("203.0.113.0/25"),
 		PodCIDR:       netip.MustParsePrefix(DefaultPodCIDR),
 		ServiceCIDR:   netip.MustParsePrefix(DefaultServiceCIDR),
 		ControlPlanes: 1, Workers: 1,

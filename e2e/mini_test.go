@@ -1,0 +1,301 @@
+//go:build e2e
+
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const (
+	clusterName = "e2e"
+	// subnet is disjoint from berth mini's default and from internal/mini's integration test, so
+	// the e2e can run next to either.
+	subnet = "203.0.113.128/25"
+)
+
+// repoRoot is the repository root (the e2e package lives one level below it).
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	wd, err := os.Getwd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return filepath.Dir(wd)
+}
+
+type cluster struct {
+	t       *testing.T
+	root    string
+	dir     string
+	berth   string
+	kubectl string
+}
+
+func (c *cluster) run(timeout time.Duration, name string, args ...string) (string, error) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Dir = c.root
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = &out
+	err := cmd.Run()
+	return out.String(), err
+}
+
+func (c *cluster) must(timeout time.Duration, name string, args ...string) string {
+	c.t.Helper()
+	out, err := c.run(timeout, name, args...)
+	if err != nil {
+		c.t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+func (c *cluster) kube(args ...string) string {
+	c.t.Helper()
+	return c.must(2*time.Minute, c.kubectl, append([]string{"--kubeconfig", filepath.Join(c.dir, "admin.conf")}, args...)...)
+}
+
+// TestMiniCluster brings up 1 control plane and 2 workers with berth mini up (berth init on the
+// first node, the workers join through the joinservice by themselves), runs a pod on every node,
+// checks logs, exec, Service DNS and pod-to-pod traffic across nodes, power-cycles all nodes, and
+// checks that berth mini down leaves nothing behind.
+func TestMiniCluster(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	root := repoRoot(t)
+	c := &cluster{t: t, root: root, dir: filepath.Join(t.TempDir(), "cluster"), berth: filepath.Join(root, "bin", "berth")}
+	for _, b := range []string{"berth", "bootstrapper", "joinservice"} {
+		if _, err := os.Stat(filepath.Join(root, "bin", b)); err != nil {
+			t.Fatalf("bin/%s missing: run make build first (make test-e2e does): %v", b, err)
+		}
+	}
+	kbin := strings.TrimSpace(c.must(30*time.Minute, filepath.Join(root, "scripts", "build-k8s.sh"), "k8s"))
+	c.kubectl = filepath.Join(kbin, "kubectl")
+
+	start := time.Now()
+	out, err := c.run(30*time.Minute, c.berth, "mini", "up", "--dir", c.dir, "--name", clusterName, "--subnet", subnet,
+		"--control-planes", "1", "--workers", "2")
+	t.Logf("berth mini up (%.1fs):\n%s", time.Since(start).Seconds(), out)
+	var procs []int
+	defer func() {
+		start := time.Now()
+		out, err := c.run(5*time.Minute, c.berth, "mini", "down", "--dir", c.dir)
+		t.Logf("berth mini down (%.1fs):\n%s", time.Since(start).Seconds(), out)
+		if err != nil {
+			t.Errorf("berth mini down: %v", err)
+		}
+		checkNoResidue(t, c.dir, procs)
+		// down is idempotent.
+		if out, err := c.run(time.Minute, c.berth, "mini", "down", "--dir", c.dir); err != nil {
+			t.Errorf("second berth mini down: %v\n%s", err, out)
+		}
+	}()
+	procs = recordedPIDs(t, c.dir)
+	if err != nil {
+		dumpLogs(t, c.dir)
+		t.Fatalf("berth mini up: %v", err)
+	}
+
+	nodes := strings.Fields(c.kube("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"))
+	if strings.Join(nodes, " ") != "cp1 w1 w2" {
+		t.Fatalf("nodes = %v, want cp1 w1 w2", nodes)
+	}
+
+	applyTestApp(t, c)
+	c.kube("rollout", "status", "daemonset/testapp", "--timeout=120s")
+	pods := podsByNode(t, c)
+	for _, n := range nodes {
+		if pods[n].name == "" {
+			t.Fatalf("no testapp pod on %s (pods: %v)", n, pods)
+		}
+	}
+	// Logs and exec work through the API server to each kubelet.
+	for _, n := range nodes {
+		if logs := c.kube("logs", pods[n].name); !strings.Contains(logs, "testapp serving on :8080") {
+			t.Errorf("logs of %s on %s = %q", pods[n].name, n, logs)
+		}
+	}
+	if got := c.kube("exec", pods["w1"].name, "--", "/testapp", "echo", "exec works"); strings.TrimSpace(got) != "exec works" {
+		t.Errorf("exec = %q", got)
+	}
+	// Pod to pod across nodes, and a Service by DNS name (CoreDNS + kube-proxy nftables).
+	if got := c.kube("exec", pods["w1"].name, "--", "/testapp", "get", "http://"+pods["w2"].ip+":8080/"); !strings.Contains(got, pods["w2"].name) {
+		t.Errorf("w1 -> w2 pod = %q", got)
+	}
+	if got := c.kube("exec", pods["w2"].name, "--", "/testapp", "get", "http://testapp.default.svc.cluster.local/"); !strings.Contains(got, "testapp on ") {
+		t.Errorf("service by DNS = %q", got)
+	}
+
+	// Power cut of all nodes; the cluster comes back by itself.
+	start = time.Now()
+	out = c.must(15*time.Minute, c.berth, "mini", "restart", "--dir", c.dir)
+	t.Logf("berth mini restart (%.1fs):\n%s", time.Since(start).Seconds(), out)
+	procs = append(procs, recordedPIDs(t, c.dir)...)
+	c.kube("rollout", "status", "daemonset/testapp", "--timeout=180s")
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		got, err := c.run(time.Minute, c.kubectl, "--kubeconfig", filepath.Join(c.dir, "admin.conf"), "exec", "daemonset/testapp", "--",
+			"/testapp", "get", "http://testapp.default.svc.cluster.local/")
+		if err == nil && strings.Contains(got, "testapp on ") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("service after restart: %v %q", err, got)
+		}
+		time.Sleep(2 * time.Second)
+	}
+}
+
+type pod struct{ name, ip string }
+
+func podsByNode(t *testing.T, c *cluster) map[string]pod {
+	t.Helper()
+	var list struct {
+		Items []struct {
+			Metadata struct{ Name string } `json:"metadata"`
+			Spec     struct {
+				NodeName string `json:"nodeName"`
+			} `json:"spec"`
+			Status struct {
+				PodIP string `json:"podIP"`
+				Phase string `json:"phase"`
+			} `json:"status"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal([]byte(c.kube("get", "pods", "-l", "app=testapp", "-o", "json")), &list); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]pod{}
+	for _, p := range list.Items {
+		if p.Status.Phase == "Running" {
+			out[p.Spec.NodeName] = pod{name: p.Metadata.Name, ip: p.Status.PodIP}
+		}
+	}
+	return out
+}
+
+func applyTestApp(t *testing.T, c *cluster) {
+	t.Helper()
+	manifest := `apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: testapp, namespace: default}
+spec:
+  selector: {matchLabels: {app: testapp}}
+  template:
+    metadata: {labels: {app: testapp}}
+    spec:
+      tolerations: [{operator: Exists}]
+      containers:
+      - name: testapp
+        image: berth.local/testapp:v1
+        imagePullPolicy: Never
+        args: [serve]
+        ports: [{containerPort: 8080}]
+        readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 2}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: testapp, namespace: default}
+spec:
+  selector: {app: testapp}
+  ports: [{port: 80, targetPort: 8080}]
+`
+	f := filepath.Join(t.TempDir(), "testapp.yaml")
+	if err := os.WriteFile(f, []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.kube("apply", "-f", f)
+}
+
+// recordedPIDs returns every daemon PID the cluster's state file records.
+func recordedPIDs(t *testing.T, dir string) []int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
+	if err != nil {
+		return nil
+	}
+	var st struct {
+		Agent *struct{ PID int } `json:"agent"`
+		Procs map[string][]struct {
+			PID int `json:"pid"`
+		} `json:"procs"`
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	if st.Agent != nil {
+		pids = append(pids, st.Agent.PID)
+	}
+	for _, ps := range st.Procs {
+		for _, p := range ps {
+			pids = append(pids, p.PID)
+		}
+	}
+	return pids
+}
+
+func dumpLogs(t *testing.T, dir string) {
+	t.Helper()
+	files, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "logs", "*.log"))
+	files = append(files, filepath.Join(dir, "agent.log"), filepath.Join(dir, "init.log"))
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		if len(b) > 4000 {
+			b = b[len(b)-4000:]
+		}
+		t.Logf("--- %s\n%s", f, b)
+	}
+}
+
+// checkNoResidue fails for anything of the cluster left on the host: processes, network
+// namespaces, links, mounts, cgroups, files.
+func checkNoResidue(t *testing.T, dir string, pids []int) {
+	t.Helper()
+	for _, pid := range pids {
+		if b, err := os.ReadFile(filepath.Join("/proc", itoa(pid), "stat")); err == nil && !strings.Contains(string(b), ") Z ") {
+			if syscall.Kill(pid, 0) == nil {
+				t.Errorf("process %d still runs: %s", pid, b)
+			}
+		}
+	}
+	if entries, err := os.ReadDir("/run/netns"); err == nil {
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), "berth-"+clusterName+"-") {
+				t.Errorf("network namespace %s left behind", e.Name())
+			}
+		}
+	}
+	if _, err := os.Stat("/sys/class/net/" + clusterName + "-host"); err == nil {
+		t.Errorf("link %s-host left behind", clusterName)
+	}
+	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), dir) {
+		t.Errorf("mounts under %s left behind", dir)
+	}
+	hs, _ := filepath.Glob("/sys/fs/cgroup/*/berth/" + clusterName)
+	for _, h := range hs {
+		t.Errorf("cgroup %s left behind", h)
+	}
+	if _, err := os.Stat(dir); err == nil {
+		t.Errorf("cluster directory %s left behind", dir)
+	}
+	if _, err := os.Stat("/run/berth-mini/" + clusterName); err == nil {
+		t.Errorf("registry entry left behind")
+	}
+}
+
+func itoa(i int) string { return strconv.Itoa(i) }

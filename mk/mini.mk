@@ -1,0 +1,21 @@
+# Mini cluster targets (issue 4): `make mini-up` starts a local cluster of namespace nodes,
+# `make test-e2e` runs the end-to-end tests on one. Both need root.
+MINI_DIR ?= /var/lib/berth/mini
+MINI_FLAGS ?= --control-planes 1 --workers 2
+
+.PHONY: mini-build mini-up mini-down mini-restart test-e2e
+
+mini-build: ## build Kubernetes, etcd, CoreDNS, flannel and the pod binaries (cached by version)
+	./scripts/build-k8s.sh >/dev/null
+
+mini-up: build mini-build ## start a mini cluster in MINI_DIR (root)
+	$(BIN)/berth mini up --dir $(MINI_DIR) $(MINI_FLAGS)
+
+mini-down: build ## remove the mini cluster in MINI_DIR (root)
+	$(BIN)/berth mini down --dir $(MINI_DIR)
+
+mini-restart: build ## power-cycle every node of the mini cluster in MINI_DIR (root)
+	$(BIN)/berth mini restart --dir $(MINI_DIR)
+
+test-e2e: build mini-build ## end-to-end tests on a real mini cluster (root; build tag e2e)
+	$(GO) test -tags e2e -count=1 -v -timeout 45m ./e2e/...
