@@ -75,6 +75,7 @@ type miniUpFlags struct {
 	subnet        string
 	controlPlanes int
 	workers       int
+	tampered      int
 	buildScript   string
 	cacheDir      string
 	bootstrapper  string
@@ -110,6 +111,7 @@ berth mini down removes it.`,
 	fl.StringVar(&f.subnet, "subnet", mini.DefaultSubnet, "node network (a documentation range); the host takes .1, nodes .10 and up")
 	fl.IntVar(&f.controlPlanes, "control-planes", 1, "number of control-plane nodes")
 	fl.IntVar(&f.workers, "workers", 2, "number of worker nodes")
+	fl.IntVar(&f.tampered, "tampered-workers", 0, "extra workers t1..tK whose simulated boot is tampered with; an attested cluster must reject them")
 	fl.StringVar(&f.buildScript, "build-script", "scripts/build-k8s.sh", "script that builds the upstream binaries and prints their bin dirs")
 	fl.StringVar(&f.cacheDir, "cache", envOr("BERTH_CACHE", "/var/cache/berth"), "build and image cache (also $BERTH_CACHE)")
 	fl.StringVar(&f.bootstrapper, "bootstrapper", "", "bootstrapper binary (default: bootstrapper next to the berth binary)")
@@ -143,7 +145,7 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 		Name: f.name, Dir: dir, Subnet: subnet,
 		PodCIDR:       netip.MustParsePrefix(mini.DefaultPodCIDR),
 		ServiceCIDR:   netip.MustParsePrefix(mini.DefaultServiceCIDR),
-		ControlPlanes: f.controlPlanes, Workers: f.workers,
+		ControlPlanes: f.controlPlanes, Workers: f.workers, TamperedWorkers: f.tampered,
 		Attestation: f.attestation,
 	}
 	if f.attestation != mini.AttestationTPM && f.attestation != mini.AttestationInsecureNone {
@@ -226,6 +228,22 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 	if _, err := cl.Bootstrap(ctx, mini.BootstrapOptions{Progress: phase, Status: status, ReadyTimeout: f.readyTimeout}); err != nil {
 		fmt.Fprintf(errOut, "berth mini up failed; logs are under %s/nodes/*/logs; remove the cluster with: berth mini down --dir %s\n", dir, dir)
 		return err
+	}
+	report, err := cl.TamperedReport(ctx)
+	if err != nil {
+		return err
+	}
+	var joined []string
+	for _, r := range report {
+		if r.Joined {
+			joined = append(joined, r.Node)
+			fmt.Fprintf(out, "  tampered %s: JOINED the cluster (attestation %s did not stop it)\n", r.Node, f.attestation)
+			continue
+		}
+		fmt.Fprintf(out, "  tampered %s: rejected: %s\n", r.Node, r.Reason)
+	}
+	if len(joined) > 0 && f.attestation == mini.AttestationTPM {
+		return fmt.Errorf("tampered nodes joined an attested cluster: %s", strings.Join(joined, " "))
 	}
 	fmt.Fprintf(out, "cluster ready in %.1fs. Use it with:\n  export KUBECONFIG=%s\n  kubectl get nodes\n", time.Since(start).Seconds(), cfg.AdminKubeconfig())
 	return nil

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -47,7 +48,8 @@ serviceCIDR: %s
 podCIDR: %s
 apiServerCertSANs: [%s]
 initSecretFile: %s
-`, c.cfg.Name, KubernetesVersion, c.cfg.ServiceCIDR.Masked(), c.cfg.PodCIDR.Masked(), cp.IP, c.initSecretPath()))
+`, c.cfg.Name, KubernetesVersion, c.cfg.ServiceCIDR.Masked(), c.cfg.PodCIDR.Masked(), cp.IP, c.initSecretPath()) +
+		map[bool]string{true: "attestationPolicyFile: " + c.cfg.PolicyPath() + "\n"}[c.cfg.Attestation == AttestationTPM])
 }
 
 func (c *Cluster) initSecretPath() string { return filepath.Join(c.cfg.Dir, "init-secret") }
@@ -58,6 +60,9 @@ func (c *Cluster) Bootstrap(ctx context.Context, opts BootstrapOptions) (Timings
 	var t Timings
 	cp := c.cfg.Nodes()[0]
 	err := t.run("init", opts.Progress, func() error {
+		if err := writeFile(c.cfg.PolicyPath(), c.policyFile(), 0o644); err != nil {
+			return err
+		}
 		cfgPath := filepath.Join(c.cfg.Dir, "init.yaml")
 		if err := writeFile(cfgPath, c.initConfig(), 0o600); err != nil {
 			return err
@@ -111,7 +116,7 @@ func (c *Cluster) WaitReady(ctx context.Context, since time.Time, timeout time.D
 	}); err != nil {
 		return fmt.Errorf("%w: API server unreachable: %w", ErrNotReady, err)
 	}
-	return waitNodesReady(wctx, cs.CoreV1().Nodes(), c.cfg.Nodes(), since, status)
+	return waitNodesReady(wctx, cs.CoreV1().Nodes(), c.cfg.GenuineNodes(), since, status)
 }
 
 // nodeClient lists the cluster's Node objects.
@@ -252,4 +257,60 @@ func fixKubeProxyConntrack(ctx context.Context, k kubeProxyClient) (bool, error)
 		return true, fmt.Errorf("restarting kube-proxy: %w", err)
 	}
 	return true, nil
+}
+
+// TamperedStatus describes what happened to one tampered node.
+type TamperedStatus struct {
+	Node string
+	// Joined is true when the node is registered in the cluster: attestation did not stop it.
+	Joined bool
+	// Reason is the last rejection or error the node's bootstrapper logged.
+	Reason string
+}
+
+// TamperedReport tells, for every tampered node, whether it got into the cluster and why not.
+func (c *Cluster) TamperedReport(ctx context.Context) ([]TamperedStatus, error) {
+	var tampered []Node
+	for _, n := range c.cfg.Nodes() {
+		if n.Tampered {
+			tampered = append(tampered, n)
+		}
+	}
+	if len(tampered) == 0 {
+		return nil, nil
+	}
+	cs, err := newClientset(c.cfg.AdminKubeconfig())
+	if err != nil {
+		return nil, err
+	}
+	list, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("listing nodes: %w", err)
+	}
+	registered := map[string]bool{}
+	for _, n := range list.Items {
+		registered[n.Name] = true
+	}
+	var out []TamperedStatus
+	for _, n := range tampered {
+		out = append(out, TamperedStatus{Node: n.Name, Joined: registered[n.Name],
+			Reason: lastRejection(filepath.Join(c.logDir(n.Name), "bootstrapper.log"))})
+	}
+	return out, nil
+}
+
+// lastRejection returns the last log line of a bootstrapper that mentions a rejection or an error.
+func lastRejection(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		l := strings.ToLower(lines[i])
+		if strings.Contains(l, "reject") || strings.Contains(l, `"level":"error"`) || strings.Contains(l, `"level":"warn"`) {
+			return strings.TrimSpace(lines[i])
+		}
+	}
+	return ""
 }

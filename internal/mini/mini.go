@@ -79,6 +79,9 @@ type Config struct {
 	ServiceCIDR   netip.Prefix `json:"serviceCIDR"`
 	ControlPlanes int          `json:"controlPlanes"`
 	Workers       int          `json:"workers"`
+	// TamperedWorkers are extra workers t1..tK whose simulated boot measures something else, so an
+	// attesting cluster must reject them.
+	TamperedWorkers int `json:"tamperedWorkers,omitempty"`
 	Bins          Bins         `json:"bins"`
 	// Bootstrapper is the bootstrapper binary each node runs; empty means none is started.
 	Bootstrapper string `json:"bootstrapper,omitempty"`
@@ -110,6 +113,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: control planes must be 1..9, got %d", ErrInvalidConfig, c.ControlPlanes)
 	case c.Workers < 0 || c.Workers > 40:
 		return fmt.Errorf("%w: workers must be 0..40, got %d", ErrInvalidConfig, c.Workers)
+	case c.TamperedWorkers < 0 || c.TamperedWorkers > 9:
+		return fmt.Errorf("%w: tampered workers must be 0..9, got %d", ErrInvalidConfig, c.TamperedWorkers)
 	}
 	return nil
 }
@@ -120,6 +125,8 @@ type Node struct {
 	Name string        `json:"name"`
 	Role metadata.Role `json:"role"`
 	IP   netip.Addr    `json:"ip"`
+	// Tampered nodes measure a different boot into their TPM.
+	Tampered bool `json:"tampered,omitempty"`
 }
 
 // Nodes lists the cluster's nodes: control planes cp1..cpM first, then workers w1..wN. Node i
@@ -138,7 +145,22 @@ func (c Config) Nodes() []Node {
 		nodes = append(nodes, Node{Name: fmt.Sprintf("w%d", i), Role: metadata.RoleWorker, IP: ip})
 		ip = ip.Next()
 	}
+	for i := 1; i <= c.TamperedWorkers; i++ {
+		nodes = append(nodes, Node{Name: fmt.Sprintf("t%d", i), Role: metadata.RoleWorker, IP: ip, Tampered: true})
+		ip = ip.Next()
+	}
 	return nodes
+}
+
+// GenuineNodes are the nodes that are not tampered: the ones that must become Ready.
+func (c Config) GenuineNodes() []Node {
+	var out []Node
+	for _, n := range c.Nodes() {
+		if !n.Tampered {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // HostAddr is the host's address on the cluster bridge; the metadata API listens there.
@@ -195,6 +217,9 @@ func (c Config) AdminKubeconfig() string { return filepath.Join(c.Dir, "admin.co
 
 // ComponentsDir holds the manifests the first control plane applies after kubeadm init.
 func (c Config) ComponentsDir() string { return filepath.Join(c.Dir, "components") }
+
+// PolicyPath is the attestation policy berth init uses (and sends to the cluster).
+func (c Config) PolicyPath() string { return filepath.Join(c.Dir, "policy.yaml") }
 
 // StatePath is the cluster's state file.
 func (c Config) StatePath() string { return filepath.Join(c.Dir, "state.json") }

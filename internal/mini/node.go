@@ -174,7 +174,7 @@ func (c *Cluster) tpm(ctx context.Context, n Node) error {
 	if err != nil {
 		return fmt.Errorf("starting swtpm: %w", err)
 	}
-	return nil
+	return c.measureBoot(ctx, n)
 }
 
 // ctr returns the command running ctr against node n's containerd.

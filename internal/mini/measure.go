@@ -1,0 +1,67 @@
+package mini
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"path/filepath"
+	"time"
+)
+
+// BootPCR is the PCR the simulated boot of a mini node measures into (PCR 4 holds the boot
+// loader and kernel on a real machine).
+const BootPCR = 4
+
+// bootEvent is what a node's simulated boot measures: the same for every genuine node, different
+// for a tampered one.
+func bootEvent(tampered bool) [32]byte {
+	if tampered {
+		return sha256.Sum256([]byte("berth mini boot: tampered image"))
+	}
+	return sha256.Sum256([]byte("berth mini boot: genuine image"))
+}
+
+// ExpectedBootPCR is the value of BootPCR after a genuine node's simulated boot (one extend from
+// the reset value of zeros).
+func ExpectedBootPCR() string {
+	ev := bootEvent(false)
+	var zero [32]byte
+	sum := sha256.Sum256(append(zero[:], ev[:]...))
+	return hex.EncodeToString(sum[:])
+}
+
+// measureBoot extends node n's simulated boot into its TPM, the way firmware measures a machine's
+// boot chain before any Berth code runs. It retries while swtpm is still starting.
+func (c *Cluster) measureBoot(ctx context.Context, n Node) error {
+	ev := bootEvent(n.Tampered)
+	cmd := Cmd{Path: "nsenter", Args: []string{"--net=" + filepath.Join(c.env.NetnsRoot, c.cfg.NodeNetns(n.Name)), "--",
+		"tpm2_pcrextend", "-T", fmt.Sprintf("swtpm:host=127.0.0.1,port=%d", TPMPort),
+		fmt.Sprintf("%d:sha256=%s", BootPCR, hex.EncodeToString(ev[:]))}}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	var last error
+	if err := waitFor(wctx, 50*time.Millisecond, func() bool {
+		_, last = c.run.Run(wctx, cmd)
+		return last == nil
+	}); err != nil {
+		return fmt.Errorf("measuring boot: %w (last: %v)", err, last)
+	}
+	return nil
+}
+
+// policyFile is the cluster's attestation policy: the genuine boot in BootPCR, EK certificates
+// rooted in the mini-local CA.
+func (c *Cluster) policyFile() []byte {
+	return []byte(fmt.Sprintf(`# Written by berth mini.
+variant: tpm
+measurements:
+  %d:
+    expected: %s
+    mode: enforce
+    source: berth mini simulated boot of a genuine node image
+trustRoots:
+  - file: %s
+  - file: %s
+`, BootPCR, ExpectedBootPCR(), c.cfg.TPMCARoot(), c.cfg.TPMCAIntermediate()))
+}
