@@ -81,8 +81,8 @@ type Config struct {
 	Workers       int          `json:"workers"`
 	// TamperedWorkers are extra workers t1..tK whose simulated boot measures something else, so an
 	// attesting cluster must reject them.
-	TamperedWorkers int `json:"tamperedWorkers,omitempty"`
-	Bins          Bins         `json:"bins"`
+	TamperedWorkers int  `json:"tamperedWorkers,omitempty"`
+	Bins            Bins `json:"bins"`
 	// Bootstrapper is the bootstrapper binary each node runs; empty means none is started.
 	Bootstrapper string `json:"bootstrapper,omitempty"`
 	// ImageArchive is the docker-archive tar of the upstream images imported into every node.
