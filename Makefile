@@ -12,8 +12,11 @@ GOTEST_FLAGS ?= -race -count=1
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
+# Release tags: berthrelease keeps the TPM simulator out; berth_noqpl keeps go-tdx-qpl (AGPL-3.0) out of
+# the binaries that never open a TDX device. Only the bootstrapper links it, for the legacy TDX backend.
 build: ## build every binary into bin/
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berth ./bootstrapper/cmd/bootstrapper ./joinservice/cmd/joinservice
+	CGO_ENABLED=0 $(GO) build -trimpath -tags berthrelease,berth_noqpl -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berth ./joinservice/cmd/joinservice
+	CGO_ENABLED=0 $(GO) build -trimpath -tags berthrelease -ldflags '$(LDFLAGS)' -o $(BIN)/ ./bootstrapper/cmd/bootstrapper
 
 tools: ## build pinned tools (buf, protoc plugins, staticcheck) into .tools/bin
 	cd tools && GOBIN=$(TOOLS_BIN) $(GO) install tool

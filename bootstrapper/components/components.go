@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/spf13/afero"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -47,6 +48,9 @@ type Config struct {
 	ImagePullPolicy string
 	// JoinServiceEnv is passed to the joinservice container (metadata provider, attestation variant).
 	JoinServiceEnv map[string]string
+	// JoinServiceHostPaths are host paths (the TPM's socket directory or device) mounted into the
+	// joinservice at the same path, so it can attest with this node's TPM.
+	JoinServiceHostPaths []string
 }
 
 // Installer installs the components.
@@ -146,6 +150,17 @@ func (i *Installer) objects(job *initcluster.Job) ([]*unstructured.Unstructured,
 		env = append(env, map[string]any{"name": k, "value": i.cfg.JoinServiceEnv[k]})
 	}
 	labels := map[string]any{"app.kubernetes.io/name": JoinServiceName, "app.kubernetes.io/part-of": "berth"}
+	mounts := []any{map[string]any{"name": "pki", "mountPath": "/etc/kubernetes/pki", "readOnly": true}}
+	volumes := []any{map[string]any{"name": "pki", "hostPath": map[string]any{"path": "/etc/kubernetes/pki", "type": "Directory"}}}
+	privileged := false
+	for n, p := range i.cfg.JoinServiceHostPaths {
+		name := fmt.Sprintf("host-%d", n)
+		mounts = append(mounts, map[string]any{"name": name, "mountPath": p})
+		volumes = append(volumes, map[string]any{"name": name, "hostPath": map[string]any{"path": p}})
+		if strings.HasPrefix(p, "/dev/") {
+			privileged = true // a TPM character device needs device access
+		}
+	}
 	objs := []map[string]any{
 		{
 			"apiVersion": "v1", "kind": "Namespace",
@@ -211,10 +226,11 @@ func (i *Installer) objects(job *initcluster.Job) ([]*unstructured.Unstructured,
 								fmt.Sprintf("--listen=:%d", JoinServicePort),
 								"--pki-dir=/etc/kubernetes/pki",
 							},
-							"env":          []any{map[string]any{"name": "NODE_NAME", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "spec.nodeName"}}}},
-							"volumeMounts": []any{map[string]any{"name": "pki", "mountPath": "/etc/kubernetes/pki", "readOnly": true}},
+							"env":             []any{map[string]any{"name": "NODE_NAME", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "spec.nodeName"}}}},
+							"volumeMounts":    mounts,
+							"securityContext": map[string]any{"privileged": privileged},
 						}},
-						"volumes": []any{map[string]any{"name": "pki", "hostPath": map[string]any{"path": "/etc/kubernetes/pki", "type": "Directory"}}},
+						"volumes": volumes,
 					},
 				},
 			},

@@ -21,6 +21,7 @@ import (
 	mrand "math/rand/v2"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -101,6 +102,12 @@ func (c *Client) Run(ctx context.Context) error {
 				rejected = true
 				log.Warn("join ticket rejected", zap.String("endpoint", ep), zap.String("code", r.code.String()),
 					zap.String("reason", r.reason), zap.String("message", r.message))
+				continue
+			}
+			if st, ok := status.FromError(err); ok && strings.Contains(st.Message(), "handshake failed") {
+				// The joinservice answered but did not prove it runs this image on a bootstrapped
+				// node (or this node's own attestation failed): never silent.
+				log.Warn("attested handshake with joinservice failed", zap.String("endpoint", ep), zap.String("message", st.Message()))
 				continue
 			}
 			log.Debug("joinservice not reachable", zap.String("endpoint", ep), zap.Error(err))

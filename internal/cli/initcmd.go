@@ -263,6 +263,13 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 	if err != nil {
 		return err
 	}
+	if len(policyBytes) > 0 {
+		// The node and its joinservice get the policy without the files beside it.
+		policyFile := resolve(o.configPath, cfg.AttestationPolicyFile)
+		if policyBytes, err = inlinePolicy(policyBytes, filepath.Dir(policyFile)); err != nil {
+			return usageErr("%s: %w", policyFile, err)
+		}
+	}
 	var validator choose.Validator
 	switch {
 	case o.insecure:

@@ -34,6 +34,8 @@ import (
 
 // Reason codes of rejections.
 const (
+	ReasonNoEvidence    = "NO_EVIDENCE"
+	ReasonMeasurements  = "MEASUREMENT_MISMATCH"
 	ReasonUnknownPeer   = "UNKNOWN_PEER"
 	ReasonRoleMismatch  = "ROLE_MISMATCH"
 	ReasonBadCSR        = "BAD_CSR"
@@ -70,13 +72,43 @@ type Server struct {
 	ca     *ca.Authority
 	tokens tokenCreator
 	meta   peerLister
+	// attest judges the peer's attestation; nil accepts every peer (insecure-none).
+	attest AttestationCheck
 	// cpJoin serializes control-plane joins: etcd grows one member at a time.
 	cpJoin sync.Mutex
 }
 
-// New returns a Server.
-func New(cfg Config, log *zap.Logger, keys *clusterkeys.Keys, salt []byte, authority *ca.Authority, tok tokenCreator, meta peerLister) *Server {
-	return &Server{cfg: cfg, log: log, keys: keys, salt: salt, ca: authority, tokens: tok, meta: meta}
+// AttestationCheck judges the attestation of the peer in ctx against the cluster's policy. It returns
+// the policy's warnings, or an error: ErrNoEvidence when the peer did not attest, otherwise an error
+// whose text names what deviated (index, expected, actual).
+type AttestationCheck func(ctx context.Context) (warnings []string, err error)
+
+// ErrNoEvidence is returned by an AttestationCheck for a peer that presented no attestation.
+var ErrNoEvidence = errors.New("peer presented no attestation")
+
+// New returns a Server. attest may be nil only when the service runs without attestation.
+func New(cfg Config, log *zap.Logger, keys *clusterkeys.Keys, salt []byte, authority *ca.Authority, tok tokenCreator, meta peerLister, attest AttestationCheck) *Server {
+	return &Server{cfg: cfg, log: log, keys: keys, salt: salt, ca: authority, tokens: tok, meta: meta, attest: attest}
+}
+
+// checkAttestation applies the attestation check, if any, and turns a failure into a rejection.
+func (s *Server) checkAttestation(ctx context.Context, log *zap.Logger) error {
+	if s.attest == nil {
+		return nil
+	}
+	warnings, err := s.attest(ctx)
+	if errors.Is(err, ErrNoEvidence) {
+		log.Warn("join rejected", zap.String("reason", ReasonNoEvidence))
+		return reject(codes.Unauthenticated, ReasonNoEvidence, "no attestation: connect with attested TLS")
+	}
+	if err != nil {
+		log.Warn("join rejected", zap.String("reason", ReasonMeasurements), zap.Error(err))
+		return reject(codes.PermissionDenied, ReasonMeasurements, err.Error())
+	}
+	for _, w := range warnings {
+		log.Warn("attestation warning", zap.String("warning", w))
+	}
+	return nil
 }
 
 func reject(code codes.Code, reason, msg string) error {
@@ -91,6 +123,9 @@ func reject(code codes.Code, reason, msg string) error {
 func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTicketRequest) (*joinproto.IssueJoinTicketResponse, error) {
 	peerIP := peerIP(ctx)
 	log := s.log.With(zap.String("peer", peerIP.String()), zap.String("claimedRole", req.GetRole().String()))
+	if err := s.checkAttestation(ctx, log); err != nil {
+		return nil, err
+	}
 	inst, err := s.instanceFor(ctx, peerIP)
 	if err != nil {
 		log.Warn("join rejected", zap.String("reason", ReasonUnknownPeer), zap.Error(err))
@@ -149,6 +184,9 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 // IssueRejoinTicket implements the RPC.
 func (s *Server) IssueRejoinTicket(ctx context.Context, req *joinproto.IssueRejoinTicketRequest) (*joinproto.IssueRejoinTicketResponse, error) {
 	peerIP := peerIP(ctx)
+	if err := s.checkAttestation(ctx, s.log.With(zap.String("peer", peerIP.String()))); err != nil {
+		return nil, err
+	}
 	if _, err := s.instanceFor(ctx, peerIP); err != nil {
 		s.log.Warn("rejoin rejected", zap.String("peer", peerIP.String()), zap.String("reason", ReasonUnknownPeer))
 		return nil, reject(codes.PermissionDenied, ReasonUnknownPeer, "this address belongs to no instance of the cluster")

@@ -82,7 +82,7 @@ func start(t *testing.T, meta peers, tok *fakeTokens) joinproto.JoinServiceClien
 	}
 	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
 	srv := New(Config{APIServerEndpoint: "198.51.100.10:6443", KubernetesVersion: "v1.34.2", PKIDir: pki},
-		zap.NewNop(), keys, bytes.Repeat([]byte{2}, 32), authority, tok, meta)
+		zap.NewNop(), keys, bytes.Repeat([]byte{2}, 32), authority, tok, meta, nil)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -11,7 +11,10 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/berth-k8s/berth/bootstrapper/joinclient"
 	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/attestation/choose"
+	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/joinproto"
@@ -28,9 +31,9 @@ type attestationSetup struct {
 	dialJoin func(ctx context.Context, endpoint string) (joinproto.JoinServiceClient, io.Closer, error)
 }
 
-// errJoinNotAttested: the joinservice does not attest itself yet, so an attesting node cannot
-// verify it before joining; joins need --attestation=insecure-none until it does.
-var errJoinNotAttested = errors.New("joining over attested TLS needs an attesting joinservice, which is not wired yet")
+// errNoJoinPolicy: an attesting node without --join-policy cannot check the joinservice, so it
+// does not join.
+var errNoJoinPolicy = errors.New("no --join-policy: this node does not join")
 
 func newAttestation(cfg *config, log *zap.Logger) (*attestationSetup, error) {
 	var issuer atls.Issuer
@@ -59,11 +62,38 @@ func newAttestation(cfg *config, log *zap.Logger) (*attestationSetup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating attested TLS credentials: %w", err)
 	}
-	log.Warn("this node can be initialized over attested TLS but cannot join yet: the joinservice does not attest itself")
-	dialJoin := func(context.Context, string) (joinproto.JoinServiceClient, io.Closer, error) {
-		return nil, nil, errJoinNotAttested
+	setup := &attestationSetup{markers: markers, serverCreds: creds}
+	if cfg.joinPolicy == "" {
+		log.Warn("no --join-policy: this node can be initialized but will not join a cluster")
+		setup.dialJoin = func(context.Context, string) (joinproto.JoinServiceClient, io.Closer, error) {
+			return nil, nil, errNoJoinPolicy
+		}
+		return setup, nil
 	}
-	return &attestationSetup{markers: markers, serverCreds: creds, dialJoin: dialJoin}, nil
+	p, err := policy.Load(cfg.joinPolicy)
+	if err != nil {
+		return nil, fmt.Errorf("--join-policy: %w", err)
+	}
+	if p.Variant != cfg.attestation {
+		return nil, fmt.Errorf("--join-policy is for %q, this node attests with %q", p.Variant, cfg.attestation)
+	}
+	validator, err := choose.NewValidator(p, log.Named("join-validator"))
+	if err != nil {
+		return nil, fmt.Errorf("--join-policy: %w", err)
+	}
+	setup.dialJoin, err = joinclient.NewAttestedDial(issuer, validator, lockCheck(cfg), atls.WithLogger(log.Named("atls")))
+	if err != nil {
+		return nil, err
+	}
+	return setup, nil
+}
+
+// lockCheck verifies that the joinservice's lock register holds the cluster ID of its ticket.
+func lockCheck(cfg *config) joinclient.LockCheck {
+	if cfg.attestation == "tdx" {
+		return joinclient.LockRegisterCheck(uint32(1+tdx.DefaultLockRTMR), tdx.ExpectedLockRTMR)
+	}
+	return joinclient.LockRegisterCheck(uint32(cfg.lockPCR), vtpm.ExpectedLockValue)
 }
 
 // dialInsecure opens a plaintext joinservice client; only for --attestation=insecure-none.

@@ -20,6 +20,7 @@ type config struct {
 	attestation   string
 	tpm           string
 	lockPCR       uint
+	joinPolicy    string
 	stateDir      string
 	initListen    string
 	kubelet       string
@@ -64,6 +65,7 @@ func (c *config) register(f *pflag.FlagSet) {
 	f.StringVar(&c.attestation, "attestation", c.attestation, "attestation variant: tpm, tdx, or insecure-none (no attestation, development only)")
 	f.StringVar(&c.tpm, "tpm", c.tpm, "TPM for --attestation=tpm: a device path such as /dev/tpmrm0, tcp:HOST:PORT or unix:PATH for swtpm")
 	f.UintVar(&c.lockPCR, "lock-pcr", c.lockPCR, "PCR the node lock extends the cluster ID into (--attestation=tpm)")
+	f.StringVar(&c.joinPolicy, "join-policy", c.joinPolicy, "attestation policy the cluster's joinservice must satisfy before this node joins (same image, lock register set); without it an attesting node cannot join")
 	f.StringVar(&c.stateDir, "state-dir", c.stateDir, "directory for the node's state (lock marker, node state, kubeadm config)")
 	f.StringVar(&c.initListen, "init-listen", c.initListen, "address the InitServer listens on")
 	f.StringVar(&c.kubelet, "kubelet", c.kubelet, "how to run the kubelet: systemd (kubelet.service) or process (supervised child process)")

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/afero"
@@ -109,8 +110,9 @@ func daemon(ctx context.Context, cfg *config) error {
 		ManifestDir: cfg.componentsDir, JoinServiceImage: cfg.joinImage, ImagePullPolicy: pullPolicy(cfg.neverPull),
 		JoinServiceEnv: map[string]string{
 			"BERTH_METADATA": cfg.metadata, "BERTH_METADATA_URL": cfg.metadataURL,
-			"BERTH_METADATA_FILE": cfg.metadataFile, "BERTH_ATTESTATION": cfg.attestation,
+			"BERTH_METADATA_FILE": cfg.metadataFile, "BERTH_ATTESTATION": cfg.attestation, "BERTH_TPM": cfg.tpm,
 		},
+		JoinServiceHostPaths: tpmHostPaths(cfg.tpm),
 	}, fs))
 	initSrv := initserver.New(log.Named("initserver"), lock, meta, initer, state,
 		initserver.WithServerOptions(
@@ -144,4 +146,16 @@ func pullPolicy(never bool) string {
 		return "Never"
 	}
 	return "IfNotPresent"
+}
+
+// tpmHostPaths returns what the joinservice must mount to use this node's TPM.
+func tpmHostPaths(spec string) []string {
+	switch {
+	case spec == "" || strings.HasPrefix(spec, "tcp:"):
+		return nil // nothing, or reachable over the host network
+	case strings.HasPrefix(spec, "unix:"):
+		return []string{filepath.Dir(strings.TrimPrefix(spec, "unix:"))}
+	default:
+		return []string{spec}
+	}
 }

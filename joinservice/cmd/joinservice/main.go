@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -22,6 +23,10 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/berth-k8s/berth/bootstrapper/components"
+	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/attestation/tdx"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/internal/metadata/mini"
@@ -42,6 +47,7 @@ type options struct {
 	metadataURL  string
 	metadataFile string
 	attestation  string
+	tpm          string
 }
 
 func main() {
@@ -54,8 +60,14 @@ func main() {
 		Long: `joinservice runs on the control-plane nodes and answers IssueJoinTicket and IssueRejoinTicket.
 It reads the cluster's master secret and join configuration from the berth-system namespace, the
 cluster CA from kubeadm's PKI directory, and which address belongs to which instance from the
-platform's metadata. --metadata, --metadata-url, --metadata-file and --attestation default to
-BERTH_METADATA, BERTH_METADATA_URL, BERTH_METADATA_FILE and BERTH_ATTESTATION.`,
+platform's metadata.
+
+With attestation, every connection is mutual attested TLS: this node proves it runs the cluster's
+image and is bootstrapped, the joining node proves what it runs, and the cluster's attestation
+policy (ConfigMap berth-join-config) decides; a rejected node is told which measurement deviated.
+
+--metadata, --metadata-url, --metadata-file, --attestation and --tpm default to BERTH_METADATA,
+BERTH_METADATA_URL, BERTH_METADATA_FILE, BERTH_ATTESTATION and BERTH_TPM.`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -71,7 +83,8 @@ BERTH_METADATA, BERTH_METADATA_URL, BERTH_METADATA_FILE and BERTH_ATTESTATION.`,
 	f.StringVar(&o.metadata, "metadata", envOr("BERTH_METADATA", ""), "metadata provider: static or mini")
 	f.StringVar(&o.metadataURL, "metadata-url", envOr("BERTH_METADATA_URL", ""), "metadata API for --metadata=mini")
 	f.StringVar(&o.metadataFile, "metadata-file", envOr("BERTH_METADATA_FILE", ""), "metadata file for --metadata=static")
-	f.StringVar(&o.attestation, "attestation", envOr("BERTH_ATTESTATION", ""), "attestation variant; only insecure-none is wired so far")
+	f.StringVar(&o.attestation, "attestation", envOr("BERTH_ATTESTATION", ""), "attestation variant: tpm, tdx, or insecure-none (development only)")
+	f.StringVar(&o.tpm, "tpm", envOr("BERTH_TPM", ""), "TPM of this node for --attestation=tpm (device path, tcp:HOST:PORT or unix:PATH)")
 	cmd.SetArgs(os.Args[1:])
 	if err := cmd.ExecuteContext(ctx); err != nil {
 		fmt.Fprintf(os.Stderr, "joinservice: %v\n", err)
@@ -92,10 +105,11 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
-	if o.attestation != "insecure-none" {
-		return fmt.Errorf("--attestation %q: only insecure-none is wired so far, and it must be chosen explicitly", o.attestation)
+	switch o.attestation {
+	case "insecure-none", "tpm", "tdx":
+	default:
+		return fmt.Errorf("--attestation %q: want tpm, tdx, or insecure-none", o.attestation)
 	}
-	log.Warn("attestation is disabled: tickets go to any node metadata knows, over plaintext gRPC; development only")
 	var meta interface {
 		Peers(ctx context.Context) ([]metadata.Instance, error)
 	}
@@ -127,17 +141,21 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+	creds, check, err := attestationFor(o, cm.Data["attestationPolicy"], log)
+	if err != nil {
+		return err
+	}
 	srv := server.New(server.Config{
 		APIServerEndpoint: cm.Data["apiServerEndpoint"],
 		KubernetesVersion: cm.Data["kubernetesVersion"],
 		PKIDir:            o.pkiDir,
-	}, log.Named("joinservice"), keys, salt, authority, tokens.New(client), meta)
+	}, log.Named("joinservice"), keys, salt, authority, tokens.New(client), meta, check)
 
 	lis, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("listening: %w", err)
 	}
-	g := grpc.NewServer(grpc.Creds(insecure.NewCredentials()))
+	g := grpc.NewServer(grpc.Creds(creds))
 	joinproto.RegisterJoinServiceServer(g, srv)
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(lis) }()
@@ -184,4 +202,40 @@ func loadKeys(ctx context.Context, client kubernetes.Interface, ns string) (*clu
 		return nil, nil, fmt.Errorf("cluster secrets: %w", err)
 	}
 	return keys, salt, nil
+}
+
+// attestationFor builds the server's transport credentials and the policy check from the cluster's
+// attestation policy (self-contained YAML from the join config).
+func attestationFor(o options, policyYAML string, log *zap.Logger) (credentials.TransportCredentials, server.AttestationCheck, error) {
+	if o.attestation == "insecure-none" {
+		log.Warn("attestation is disabled: tickets go to any node metadata knows, over plaintext gRPC; development only")
+		return insecure.NewCredentials(), nil, nil
+	}
+	p, err := policy.Parse([]byte(policyYAML), "ConfigMap "+components.Namespace+"/"+components.JoinConfigName, nil)
+	if err != nil {
+		return nil, nil, fmt.Errorf("cluster attestation policy: %w", err)
+	}
+	if p.Variant != o.attestation {
+		return nil, nil, fmt.Errorf("cluster attestation policy is for %q, this node attests with %q", p.Variant, o.attestation)
+	}
+	validator, err := server.NewHandshakeValidator(p, log.Named("validator"))
+	if err != nil {
+		return nil, nil, err
+	}
+	var issuer atls.Issuer
+	switch o.attestation {
+	case "tpm":
+		open, err := vtpm.OpenerFromSpec(o.tpm)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--tpm: %w", err)
+		}
+		issuer = vtpm.NewIssuer(open, log.Named("tpm"))
+	case "tdx":
+		issuer = tdx.NewIssuer(tdx.OpenAuto(), log.Named("tdx"))
+	}
+	creds, err := atls.NewCredentials(issuer, validator, atls.WithLimiter(atls.NewLimiter(atls.DefaultLimits)), atls.WithLogger(log.Named("atls")))
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating attested TLS credentials: %w", err)
+	}
+	return creds, server.PolicyCheck(p), nil
 }

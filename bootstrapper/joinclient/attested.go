@@ -1,0 +1,88 @@
+package joinclient
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/joinproto"
+)
+
+// ReasonNotBound is the rejection reason when the joinservice's lock register does not hold the
+// cluster ID its ticket names.
+const ReasonNotBound = "JOINSERVICE_NOT_BOUND"
+
+// LockCheck reports whether evidence from the joinservice proves it is locked to clusterID.
+type LockCheck func(ev *atls.Evidence, clusterID []byte) error
+
+// LockRegisterCheck is the LockCheck for a lock register at measurement index whose value for a
+// cluster is expected(clusterID) (vtpm.ExpectedLockValue, tdx.ExpectedLockRTMR).
+func LockRegisterCheck(index uint32, expected func(clusterID []byte) []byte) LockCheck {
+	return func(ev *atls.Evidence, clusterID []byte) error {
+		got, ok := ev.Result.Measurements[index]
+		if !ok {
+			return fmt.Errorf("its attestation does not include lock register %d", index)
+		}
+		if want := expected(clusterID); !bytes.Equal(got, want) {
+			return fmt.Errorf("lock register %d holds %x, the ticket's cluster needs %x", index, got, want)
+		}
+		return nil
+	}
+}
+
+// NewAttestedDial returns a dial function for mutual attested TLS: this node attests with issuer,
+// the joinservice must satisfy validator (same image, bootstrapped), and a ticket is only accepted
+// if the joinservice's lock register holds the ticket's cluster ID (bound).
+func NewAttestedDial(issuer atls.Issuer, validator atls.Validator, bound LockCheck, opts ...atls.Option) (func(ctx context.Context, endpoint string) (joinproto.JoinServiceClient, io.Closer, error), error) {
+	creds, err := atls.NewCredentials(issuer, validator, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("creating attested TLS credentials: %w", err)
+	}
+	return func(_ context.Context, endpoint string) (joinproto.JoinServiceClient, io.Closer, error) {
+		conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(creds))
+		if err != nil {
+			return nil, nil, err
+		}
+		return &boundClient{JoinServiceClient: joinproto.NewJoinServiceClient(conn), bound: bound}, conn, nil
+	}, nil
+}
+
+// boundClient checks, for every ticket, that the joinservice that issued it is locked to the ticket's
+// cluster: a replayed or relayed ticket from a joinservice of another cluster is refused.
+type boundClient struct {
+	joinproto.JoinServiceClient
+	bound LockCheck
+}
+
+func (c *boundClient) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTicketRequest, opts ...grpc.CallOption) (*joinproto.IssueJoinTicketResponse, error) {
+	var p peer.Peer
+	resp, err := c.JoinServiceClient.IssueJoinTicket(ctx, req, append(opts, grpc.Peer(&p))...)
+	if err != nil {
+		return nil, err
+	}
+	info, ok := p.AuthInfo.(atls.AuthInfo)
+	if !ok || info.Evidence == nil {
+		return nil, notBound("the joinservice presented no attestation")
+	}
+	if err := c.bound(info.Evidence, resp.GetClusterId()); err != nil {
+		return nil, notBound(err.Error())
+	}
+	return resp, nil
+}
+
+func notBound(msg string) error {
+	st, err := status.New(codes.PermissionDenied, "joinservice not bound to the ticket's cluster: "+msg).
+		WithDetails(&errdetails.ErrorInfo{Reason: ReasonNotBound, Domain: "berth.joinclient"})
+	if err != nil {
+		return status.Error(codes.PermissionDenied, msg)
+	}
+	return st.Err()
+}

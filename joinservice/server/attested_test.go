@@ -1,0 +1,147 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/berth-k8s/berth/bootstrapper/joinclient"
+	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/attestation/choose"
+	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
+	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/metadata"
+	"github.com/berth-k8s/berth/joinproto"
+	"github.com/berth-k8s/berth/joinservice/ca"
+)
+
+// TestAttestedJoin runs a join over mutual attested TLS between two swtpm-backed parties: the
+// joinservice (a bootstrapped control plane) and a joining node.
+func TestAttestedJoin(t *testing.T) {
+	swCA := vtpmtest.NewSwtpmCA(t) // skips without swtpm
+	ctx := context.Background()
+	zero := strings.Repeat("00", 32)
+	// The CA files exist once the first swtpm was manufactured.
+	vtpmtest.StartSwtpm(t, swCA)
+	roots := "trustRoots:\n  - pem: |\n" + indent(string(swCA.RootPEM(t))+string(swCA.IssuerPEM(t)), "      ")
+	clusterPolicy := mustPolicy(t, "variant: tpm\nmeasurements:\n  4: {expected: "+zero+", source: the image}\n  15: {expected: "+zero+", source: fresh node}\n"+roots)
+	joinPolicy := mustPolicy(t, "variant: tpm\nmeasurements:\n  4: {expected: "+zero+", source: the image}\n  15: {nonZero: true, source: bootstrapped}\n"+roots)
+
+	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
+
+	// start runs a joinservice whose TPM's lock register holds lockID (nil: not bootstrapped).
+	start := func(t *testing.T, lockID []byte) string {
+		sw := vtpmtest.StartSwtpm(t, swCA)
+		if lockID != nil {
+			if err := vtpm.NewLockRegister(sw.Open, 15).MarkBootstrapped(ctx, lockID); err != nil {
+				t.Fatal(err)
+			}
+		}
+		validator, err := NewHandshakeValidator(clusterPolicy, zap.NewNop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		creds, err := atls.NewCredentials(vtpm.NewIssuer(sw.Open, zap.NewNop()), validator)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pki := writePKI(t)
+		authority, err := ca.Load(pki)
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := New(Config{APIServerEndpoint: "198.51.100.10:6443", PKIDir: pki}, zap.NewNop(), keys, bytes.Repeat([]byte{2}, 32),
+			authority, &fakeTokens{}, peers{{Name: "worker-0", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, PolicyCheck(clusterPolicy))
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := grpc.NewServer(grpc.Creds(creds))
+		joinproto.RegisterJoinServiceServer(g, srv)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = g.Serve(lis) }()
+		t.Cleanup(func() { g.Stop(); <-done })
+		return lis.Addr().String()
+	}
+
+	// join asks for a ticket as a node whose PCR 4 was extended with tamper (nil: genuine).
+	join := func(t *testing.T, addr string, tamper []byte) (*joinproto.IssueJoinTicketResponse, error) {
+		sw := vtpmtest.StartSwtpm(t, swCA)
+		if tamper != nil {
+			if err := vtpm.NewLockRegister(sw.Open, 4).MarkBootstrapped(ctx, tamper); err != nil {
+				t.Fatal(err)
+			}
+		}
+		validator, err := choose.NewValidator(joinPolicy, zap.NewNop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		dial, err := joinclient.NewAttestedDial(vtpm.NewIssuer(sw.Open, zap.NewNop()), validator,
+			joinclient.LockRegisterCheck(15, vtpm.ExpectedLockValue))
+		if err != nil {
+			t.Fatal(err)
+		}
+		client, closer, err := dial(ctx, addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer closer.Close()
+		return client.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER})
+	}
+
+	t.Run("genuine node joins a bound joinservice", func(t *testing.T) {
+		resp, err := join(t, start(t, keys.ClusterID()), nil)
+		if err != nil {
+			t.Fatalf("IssueJoinTicket() = %v", err)
+		}
+		if resp.GetNodeName() != "worker-0" {
+			t.Fatalf("ticket for %q", resp.GetNodeName())
+		}
+	})
+	t.Run("tampered node is told which measurement deviated", func(t *testing.T) {
+		_, err := join(t, start(t, keys.ClusterID()), []byte("extra boot component"))
+		if status.Code(err) != codes.PermissionDenied || reason(err) != ReasonMeasurements || !strings.Contains(status.Convert(err).Message(), "index 4") {
+			t.Fatalf("IssueJoinTicket() = %v (reason %q), want PermissionDenied %s naming index 4", err, reason(err), ReasonMeasurements)
+		}
+		t.Logf("rejection: %v", err)
+	})
+	t.Run("joinservice locked to another cluster is refused", func(t *testing.T) {
+		_, err := join(t, start(t, []byte("some other cluster")), nil)
+		if reason(err) != joinclient.ReasonNotBound {
+			t.Fatalf("IssueJoinTicket() = %v (reason %q), want %s", err, reason(err), joinclient.ReasonNotBound)
+		}
+	})
+	t.Run("joinservice on a fresh node is refused in the handshake", func(t *testing.T) {
+		_, err := join(t, start(t, nil), nil)
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "15") {
+			t.Fatalf("IssueJoinTicket() = %v, want a failed handshake naming PCR 15", err)
+		}
+		t.Logf("refusal: %v", err)
+	})
+}
+
+func mustPolicy(t *testing.T, doc string) *policy.Policy {
+	t.Helper()
+	p, err := policy.Parse([]byte(doc), "test policy", nil)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, doc)
+	}
+	return p
+}
+
+func indent(s, prefix string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	for i := range lines {
+		lines[i] = prefix + lines[i]
+	}
+	return strings.Join(lines, "\n") + "\n"
+}
