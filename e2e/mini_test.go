@@ -140,6 +140,24 @@ func TestMiniCluster(t *testing.T) {
 		t.Errorf("service by DNS = %q", got)
 	}
 
+	// A wrong init secret gets nothing from the control plane's InitServer.
+	ws := t.TempDir()
+	bad := filepath.Join(ws, "init.yaml")
+	if err := os.WriteFile(bad, []byte("clusterName: impostor\nkubernetesVersion: v1.34.2\nserviceCIDR: 10.96.0.0/12\npodCIDR: 10.244.0.0/16\n"+
+		"initSecret: 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cp := strings.TrimSpace(c.kube("get", "node", "cp1", "-o", "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}"))
+	out, err = c.run(2*time.Minute, c.berth, "init", "--endpoint", cp+":9000", "--config", bad, "--workspace", ws,
+		"--insecure-skip-attestation", "--connect-timeout", "20s")
+	if err == nil {
+		t.Errorf("berth init with a wrong secret succeeded:\n%s", out)
+	}
+	if _, serr := os.Stat(filepath.Join(ws, "admin.conf")); serr == nil {
+		t.Errorf("berth init with a wrong secret wrote an admin.conf")
+	}
+	t.Logf("berth init with a wrong init secret (rejected as expected):\n%s", out)
+
 	// Power cut of all nodes; the cluster comes back by itself.
 	start = time.Now()
 	out = c.must(15*time.Minute, c.berth, "mini", "restart", "--dir", c.dir)
@@ -299,3 +317,33 @@ func checkNoResidue(t *testing.T, dir string, pids []int) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// TestMiniAttestedInit brings up one control plane with TPM attestation: berth init checks the
+// node's quote (EK certificate from the cluster's mini CA, simulated boot in PCR 4) against the
+// policy before it sends any secret.
+func TestMiniAttestedInit(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root")
+	}
+	root := repoRoot(t)
+	c := &cluster{t: t, root: root, dir: filepath.Join(t.TempDir(), "cluster"), berth: filepath.Join(root, "bin", "berth")}
+	start := time.Now()
+	out, err := c.run(30*time.Minute, c.berth, "mini", "up", "--dir", c.dir, "--name", clusterName, "--subnet", subnet,
+		"--control-planes", "1", "--workers", "0", "--attestation", "tpm")
+	t.Logf("berth mini up --attestation tpm (%.1fs):\n%s", time.Since(start).Seconds(), out)
+	procs := recordedPIDs(t, c.dir)
+	defer func() {
+		out, err := c.run(5*time.Minute, c.berth, "mini", "down", "--dir", c.dir)
+		if err != nil {
+			t.Errorf("berth mini down: %v\n%s", err, out)
+		}
+		checkNoResidue(t, c.dir, procs)
+	}()
+	if err != nil {
+		dumpLogs(t, c.dir)
+		t.Fatalf("berth mini up: %v", err)
+	}
+	if !strings.Contains(out, "Node attested (tpm)") {
+		t.Errorf("up output does not show a TPM-attested init")
+	}
+}
