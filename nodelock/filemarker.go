@@ -6,10 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
-	"path/filepath"
 
 	"github.com/spf13/afero"
+
+	"github.com/berth-k8s/berth/internal/atomicfile"
 )
 
 // FileMarker is the on-disk half of the bootstrap marker: a file holding the cluster ID, written
@@ -31,27 +31,8 @@ func (m *FileMarker) MarkBootstrapped(_ context.Context, clusterID []byte) error
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("checking bootstrap marker: %w", err)
 	}
-	if err := m.fs.MkdirAll(filepath.Dir(m.path), 0o700); err != nil {
-		return fmt.Errorf("creating marker directory: %w", err)
-	}
-	tmp := m.path + ".tmp"
-	f, err := m.fs.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("creating bootstrap marker: %w", err)
-	}
-	if _, err := f.WriteString(hex.EncodeToString(clusterID) + "\n"); err != nil {
-		f.Close()
+	if err := atomicfile.Write(m.fs, m.path, []byte(hex.EncodeToString(clusterID)+"\n"), 0o600); err != nil {
 		return fmt.Errorf("writing bootstrap marker: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("syncing bootstrap marker: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("closing bootstrap marker: %w", err)
-	}
-	if err := m.fs.Rename(tmp, m.path); err != nil {
-		return fmt.Errorf("renaming bootstrap marker: %w", err)
 	}
 	return nil
 }

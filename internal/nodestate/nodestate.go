@@ -8,11 +8,11 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
-	"path/filepath"
 	"slices"
 
 	"github.com/spf13/afero"
+
+	"github.com/berth-k8s/berth/internal/atomicfile"
 )
 
 // Role records how the node became part of a cluster.
@@ -72,27 +72,8 @@ func (s *Store) Save(st *State) error {
 	if err != nil {
 		return fmt.Errorf("encoding node state: %w", err)
 	}
-	if err := s.fs.MkdirAll(filepath.Dir(s.path), 0o700); err != nil {
-		return fmt.Errorf("creating state directory: %w", err)
-	}
-	tmp := s.path + ".tmp"
-	f, err := s.fs.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("writing node state: %w", err)
-	}
-	if _, err := f.Write(append(data, '\n')); err != nil {
-		f.Close()
-		return fmt.Errorf("writing node state: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("syncing node state: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("closing node state: %w", err)
-	}
-	if err := s.fs.Rename(tmp, s.path); err != nil {
-		return fmt.Errorf("renaming node state: %w", err)
+	if err := atomicfile.Write(s.fs, s.path, append(data, '\n'), 0o600); err != nil {
+		return fmt.Errorf("saving node state: %w", err)
 	}
 	return nil
 }
