@@ -191,15 +191,22 @@ func readRelative(base, p string) ([]byte, error) {
 	return data, nil
 }
 
-// prepareWorkspace refuses a workspace of a finished cluster and returns the master secret and
-// salt: those of an earlier, unfinished attempt (so the node can resume), or new ones written
-// to the workspace before anything is sent.
-func prepareWorkspace(dir string, out io.Writer) (master, salt []byte, err error) {
+// checkWorkspace creates the workspace and refuses one that holds a finished cluster.
+func checkWorkspace(dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, nil, fmt.Errorf("creating workspace: %w", err)
+		return fmt.Errorf("creating workspace: %w", err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, fileAdminConf)); err == nil {
-		return nil, nil, usageErr("workspace %s already holds a cluster's %s; use another --workspace", dir, fileAdminConf)
+		return usageErr("workspace %s already holds a cluster's %s; use another --workspace", dir, fileAdminConf)
+	}
+	return nil
+}
+
+// prepareWorkspace returns the master secret and salt: those of an earlier, unfinished attempt (so
+// the node can resume), or new ones, written to the workspace before anything is sent.
+func prepareWorkspace(dir string, out io.Writer) (master, salt []byte, err error) {
+	if err := checkWorkspace(dir); err != nil {
+		return nil, nil, err
 	}
 	path := filepath.Join(dir, fileMasterSecret)
 	data, err := os.ReadFile(path)
@@ -288,8 +295,7 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 	if err != nil {
 		return err
 	}
-	master, salt, err := prepareWorkspace(o.workspace, out)
-	if err != nil {
+	if err := checkWorkspace(o.workspace); err != nil {
 		return err
 	}
 	var creds credentials.TransportCredentials = insecure.NewCredentials()
@@ -315,6 +321,12 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 		for _, w := range ev.Result.Warnings {
 			fmt.Fprintf(out, "  warning: %s\n", w)
 		}
+	}
+	// Only now, with the node verified, the cluster's secrets come into being (or are reloaded to
+	// resume an earlier attempt); they reach the disk before they reach the wire.
+	master, salt, err := prepareWorkspace(o.workspace, out)
+	if err != nil {
+		return err
 	}
 
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)

@@ -37,6 +37,9 @@ func TestBinaryAttestedInit(t *testing.T) {
 	if strings.Contains(n.out.String(), "init request accepted") {
 		t.Fatal("the init request reached a node that failed attestation")
 	}
+	if strings.Contains(r.output, "master secret") {
+		t.Fatal("a master secret was generated for a node that failed attestation")
+	}
 
 	t.Logf("mismatching node:\n%s", r.output)
 
