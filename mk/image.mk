@@ -28,3 +28,8 @@ image-clean: ## remove the built tree and the image's OS cache (Debian packages 
 .PHONY: image-boot-test
 image-boot-test: ## boot the built tree under QEMU/TCG with swtpm and check the units at run time (minutes; needs qemu-system-x86, swtpm)
 	IMAGE_ROOT=$(IMAGE_ROOT) BOOT_WORK=$(IMAGE_OUT)/boot image/boot-test.sh
+
+.PHONY: image-init-test
+image-init-test: ## berth init a one-node cluster on the booted image (QEMU/TCG; needs BOOT_IMAGES=archives of the control-plane and joinservice images)
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berth
+	IMAGE_ROOT=$(IMAGE_ROOT) BOOT_WORK=$(IMAGE_OUT)/init BERTH_CLI=$(CURDIR)/$(BIN)/berth image/init-test.sh

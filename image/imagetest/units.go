@@ -204,8 +204,9 @@ var dependencyKeys = map[string][]string{
 
 // CheckUnits loads each named unit from the tree at root and returns the problems found in all of
 // them: commands that are not executable files, environment files, sandbox paths and working
-// directories that do not exist (unless marked optional with "-", or created at run time by the
-// unit's RuntimeDirectory= or a tmpfiles.d entry in the tree), units named in dependencies that the
+// directories that do not exist (unless marked optional with "-", created at run time by the
+// unit's RuntimeDirectory= or a tmpfiles.d entry in the tree, or inside /proc, /sys or /dev, which
+// the kernel fills at run time and the tree cannot show), units named in dependencies that the
 // tree does not have, and *_PATH variables in required environment files that are not executable.
 // A unit that cannot be found or parsed is itself a problem; err is reserved for failures to read
 // the tree.
@@ -370,7 +371,7 @@ func checkExists(root, p string, provided map[string]bool, dirOK bool) string {
 	if !path.IsAbs(p) {
 		return "not an absolute path"
 	}
-	if provided[path.Clean(p)] {
+	if provided[path.Clean(p)] || kernelProvided(p) {
 		return ""
 	}
 	fi, err := statIn(root, p)
@@ -384,6 +385,18 @@ func checkExists(root, p string, provided map[string]bool, dirOK bool) string {
 		return "is a directory"
 	}
 	return ""
+}
+
+// kernelProvided reports whether p lies in an API file system (/proc, /sys, /dev) that the kernel
+// fills at run time: the tree has only empty mount points there, so such paths cannot be checked.
+func kernelProvided(p string) bool {
+	p = path.Clean(p)
+	for _, fs := range []string{"/proc", "/sys", "/dev"} {
+		if p == fs || strings.HasPrefix(p, fs+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 func underRun(p string) bool {

@@ -132,7 +132,7 @@ EnvironmentFile=-/etc/demo/optional.env
 EnvironmentFile=/etc/demo/absent.env
 RuntimeDirectory=demo
 ReadWritePaths=/etc/kubernetes /run/demo -/sys/kernel/config/tsm
-ReadWritePaths=/run/other /run/fromtmpfiles
+ReadWritePaths=/run/other /run/fromtmpfiles /sys/fs/cgroup
 WorkingDirectory=/var/lib/demo
 
 [Install]
