@@ -3,7 +3,7 @@
 // runs kubeadm join.
 //
 // Waiting is cheap and quick: the first attempt goes out at once, later ones after a jittered
-// backoff that starts at 100 ms and is capped at 1 s, so a node starts joining within a second of
+// backoff that starts at 100 ms and is capped at 500 ms, so a node starts joining within half a second of
 // the joinservice answering. A joinservice that answers with a rejection is asked again less
 // often (capped at 10 s), and every rejection is logged with the reason the joinservice gave.
 package joinclient
@@ -39,7 +39,7 @@ const DefaultPort = 30090
 // Backoff bounds.
 const (
 	initialBackoff  = 100 * time.Millisecond
-	maxBackoff      = time.Second
+	maxBackoff      = 500 * time.Millisecond
 	maxRejectedWait = 10 * time.Second
 	callTimeout     = 10 * time.Second
 )
