@@ -91,7 +91,7 @@ type harness struct {
 	state  *nodestate.Store
 }
 
-func newHarness(t *testing.T, init *fakeInit) *harness {
+func newHarness(t testing.TB, init *fakeInit) *harness {
 	t.Helper()
 	fsys := afero.NewMemMapFs()
 	h := &harness{
