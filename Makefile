@@ -28,8 +28,12 @@ check-generate: generate ## fail if generated code is out of date
 	@git diff --exit-code -- initproto joinproto || { echo "generated code is stale: run make generate and commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- initproto joinproto)" || { git status --porcelain -- initproto joinproto; echo "untracked generated files"; exit 1; }
 
-lint: tools ## go vet, gofmt, staticcheck
+lint: tools ## go vet, gofmt, staticcheck, a package doc on every package, no util/common packages
 	$(GO) vet ./...
+	@missing=$$($(GO) list -f '{{if not .Doc}}{{.ImportPath}}{{end}}' ./... | grep -v '^$$' || true); \
+	  test -z "$$missing" || { echo "packages without a package doc comment:"; echo "$$missing"; exit 1; }
+	@bad=$$($(GO) list -f '{{.Name}} {{.ImportPath}}' ./... | awk '$$1 ~ /^(util|utils|common|misc|helpers|types)$$/ {print $$2}'); \
+	  test -z "$$bad" || { echo "packages with a name that says nothing:"; echo "$$bad"; exit 1; }
 	@out=$$(gofmt -l $$(git ls-files '*.go')); test -z "$$out" || { echo "gofmt needed:"; echo "$$out"; exit 1; }
 	$(TOOLS_BIN)/staticcheck ./...
 
