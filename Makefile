@@ -34,6 +34,8 @@ lint: tools ## go vet, gofmt, staticcheck, a package doc on every package, no ut
 	  test -z "$$missing" || { echo "packages without a package doc comment:"; echo "$$missing"; exit 1; }
 	@bad=$$($(GO) list -f '{{.Name}} {{.ImportPath}}' ./... | awk '$$1 ~ /^(util|utils|common|misc|helpers|types)$$/ {print $$2}'); \
 	  test -z "$$bad" || { echo "packages with a name that says nothing:"; echo "$$bad"; exit 1; }
+	@logs=$$(git ls-files '*.go' | grep -v _test.go | xargs grep -nE '\.(Debug|Info|Warn|Error)\((fmt\.Sprint|"[^"]*" *\+)' || true); \
+	  test -z "$$logs" || { echo "log messages must be constants (put values in fields):"; echo "$$logs"; exit 1; }
 	@out=$$(gofmt -l $$(git ls-files '*.go')); test -z "$$out" || { echo "gofmt needed:"; echo "$$out"; exit 1; }
 	$(TOOLS_BIN)/staticcheck ./...
 
