@@ -291,6 +291,22 @@ func checkNoResidue(t *testing.T, dir string, pids []int) {
 			}
 		}
 	}
+	// Nothing that names the cluster (its directory, or the kubelet's cgroup root) still runs,
+	// whether recorded or not (a zombie is dead: this host's PID 1 does not reap orphans).
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		cmdline, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		cl := strings.ReplaceAll(string(cmdline), "\x00", " ")
+		if !strings.Contains(cl, dir) && !strings.Contains(cl, "/berth/"+clusterName+"/") {
+			continue
+		}
+		if stat, err := os.ReadFile(filepath.Join(filepath.Dir(p), "stat")); err == nil && !strings.Contains(string(stat), ") Z ") {
+			t.Errorf("process %s still runs: %s", filepath.Base(filepath.Dir(p)), cl)
+		}
+	}
 	if entries, err := os.ReadDir("/run/netns"); err == nil {
 		for _, e := range entries {
 			if strings.HasPrefix(e.Name(), "berth-"+clusterName+"-") {

@@ -112,13 +112,18 @@ berth mini down removes it.`,
 	fl.IntVar(&f.controlPlanes, "control-planes", 1, "number of control-plane nodes")
 	fl.IntVar(&f.workers, "workers", 2, "number of worker nodes")
 	fl.IntVar(&f.tampered, "tampered-workers", 0, "extra workers t1..tK whose simulated boot is tampered with; an attested cluster must reject them")
-	fl.StringVar(&f.buildScript, "build-script", "scripts/build-k8s.sh", "script that builds the upstream binaries and prints their bin dirs")
+	fl.StringVar(&f.buildScript, "build-script", "", "script that builds the upstream binaries and prints their bin dirs (default: scripts/build-k8s.sh of the checkout holding the berth binary, else of the current directory)")
 	fl.StringVar(&f.cacheDir, "cache", envOr("BERTH_CACHE", "/var/cache/berth"), "build and image cache (also $BERTH_CACHE)")
 	fl.StringVar(&f.bootstrapper, "bootstrapper", "", "bootstrapper binary (default: bootstrapper next to the berth binary)")
 	fl.StringVar(&f.attestation, "attestation", mini.AttestationInsecureNone, "attestation variant of the bootstrappers: tpm or insecure-none (development only)")
 	fl.BoolVar(&f.noBootstrap, "no-bootstrap", false, "prepare the nodes but start no bootstrapper")
 	fl.DurationVar(&f.readyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for every node to be Ready after init")
 	return cmd
+}
+
+func fileExists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
 }
 
 func envOr(key, def string) string {
@@ -168,7 +173,14 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 	fmt.Fprintf(out, "berth mini up: %d control plane(s), %d worker(s) in %s\n", cfg.ControlPlanes, cfg.Workers, dir)
 
 	t0 := time.Now()
-	bins, err := buildBins(ctx, f.buildScript, f.cacheDir, errOut)
+	script := f.buildScript
+	if script == "" {
+		script = filepath.Join("scripts", "build-k8s.sh")
+		if s := filepath.Join(filepath.Dir(env.Self), "..", "scripts", "build-k8s.sh"); fileExists(s) {
+			script = s
+		}
+	}
+	bins, err := buildBins(ctx, script, f.cacheDir, errOut)
 	if err != nil {
 		return err
 	}

@@ -33,6 +33,16 @@ func RunAgent(ctx context.Context, dir string, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	addr := netip.AddrPortFrom(st.Config.HostAddr(), MetadataPort).String()
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("listening on %s: %w", addr, err)
+	}
+	return serveAgent(ctx, dir, st, lis, 500*time.Millisecond, log)
+}
+
+// serveAgent runs the agent on lis until ctx ends, re-reading the state file every interval.
+func serveAgent(ctx context.Context, dir string, st *State, lis net.Listener, interval time.Duration, log *zap.Logger) error {
 	cfg := st.Config
 	srv := metamini.NewServer()
 	var instances []metadata.Instance
@@ -50,13 +60,8 @@ func RunAgent(ctx context.Context, dir string, log *zap.Logger) error {
 	}
 	publish(st)
 
-	addr := netip.AddrPortFrom(cfg.HostAddr(), MetadataPort).String()
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return fmt.Errorf("listening on %s: %w", addr, err)
-	}
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 5 * time.Second}
-	log.Info("agent serving metadata", zap.String("endpoint", addr))
+	log.Info("agent serving metadata", zap.String("endpoint", lis.Addr().String()))
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
@@ -72,7 +77,7 @@ func RunAgent(ctx context.Context, dir string, log *zap.Logger) error {
 		return hs.Shutdown(sctx)
 	})
 	g.Go(func() error {
-		t := time.NewTicker(500 * time.Millisecond)
+		t := time.NewTicker(interval)
 		defer t.Stop()
 		for {
 			select {

@@ -129,6 +129,10 @@ type UpOptions struct {
 	InitSecret []byte
 }
 
+// ErrNameInUse is returned by Up when another live cluster (or leftover of one) has the same name:
+// the name determines namespaces, links and cgroups, so two clusters must never share it.
+var ErrNameInUse = errors.New("another mini cluster uses this name (choose another --name, or remove it with berth mini down)")
+
 // ErrExists is returned by Up when the directory already holds a cluster.
 var ErrExists = errors.New("a mini cluster already exists in this directory (run berth mini down first)")
 
@@ -144,6 +148,12 @@ func (c *Cluster) Up(ctx context.Context, opts UpOptions) (Timings, error) {
 		return t, ErrExists
 	} else if !errors.Is(err, ErrNoState) {
 		return t, err
+	}
+	if b, err := os.ReadFile(filepath.Join(c.env.Registry, c.cfg.Name)); err == nil {
+		return t, fmt.Errorf("%w: %s is in use by %s", ErrNameInUse, c.cfg.Name, strings.TrimSpace(string(b)))
+	}
+	if c.netnsExists(c.cfg.SwitchNetns()) || c.linkExists(c.cfg.HostLink()) {
+		return t, fmt.Errorf("%w: %s or %s exists", ErrNameInUse, c.cfg.SwitchNetns(), c.cfg.HostLink())
 	}
 	c.state = &State{Config: c.cfg, Procs: map[string][]Proc{}}
 	c.initSecret = opts.InitSecret

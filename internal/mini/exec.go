@@ -21,6 +21,9 @@ type Cmd struct {
 	Env []string
 	// Log is the file a daemon's stdout and stderr are appended to (Start only).
 	Log string
+	// Cgroups are cgroup.procs files the daemon joins before it executes (Start only), so that
+	// nothing it forks can escape them.
+	Cgroups []string
 }
 
 func (c Cmd) String() string { return strings.Join(append([]string{c.Path}, c.Args...), " ") }
@@ -65,7 +68,13 @@ func (Exec) Run(ctx context.Context, cmd Cmd) ([]byte, error) {
 
 // Start implements Runner.
 func (Exec) Start(cmd Cmd) (Proc, error) {
-	c := exec.Command(cmd.Path, cmd.Args...)
+	path, args := cmd.Path, cmd.Args
+	if len(cmd.Cgroups) > 0 {
+		// sh joins the cgroups with its own PID, then execs the daemon under that same PID.
+		args = append(append([]string{"-c", joinCgroupsScript, "sh", strconv.Itoa(len(cmd.Cgroups))}, cmd.Cgroups...), append([]string{cmd.Path}, cmd.Args...)...)
+		path = "/bin/sh"
+	}
+	c := exec.Command(path, args...)
 	c.Env = append(os.Environ(), cmd.Env...)
 	c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if cmd.Log != "" {
@@ -90,6 +99,9 @@ func (Exec) Start(cmd Cmd) (Proc, error) {
 	}
 	return Proc{Name: cmd.Path, PID: pid, StartTime: st}, nil
 }
+
+// joinCgroupsScript takes N, N cgroup.procs files and a command line.
+const joinCgroupsScript = `n=$1; shift; while [ "$n" -gt 0 ]; do echo $$ > "$1" || exit 1; shift; n=$((n-1)); done; exec "$@"`
 
 // Alive implements Runner.
 func (Exec) Alive(p Proc) bool {

@@ -222,6 +222,11 @@ func (r *recorder) Start(cmd Cmd) (Proc, error) {
 	}
 	pid := 100000 + r.nextID
 	r.alive[pid] = true
+	for _, f := range cmd.Cgroups { // as the real Start's shell does before exec
+		if err := os.WriteFile(f, []byte(strconv.Itoa(pid)), 0o644); err != nil {
+			return Proc{}, err
+		}
+	}
 	return Proc{PID: pid, StartTime: 1}, nil
 }
 
@@ -357,6 +362,11 @@ func TestUpCommandsAndDownFromState(t *testing.T) {
 	}
 	if _, err := cl.Up(context.Background(), UpOptions{}); !errors.Is(err, ErrExists) {
 		t.Errorf("second Up = %v, want ErrExists", err)
+	}
+	other := cfg
+	other.Dir = filepath.Join(t.TempDir(), "other")
+	if _, err := New(other, env, rec, zaptest.NewLogger(t)).Up(context.Background(), UpOptions{}); !errors.Is(err, ErrNameInUse) {
+		t.Errorf("Up of a second cluster with the same name = %v, want ErrNameInUse", err)
 	}
 
 	// Down from the state file alone kills every recorded daemon and removes cgroups and files.

@@ -75,19 +75,17 @@ func inheritCgroupValue(parent, dir, file string) error {
 	return nil
 }
 
-// joinCgroup moves pid into node n's cgroup in every hierarchy.
-func (c *Cluster) joinCgroup(n string, pid int) error {
+// cgroupProcs lists node n's cgroup.procs files, one per hierarchy.
+func (c *Cluster) cgroupProcs(n string) ([]string, error) {
 	hs, err := cgroupHierarchies(c.env.CgroupRoot)
 	if err != nil {
-		return err
+		return nil, err
 	}
+	var fs []string
 	for _, h := range hs {
-		f := filepath.Join(h, c.cfg.CgroupPath(n), "cgroup.procs")
-		if err := os.WriteFile(f, []byte(strconv.Itoa(pid)), 0o644); err != nil {
-			return fmt.Errorf("moving %d into %s: %w", pid, f, err)
-		}
+		fs = append(fs, filepath.Join(h, c.cfg.CgroupPath(n), "cgroup.procs"))
 	}
-	return nil
+	return fs, nil
 }
 
 // cgroupPIDs lists every process in the cgroup subtree rel of every hierarchy.
@@ -121,9 +119,16 @@ func (c *Cluster) cgroupPIDs(rel string) []int {
 
 func (c *Cluster) logDir(n string) string { return filepath.Join(c.cfg.NodeDir(n), "logs") }
 
-// startDaemon starts cmd for node n (or the host when n is empty), records it in the state file
-// and moves it into the node's cgroup.
+// startDaemon starts cmd for node n (or the host when n is empty) inside the node's cgroup and
+// records it in the state file.
 func (c *Cluster) startDaemon(n, name string, cmd Cmd) (Proc, error) {
+	if n != "" {
+		cgs, err := c.cgroupProcs(n)
+		if err != nil {
+			return Proc{}, err
+		}
+		cmd.Cgroups = cgs
+	}
 	p, err := c.run.Start(cmd)
 	if err != nil {
 		return Proc{}, err
@@ -136,11 +141,6 @@ func (c *Cluster) startDaemon(n, name string, cmd Cmd) (Proc, error) {
 	}
 	if err := c.state.save(); err != nil {
 		return p, err
-	}
-	if n != "" {
-		if err := c.joinCgroup(n, p.PID); err != nil {
-			return p, err
-		}
 	}
 	return p, nil
 }

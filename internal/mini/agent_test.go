@@ -1,0 +1,172 @@
+package mini
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// TestAgentServesMetadata runs the agent on a loopback listener. The metadata server tells callers
+// apart by source address, so a loopback caller (no instance) is refused, which proves the server
+// answers, and the state file's published values reach it.
+func TestAgentServesMetadata(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	st := &State{Config: cfg, Procs: map[string][]Proc{}, ControlPlaneEndpoint: "198.51.100.10:6443", InitSecretHash: strings.Repeat("ab", 32)}
+	if err := st.save(); err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serveAgent(ctx, cfg.Dir, st, lis, 10*time.Millisecond, zaptest.NewLogger(t)) }()
+	resp, err := http.Get("http://" + lis.Addr().String() + "/v1/self")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Errorf("unknown caller got %d, want 403", resp.StatusCode)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("agent: %v", err)
+	}
+}
+
+func TestSyncCNIWithoutContainerd(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	// No containerd recorded: nothing to read, nothing written, no error.
+	if err := syncCNI(cfg, &State{Config: cfg}, "w1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.NodeDir("w1"), "fs", "etc-cni-net.d", cniConfName)); err == nil {
+		t.Error("CNI config written without a flannel lease")
+	}
+}
+
+type fakeNodes struct{ items []corev1.Node }
+
+func (f fakeNodes) List(context.Context, metav1.ListOptions) (*corev1.NodeList, error) {
+	return &corev1.NodeList{Items: f.items}, nil
+}
+
+func readyNode(name string, hb time.Time) corev1.Node {
+	return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}, Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{
+		{Type: corev1.NodeReady, Status: corev1.ConditionTrue, LastHeartbeatTime: metav1.NewTime(hb)},
+	}}}
+}
+
+func TestNotReadyAndWait(t *testing.T) {
+	cfg := testConfig("/x")
+	now := time.Now()
+	items := []corev1.Node{readyNode("cp1", now), readyNode("w1", now.Add(-time.Hour))}
+	got := notReady(items, cfg.Nodes(), now.Add(-time.Minute))
+	if strings.Join(got, " ") != "w1(not ready) w2(not registered)" {
+		t.Errorf("notReady = %v", got)
+	}
+	if got := notReady(items, cfg.Nodes()[:2], time.Time{}); len(got) != 0 {
+		t.Errorf("notReady without since = %v", got)
+	}
+	all := fakeNodes{items: []corev1.Node{readyNode("cp1", now), readyNode("w1", now), readyNode("w2", now)}}
+	if err := waitNodesReady(context.Background(), all, cfg.Nodes(), time.Time{}, nil); err != nil {
+		t.Errorf("waitNodesReady = %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := waitNodesReady(ctx, fakeNodes{items: items}, cfg.Nodes(), time.Time{}, nil); err == nil || !strings.Contains(err.Error(), "w2(not registered)") {
+		t.Errorf("waitNodesReady on missing node = %v", err)
+	}
+}
+
+type fakeKubeProxy struct {
+	cm        *corev1.ConfigMap
+	updated   bool
+	restarted bool
+}
+
+func (f *fakeKubeProxy) GetConfigMap(context.Context) (*corev1.ConfigMap, error) { return f.cm, nil }
+func (f *fakeKubeProxy) UpdateConfigMap(_ context.Context, cm *corev1.ConfigMap) error {
+	f.cm, f.updated = cm, true
+	return nil
+}
+func (f *fakeKubeProxy) RestartPods(context.Context) error { f.restarted = true; return nil }
+
+func TestFixKubeProxyConntrack(t *testing.T) {
+	k := &fakeKubeProxy{cm: &corev1.ConfigMap{Data: map[string]string{"config.conf": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\nconntrack:\n  maxPerCore: null\n"}}}
+	fixed, err := fixKubeProxyConntrack(context.Background(), k)
+	if err != nil || !fixed || !k.updated || !k.restarted {
+		t.Fatalf("fix = %v %v (updated %v restarted %v)", fixed, err, k.updated, k.restarted)
+	}
+	var conf map[string]any
+	if err := json.Unmarshal(mustYAMLToJSON(t, k.cm.Data["config.conf"]), &conf); err != nil {
+		t.Fatal(err)
+	}
+	if ct := conf["conntrack"].(map[string]any); ct["maxPerCore"] != float64(0) || conf["mode"] != "nftables" {
+		t.Errorf("config after fix = %v", conf)
+	}
+	k.updated, k.restarted = false, false
+	if fixed, err := fixKubeProxyConntrack(context.Background(), k); err != nil || fixed || k.updated {
+		t.Errorf("second fix = %v %v, want no change", fixed, err)
+	}
+}
+
+func TestLastRejection(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "b.log")
+	log := `{"level":"info","msg":"fresh node"}
+{"level":"warn","msg":"join ticket rejected","reason":"measurement mismatch: PCR 4"}
+{"level":"info","msg":"retrying"}
+`
+	if err := os.WriteFile(p, []byte(log), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := lastRejection(p); !strings.Contains(got, "PCR 4") {
+		t.Errorf("lastRejection = %q", got)
+	}
+	if got := lastRejection(filepath.Join(t.TempDir(), "missing")); got != "" {
+		t.Errorf("lastRejection of missing file = %q", got)
+	}
+}
+
+func TestPolicyAndBootMeasurement(t *testing.T) {
+	cl := New(testConfig("/c"), Env{}, &recorder{}, zaptest.NewLogger(t))
+	p := string(cl.policyFile())
+	for _, want := range []string{"variant: tpm", "  4:\n    expected: " + ExpectedBootPCR(), "file: /c/tpm-ca/swtpm-localca-rootca-cert.pem", "file: /c/tpm-ca/issuercert.pem"} {
+		if !strings.Contains(p, want) {
+			t.Errorf("policy lacks %q:\n%s", want, p)
+		}
+	}
+	if bootEvent(true) == bootEvent(false) {
+		t.Error("tampered and genuine boots measure the same")
+	}
+	if len(ExpectedBootPCR()) != 64 {
+		t.Errorf("expected PCR = %s", ExpectedBootPCR())
+	}
+}
+
+func mustYAMLToJSON(t *testing.T, y string) []byte {
+	t.Helper()
+	b, err := yaml.YAMLToJSON([]byte(y))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
