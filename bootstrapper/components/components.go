@@ -32,6 +32,7 @@ const (
 	Namespace          = "berth-system"
 	SecretName         = "berth-cluster-secrets"
 	JoinConfigName     = "berth-join-config"
+	JoinLedgerName     = "berth-join-ledger"
 	JoinServiceName    = "berth-joinservice"
 	JoinServicePort    = 30090
 	controlPlaneLabel  = "node-role.kubernetes.io/control-plane"
@@ -194,7 +195,9 @@ func (i *Installer) objects(job *initcluster.Job) ([]*unstructured.Unstructured,
 			"metadata": map[string]any{"name": "berth:joinservice"},
 			"rules": []any{
 				map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "verbs": []any{"create", "get", "delete", "list"}},
-				map[string]any{"apiGroups": []any{""}, "resources": []any{"configmaps"}, "verbs": []any{"get", "list", "watch"}},
+				map[string]any{"apiGroups": []any{""}, "resources": []any{"configmaps"}, "verbs": []any{"get", "list", "watch", "create"}},
+				// The join ledger is the one ConfigMap the joinservice rewrites.
+				map[string]any{"apiGroups": []any{""}, "resources": []any{"configmaps"}, "resourceNames": []any{JoinLedgerName}, "verbs": []any{"update"}},
 				map[string]any{"apiGroups": []any{""}, "resources": []any{"events"}, "verbs": []any{"create", "patch"}},
 				map[string]any{"apiGroups": []any{"coordination.k8s.io"}, "resources": []any{"leases"}, "verbs": []any{"create", "get", "update", "delete"}},
 			},
@@ -226,7 +229,7 @@ func (i *Installer) objects(job *initcluster.Job) ([]*unstructured.Unstructured,
 								fmt.Sprintf("--listen=:%d", JoinServicePort),
 								"--pki-dir=/etc/kubernetes/pki",
 							},
-							"env":             []any{map[string]any{"name": "NODE_NAME", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "spec.nodeName"}}}},
+							"env":             env,
 							"volumeMounts":    mounts,
 							"securityContext": map[string]any{"privileged": privileged},
 						}},

@@ -47,6 +47,7 @@ cluster's joinservice and joins on its own.`,
 		newInitCmd(),
 		newMiniCmd(),
 		newVerifyCmd(), newPolicyCmd(),
+		newStatusCmd(),
 	)
 	return root
 }

@@ -39,6 +39,7 @@ func TestAttestedJoin(t *testing.T) {
 	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
 
 	// start runs a joinservice whose TPM's lock register holds lockID (nil: not bootstrapped).
+	j := &journal{}
 	start := func(t *testing.T, lockID []byte) string {
 		sw := vtpmtest.StartSwtpm(t, swCA)
 		if lockID != nil {
@@ -60,7 +61,7 @@ func TestAttestedJoin(t *testing.T) {
 			t.Fatal(err)
 		}
 		srv := New(Config{APIServerEndpoint: "198.51.100.10:6443", PKIDir: pki}, zap.NewNop(), keys, bytes.Repeat([]byte{2}, 32),
-			authority, &fakeTokens{}, peers{{Name: "worker-0", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, PolicyCheck(clusterPolicy))
+			authority, &fakeTokens{}, peers{{Name: "worker-0", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, PolicyCheck(clusterPolicy), WithJournal(j))
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -113,6 +114,11 @@ func TestAttestedJoin(t *testing.T) {
 			t.Fatalf("IssueJoinTicket() = %v (reason %q), want PermissionDenied %s naming index 4", err, reason(err), ReasonMeasurements)
 		}
 		t.Logf("rejection: %v", err)
+		es := j.all()
+		last := es[len(es)-1]
+		if last.Reason != ReasonMeasurements || len(last.EvidenceSHA256) != 64 || !strings.Contains(last.Message, "index 4") {
+			t.Fatalf("ledger entry %+v, want %s with the evidence digest", last, ReasonMeasurements)
+		}
 	})
 	t.Run("joinservice locked to another cluster is refused", func(t *testing.T) {
 		_, err := join(t, start(t, []byte("some other cluster")), nil)

@@ -5,17 +5,32 @@
 // in metadata, the role it asks for must be the role metadata gives it, and its kubelet certificate
 // is issued for the instance name metadata reports. Every rejection is a gRPC status whose message
 // states the reason and whose ErrorInfo detail carries a stable reason code (see the Reason* constants).
+//
+// Every attempt, accepted or rejected, goes to a Journal (the join ledger) and an Observer (metrics);
+// neither may block the call.
+//
+// Rate limits (DefaultLimits, per RPC call, on top of atls's per-handshake limits): per peer address
+// 1 ticket/s with a burst of 5, and 100 tickets/s with a burst of 200 overall; 4096 peer addresses are
+// tracked. A node needs one ticket per join and its JoinClient retries with a backoff of about a
+// second, so 1/s with burst 5 never slows a genuine node but stops one address from hammering the
+// service over one connection (an attested handshake is paid once per connection, not per call). The
+// global limit bounds what the tickets cost the control plane: each one is a Secret write in the API
+// server (a bootstrap token) and a CA signature; 100/s is far below what one kube-apiserver sustains
+// for small writes and lets a 200-node scale-up through in about 2 s. An excess call gets
+// ResourceExhausted with reason RATE_LIMITED before any cryptography, metadata lookup or API call:
+// its cost is one map lookup under a mutex. The limits are flags of the joinservice binary.
 package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -25,25 +40,32 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
+	"github.com/berth-k8s/berth/joinservice/ledger"
 	"github.com/berth-k8s/berth/joinservice/tokens"
 )
 
 // Reason codes of rejections.
 const (
-	ReasonNoEvidence    = "NO_EVIDENCE"
-	ReasonMeasurements  = "MEASUREMENT_MISMATCH"
-	ReasonUnknownPeer   = "UNKNOWN_PEER"
-	ReasonRoleMismatch  = "ROLE_MISMATCH"
-	ReasonBadCSR        = "BAD_CSR"
-	ReasonInternal      = "INTERNAL"
-	reasonDomain        = "berth.joinservice"
-	kubeletCertValidity = 365 * 24 * time.Hour
-	tokenTTL            = 15 * time.Minute
+	ReasonNoEvidence       = "NO_EVIDENCE"
+	ReasonMeasurements     = "MEASUREMENT_MISMATCH"
+	ReasonUnknownPeer      = "UNKNOWN_PEER"
+	ReasonRoleMismatch     = "ROLE_MISMATCH"
+	ReasonBadCSR           = "BAD_CSR"
+	ReasonRateLimited      = "RATE_LIMITED"
+	ReasonControlPlaneBusy = "CONTROL_PLANE_JOIN_BUSY"
+	ReasonInternal         = "INTERNAL"
+	reasonDomain           = "berth.joinservice"
+	kubeletCertValidity    = 365 * 24 * time.Hour
+	tokenTTL               = 15 * time.Minute
 )
+
+// Default rate limits of IssueJoinTicket and IssueRejoinTicket (see the package documentation).
+var DefaultLimits = atls.Limits{PerPeer: 1, PerPeerBurst: 5, Global: 100, GlobalBurst: 200, MaxPeers: 4096}
 
 // controlPlaneFiles are the shared control-plane keys a joining control plane needs, relative to the
 // PKI directory.
@@ -74,8 +96,12 @@ type Server struct {
 	meta   peerLister
 	// attest judges the peer's attestation; nil accepts every peer (insecure-none).
 	attest AttestationCheck
-	// cpJoin serializes control-plane joins: etcd grows one member at a time.
-	cpJoin sync.Mutex
+	// cpLock serializes control-plane joins: etcd grows one member at a time.
+	cpLock ControlPlaneLock
+	// limiter bounds tickets per peer address and overall.
+	limiter *atls.Limiter
+	journal Journal
+	obs     Observer
 }
 
 // AttestationCheck judges the attestation of the peer in ctx against the cluster's policy. It returns
@@ -86,9 +112,99 @@ type AttestationCheck func(ctx context.Context) (warnings []string, err error)
 // ErrNoEvidence is returned by an AttestationCheck for a peer that presented no attestation.
 var ErrNoEvidence = errors.New("peer presented no attestation")
 
+// ErrControlPlaneBusy is returned by a ControlPlaneLock when another control plane is joining and
+// the wait for it ended.
+var ErrControlPlaneBusy = errors.New("another control plane is joining")
+
+// Journal records join attempts (ledger.Writer). Both methods must return at once.
+type Journal interface {
+	Record(ledger.Entry)
+	RecordRateLimited(peer string)
+}
+
+// Observer receives measurements (the metrics package). Methods must return at once.
+type Observer interface {
+	// Attempt counts one finished attempt of rpc ("join", "rejoin") with its outcome and reason.
+	Attempt(rpc, outcome, reason string)
+	// Latency records how long stage ("validate", "issue", "total") of rpc took.
+	Latency(rpc, stage string, d time.Duration)
+	// InFlight adds delta to the number of attempts being handled.
+	InFlight(delta int)
+}
+
+// ControlPlaneLock serializes control-plane joins, across replicas when backed by a Lease.
+type ControlPlaneLock interface {
+	// Lock waits until holder holds the lock or ctx ends, and returns the function that releases it.
+	Lock(ctx context.Context, holder string) (unlock func(), err error)
+}
+
+// Option configures a Server.
+type Option func(*Server)
+
+// WithJournal records every attempt in j.
+func WithJournal(j Journal) Option { return func(s *Server) { s.journal = j } }
+
+// WithObserver reports measurements to o.
+func WithObserver(o Observer) Option { return func(s *Server) { s.obs = o } }
+
+// WithLimits replaces DefaultLimits.
+func WithLimits(l atls.Limits) Option { return func(s *Server) { s.limiter = atls.NewLimiter(l) } }
+
+// WithControlPlaneLock replaces the in-process lock that serializes control-plane joins.
+func WithControlPlaneLock(l ControlPlaneLock) Option { return func(s *Server) { s.cpLock = l } }
+
 // New returns a Server. attest may be nil only when the service runs without attestation.
-func New(cfg Config, log *zap.Logger, keys *clusterkeys.Keys, salt []byte, authority *ca.Authority, tok tokenCreator, meta peerLister, attest AttestationCheck) *Server {
-	return &Server{cfg: cfg, log: log, keys: keys, salt: salt, ca: authority, tokens: tok, meta: meta, attest: attest}
+func New(cfg Config, log *zap.Logger, keys *clusterkeys.Keys, salt []byte, authority *ca.Authority, tok tokenCreator, meta peerLister, attest AttestationCheck, opts ...Option) *Server {
+	s := &Server{cfg: cfg, log: log, keys: keys, salt: salt, ca: authority, tokens: tok, meta: meta, attest: attest}
+	for _, o := range opts {
+		o(s)
+	}
+	if s.limiter == nil {
+		s.limiter = atls.NewLimiter(DefaultLimits)
+	}
+	if s.cpLock == nil {
+		s.cpLock = NewLocalLock()
+	}
+	if s.journal == nil {
+		s.journal = nopJournal{}
+	}
+	if s.obs == nil {
+		s.obs = nopObserver{}
+	}
+	return s
+}
+
+type nopJournal struct{}
+
+func (nopJournal) Record(ledger.Entry)      {}
+func (nopJournal) RecordRateLimited(string) {}
+
+type nopObserver struct{}
+
+func (nopObserver) Attempt(string, string, string)        {}
+func (nopObserver) Latency(string, string, time.Duration) {}
+func (nopObserver) InFlight(int)                          {}
+
+// rejection is a refused attempt: a gRPC status with an ErrorInfo reason.
+type rejection struct {
+	code   codes.Code
+	reason string
+	msg    string
+}
+
+func (r *rejection) Error() string { return r.msg }
+
+// GRPCStatus lets gRPC send the rejection with its reason.
+func (r *rejection) GRPCStatus() *status.Status {
+	st, err := status.New(r.code, r.msg).WithDetails(&errdetails.ErrorInfo{Reason: r.reason, Domain: reasonDomain})
+	if err != nil {
+		return status.New(r.code, r.msg)
+	}
+	return st
+}
+
+func reject(code codes.Code, reason, msg string) error {
+	return &rejection{code: code, reason: reason, msg: msg}
 }
 
 // checkAttestation applies the attestation check, if any, and turns a failure into a rejection.
@@ -111,18 +227,78 @@ func (s *Server) checkAttestation(ctx context.Context, log *zap.Logger) error {
 	return nil
 }
 
-func reject(code codes.Code, reason, msg string) error {
-	st, err := status.New(code, msg).WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: reasonDomain})
-	if err != nil {
-		return status.Error(code, msg)
+// attempt is what the ledger and the metrics learn about one call.
+type attempt struct {
+	rpc   string
+	start time.Time
+	entry ledger.Entry
+}
+
+// begin rate-limits the call and opens its attempt. A non-nil error is the rejection to return: it
+// costs a map lookup, before any cryptography or API call.
+func (s *Server) begin(ctx context.Context, rpc string, role joinproto.Role) (*attempt, net.IP, error) {
+	ip := peerIP(ctx)
+	peerKey := "unknown"
+	if ip != nil {
+		peerKey = ip.String()
 	}
-	return st.Err()
+	if !s.limiter.Allow(peerKey) {
+		s.journal.RecordRateLimited(peerKey)
+		s.obs.Attempt(rpc, ledger.OutcomeRejected, ReasonRateLimited)
+		return nil, nil, reject(codes.ResourceExhausted, ReasonRateLimited, "too many join attempts: retry later")
+	}
+	s.obs.InFlight(1)
+	a := &attempt{rpc: rpc, start: time.Now(), entry: ledger.Entry{Peer: peerKey, RPC: rpc}}
+	if rpc == "join" {
+		a.entry.Role = roleName(role)
+	}
+	if ev, ok := atls.PeerEvidence(ctx); ok {
+		sum := sha256.Sum256(ev.Document)
+		a.entry.EvidenceSHA256 = hex.EncodeToString(sum[:])
+	}
+	return a, ip, nil
+}
+
+// finish records the attempt's outcome.
+func (s *Server) finish(a *attempt, err error) {
+	d := time.Since(a.start)
+	s.obs.InFlight(-1)
+	s.obs.Latency(a.rpc, "total", d)
+	a.entry.Time = a.start.UTC()
+	a.entry.Outcome = ledger.OutcomeAccepted
+	reason := ""
+	if err != nil {
+		a.entry.Outcome = ledger.OutcomeRejected
+		var r *rejection
+		if errors.As(err, &r) {
+			reason, a.entry.Message = r.reason, r.msg
+		} else {
+			reason, a.entry.Message = ReasonInternal, "internal error"
+		}
+		a.entry.Reason = reason
+	}
+	s.obs.Attempt(a.rpc, a.entry.Outcome, reason)
+	s.journal.Record(a.entry)
+}
+
+func roleName(r joinproto.Role) string {
+	switch r {
+	case joinproto.Role_ROLE_WORKER:
+		return "worker"
+	case joinproto.Role_ROLE_CONTROL_PLANE:
+		return "control-plane"
+	}
+	return r.String()
 }
 
 // IssueJoinTicket implements the RPC.
-func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTicketRequest) (*joinproto.IssueJoinTicketResponse, error) {
-	peerIP := peerIP(ctx)
-	log := s.log.With(zap.String("peer", peerIP.String()), zap.String("claimedRole", req.GetRole().String()))
+func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTicketRequest) (resp *joinproto.IssueJoinTicketResponse, err error) {
+	a, peerIP, err := s.begin(ctx, "join", req.GetRole())
+	if err != nil {
+		return nil, err
+	}
+	defer func() { s.finish(a, err) }()
+	log := s.log.With(zap.String("peer", a.entry.Peer), zap.String("claimedRole", req.GetRole().String()))
 	if err := s.checkAttestation(ctx, log); err != nil {
 		return nil, err
 	}
@@ -131,6 +307,7 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 		log.Warn("join rejected", zap.String("reason", ReasonUnknownPeer), zap.Error(err))
 		return nil, reject(codes.PermissionDenied, ReasonUnknownPeer, "this address belongs to no instance of the cluster")
 	}
+	a.entry.Node = inst.Name
 	log = log.With(zap.String("node", inst.Name))
 	wantRole := joinproto.Role_ROLE_WORKER
 	if inst.Role == metadata.RoleControlPlane {
@@ -141,6 +318,8 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 		return nil, reject(codes.PermissionDenied, ReasonRoleMismatch,
 			fmt.Sprintf("role %s requested, metadata says this node is a %s", req.GetRole(), inst.Role))
 	}
+	s.obs.Latency("join", "validate", time.Since(a.start))
+	issueStart := time.Now()
 	var ips []net.IP
 	for _, ip := range inst.IPs {
 		ips = append(ips, net.ParseIP(ip))
@@ -152,8 +331,12 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 	}
 	var files []*joinproto.File
 	if wantRole == joinproto.Role_ROLE_CONTROL_PLANE {
-		s.cpJoin.Lock()
-		defer s.cpJoin.Unlock()
+		unlock, err := s.cpLock.Lock(ctx, inst.Name)
+		if err != nil {
+			log.Warn("join rejected", zap.String("reason", ReasonControlPlaneBusy), zap.Error(err))
+			return nil, reject(codes.Unavailable, ReasonControlPlaneBusy, "another control plane is joining: retry later")
+		}
+		defer unlock()
 		if files, err = s.readControlPlaneFiles(); err != nil {
 			log.Error("reading control-plane files", zap.Error(err))
 			return nil, reject(codes.Unavailable, ReasonInternal, "the joinservice cannot read the control-plane files")
@@ -164,6 +347,7 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 		log.Error("creating bootstrap token", zap.Error(err))
 		return nil, reject(codes.Unavailable, ReasonInternal, "the joinservice cannot create a bootstrap token")
 	}
+	s.obs.Latency("join", "issue", time.Since(issueStart))
 	log.Info("join ticket issued")
 	return &joinproto.IssueJoinTicketResponse{
 		NodeName:                   inst.Name,
@@ -182,15 +366,22 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 }
 
 // IssueRejoinTicket implements the RPC.
-func (s *Server) IssueRejoinTicket(ctx context.Context, req *joinproto.IssueRejoinTicketRequest) (*joinproto.IssueRejoinTicketResponse, error) {
-	peerIP := peerIP(ctx)
-	if err := s.checkAttestation(ctx, s.log.With(zap.String("peer", peerIP.String()))); err != nil {
+func (s *Server) IssueRejoinTicket(ctx context.Context, req *joinproto.IssueRejoinTicketRequest) (resp *joinproto.IssueRejoinTicketResponse, err error) {
+	a, peerIP, err := s.begin(ctx, "rejoin", joinproto.Role_ROLE_UNSPECIFIED)
+	if err != nil {
 		return nil, err
 	}
-	if _, err := s.instanceFor(ctx, peerIP); err != nil {
-		s.log.Warn("rejoin rejected", zap.String("peer", peerIP.String()), zap.String("reason", ReasonUnknownPeer))
+	defer func() { s.finish(a, err) }()
+	if err := s.checkAttestation(ctx, s.log.With(zap.String("peer", a.entry.Peer))); err != nil {
+		return nil, err
+	}
+	inst, err := s.instanceFor(ctx, peerIP)
+	if err != nil {
+		s.log.Warn("rejoin rejected", zap.String("peer", a.entry.Peer), zap.String("reason", ReasonUnknownPeer))
 		return nil, reject(codes.PermissionDenied, ReasonUnknownPeer, "this address belongs to no instance of the cluster")
 	}
+	a.entry.Node = inst.Name
+	s.obs.Latency("rejoin", "validate", time.Since(a.start))
 	return &joinproto.IssueRejoinTicketResponse{DiskKey: s.keys.DiskKey(req.GetDiskUuid()), ClusterId: s.keys.ClusterID()}, nil
 }
 

@@ -9,10 +9,13 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -24,18 +27,25 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
+	"github.com/berth-k8s/berth/joinservice/ledger"
 	"github.com/berth-k8s/berth/joinservice/tokens"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-type fakeTokens struct{ n int }
+type fakeTokens struct {
+	mu sync.Mutex
+	n  int
+}
 
 func (f *fakeTokens) Create(context.Context, time.Duration, string) (tokens.Token, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.n++
 	return tokens.Token{Value: "abcdef.0123456789abcdef", Expires: time.Now().Add(time.Minute)}, nil
 }
@@ -73,7 +83,7 @@ func writePKI(t *testing.T) string {
 	return dir
 }
 
-func start(t *testing.T, meta peers, tok *fakeTokens) joinproto.JoinServiceClient {
+func start(t *testing.T, meta peers, tok *fakeTokens, opts ...Option) joinproto.JoinServiceClient {
 	t.Helper()
 	pki := writePKI(t)
 	authority, err := ca.Load(pki)
@@ -82,7 +92,7 @@ func start(t *testing.T, meta peers, tok *fakeTokens) joinproto.JoinServiceClien
 	}
 	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
 	srv := New(Config{APIServerEndpoint: "198.51.100.10:6443", KubernetesVersion: "v1.34.2", PKIDir: pki},
-		zap.NewNop(), keys, bytes.Repeat([]byte{2}, 32), authority, tok, meta, nil)
+		zap.NewNop(), keys, bytes.Repeat([]byte{2}, 32), authority, tok, meta, nil, opts...)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -187,4 +197,158 @@ func TestRejections(t *testing.T) {
 			}
 		})
 	}
+}
+
+// journal records what the server tells the ledger.
+type journal struct {
+	mu          sync.Mutex
+	entries     []ledger.Entry
+	rateLimited map[string]int
+}
+
+func (j *journal) Record(e ledger.Entry) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.entries = append(j.entries, e)
+}
+func (j *journal) RecordRateLimited(p string) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.rateLimited == nil {
+		j.rateLimited = map[string]int{}
+	}
+	j.rateLimited[p]++
+}
+
+func (j *journal) all() []ledger.Entry {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return append([]ledger.Entry(nil), j.entries...)
+}
+
+// counter counts what the server tells the metrics.
+type counter struct {
+	mu       sync.Mutex
+	attempts map[string]int
+	inFlight int
+	stages   map[string]int
+}
+
+func (c *counter) Attempt(rpc, outcome, reason string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.attempts[rpc+"/"+outcome+"/"+reason]++
+}
+func (c *counter) Latency(rpc, stage string, _ time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stages[rpc+"/"+stage]++
+}
+func (c *counter) InFlight(d int) { c.mu.Lock(); defer c.mu.Unlock(); c.inFlight += d }
+
+func TestLedgerAndMetricsSeeEveryAttempt(t *testing.T) {
+	j, m := &journal{}, &counter{attempts: map[string]int{}, stages: map[string]int{}}
+	tok := &fakeTokens{}
+	c := start(t, peers{{Name: "worker-7", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, tok, WithJournal(j), WithObserver(m))
+	ctx := context.Background()
+	if _, err := c.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE}); reason(err) != ReasonRoleMismatch {
+		t.Fatalf("IssueJoinTicket() = %v, want %s", err, ReasonRoleMismatch)
+	}
+	if _, err := c.IssueRejoinTicket(ctx, &joinproto.IssueRejoinTicketRequest{DiskUuid: "d"}); err != nil {
+		t.Fatal(err)
+	}
+	es := j.all()
+	if len(es) != 3 {
+		t.Fatalf("ledger got %d entries, want 3: %+v", len(es), es)
+	}
+	ok, rej, rejoin := es[0], es[1], es[2]
+	if ok.Outcome != ledger.OutcomeAccepted || ok.Node != "worker-7" || ok.Role != "worker" || ok.Peer != "127.0.0.1" || ok.RPC != "join" || ok.Time.IsZero() {
+		t.Fatalf("accepted entry %+v", ok)
+	}
+	if rej.Outcome != ledger.OutcomeRejected || rej.Reason != ReasonRoleMismatch || rej.Node != "worker-7" || rej.Role != "control-plane" || !strings.Contains(rej.Message, "metadata says") {
+		t.Fatalf("rejected entry %+v", rej)
+	}
+	if rejoin.RPC != "rejoin" || rejoin.Outcome != ledger.OutcomeAccepted {
+		t.Fatalf("rejoin entry %+v", rejoin)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.attempts["join/accepted/"] != 1 || m.attempts["join/rejected/"+ReasonRoleMismatch] != 1 || m.inFlight != 0 || m.stages["join/total"] != 2 || m.stages["join/issue"] != 1 {
+		t.Fatalf("metrics %+v %+v in flight %d", m.attempts, m.stages, m.inFlight)
+	}
+}
+
+func TestRateLimitIsCheapAndNamed(t *testing.T) {
+	j := &journal{}
+	tok := &fakeTokens{}
+	c := start(t, peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, tok, WithJournal(j),
+		WithLimits(atls.Limits{PerPeer: 0.001, PerPeerBurst: 3, Global: 1000, GlobalBurst: 1000}))
+	req := &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER}
+	for i := range 3 {
+		if _, err := c.IssueJoinTicket(context.Background(), req); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	_, err := c.IssueJoinTicket(context.Background(), req)
+	if status.Code(err) != codes.ResourceExhausted || reason(err) != ReasonRateLimited {
+		t.Fatalf("IssueJoinTicket() = %v, want ResourceExhausted %s", err, ReasonRateLimited)
+	}
+	if tok.n != 3 || len(j.all()) != 3 || j.rateLimited["127.0.0.1"] != 1 {
+		t.Fatalf("tokens %d, ledger %d entries, rate-limited %v", tok.n, len(j.all()), j.rateLimited)
+	}
+	// The global limit applies across peers.
+	c = start(t, peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, tok,
+		WithLimits(atls.Limits{PerPeer: 1000, PerPeerBurst: 1000, Global: 0.001, GlobalBurst: 1}))
+	if _, err := c.IssueRejoinTicket(context.Background(), &joinproto.IssueRejoinTicketRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.IssueRejoinTicket(context.Background(), &joinproto.IssueRejoinTicketRequest{}); reason(err) != ReasonRateLimited {
+		t.Fatalf("IssueRejoinTicket() = %v, want %s", err, ReasonRateLimited)
+	}
+}
+
+// blockingLock reports lock calls and waits for release.
+type recordingLock struct {
+	mu      sync.Mutex
+	holders []string
+}
+
+func (l *recordingLock) Lock(_ context.Context, holder string) (func(), error) {
+	l.mu.Lock()
+	l.holders = append(l.holders, holder)
+	l.mu.Unlock()
+	return func() {}, nil
+}
+
+func TestControlPlaneJoinTakesTheLock(t *testing.T) {
+	l := &recordingLock{}
+	c := start(t, peers{{Name: "cp-1", Role: metadata.RoleControlPlane, IPs: []string{"127.0.0.1"}}}, &fakeTokens{}, WithControlPlaneLock(l))
+	if _, err := c.IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE}); err != nil {
+		t.Fatal(err)
+	}
+	if len(l.holders) != 1 || l.holders[0] != "cp-1" {
+		t.Fatalf("lock holders %v", l.holders)
+	}
+}
+
+func TestLocalLockRespectsContext(t *testing.T) {
+	l := NewLocalLock()
+	unlock, err := l.Lock(context.Background(), "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := l.Lock(ctx, "b"); !errors.Is(err, ErrControlPlaneBusy) {
+		t.Fatalf("Lock() = %v, want ErrControlPlaneBusy", err)
+	}
+	unlock()
+	unlock2, err := l.Lock(context.Background(), "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock2()
 }

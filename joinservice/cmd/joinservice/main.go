@@ -34,6 +34,7 @@ import (
 	"github.com/berth-k8s/berth/internal/version"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
+	"github.com/berth-k8s/berth/joinservice/ledger"
 	"github.com/berth-k8s/berth/joinservice/server"
 	"github.com/berth-k8s/berth/joinservice/tokens"
 )
@@ -48,12 +49,14 @@ type options struct {
 	metadataFile string
 	attestation  string
 	tpm          string
+	replica      string
+	limits       atls.Limits
 }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	o := options{listen: ":30090", pkiDir: "/etc/kubernetes/pki", namespace: components.Namespace}
+	o := options{listen: ":30090", pkiDir: "/etc/kubernetes/pki", namespace: components.Namespace, limits: server.DefaultLimits}
 	cmd := &cobra.Command{
 		Use:   "joinservice",
 		Short: "Issue join tickets to nodes that may join the cluster",
@@ -85,6 +88,11 @@ BERTH_METADATA_URL, BERTH_METADATA_FILE, BERTH_ATTESTATION and BERTH_TPM.`,
 	f.StringVar(&o.metadataFile, "metadata-file", envOr("BERTH_METADATA_FILE", ""), "metadata file for --metadata=static")
 	f.StringVar(&o.attestation, "attestation", envOr("BERTH_ATTESTATION", ""), "attestation variant: tpm, tdx, or insecure-none (development only)")
 	f.StringVar(&o.tpm, "tpm", envOr("BERTH_TPM", ""), "TPM of this node for --attestation=tpm (device path, tcp:HOST:PORT or unix:PATH)")
+	f.StringVar(&o.replica, "replica", envOr("NODE_NAME", ""), "name of this replica in the join ledger and the control-plane Lease (default: NODE_NAME, else the host name)")
+	f.Float64Var((*float64)(&o.limits.PerPeer), "rate-per-peer", float64(o.limits.PerPeer), "join tickets per second per peer address")
+	f.IntVar(&o.limits.PerPeerBurst, "rate-per-peer-burst", o.limits.PerPeerBurst, "burst of --rate-per-peer")
+	f.Float64Var((*float64)(&o.limits.Global), "rate-global", float64(o.limits.Global), "join tickets per second over all peers")
+	f.IntVar(&o.limits.GlobalBurst, "rate-global-burst", o.limits.GlobalBurst, "burst of --rate-global")
 	cmd.SetArgs(os.Args[1:])
 	if err := cmd.ExecuteContext(ctx); err != nil {
 		fmt.Fprintf(os.Stderr, "joinservice: %v\n", err)
@@ -145,11 +153,24 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+	if o.replica == "" {
+		if o.replica, err = os.Hostname(); err != nil {
+			return fmt.Errorf("naming this replica: %w", err)
+		}
+	}
+	journal := ledger.NewWriter(client, o.namespace, o.replica, log.Named("ledger"))
 	srv := server.New(server.Config{
 		APIServerEndpoint: cm.Data["apiServerEndpoint"],
 		KubernetesVersion: cm.Data["kubernetesVersion"],
 		PKIDir:            o.pkiDir,
-	}, log.Named("joinservice"), keys, salt, authority, tokens.New(client), meta, check)
+	}, log.Named("joinservice"), keys, salt, authority, tokens.New(client), meta, check,
+		server.WithJournal(journal), server.WithLimits(o.limits))
+
+	// The ledger writer outlives the gRPC server by its final flush: it stops after GracefulStop.
+	ledgerCtx, stopLedger := context.WithCancel(context.WithoutCancel(ctx))
+	ledgerDone := make(chan struct{})
+	go func() { defer close(ledgerDone); _ = journal.Run(ledgerCtx) }()
+	defer func() { stopLedger(); <-ledgerDone }()
 
 	lis, err := net.Listen("tcp", o.listen)
 	if err != nil {

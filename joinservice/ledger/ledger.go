@@ -1,0 +1,418 @@
+// Package ledger is the joinservice's join ledger: every join attempt, accepted or rejected, visible
+// from the cluster.
+//
+// Each attempt becomes an Entry (time, peer address, attested node name if known, claimed role, SHA-256
+// of the peer's attestation document, outcome, reason code and message). A Writer publishes entries in
+// two places in the joinservice's namespace:
+//   - ConfigMap berth-join-ledger, key entries.json: the newest Capacity entries of all joinservice
+//     replicas, oldest first. Replicas write it with optimistic concurrency (get, merge, update with
+//     the read resourceVersion, retry on conflict), so concurrent batches from several replicas never
+//     overwrite each other's entries. `berth status` reads it (Read).
+//   - Events whose involved object is that ConfigMap: JoinRejected (Warning) and JoinAccepted (Normal),
+//     at most MaxEventsPerFlush per batch; the rest are summarised in one JoinAttemptsNotShown Event so
+//     that a flood cannot turn into an Event flood.
+//
+// The writer never blocks or fails a join: Record puts the entry into a bounded queue (QueueSize) and
+// counts it as dropped when the queue is full (Dropped). One goroutine (Run) drains the queue in
+// batches of up to BatchSize entries or FlushInterval, whichever comes first; a failed write keeps the
+// batch (bounded by Capacity, the overflow counted as dropped) and retries with backoff. Rate-limited
+// attempts are not queued one by one: RecordRateLimited counts them per peer and each flush writes one
+// entry per peer with Count, so an attacker cannot push genuine rejections out of the ledger or the
+// queue by hammering the service.
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// Names and limits.
+const (
+	// ConfigMapName is the ledger's ConfigMap.
+	ConfigMapName = "berth-join-ledger"
+	// DataKey is the ConfigMap key holding the entries as a JSON array.
+	DataKey = "entries.json"
+	// Capacity is how many entries the ConfigMap keeps (about 500 bytes each: ~130 KB of 1 MiB).
+	Capacity = 256
+	// QueueSize bounds the entries waiting to be written.
+	QueueSize = 4096
+	// BatchSize is the most entries written in one ConfigMap update.
+	BatchSize = 256
+	// FlushInterval is the longest an entry waits for its batch to fill.
+	FlushInterval = 500 * time.Millisecond
+	// MaxEventsPerFlush bounds the Events one batch creates.
+	MaxEventsPerFlush = 20
+	// maxMessage bounds an entry's message.
+	maxMessage = 400
+	// maxRateLimitedPeers bounds the peers whose rate-limited attempts are counted between flushes.
+	maxRateLimitedPeers = 1024
+	// maxConflictRetries bounds the get-merge-update rounds of one flush.
+	maxConflictRetries = 8
+)
+
+// Outcomes.
+const (
+	OutcomeAccepted = "accepted"
+	OutcomeRejected = "rejected"
+)
+
+// ReasonRateLimited is the reason code of rate-limited attempts (the server's RATE_LIMITED).
+const ReasonRateLimited = "RATE_LIMITED"
+
+// Entry is one join attempt.
+type Entry struct {
+	Time time.Time `json:"time"`
+	// Peer is the address the attempt came from.
+	Peer string `json:"peer"`
+	// Node is the instance name metadata reports for Peer; empty when unknown.
+	Node string `json:"node,omitempty"`
+	// Role is the role the node claimed.
+	Role string `json:"role,omitempty"`
+	// RPC is the method: join or rejoin.
+	RPC string `json:"rpc,omitempty"`
+	// EvidenceSHA256 is the hex SHA-256 of the peer's attestation document; empty without attestation.
+	EvidenceSHA256 string `json:"evidenceSHA256,omitempty"`
+	Outcome        string `json:"outcome"`
+	// Reason is the rejection's reason code; empty when accepted.
+	Reason  string `json:"reason,omitempty"`
+	Message string `json:"message,omitempty"`
+	// Replica is the joinservice replica (its node) that answered.
+	Replica string `json:"replica,omitempty"`
+	// Count is how many attempts this entry stands for when above 1 (rate-limited attempts).
+	Count int `json:"count,omitempty"`
+}
+
+// Writer publishes entries. Record and RecordRateLimited are safe for concurrent use; Run must be
+// running for anything to be written.
+type Writer struct {
+	client    kubernetes.Interface
+	namespace string
+	replica   string
+	log       *zap.Logger
+	now       func() time.Time
+
+	queue   chan Entry
+	dropped atomic.Uint64
+
+	mu          sync.Mutex
+	rateLimited map[string]int
+
+	eventSeq atomic.Uint64
+}
+
+// NewWriter returns a Writer that writes through client into namespace, as replica.
+func NewWriter(client kubernetes.Interface, namespace, replica string, log *zap.Logger) *Writer {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Writer{
+		client: client, namespace: namespace, replica: replica, log: log, now: time.Now,
+		queue: make(chan Entry, QueueSize), rateLimited: map[string]int{},
+	}
+}
+
+// Record queues e without blocking; when the queue is full, e is dropped and counted.
+func (w *Writer) Record(e Entry) {
+	if e.Replica == "" {
+		e.Replica = w.replica
+	}
+	if len(e.Message) > maxMessage {
+		e.Message = e.Message[:maxMessage] + "..."
+	}
+	select {
+	case w.queue <- e:
+	default:
+		w.dropped.Add(1)
+	}
+}
+
+// RecordRateLimited counts one rate-limited attempt from peer.
+func (w *Writer) RecordRateLimited(peer string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if _, ok := w.rateLimited[peer]; !ok && len(w.rateLimited) >= maxRateLimitedPeers {
+		w.dropped.Add(1)
+		return
+	}
+	w.rateLimited[peer]++
+}
+
+// Dropped returns how many entries were dropped because the queue or the pending batch was full.
+func (w *Writer) Dropped() uint64 { return w.dropped.Load() }
+
+// Run writes queued entries until ctx ends, then makes one last attempt (bounded to 5 s) to write
+// what is pending. It returns nil when ctx ends.
+func (w *Writer) Run(ctx context.Context) error {
+	var pending []Entry
+	backoff := time.Duration(0)
+	ticker := time.NewTicker(FlushInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			pending = w.drain(pending)
+			if len(pending) > 0 {
+				fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				if err := w.flush(fctx, pending); err != nil {
+					w.log.Warn("writing join ledger at shutdown", zap.Int("entries", len(pending)), zap.Error(err))
+				}
+				cancel()
+			}
+			return nil
+		case e := <-w.queue:
+			pending = w.keep(append(pending, e))
+			if len(pending) < BatchSize {
+				continue
+			}
+		case <-ticker.C:
+		}
+		pending = w.drain(pending)
+		if len(pending) == 0 {
+			continue
+		}
+		if backoff > 0 {
+			select {
+			case <-ctx.Done():
+				continue
+			case <-time.After(backoff):
+			}
+		}
+		if err := w.flush(ctx, pending); err != nil {
+			w.log.Warn("writing join ledger", zap.Int("entries", len(pending)), zap.Error(err))
+			backoff = min(max(2*backoff, 250*time.Millisecond), 10*time.Second)
+			continue
+		}
+		backoff = 0
+		pending = pending[:0]
+	}
+}
+
+// drain moves queued entries and the rate-limited counts into pending.
+func (w *Writer) drain(pending []Entry) []Entry {
+	for {
+		select {
+		case e := <-w.queue:
+			pending = append(pending, e)
+			continue
+		default:
+		}
+		break
+	}
+	w.mu.Lock()
+	counts := w.rateLimited
+	w.rateLimited = map[string]int{}
+	w.mu.Unlock()
+	now := w.now()
+	peers := make([]string, 0, len(counts))
+	for p := range counts {
+		peers = append(peers, p)
+	}
+	sort.Strings(peers)
+	for _, p := range peers {
+		pending = append(pending, Entry{
+			Time: now, Peer: p, Outcome: OutcomeRejected, Reason: ReasonRateLimited, Replica: w.replica,
+			Count: counts[p], Message: fmt.Sprintf("%d attempts over the rate limit since the last ledger write", counts[p]),
+		})
+	}
+	return w.keep(pending)
+}
+
+// keep bounds pending to Capacity, dropping (and counting) the oldest.
+func (w *Writer) keep(pending []Entry) []Entry {
+	if over := len(pending) - Capacity; over > 0 {
+		w.dropped.Add(uint64(over))
+		pending = append(pending[:0], pending[over:]...)
+	}
+	return pending
+}
+
+// flush writes batch into the ConfigMap and creates its Events.
+func (w *Writer) flush(ctx context.Context, batch []Entry) error {
+	cm, err := w.merge(ctx, batch)
+	if err != nil {
+		return err
+	}
+	w.events(ctx, cm, batch)
+	return nil
+}
+
+// merge adds batch to the ConfigMap with optimistic concurrency.
+func (w *Writer) merge(ctx context.Context, batch []Entry) (*corev1.ConfigMap, error) {
+	cms := w.client.CoreV1().ConfigMaps(w.namespace)
+	var last error
+	for range maxConflictRetries {
+		cm, err := cms.Get(ctx, ConfigMapName, metav1.GetOptions{})
+		create := apierrors.IsNotFound(err)
+		if err != nil && !create {
+			return nil, fmt.Errorf("reading ledger: %w", err)
+		}
+		if create {
+			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+				Name: ConfigMapName, Namespace: w.namespace,
+				Labels: map[string]string{"app.kubernetes.io/part-of": "berth", "app.kubernetes.io/name": "berth-joinservice"},
+			}}
+		}
+		existing, err := decode(cm.Data[DataKey])
+		if err != nil {
+			w.log.Warn("discarding unreadable join ledger", zap.Error(err))
+			existing = nil
+		}
+		data, err := json.Marshal(mergeEntries(existing, batch))
+		if err != nil {
+			return nil, fmt.Errorf("encoding ledger: %w", err)
+		}
+		if cm.Data == nil {
+			cm.Data = map[string]string{}
+		}
+		cm.Data[DataKey] = string(data)
+		var out *corev1.ConfigMap
+		if create {
+			out, err = cms.Create(ctx, cm, metav1.CreateOptions{})
+		} else {
+			out, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+		}
+		if err == nil {
+			return out, nil
+		}
+		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("writing ledger: %w", err)
+		}
+		last = err
+	}
+	return nil, fmt.Errorf("writing ledger: still conflicting after %d attempts: %w", maxConflictRetries, last)
+}
+
+// mergeEntries returns existing and batch sorted by time, the newest Capacity of them.
+func mergeEntries(existing, batch []Entry) []Entry {
+	all := make([]Entry, 0, len(existing)+len(batch))
+	all = append(all, existing...)
+	all = append(all, batch...)
+	sort.SliceStable(all, func(i, j int) bool { return all[i].Time.Before(all[j].Time) })
+	if len(all) > Capacity {
+		all = all[len(all)-Capacity:]
+	}
+	return all
+}
+
+func decode(s string) ([]Entry, error) {
+	if strings.TrimSpace(s) == "" {
+		return nil, nil
+	}
+	var es []Entry
+	if err := json.Unmarshal([]byte(s), &es); err != nil {
+		return nil, fmt.Errorf("decoding ledger: %w", err)
+	}
+	return es, nil
+}
+
+// events creates the batch's Events. Failures are logged, never returned: the ConfigMap holds the
+// entries already.
+func (w *Writer) events(ctx context.Context, cm *corev1.ConfigMap, batch []Entry) {
+	ref := corev1.ObjectReference{Kind: "ConfigMap", APIVersion: "v1", Namespace: cm.Namespace, Name: cm.Name, UID: cm.UID, ResourceVersion: cm.ResourceVersion}
+	shown := batch
+	if len(shown) > MaxEventsPerFlush {
+		// Rejections first: they are what an operator looks for.
+		shown = append([]Entry(nil), batch...)
+		sort.SliceStable(shown, func(i, j int) bool {
+			return shown[i].Outcome == OutcomeRejected && shown[j].Outcome != OutcomeRejected
+		})
+		shown = shown[:MaxEventsPerFlush]
+	}
+	for _, e := range shown {
+		typ, reason := corev1.EventTypeNormal, "JoinAccepted"
+		if e.Outcome != OutcomeAccepted {
+			typ, reason = corev1.EventTypeWarning, "JoinRejected"
+		}
+		if err := w.createEvent(ctx, ref, typ, reason, EventMessage(e), e.Time, e.Count); err != nil {
+			w.log.Warn("creating join event", zap.Error(err))
+			return
+		}
+	}
+	if n := len(batch) - len(shown); n > 0 {
+		msg := fmt.Sprintf("%d more join attempts in this batch are in ConfigMap %s only", n, ConfigMapName)
+		if err := w.createEvent(ctx, ref, corev1.EventTypeNormal, "JoinAttemptsNotShown", msg, w.now(), 1); err != nil {
+			w.log.Warn("creating join event", zap.Error(err))
+		}
+	}
+}
+
+// EventMessage is the one-line description of e used in Events.
+func EventMessage(e Entry) string {
+	var sb strings.Builder
+	node := e.Node
+	if node == "" {
+		node = "unknown node"
+	}
+	fmt.Fprintf(&sb, "%s %s (%s)", e.RPC, node, e.Peer)
+	if e.Role != "" {
+		fmt.Fprintf(&sb, " as %s", e.Role)
+	}
+	if e.Outcome == OutcomeAccepted {
+		sb.WriteString(": accepted")
+	} else {
+		fmt.Fprintf(&sb, ": %s", e.Reason)
+		if e.Message != "" {
+			fmt.Fprintf(&sb, ": %s", e.Message)
+		}
+	}
+	if e.EvidenceSHA256 != "" {
+		fmt.Fprintf(&sb, "; evidence sha256:%s", e.EvidenceSHA256)
+	}
+	if e.Replica != "" {
+		fmt.Fprintf(&sb, "; answered by %s", e.Replica)
+	}
+	return strings.TrimSpace(sb.String())
+}
+
+func (w *Writer) createEvent(ctx context.Context, ref corev1.ObjectReference, typ, reason, msg string, at time.Time, count int) error {
+	if count < 1 {
+		count = 1
+	}
+	ts := metav1.NewTime(at)
+	ev := &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{
+			Name:      fmt.Sprintf("%s.%x.%x", ConfigMapName, w.now().UnixNano(), w.eventSeq.Add(1)),
+			Namespace: ref.Namespace,
+		},
+		InvolvedObject:      ref,
+		Reason:              reason,
+		Message:             msg,
+		Type:                typ,
+		Source:              corev1.EventSource{Component: "berth-joinservice", Host: w.replica},
+		FirstTimestamp:      ts,
+		LastTimestamp:       ts,
+		Count:               int32(count),
+		ReportingController: "berth.dev/joinservice",
+		ReportingInstance:   w.replica,
+	}
+	_, err := w.client.CoreV1().Events(ref.Namespace).Create(ctx, ev, metav1.CreateOptions{})
+	return err
+}
+
+// ErrNoLedger is returned by Read when the cluster has no ledger yet (no join was attempted).
+var ErrNoLedger = errors.New("the cluster has no join ledger yet")
+
+// Read returns the ledger's entries, oldest first.
+func Read(ctx context.Context, client kubernetes.Interface, namespace string) ([]Entry, error) {
+	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, ErrNoLedger
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
+	}
+	return decode(cm.Data[DataKey])
+}

@@ -1,0 +1,185 @@
+package ledger
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/berth-k8s/berth/joinservice/apiservertest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(apiservertest.StoppingShared(m)) }
+
+const ns = "berth-system"
+
+// runWriter runs w until the test ends.
+func runWriter(t *testing.T, w *Writer) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+}
+
+func waitEntries(t *testing.T, c kubernetes.Interface, n int) []Entry {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		es, err := Read(context.Background(), c, ns)
+		if err == nil && len(es) >= n {
+			return es
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ledger has %d entries (%v), want %d", len(es), err, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func entry(i int, outcome string) Entry {
+	e := Entry{Time: time.Unix(1700000000, int64(i)), Peer: fmt.Sprintf("198.51.100.%d", i%250), Node: fmt.Sprintf("worker-%d", i), Role: "worker", RPC: "join", Outcome: outcome}
+	if outcome == OutcomeRejected {
+		e.Reason, e.Message = "MEASUREMENT_MISMATCH", "index 4: expected 00, actual 11"
+	}
+	return e
+}
+
+func TestRecordNeverBlocksAndCountsDrops(t *testing.T) {
+	w := NewWriter(fake.NewClientset(), ns, "cp-0", zap.NewNop()) // not running: nothing drains
+	for i := range QueueSize + 10 {
+		w.Record(entry(i, OutcomeAccepted))
+	}
+	if got := w.Dropped(); got != 10 {
+		t.Fatalf("Dropped() = %d, want 10", got)
+	}
+}
+
+func TestRateLimitedAreAggregatedPerPeer(t *testing.T) {
+	c := fake.NewClientset()
+	w := NewWriter(c, ns, "cp-0", zap.NewNop())
+	for range 1000 {
+		w.RecordRateLimited("203.0.113.5")
+	}
+	w.RecordRateLimited("203.0.113.6")
+	w.Record(entry(1, OutcomeRejected))
+	runWriter(t, w)
+	es := waitEntries(t, c, 3)
+	counts := map[string]int{}
+	for _, e := range es {
+		if e.Reason == ReasonRateLimited {
+			counts[e.Peer] = e.Count
+		}
+	}
+	if counts["203.0.113.5"] != 1000 || counts["203.0.113.6"] != 1 || len(es) != 3 {
+		t.Fatalf("entries %+v", es)
+	}
+}
+
+func TestConflictIsRetriedWithoutLosingEntries(t *testing.T) {
+	c := fake.NewClientset(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName, Namespace: ns}})
+	var mu sync.Mutex
+	conflicts := 0
+	c.PrependReactor("update", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if conflicts < 2 {
+			conflicts++
+			// Another replica got there first.
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName, Namespace: ns}, Data: map[string]string{}}
+			prev, _ := c.Tracker().Get(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, ns, ConfigMapName)
+			es, _ := decode(prev.(*corev1.ConfigMap).Data[DataKey])
+			es = append(es, entry(100+conflicts, OutcomeAccepted))
+			b, _ := json.Marshal(es)
+			cm.Data[DataKey] = string(b)
+			_ = c.Tracker().Update(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, cm, ns)
+			return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "configmaps"}, ConfigMapName, fmt.Errorf("the object has been modified"))
+		}
+		return false, nil, nil
+	})
+	w := NewWriter(c, ns, "cp-0", zap.NewNop())
+	w.Record(entry(1, OutcomeRejected))
+	w.Record(entry(2, OutcomeAccepted))
+	runWriter(t, w)
+	es := waitEntries(t, c, 4)
+	if len(es) != 4 {
+		t.Fatalf("entries %+v", es)
+	}
+	evs, err := c.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+	if err != nil || len(evs.Items) != 2 {
+		t.Fatalf("events: %v %v", evs, err)
+	}
+}
+
+func TestMergeKeepsNewestCapacity(t *testing.T) {
+	var old []Entry
+	for i := range Capacity {
+		old = append(old, entry(i, OutcomeAccepted))
+	}
+	got := mergeEntries(old, []Entry{entry(Capacity+1, OutcomeRejected), entry(Capacity, OutcomeAccepted)})
+	if len(got) != Capacity || got[len(got)-1].Reason != "MEASUREMENT_MISMATCH" || got[0].Node != "worker-2" {
+		t.Fatalf("merge kept %d entries, first %s, last %+v", len(got), got[0].Node, got[len(got)-1])
+	}
+}
+
+// TestConcurrentReplicasOnAPIServer runs three writers against a real API server at once; every
+// entry of every replica must land, and each batch gets its Events.
+func TestConcurrentReplicasOnAPIServer(t *testing.T) {
+	env := apiservertest.Shared(t)
+	admin := env.Client(t, apiservertest.AdminUser)
+	testNS := "ledger-concurrent"
+	if _, err := admin.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNS}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	const replicas, perReplica = 3, 40
+	for r := range replicas {
+		w := NewWriter(admin, testNS, fmt.Sprintf("cp-%d", r), zap.NewNop())
+		runWriter(t, w)
+		go func() {
+			for i := range perReplica {
+				e := entry(r*perReplica+i, OutcomeAccepted)
+				if i%4 == 0 {
+					e = entry(r*perReplica+i, OutcomeRejected)
+				}
+				w.Record(e)
+				time.Sleep(time.Millisecond)
+			}
+		}()
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	var es []Entry
+	for time.Now().Before(deadline) {
+		es, _ = Read(context.Background(), admin, testNS)
+		if len(es) >= replicas*perReplica {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	seen := map[string]bool{}
+	for _, e := range es {
+		seen[e.Node] = true
+	}
+	if len(seen) != replicas*perReplica {
+		t.Fatalf("ledger holds %d distinct entries, want %d", len(seen), replicas*perReplica)
+	}
+	evs, err := admin.CoreV1().Events(testNS).List(context.Background(), metav1.ListOptions{FieldSelector: "reason=JoinRejected"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs.Items) == 0 {
+		t.Fatal("no JoinRejected events")
+	}
+	t.Logf("%d entries, %d JoinRejected events; example: %s", len(es), len(evs.Items), evs.Items[0].Message)
+}
