@@ -170,3 +170,41 @@ func mustYAMLToJSON(t *testing.T, y string) []byte {
 	}
 	return b
 }
+
+func TestSeedContainerdRoot(t *testing.T) {
+	golden := t.TempDir()
+	for p, data := range map[string]string{
+		"io.containerd.metadata.v1.bolt/meta.db":                      "db",
+		"io.containerd.content.v1.content/blobs/sha256/abc":           "blob",
+		"io.containerd.snapshotter.v1.overlayfs/metadata.db":          "sdb",
+		"io.containerd.snapshotter.v1.overlayfs/snapshots/1/fs/bin/x": "layer file",
+	} {
+		if err := writeFile(filepath.Join(golden, p), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink("bin/x", filepath.Join(golden, "io.containerd.snapshotter.v1.overlayfs/snapshots/1/fs/link")); err != nil {
+		t.Fatal(err)
+	}
+	dst := filepath.Join(t.TempDir(), "root")
+	if err := SeedContainerdRoot(golden, dst); err != nil {
+		t.Fatal(err)
+	}
+	same := func(rel string) bool {
+		a, _ := os.Stat(filepath.Join(golden, rel))
+		b, err := os.Stat(filepath.Join(dst, rel))
+		if err != nil {
+			t.Fatalf("%s not seeded: %v", rel, err)
+		}
+		return os.SameFile(a, b)
+	}
+	if !same("io.containerd.content.v1.content/blobs/sha256/abc") || !same("io.containerd.snapshotter.v1.overlayfs/snapshots/1/fs/bin/x") {
+		t.Error("immutable files are not hard links")
+	}
+	if same("io.containerd.metadata.v1.bolt/meta.db") || same("io.containerd.snapshotter.v1.overlayfs/metadata.db") {
+		t.Error("databases are shared with the golden root")
+	}
+	if l, err := os.Readlink(filepath.Join(dst, "io.containerd.snapshotter.v1.overlayfs/snapshots/1/fs/link")); err != nil || l != "bin/x" {
+		t.Errorf("symlink = %q, %v", l, err)
+	}
+}
