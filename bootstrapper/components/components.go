@@ -29,14 +29,16 @@ import (
 
 // Names of the objects Berth installs.
 const (
-	Namespace          = "berth-system"
-	SecretName         = "berth-cluster-secrets"
-	JoinConfigName     = "berth-join-config"
-	JoinLedgerName     = "berth-join-ledger"
-	JoinServiceName    = "berth-joinservice"
-	JoinServicePort    = 30090
-	controlPlaneLabel  = "node-role.kubernetes.io/control-plane"
-	joinServiceAccount = "berth-joinservice"
+	Namespace       = "berth-system"
+	SecretName      = "berth-cluster-secrets"
+	JoinConfigName  = "berth-join-config"
+	JoinLedgerName  = "berth-join-ledger"
+	JoinServiceName = "berth-joinservice"
+	JoinServicePort = 30090
+	// JoinServiceMetricsPort serves the joinservice's /metrics and /healthz (host network).
+	JoinServiceMetricsPort = 30091
+	controlPlaneLabel      = "node-role.kubernetes.io/control-plane"
+	joinServiceAccount     = "berth-joinservice"
 )
 
 // Config configures the installer.
@@ -228,6 +230,16 @@ func (i *Installer) objects(job *initcluster.Job) ([]*unstructured.Unstructured,
 							"args": []any{
 								fmt.Sprintf("--listen=:%d", JoinServicePort),
 								"--pki-dir=/etc/kubernetes/pki",
+								fmt.Sprintf("--metrics-listen=:%d", JoinServiceMetricsPort),
+							},
+							"ports": []any{
+								map[string]any{"name": "join", "containerPort": JoinServicePort, "protocol": "TCP"},
+								map[string]any{"name": "metrics", "containerPort": JoinServiceMetricsPort, "protocol": "TCP"},
+							},
+							"livenessProbe": map[string]any{
+								"httpGet":          map[string]any{"path": "/healthz", "port": JoinServiceMetricsPort},
+								"periodSeconds":    10,
+								"failureThreshold": 6,
 							},
 							"env":             env,
 							"volumeMounts":    mounts,

@@ -35,12 +35,14 @@ import (
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
 	"github.com/berth-k8s/berth/joinservice/ledger"
+	"github.com/berth-k8s/berth/joinservice/metrics"
 	"github.com/berth-k8s/berth/joinservice/server"
 	"github.com/berth-k8s/berth/joinservice/tokens"
 )
 
 type options struct {
 	listen       string
+	metricsAddr  string
 	pkiDir       string
 	kubeconfig   string
 	namespace    string
@@ -56,7 +58,7 @@ type options struct {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	o := options{listen: ":30090", pkiDir: "/etc/kubernetes/pki", namespace: components.Namespace, limits: server.DefaultLimits}
+	o := options{listen: ":30090", metricsAddr: ":30091", pkiDir: "/etc/kubernetes/pki", namespace: components.Namespace, limits: server.DefaultLimits}
 	cmd := &cobra.Command{
 		Use:   "joinservice",
 		Short: "Issue join tickets to nodes that may join the cluster",
@@ -80,6 +82,7 @@ BERTH_METADATA_URL, BERTH_METADATA_FILE, BERTH_ATTESTATION and BERTH_TPM.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.listen, "listen", o.listen, "address to serve on")
+	f.StringVar(&o.metricsAddr, "metrics-listen", o.metricsAddr, "address to serve Prometheus metrics (/metrics) and /healthz on; empty disables")
 	f.StringVar(&o.pkiDir, "pki-dir", o.pkiDir, "kubeadm's PKI directory")
 	f.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "kubeconfig; empty means in-cluster")
 	f.StringVar(&o.namespace, "namespace", o.namespace, "namespace of Berth's configuration")
@@ -159,18 +162,35 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	journal := ledger.NewWriter(client, o.namespace, o.replica, log.Named("ledger"))
+	m := metrics.New(journal.Dropped)
 	srv := server.New(server.Config{
 		APIServerEndpoint: cm.Data["apiServerEndpoint"],
 		KubernetesVersion: cm.Data["kubernetesVersion"],
 		PKIDir:            o.pkiDir,
 	}, log.Named("joinservice"), keys, salt, authority, tokens.New(client), meta, check,
-		server.WithJournal(journal), server.WithLimits(o.limits))
+		server.WithJournal(journal), server.WithLimits(o.limits), server.WithObserver(m))
 
 	// The ledger writer outlives the gRPC server by its final flush: it stops after GracefulStop.
 	ledgerCtx, stopLedger := context.WithCancel(context.WithoutCancel(ctx))
 	ledgerDone := make(chan struct{})
 	go func() { defer close(ledgerDone); _ = journal.Run(ledgerCtx) }()
 	defer func() { stopLedger(); <-ledgerDone }()
+
+	if o.metricsAddr != "" {
+		mlis, err := net.Listen("tcp", o.metricsAddr)
+		if err != nil {
+			return fmt.Errorf("listening for metrics: %w", err)
+		}
+		metricsCtx, stopMetrics := context.WithCancel(ctx)
+		metricsDone := make(chan struct{})
+		go func() {
+			defer close(metricsDone)
+			if err := m.Serve(metricsCtx, mlis, log.Named("metrics")); err != nil {
+				log.Error("metrics server stopped", zap.Error(err))
+			}
+		}()
+		defer func() { stopMetrics(); <-metricsDone }()
+	}
 
 	lis, err := net.Listen("tcp", o.listen)
 	if err != nil {

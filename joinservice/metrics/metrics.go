@@ -1,0 +1,118 @@
+// Package metrics exports the joinservice's Prometheus metrics and serves them on their own port.
+//
+// Metrics (namespace berth_joinservice):
+//   - attempts_total{rpc,outcome,reason}: finished IssueJoinTicket ("join") and IssueRejoinTicket
+//     ("rejoin") calls; reason is the rejection's reason code, "" when accepted.
+//   - duration_seconds{rpc,stage}: latency histogram; stage "validate" is the attestation check, the
+//     metadata lookup and the role check, "issue" the CSR signature, the control-plane lock and the
+//     bootstrap token, "total" the whole call from after the rate limit to the answer.
+//   - in_flight: calls being handled.
+//   - ledger_dropped_total: join-ledger entries dropped because its queue was full.
+//   - policy_reloads_total{result}: attestation policy updates applied ("applied") or refused
+//     ("rejected").
+//
+// The registry also holds the Go runtime and process collectors.
+package metrics
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+)
+
+const namespace = "berth_joinservice"
+
+// Metrics implements server.Observer.
+type Metrics struct {
+	reg      *prometheus.Registry
+	attempts *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+	inFlight prometheus.Gauge
+	reloads  *prometheus.CounterVec
+}
+
+// New returns Metrics in a fresh registry. ledgerDropped reports the ledger's drop counter (nil: none).
+func New(ledgerDropped func() uint64) *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "attempts_total", Help: "Finished join attempts by RPC, outcome and reason code.",
+		}, []string{"rpc", "outcome", "reason"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "duration_seconds", Help: "Latency of join attempts by RPC and stage (validate, issue, total).",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
+		}, []string{"rpc", "stage"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: namespace, Name: "in_flight", Help: "Join attempts being handled.",
+		}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "policy_reloads_total", Help: "Attestation policy updates by result (applied, rejected).",
+		}, []string{"result"}),
+	}
+	m.reg.MustRegister(m.attempts, m.duration, m.inFlight, m.reloads,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if ledgerDropped != nil {
+		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: namespace, Name: "ledger_dropped_total", Help: "Join-ledger entries dropped because the ledger queue was full.",
+		}, func() float64 { return float64(ledgerDropped()) }))
+	}
+	return m
+}
+
+// Attempt counts a finished attempt.
+func (m *Metrics) Attempt(rpc, outcome, reason string) {
+	m.attempts.WithLabelValues(rpc, outcome, reason).Inc()
+}
+
+// Latency observes the duration of a stage.
+func (m *Metrics) Latency(rpc, stage string, d time.Duration) {
+	m.duration.WithLabelValues(rpc, stage).Observe(d.Seconds())
+}
+
+// InFlight adds delta to the in-flight gauge.
+func (m *Metrics) InFlight(delta int) { m.inFlight.Add(float64(delta)) }
+
+// PolicyReload counts a policy update; applied says whether it took effect.
+func (m *Metrics) PolicyReload(applied bool) {
+	result := "rejected"
+	if applied {
+		result = "applied"
+	}
+	m.reloads.WithLabelValues(result).Inc()
+}
+
+// Handler serves the metrics in the Prometheus exposition format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
+}
+
+// Serve serves /metrics (and /healthz, always 200) on lis until ctx ends.
+func (m *Metrics) Serve(ctx context.Context, lis net.Listener, log *zap.Logger) error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", m.Handler())
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	log.Info("metrics serving", zap.String("address", lis.Addr().String()))
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving metrics: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serving metrics: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,61 @@
+package metrics
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestServeExposesJoinMetrics(t *testing.T) {
+	m := New(func() uint64 { return 7 })
+	m.Attempt("join", "rejected", "MEASUREMENT_MISMATCH")
+	m.Attempt("join", "accepted", "")
+	m.Latency("join", "total", 3*time.Millisecond)
+	m.InFlight(1)
+	m.InFlight(1)
+	m.InFlight(-1)
+	m.PolicyReload(false)
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Serve(ctx, lis, zap.NewNop()) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Get("http://" + lis.Addr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`berth_joinservice_attempts_total{outcome="rejected",reason="MEASUREMENT_MISMATCH",rpc="join"} 1`,
+		`berth_joinservice_attempts_total{outcome="accepted",reason="",rpc="join"} 1`,
+		`berth_joinservice_duration_seconds_bucket{rpc="join",stage="total",le="0.005"} 1`,
+		`berth_joinservice_in_flight 1`,
+		`berth_joinservice_ledger_dropped_total 7`,
+		`berth_joinservice_policy_reloads_total{result="rejected"} 1`,
+		`go_goroutines`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+}
