@@ -12,11 +12,12 @@
 # The disk is an ext4 file system made from the tree (mkfs.ext4 -d, no mount needed), booted with
 # the tree's own kernel and initrd. Test-only files are written into the disk with debugfs, never
 # into the tree: /etc/berth/bootstrapper.env and metadata.json (a static, one-node control plane;
-# attestation insecure-none, the only variant the daemon serves so far), a report unit, and a
+# the image's own attestation variant, tpm by default, against swtpm), a report unit, and a
 # sandbox probe: a copy of berth-bootstrapper.service with all its sandboxing whose ExecStart runs
-# the kubeadm init phases that need no images or API server (certs, kubeconfig, etcd and
-# control-plane manifests, kubelet-start) and then `systemctl enable --now kubelet.service` as the
-# daemon does, so kubeadm's writes and the kubelet drop-in are exercised under the real unit.
+# the kubeadm init phases that need no images or API server (preflight without the image check,
+# certs, kubeconfig, etcd and control-plane manifests, kubelet-start) and then
+# `systemctl enable --now kubelet.service` as the daemon does, so kubeadm's writes and the kubelet
+# drop-in are exercised under the real unit.
 # The guest's network is QEMU's user network with restrict=on on a documentation range: the guest
 # reaches nothing outside QEMU.
 set -euo pipefail
@@ -52,8 +53,7 @@ trap cleanup EXIT
 
 # Test-only files.
 cat >"$WORK/files/bootstrapper.env" <<'EOF'
-# boot test: the daemon serves only insecure-none so far; static metadata below.
-BERTH_ATTESTATION=insecure-none
+# boot test: static metadata below; the attestation variant is the image's.
 BERTH_METADATA_FILE=/etc/berth/metadata.json
 EOF
 cat >"$WORK/files/metadata.json" <<'EOF'
@@ -69,6 +69,8 @@ localAPIEndpoint:
 nodeRegistration:
   name: boot-test-0
   criSocket: unix:///run/containerd/containerd.sock
+  # No images here: preflight reports them missing (ignored below) instead of trying to pull.
+  imagePullPolicy: Never
 ---
 apiVersion: kubeadm.k8s.io/v1beta4
 kind: ClusterConfiguration
@@ -91,6 +93,8 @@ printf '\200\001\000\000\000\014\000\000\001\173\000\010' >&3
 dd bs=64 count=1 <&3 2>/dev/null | od -An -tx1 -j6 -N4 | tr -d ' \n' >/run/berth-probe/tpm-rc
 exec 3>&-
 cfg=/etc/berth/probe-kubeadm.yaml
+echo "probe: kubeadm init phase preflight"
+kubeadm init phase preflight --config "$cfg" --ignore-preflight-errors=ImagePull
 for phase in "certs all" "kubeconfig all" "etcd local" "control-plane all" "kubelet-start"; do
 	echo "probe: kubeadm init phase $phase"
 	# shellcheck disable=SC2086 # the phase is two words

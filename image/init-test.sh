@@ -16,7 +16,7 @@
 #   INIT_TIMEOUT   seconds for berth init once the node answers    (default: 1800)
 #
 # Test-only settings go into the disk with debugfs, never into the tree: static metadata with the
-# init secret's hash, BERTH_ATTESTATION=insecure-none (the only variant the daemon serves so far),
+# init secret's hash, BERTH_ATTESTATION=insecure-none (berth init then needs no attestation policy),
 # BERTH_NEVER_PULL=true, and a unit that imports the archives from a second disk. The guest's
 # network is QEMU's user network with restrict=on on a documentation range; only the two forwarded
 # ports on the host's loopback reach it.
