@@ -53,7 +53,7 @@ func requireIntegration(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (network namespaces, mounts, cgroups)")
 	}
-	for _, bin := range []string{"ip", "nsenter", "unshare", "containerd", "ctr", "runc", "swtpm", "swtpm_setup", "go"} {
+	for _, bin := range []string{"ip", "nsenter", "unshare", "containerd", "ctr", "runc", "swtpm", "swtpm_setup", "tpm2_pcrextend", "go"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			t.Skipf("needs %s (scripts/install-deps.sh installs it)", bin)
 		}
