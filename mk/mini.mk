@@ -3,7 +3,12 @@
 MINI_DIR ?= /var/lib/berth/mini
 MINI_FLAGS ?= --control-planes 1 --workers 2
 
-.PHONY: mini-build mini-up mini-down mini-restart test-e2e
+.PHONY: mini mini-deps mini-build mini-up mini-down mini-restart test-e2e
+
+mini: mini-deps mini-up ## on a fresh machine: install packages, build everything, start a 3-node cluster (root)
+
+mini-deps: ## install the Debian packages the mini cluster needs (idempotent)
+	./scripts/install-deps.sh
 
 mini-build: ## build Kubernetes, etcd, CoreDNS, flannel and the pod binaries (cached by version)
 	./scripts/build-k8s.sh >/dev/null
