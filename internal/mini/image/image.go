@@ -7,10 +7,12 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path"
+	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -49,7 +51,11 @@ var epoch = time.Unix(0, 0).UTC()
 
 // Build assembles the image spec describes: one layer holding its files (with their parent
 // directories and a world-writable /tmp), linux/amd64, entrypoint and environment set.
-func Build(spec Spec) (v1.Image, error) {
+func Build(spec Spec) (v1.Image, error) { return build(spec, "") }
+
+// build is Build with the uncompressed layer kept in a file under scratch (when set) instead of
+// memory, so that an archive of many large images needs little memory.
+func build(spec Spec, scratch string) (v1.Image, error) {
 	if _, err := name.NewTag(spec.Tag, name.StrictValidation); err != nil {
 		return nil, fmt.Errorf("parsing tag %q: %w", spec.Tag, err)
 	}
@@ -57,9 +63,21 @@ func Build(spec Spec) (v1.Image, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building layer of %s: %w", spec.Tag, err)
 	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(layerTar)), nil
-	}, tarball.WithCompressionLevel(gzip.BestSpeed), tarball.WithCompressedCaching)
+	opener := func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layerTar)), nil }
+	if scratch != "" {
+		f, err := os.CreateTemp(scratch, "layer-*.tar")
+		if err != nil {
+			return nil, fmt.Errorf("creating layer file of %s: %w", spec.Tag, err)
+		}
+		_, werr := f.Write(layerTar)
+		if err := errors.Join(werr, f.Close()); err != nil {
+			return nil, fmt.Errorf("writing layer file of %s: %w", spec.Tag, err)
+		}
+		path := f.Name()
+		layerTar = nil
+		opener = func() (io.ReadCloser, error) { return os.Open(path) }
+	}
+	layer, err := tarball.LayerFromOpener(opener, tarball.WithCompressionLevel(gzip.BestSpeed))
 	if err != nil {
 		return nil, fmt.Errorf("creating layer of %s: %w", spec.Tag, err)
 	}
@@ -161,9 +179,14 @@ func sortedKeys[V any](m map[string]V) []string {
 // WriteArchive builds every spec and writes all images into one docker-archive tar at path,
 // through a temporary file renamed into place, so a reader never sees a partial archive.
 func WriteArchive(path string, specs []Spec) error {
+	scratch, err := os.MkdirTemp(filepath.Dir(path), ".layers-")
+	if err != nil {
+		return fmt.Errorf("creating scratch directory: %w", err)
+	}
+	defer os.RemoveAll(scratch)
 	refs := make(map[name.Reference]v1.Image, len(specs))
 	for _, s := range specs {
-		img, err := Build(s)
+		img, err := build(s, scratch)
 		if err != nil {
 			return err
 		}
