@@ -91,7 +91,7 @@ func (i *Installer) Install(ctx context.Context, kubeconfigPath string, job *ini
 		}
 		fmt.Fprintf(job.Out, "[berth] applied %s %s\n", obj.GetKind(), qualifiedName(obj))
 	}
-	return nil
+	return i.installWebhook(ctx, kubeconfigPath, job)
 }
 
 func qualifiedName(obj *unstructured.Unstructured) string {
