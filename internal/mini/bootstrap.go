@@ -72,7 +72,17 @@ func (c *Cluster) Bootstrap(ctx context.Context, opts BootstrapOptions) (Timings
 		if c.cfg.Attestation == AttestationInsecureNone {
 			args = append(args, "--insecure-skip-attestation")
 		}
+		// While init runs, fix kube-proxy as soon as the control plane answers, so that it never
+		// crash-loops (and host-network pods reach the API server's ClusterIP early).
+		fixCtx, stopFix := context.WithCancel(ctx)
+		fixDone := make(chan struct{})
+		go func() {
+			defer close(fixDone)
+			c.fixKubeProxyEarly(fixCtx, cp)
+		}()
 		out, err := c.run.Run(ctx, Cmd{Path: c.env.Self, Args: args})
+		stopFix()
+		<-fixDone
 		if err != nil {
 			return fmt.Errorf("berth init: %w", err)
 		}
@@ -193,6 +203,28 @@ func (c *Cluster) writeInitSecret(secret []byte) error {
 		return nil
 	}
 	return writeFile(c.initSecretPath(), []byte(hex.EncodeToString(secret)+"\n"), 0o600)
+}
+
+// fixKubeProxyEarly polls for the control plane's own admin kubeconfig (kubeadm writes it into
+// the node's /etc/kubernetes early in init) and applies fixKubeProxyConntrack as soon as kube-proxy's
+// ConfigMap exists, until it succeeded or ctx ends.
+func (c *Cluster) fixKubeProxyEarly(ctx context.Context, cp Node) {
+	kubeconfig := filepath.Join(c.fsDir(cp.Name), "etc-kubernetes", "admin.conf")
+	_ = waitFor(ctx, 500*time.Millisecond, func() bool {
+		if _, err := os.Stat(kubeconfig); err != nil {
+			return false
+		}
+		cs, err := newClientset(kubeconfig)
+		if err != nil {
+			return false
+		}
+		k := kubeProxyClientset{cs}
+		if _, err := k.GetConfigMap(ctx); err != nil {
+			return false // not created yet, or API not up
+		}
+		_, err = fixKubeProxyConntrack(ctx, k)
+		return err == nil
+	})
 }
 
 // kubeProxyClient reads and updates kube-proxy's ConfigMap and restarts its pods.
