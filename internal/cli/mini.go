@@ -50,8 +50,11 @@ containernetworking-plugins, swtpm, swtpm-tools, nftables and iproute2 (scripts/
 	return cmd
 }
 
+// geteuid is os.Geteuid; tests replace it.
+var geteuid = os.Geteuid
+
 func requireRoot() error {
-	if os.Geteuid() != 0 {
+	if geteuid() != 0 {
 		return &exitError{code: exitUsage, err: errNotRoot}
 	}
 	return nil
