@@ -12,6 +12,7 @@
 package apiservertest
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -21,6 +22,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -33,8 +35,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/afero"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/berth-k8s/berth/bootstrapper/components"
+	"github.com/berth-k8s/berth/bootstrapper/initcluster"
+	"github.com/berth-k8s/berth/internal/clusterkeys"
 )
 
 // Env is a running etcd + kube-apiserver pair.
@@ -397,3 +404,26 @@ func (s stopAfter) Run() int {
 // StoppingShared wraps m so that the Env Shared started is stopped when the tests are done, before
 // goleak looks for leftover goroutines: goleak.VerifyTestMain(apiservertest.StoppingShared(m)).
 func StoppingShared(m Runner) Runner { return stopAfter{m} }
+
+// InstallBerth applies what berth init installs after kubeadm init (bootstrapper/components: the
+// berth-system namespace, cluster secrets, berth-join-config with policyYAML, the joinservice's
+// ServiceAccount, RBAC and DaemonSet), as the admin. Nothing runs the DaemonSet: there are no nodes.
+func (e *Env) InstallBerth(ctx context.Context, policyYAML string) error {
+	kubeconfig, err := e.WriteKubeconfig(AdminUser)
+	if err != nil {
+		return err
+	}
+	keys, err := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
+	if err != nil {
+		return err
+	}
+	job := &initcluster.Job{
+		Req: initcluster.Request{
+			KubernetesVersion: "v1.34.2", Keys: keys, Salt: bytes.Repeat([]byte{2}, 32), AttestationPolicy: []byte(policyYAML),
+		},
+		Out:                  io.Discard,
+		ControlPlaneEndpoint: "198.51.100.10:6443",
+	}
+	inst := components.New(components.Config{JoinServiceImage: "berth/joinservice:test", ImagePullPolicy: "Never"}, afero.NewOsFs())
+	return inst.Install(ctx, kubeconfig, job)
+}

@@ -15,7 +15,13 @@ import (
 // the policy's variant (signatures, key binding, nonce, trust roots) but none of its measurement
 // expectations. Measurements are judged by PolicyCheck in the handler instead, so that a node
 // running the wrong image gets a gRPC rejection naming what deviated rather than a bare TLS alert.
+//
+// The full policy is checked first (with its expectations, e.g. PCR indices a TPM has), so that a
+// policy the variant would refuse is refused here too.
 func NewHandshakeValidator(p *policy.Policy, log *zap.Logger) (choose.Validator, error) {
+	if _, err := choose.NewValidator(p, log); err != nil {
+		return nil, err
+	}
 	cryptoOnly := *p
 	cryptoOnly.Expectations = nil
 	return choose.NewValidator(&cryptoOnly, log)

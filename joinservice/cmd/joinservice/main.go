@@ -36,6 +36,7 @@ import (
 	"github.com/berth-k8s/berth/joinservice/ca"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 	"github.com/berth-k8s/berth/joinservice/metrics"
+	"github.com/berth-k8s/berth/joinservice/policywatch"
 	"github.com/berth-k8s/berth/joinservice/server"
 	"github.com/berth-k8s/berth/joinservice/tokens"
 )
@@ -152,9 +153,13 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	creds, check, err := attestationFor(o, cm.Data["attestationPolicy"], log)
+	creds, holder, err := attestationFor(o, cm.Data[policywatch.PolicyKey], log)
 	if err != nil {
 		return err
+	}
+	var check server.AttestationCheck
+	if holder != nil {
+		check = holder.Check
 	}
 	if o.replica == "" {
 		if o.replica, err = os.Hostname(); err != nil {
@@ -175,6 +180,14 @@ func run(ctx context.Context, o options) error {
 	ledgerDone := make(chan struct{})
 	go func() { defer close(ledgerDone); _ = journal.Run(ledgerCtx) }()
 	defer func() { stopLedger(); <-ledgerDone }()
+
+	if holder != nil {
+		w := policywatch.NewWatcher(client, o.namespace, components.JoinConfigName, o.replica, holder, m, log.Named("policy"))
+		watchCtx, stopWatch := context.WithCancel(ctx)
+		watchDone := make(chan struct{})
+		go func() { defer close(watchDone); _ = w.Run(watchCtx) }()
+		defer func() { stopWatch(); <-watchDone }()
+	}
 
 	if o.metricsAddr != "" {
 		mlis, err := net.Listen("tcp", o.metricsAddr)
@@ -245,23 +258,20 @@ func loadKeys(ctx context.Context, client kubernetes.Interface, ns string) (*clu
 	return keys, salt, nil
 }
 
-// attestationFor builds the server's transport credentials and the policy check from the cluster's
-// attestation policy (self-contained YAML from the join config).
-func attestationFor(o options, policyYAML string, log *zap.Logger) (credentials.TransportCredentials, server.AttestationCheck, error) {
+// attestationFor builds the server's transport credentials and the hot-reloadable policy from the
+// cluster's attestation policy (self-contained YAML from the join config). The holder is nil without
+// attestation.
+func attestationFor(o options, policyYAML string, log *zap.Logger) (credentials.TransportCredentials, *policywatch.Holder, error) {
 	if o.attestation == "insecure-none" {
 		log.Warn("attestation is disabled: tickets go to any node metadata knows, over plaintext gRPC; development only")
 		return insecure.NewCredentials(), nil, nil
 	}
-	p, err := policy.Parse([]byte(policyYAML), "ConfigMap "+components.Namespace+"/"+components.JoinConfigName, nil)
+	holder, err := policywatch.NewHolder(o.attestation, "ConfigMap "+components.Namespace+"/"+components.JoinConfigName, policyYAML,
+		func(p *policy.Policy) (atls.Validator, error) {
+			return server.NewHandshakeValidator(p, log.Named("validator"))
+		})
 	if err != nil {
 		return nil, nil, fmt.Errorf("cluster attestation policy: %w", err)
-	}
-	if p.Variant != o.attestation {
-		return nil, nil, fmt.Errorf("cluster attestation policy is for %q, this node attests with %q", p.Variant, o.attestation)
-	}
-	validator, err := server.NewHandshakeValidator(p, log.Named("validator"))
-	if err != nil {
-		return nil, nil, err
 	}
 	var issuer atls.Issuer
 	switch o.attestation {
@@ -274,9 +284,9 @@ func attestationFor(o options, policyYAML string, log *zap.Logger) (credentials.
 	case "tdx":
 		issuer = tdx.NewIssuer(tdx.OpenAuto(), log.Named("tdx"))
 	}
-	creds, err := atls.NewCredentials(issuer, validator, atls.WithLimiter(atls.NewLimiter(atls.DefaultLimits)), atls.WithLogger(log.Named("atls")))
+	creds, err := atls.NewCredentials(issuer, holder.Validator(), atls.WithLimiter(atls.NewLimiter(atls.DefaultLimits)), atls.WithLogger(log.Named("atls")))
 	if err != nil {
 		return nil, nil, fmt.Errorf("creating attested TLS credentials: %w", err)
 	}
-	return creds, server.PolicyCheck(p), nil
+	return creds, holder, nil
 }
