@@ -11,9 +11,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
 )
 
 // Env names the host locations the cluster touches besides its own directory. HostEnv returns the
@@ -68,6 +70,8 @@ type Cluster struct {
 	rmdir func(string) error
 	// initSecret is Up's init secret until prepare wrote it to the cluster directory.
 	initSecret []byte
+	// mu serializes changes to state while nodes are set up in parallel.
+	mu sync.Mutex
 }
 
 // New returns a Cluster for cfg. Nothing happens until Up, Restart or Down.
@@ -170,10 +174,10 @@ func (c *Cluster) Up(ctx context.Context, opts UpOptions) (Timings, error) {
 		{"network", func() error { return c.network(ctx, nodes) }},
 		{"namespaces", func() error { return c.eachNode(nodes, func(n Node) error { return c.namespaces(ctx, n) }) }},
 		{"cgroups", func() error { return c.eachNode(nodes, c.cgroups) }},
-		{"tpm", func() error { return c.eachNode(nodes, func(n Node) error { return c.tpm(ctx, n) }) }},
+		{"tpm", func() error { return c.eachNodeParallel(ctx, nodes, c.tpm) }},
 		{"seed", func() error { return c.eachNode(nodes, c.seed) }},
 		{"containerd", func() error { return c.containerd(ctx, nodes) }},
-		{"images", func() error { return c.eachNode(nodes, func(n Node) error { return c.images(ctx, n) }) }},
+		{"images", func() error { return c.eachNodeParallel(ctx, nodes, c.images) }},
 		{"agent", func() error { return c.agent(ctx) }},
 		{"bootstrappers", func() error { return c.eachNode(nodes, c.bootstrapper) }},
 	}
@@ -183,6 +187,20 @@ func (c *Cluster) Up(ctx context.Context, opts UpOptions) (Timings, error) {
 		}
 	}
 	return t, nil
+}
+
+// eachNodeParallel runs f for every node at once and returns the first error after all finished.
+func (c *Cluster) eachNodeParallel(ctx context.Context, nodes []Node, f func(context.Context, Node) error) error {
+	g, gctx := errgroup.WithContext(ctx)
+	for _, n := range nodes {
+		g.Go(func() error {
+			if err := f(gctx, n); err != nil {
+				return fmt.Errorf("node %s: %w", n.Name, err)
+			}
+			return nil
+		})
+	}
+	return g.Wait()
 }
 
 func (c *Cluster) eachNode(nodes []Node, f func(Node) error) error {

@@ -133,6 +133,8 @@ func (c *Cluster) startDaemon(n, name string, cmd Cmd) (Proc, error) {
 	if err != nil {
 		return Proc{}, err
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	p.Name = name
 	if n == "" {
 		c.state.Agent = &p

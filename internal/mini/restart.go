@@ -39,7 +39,7 @@ func (c *Cluster) Restart(ctx context.Context, opts RestartOptions) (Timings, er
 		{"network", func() error { return c.network(ctx, nodes) }},
 		{"namespaces", func() error { return c.eachNode(nodes, func(n Node) error { return c.namespaces(ctx, n) }) }},
 		{"cgroups", func() error { return c.eachNode(nodes, c.cgroups) }},
-		{"tpm", func() error { return c.eachNode(nodes, func(n Node) error { return c.tpm(ctx, n) }) }},
+		{"tpm", func() error { return c.eachNodeParallel(ctx, nodes, c.tpm) }},
 		{"containerd", func() error { return c.containerd(ctx, nodes) }},
 		{"bootstrappers", func() error { return c.eachNode(nodes, c.bootstrapper) }},
 	}
