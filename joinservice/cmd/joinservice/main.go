@@ -34,6 +34,7 @@ import (
 	"github.com/berth-k8s/berth/internal/version"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
+	"github.com/berth-k8s/berth/joinservice/cplease"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 	"github.com/berth-k8s/berth/joinservice/metrics"
 	"github.com/berth-k8s/berth/joinservice/policywatch"
@@ -173,7 +174,8 @@ func run(ctx context.Context, o options) error {
 		KubernetesVersion: cm.Data["kubernetesVersion"],
 		PKIDir:            o.pkiDir,
 	}, log.Named("joinservice"), keys, salt, authority, tokens.New(client), meta, check,
-		server.WithJournal(journal), server.WithLimits(o.limits), server.WithObserver(m))
+		server.WithJournal(journal), server.WithLimits(o.limits), server.WithObserver(m),
+		server.WithControlPlaneLock(cplease.New(client, o.namespace, o.replica, log.Named("lease"))))
 
 	// The ledger writer outlives the gRPC server by its final flush: it stops after GracefulStop.
 	ledgerCtx, stopLedger := context.WithCancel(context.WithoutCancel(ctx))
