@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"go.uber.org/zap"
@@ -226,6 +227,11 @@ func (c *Cluster) prepare(ctx context.Context) error {
 	if err := c.state.save(); err != nil {
 		return err
 	}
+	unlock, err := c.lockRegistry()
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	if err := writeFile(filepath.Join(c.env.Registry, c.cfg.Name), []byte(c.cfg.Dir+"\n"), 0o644); err != nil {
 		return fmt.Errorf("registering cluster: %w", err)
 	}
@@ -241,6 +247,9 @@ func (c *Cluster) prepare(ctx context.Context) error {
 		c.state.HostDirs = append(c.state.HostDirs, missing...)
 		if err := c.state.save(); err != nil {
 			return err
+		}
+		if err := appendLines(filepath.Join(c.env.Registry, hostDirsLedger), missing); err != nil {
+			return fmt.Errorf("recording host mount points: %w", err)
 		}
 		if err := os.MkdirAll(filepath.Join(c.env.Root, m.dst), 0o755); err != nil {
 			return fmt.Errorf("creating mount point %s: %w", m.dst, err)
@@ -277,6 +286,38 @@ func (c *Cluster) prepare(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// hostDirsLedger (in the registry) lists every host mount point any mini cluster created; the last
+// cluster to go removes them, also those an earlier, already removed cluster created.
+const hostDirsLedger = ".hostdirs"
+
+// lockRegistry takes the registry's exclusive lock; clusters register and unregister under it.
+func (c *Cluster) lockRegistry() (func(), error) {
+	if err := os.MkdirAll(c.env.Registry, 0o755); err != nil {
+		return nil, fmt.Errorf("creating cluster registry: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(c.env.Registry, ".lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening registry lock: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("locking registry: %w", err)
+	}
+	return func() { f.Close() }, nil
+}
+
+func appendLines(path string, lines []string) error {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := f.WriteString(strings.Join(lines, "\n") + "\n"); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // missingDirs returns the directories MkdirAll(p) would create, outermost first.

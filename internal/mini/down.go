@@ -226,22 +226,37 @@ func (c *Cluster) removeFiles() error {
 			}
 		}
 	}
+	unlock, err := c.lockRegistry()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	defer unlock()
 	if err := os.Remove(filepath.Join(c.env.Registry, c.cfg.Name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("unregistering cluster: %w", err))
 	}
-	others, _ := os.ReadDir(c.env.Registry)
-	if len(others) == 0 {
-		_ = os.Remove(c.env.Registry)
-		if c.state != nil {
-			dirs := append([]string(nil), c.state.HostDirs...)
-			sort.Slice(dirs, func(i, j int) bool { return strings.Count(dirs[i], "/") > strings.Count(dirs[j], "/") })
-			for _, d := range dirs {
-				// Only empty directories go: whatever someone else put there stays.
-				if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
-					c.log.Warn("keeping host mount point", zap.String("path", d), zap.Error(err))
-				}
-			}
+	entries, _ := os.ReadDir(c.env.Registry)
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), ".") {
+			return errors.Join(errs...) // another cluster lives; it removes the shared mount points
 		}
 	}
+	ledger := filepath.Join(c.env.Registry, hostDirsLedger)
+	var dirs []string
+	if b, err := os.ReadFile(ledger); err == nil {
+		dirs = strings.Fields(string(b))
+	}
+	if c.state != nil {
+		dirs = append(dirs, c.state.HostDirs...)
+	}
+	sort.Slice(dirs, func(i, j int) bool { return strings.Count(dirs[i], "/") > strings.Count(dirs[j], "/") })
+	for _, d := range dirs {
+		// Only empty directories go: whatever someone else put there stays.
+		if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			c.log.Warn("keeping host mount point", zap.String("path", d), zap.Error(err))
+		}
+	}
+	_ = os.Remove(ledger)
+	_ = os.Remove(filepath.Join(c.env.Registry, ".lock"))
+	_ = os.Remove(c.env.Registry)
 	return errors.Join(errs...)
 }
