@@ -1,0 +1,248 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/berth-k8s/berth/internal/cli"
+	"github.com/berth-k8s/berth/joinproto"
+	"github.com/berth-k8s/berth/joinservice/apiservertest"
+	"github.com/berth-k8s/berth/joinservice/cplease"
+	"github.com/berth-k8s/berth/joinservice/ledger"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(apiservertest.StoppingShared(m)) }
+
+func writePKI(t *testing.T, dir string) {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubernetes"}, IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	keyDER, _ := x509.MarshalECPrivateKey(key)
+	files := map[string][]byte{
+		"ca.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		"ca.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
+	}
+	for _, n := range []string{"sa.key", "sa.pub", "front-proxy-ca.crt", "front-proxy-ca.key", "etcd/ca.crt", "etcd/ca.key"} {
+		files[n] = []byte("contents of " + n)
+	}
+	for n, data := range files {
+		p := filepath.Join(dir, n)
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func freeAddr(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// clientFrom dials addr from the loopback address src, so the joinservice sees src as the peer.
+func clientFrom(t *testing.T, addr, src string) joinproto.JoinServiceClient {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return joinproto.NewJoinServiceClient(conn)
+}
+
+func csr(t *testing.T) []byte {
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: "system:node:someone-else"}}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return der
+}
+
+func reasonOf(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
+
+// TestBinaryAgainstAPIServer runs the real joinservice binary (without attestation) against a real
+// API server on which Berth's components are installed, with the joinservice's RBAC identity: tickets
+// carry real bootstrap tokens, every attempt lands in the ledger that berth status prints, metrics
+// are served, and SIGTERM stops it cleanly.
+func TestBinaryAgainstAPIServer(t *testing.T) {
+	env := apiservertest.Shared(t)
+	ctx := context.Background()
+	if err := env.InstallBerth(ctx, "variant: tpm\n"); err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "joinservice")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("building the joinservice: %v\n%s", err, out)
+	}
+	pki := filepath.Join(dir, "pki")
+	writePKI(t, pki)
+	meta := filepath.Join(dir, "metadata.yaml")
+	if err := os.WriteFile(meta, []byte(`self: {name: cp-0, role: control-plane, ips: [198.51.100.10]}
+peers:
+  - {name: worker-0, role: worker, ips: [127.0.0.2]}
+  - {name: cp-1, role: control-plane, ips: [127.0.0.3]}
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig, err := env.WriteKubeconfig(apiservertest.JoinServiceUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	adminConfig, err := env.WriteKubeconfig(apiservertest.AdminUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr, metricsAddr := freeAddr(t), freeAddr(t)
+	var logs bytes.Buffer
+	cmd := exec.Command(bin, "--attestation=insecure-none", "--metadata=static", "--metadata-file="+meta,
+		"--kubeconfig="+kubeconfig, "--listen="+addr, "--metrics-listen="+metricsAddr, "--pki-dir="+pki, "--replica=cp-0")
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	cmd.Env = append(os.Environ(), "BERTH_ATTESTATION=", "BERTH_METADATA=")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("joinservice log:\n%s", logs.String())
+		}
+	}()
+
+	worker := clientFrom(t, addr, "127.0.0.2")
+	var resp *joinproto.IssueJoinTicketResponse
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		resp, err = worker.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_WORKER})
+		if err == nil || status.Convert(err).Code().String() != "Unavailable" || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err != nil {
+		t.Fatalf("worker join: %v", err)
+	}
+	admin := env.Client(t, apiservertest.AdminUser)
+	id, _, _ := strings.Cut(resp.GetBootstrapToken(), ".")
+	if _, err := admin.CoreV1().Secrets("kube-system").Get(ctx, "bootstrap-token-"+id, metav1.GetOptions{}); err != nil {
+		t.Fatalf("the ticket's bootstrap token is not in the cluster: %v", err)
+	}
+	block, _ := pem.Decode(resp.GetKubeletCert())
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil || cert.Subject.CommonName != "system:node:worker-0" {
+		t.Fatalf("kubelet certificate for %v (%v), want system:node:worker-0", cert.Subject.CommonName, err)
+	}
+	if _, err := worker.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_CONTROL_PLANE}); reasonOf(err) != "ROLE_MISMATCH" {
+		t.Fatalf("worker asking for control plane: %v", err)
+	}
+	cp, err := clientFrom(t, addr, "127.0.0.3").IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_CONTROL_PLANE})
+	if err != nil || len(cp.GetControlPlaneFiles()) != 8 {
+		t.Fatalf("control-plane join: %v", err)
+	}
+	lease, err := admin.CoordinationV1().Leases("berth-system").Get(ctx, cplease.LeaseName, metav1.GetOptions{})
+	if err != nil || lease.Spec.HolderIdentity != nil {
+		t.Fatalf("control-plane lease after the ticket: %+v %v", lease, err)
+	}
+	if _, err := clientFrom(t, addr, "127.0.0.4").IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_WORKER}); reasonOf(err) != "UNKNOWN_PEER" {
+		t.Fatalf("unknown peer: %v", err)
+	}
+
+	var entries []ledger.Entry
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if entries, _ = ledger.Read(ctx, admin, "berth-system"); len(entries) >= 4 {
+			break
+		}
+	}
+	reasons := map[string]int{}
+	for _, e := range entries {
+		reasons[e.Outcome+"/"+e.Reason]++
+	}
+	if len(entries) != 4 || reasons["accepted/"] != 2 || reasons["rejected/ROLE_MISMATCH"] != 1 || reasons["rejected/UNKNOWN_PEER"] != 1 {
+		t.Fatalf("ledger: %+v", entries)
+	}
+
+	var out, errOut bytes.Buffer
+	if code := cli.Execute(ctx, []string{"status", "--kubeconfig", adminConfig}, &out, &errOut); code != 0 {
+		t.Fatalf("berth status exited %d: %s", code, errOut.String())
+	}
+	t.Logf("berth status:\n%s", out.String())
+	if s := out.String(); strings.Index(s, "UNKNOWN_PEER") > strings.Index(s, "ACCEPTED") || !strings.Contains(s, "worker-0") {
+		t.Fatalf("berth status output:\n%s", s)
+	}
+
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	mresp, err := hc.Get("http://" + metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	for _, want := range []string{
+		`berth_joinservice_attempts_total{outcome="accepted",reason="",rpc="join"} 2`,
+		`berth_joinservice_attempts_total{outcome="rejected",reason="UNKNOWN_PEER",rpc="join"} 1`,
+		`berth_joinservice_ledger_dropped_total 0`,
+	} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %s", want)
+		}
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		stopped = true
+		if err != nil {
+			t.Fatalf("joinservice exited with %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("joinservice did not stop on SIGTERM")
+	}
+}
