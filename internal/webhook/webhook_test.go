@@ -233,7 +233,6 @@ type running struct {
 	cancel  context.CancelFunc
 	done    chan error
 	dir     string
-	trusted *x509.CertPool
 }
 
 func startServer(t testing.TB, delay time.Duration, writePolicy bool) *running {
