@@ -174,6 +174,12 @@ func TestIntegrationTwoNodes(t *testing.T) {
 	if !strings.Contains(o, `"name":"`+nodes[1].Name+`"`) {
 		t.Fatalf("metadata /v1/self for %s = %q", nodes[1].Name, o)
 	}
+	// No namespace has a default route.
+	for _, ns := range []string{cfg.SwitchNetns(), cfg.NodeNetns(nodes[0].Name), cfg.NodeNetns(nodes[1].Name)} {
+		if out := run("ip", "-n", ns, "route", "show", "default"); strings.TrimSpace(out) != "" {
+			t.Errorf("namespace %s has a default route: %s", ns, out)
+		}
+	}
 	// Each node's swtpm holds an EK certificate issued by the cluster's CA.
 	for _, n := range nodes {
 		if _, err := os.Stat(filepath.Join(cfg.NodeDir(n.Name), "ek", "ek-secp384r1.crt")); err != nil {
