@@ -124,7 +124,24 @@ func TestIntegrationTwoNodes(t *testing.T) {
 			t.Errorf("down: %v", err)
 		}
 	}
-	defer func() { down(); checkNoResidue(t, cfg, env) }()
+	defer func() {
+		var procs []Proc
+		if st, err := LoadState(cfg.Dir); err == nil {
+			if st.Agent != nil {
+				procs = append(procs, *st.Agent)
+			}
+			for _, ps := range st.Procs {
+				procs = append(procs, ps...)
+			}
+		}
+		down()
+		checkNoResidue(t, cfg, env)
+		for _, p := range procs {
+			if (Exec{}).Alive(p) {
+				t.Errorf("%s (pid %d) still runs after down", p.Name, p.PID)
+			}
+		}
+	}()
 
 	timings, err := cl.Up(ctx, UpOptions{InitSecret: []byte("secret")})
 	for _, p := range timings.Phases {
