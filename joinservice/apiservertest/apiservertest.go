@@ -427,3 +427,12 @@ func (e *Env) InstallBerth(ctx context.Context, policyYAML string) error {
 	inst := components.New(components.Config{JoinServiceImage: "berth/joinservice:test", ImagePullPolicy: "Never"}, afero.NewOsFs())
 	return inst.Install(ctx, kubeconfig, job)
 }
+
+// PIDs returns the process IDs of etcd and kube-apiserver, for harnesses that account their CPU time.
+func (e *Env) PIDs() []int {
+	var pids []int
+	for _, p := range e.procs {
+		pids = append(pids, p.Process.Pid)
+	}
+	return pids
+}

@@ -1,0 +1,286 @@
+package loadtest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/peer"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/attestation"
+	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/metadata"
+	"github.com/berth-k8s/berth/joinproto"
+	"github.com/berth-k8s/berth/joinservice/apiservertest"
+	"github.com/berth-k8s/berth/joinservice/ca"
+	"github.com/berth-k8s/berth/joinservice/ledger"
+	"github.com/berth-k8s/berth/joinservice/metrics"
+	"github.com/berth-k8s/berth/joinservice/server"
+	"github.com/berth-k8s/berth/joinservice/tokens"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(apiservertest.StoppingShared(m)) }
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+// memTokens is the in-memory token creator of BENCH_JOIN_TOKENS=fake.
+type memTokens struct{ n atomic.Int64 }
+
+func (m *memTokens) Create(context.Context, time.Duration, string) (tokens.Token, error) {
+	m.n.Add(1)
+	return tokens.Token{Value: "abcdef.0123456789abcdef", Expires: time.Now().Add(15 * time.Minute)}, nil
+}
+
+type instances []metadata.Instance
+
+func (i instances) Peers(context.Context) ([]metadata.Instance, error) { return i, nil }
+
+// writeRSAPKI writes an RSA-2048 CA (kubeadm's default) and the other control-plane files.
+func writeRSAPKI(t *testing.T) string {
+	dir := t.TempDir()
+	key, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubernetes"}, IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "ca.key"), pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// cpuSeconds is the user+system CPU time of this process and of pids.
+func cpuSeconds(pids []int) float64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	total := float64(ru.Utime.Sec+ru.Stime.Sec) + float64(ru.Utime.Usec+ru.Stime.Usec)/1e6
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		s := string(b)
+		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+		ut, _ := strconv.ParseFloat(fields[11], 64)
+		st, _ := strconv.ParseFloat(fields[12], 64)
+		total += (ut + st) / 100 // USER_HZ
+	}
+	return total
+}
+
+func heapMB() float64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return float64(ms.HeapInuse) / (1 << 20)
+}
+
+type phaseResult struct {
+	ok, rejected, failed int
+	lat                  []time.Duration
+	elapsed              time.Duration
+	cpu                  float64
+}
+
+func TestJoinLoad(t *testing.T) {
+	if os.Getenv("BERTH_BENCH_JOIN") != "1" {
+		t.Skip("load harness: run with BERTH_BENCH_JOIN=1 (make bench-join)")
+	}
+	duration, _ := time.ParseDuration(envOr("BENCH_JOIN_DURATION", "10s"))
+	clients, _ := strconv.Atoi(envOr("BENCH_JOIN_CLIENTS", "64"))
+	mode := envOr("BENCH_JOIN_TOKENS", "apiserver")
+
+	var kube kubernetes.Interface = fake.NewClientset()
+	var tok interface {
+		Create(context.Context, time.Duration, string) (tokens.Token, error)
+	} = &memTokens{}
+	var pids []int
+	if mode == "apiserver" {
+		env := apiservertest.Shared(t)
+		kube = env.Client(t, apiservertest.AdminUser)
+		if _, err := kube.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "berth-system"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		tok = tokens.New(kube)
+		pids = env.PIDs()
+	}
+
+	zero, ones := strings.Repeat("00", 32), strings.Repeat("11", 32)
+	pol, err := policy.Parse([]byte("variant: tpm\nmeasurements:\n  4: {expected: "+zero+", source: image}\n  15: {nonZero: true, source: lock}\n"), "bench policy", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each client address has measurements: genuine (PCR 4 = zeros) or tampered (PCR 4 = ones).
+	var measMu sync.RWMutex
+	meas := map[string]attestation.Measurements{}
+	check := func(ctx context.Context) ([]string, error) {
+		p, _ := peer.FromContext(ctx)
+		host, _, _ := net.SplitHostPort(p.Addr.String())
+		measMu.RLock()
+		m := meas[host]
+		measMu.RUnlock()
+		return pol.Evaluate(m)
+	}
+	var insts instances
+	addrs := make([]string, clients)
+	for i := range clients {
+		addrs[i] = fmt.Sprintf("127.0.%d.%d", 1+i/250, 1+i%250)
+		insts = append(insts, metadata.Instance{Name: fmt.Sprintf("worker-%d", i), Role: metadata.RoleWorker, IPs: []string{addrs[i]}})
+	}
+	setMeasurements := func(pcr4 string) {
+		measMu.Lock()
+		defer measMu.Unlock()
+		v, _ := hex.DecodeString(pcr4)
+		for _, a := range addrs {
+			meas[a] = attestation.Measurements{4: v, 15: bytes.Repeat([]byte{7}, 32)}
+		}
+	}
+
+	authority, err := ca.Load(writeRSAPKI(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
+	journal := ledger.NewWriter(kube, "berth-system", "bench", zap.NewNop())
+	m := metrics.New(journal.Dropped)
+	srv := server.New(server.Config{APIServerEndpoint: "198.51.100.10:6443", KubernetesVersion: "v1.34.2"}, zap.NewNop(), keys,
+		bytes.Repeat([]byte{2}, 32), authority, tok, insts, check,
+		server.WithJournal(journal), server.WithObserver(m),
+		server.WithLimits(atlsLimitsOff()))
+	ctx, cancel := context.WithCancel(context.Background())
+	ledgerDone := make(chan struct{})
+	go func() { defer close(ledgerDone); _ = journal.Run(ctx) }()
+	defer func() { cancel(); <-ledgerDone }()
+
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	joinproto.RegisterJoinServiceServer(g, srv)
+	served := make(chan struct{})
+	go func() { defer close(served); _ = g.Serve(lis) }()
+	defer func() { g.Stop(); <-served }()
+
+	conns := make([]joinproto.JoinServiceClient, clients)
+	csrs := make([][]byte, clients)
+	for i := range clients {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(addrs[i])}}
+		conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conns[i] = joinproto.NewJoinServiceClient(conn)
+		key, _ := rsa.GenerateKey(rand.Reader, 2048)
+		if csrs[i], err = x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: "x"}}, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	run := func(d time.Duration) phaseResult {
+		var mu sync.Mutex
+		var res phaseResult
+		cpu0, start := cpuSeconds(pids), time.Now()
+		deadline := start.Add(d)
+		var wg sync.WaitGroup
+		for i := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var lat []time.Duration
+				ok, rej, failed := 0, 0, 0
+				for time.Now().Before(deadline) {
+					t0 := time.Now()
+					_, err := conns[i].IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csrs[i], Role: joinproto.Role_ROLE_WORKER})
+					switch {
+					case err == nil:
+						ok++
+						lat = append(lat, time.Since(t0))
+					case strings.Contains(err.Error(), "index 4"):
+						rej++
+					default:
+						failed++
+					}
+				}
+				mu.Lock()
+				res.ok, res.rejected, res.failed = res.ok+ok, res.rejected+rej, res.failed+failed
+				res.lat = append(res.lat, lat...)
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		res.elapsed, res.cpu = time.Since(start), cpuSeconds(pids)-cpu0
+		return res
+	}
+
+	setMeasurements(zero)
+	_ = run(time.Second) // warm-up: connections, caches
+	heap0 := heapMB()
+	acc := run(duration)
+	heap1 := heapMB()
+	setMeasurements(ones)
+	rej := run(duration / 2)
+
+	sort.Slice(acc.lat, func(i, j int) bool { return acc.lat[i] < acc.lat[j] })
+	pct := func(p float64) float64 {
+		if len(acc.lat) == 0 {
+			return 0
+		}
+		return float64(acc.lat[int(p*float64(len(acc.lat)-1))].Microseconds()) / 1000
+	}
+	joinsPerSec := float64(acc.ok) / acc.elapsed.Seconds()
+	cpuAcc, cpuRej := acc.cpu/float64(max(acc.ok, 1)), rej.cpu/float64(max(rej.rejected, 1))
+	fmt.Printf("mode=%s clients=%d duration=%s cpus=%d\n", mode, clients, duration, runtime.NumCPU())
+	fmt.Printf("accepted phase: %d tickets, %d failed, %.0f/s, cpu %.2f ms/ticket; heap in use %.1f MB before, %.1f MB after\n",
+		acc.ok, acc.failed, joinsPerSec, cpuAcc*1000, heap0, heap1)
+	fmt.Printf("rejected phase: %d MEASUREMENT_MISMATCH, %d other, %.0f/s, cpu %.3f ms/rejection\n",
+		rej.rejected, rej.failed+rej.ok, float64(rej.rejected)/rej.elapsed.Seconds(), cpuRej*1000)
+	fmt.Printf("ledger dropped %d entries under load\n", journal.Dropped())
+	fmt.Printf("joins/s=%.0f p50_ms=%.2f p99_ms=%.2f reject_cost_ratio=%.3f\n", joinsPerSec, pct(0.50), pct(0.99), cpuRej/cpuAcc)
+}
+
+// atlsLimitsOff lifts the server's rate limits: the harness measures capacity, not the limiter.
+func atlsLimitsOff() atls.Limits {
+	return atls.Limits{PerPeer: 1e9, PerPeerBurst: 1 << 30, Global: 1e9, GlobalBurst: 1 << 30}
+}
