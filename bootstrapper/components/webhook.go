@@ -125,6 +125,9 @@ type WebhookConfig struct {
 	StableInterval time.Duration
 	// MaxBackoff caps the wait between retries (default 10 s).
 	MaxBackoff time.Duration
+	// EndToEndWindow is how long the end-to-end check retries while the API server may not have
+	// picked up a new configuration yet (default 15 s).
+	EndToEndWindow time.Duration
 	// ProbeServiceIP also probes the Service's ClusterIP (needs kube-proxy on this host; without
 	// --enable-aggregator-routing that is the path the API server takes).
 	ProbeServiceIP bool
@@ -159,6 +162,9 @@ func (c *WebhookConfig) defaults() {
 	}
 	if c.MaxBackoff == 0 {
 		c.MaxBackoff = 10 * time.Second
+	}
+	if c.EndToEndWindow == 0 {
+		c.EndToEndWindow = 15 * time.Second
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -1070,7 +1076,7 @@ func (w *WebhookInstaller) endToEnd(ctx context.Context) error {
 	pods := w.kube.CoreV1().Pods(WebhookCanaryNamespace)
 	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldManager: apply.FieldManager}
 	var last *WebhookError
-	deadline := time.Now().Add(15 * time.Second)
+	deadline := time.Now().Add(w.cfg.EndToEndWindow)
 	for {
 		last = nil
 		_, err := pods.Create(ctx, canaryPod("berth-webhook-canary-denied", canaryDeniedImage), dry)

@@ -227,12 +227,12 @@ func keyPair(t testing.TB, dir string) []byte {
 }
 
 type running struct {
-	s       *Server
-	addr    string
-	probe   string
-	cancel  context.CancelFunc
-	done    chan error
-	dir     string
+	s      *Server
+	addr   string
+	probe  string
+	cancel context.CancelFunc
+	done   chan error
+	dir    string
 }
 
 func startServer(t testing.TB, delay time.Duration, writePolicy bool) *running {

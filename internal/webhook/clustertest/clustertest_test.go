@@ -42,7 +42,7 @@ func (w logWriter) Write(p []byte) (int, error) {
 func newInstaller(tb testing.TB, e *env, budget time.Duration) *components.WebhookInstaller {
 	return components.NewWebhookInstaller(components.WebhookConfig{
 		Image: "berth.local/berth-webhook:test", ImagePullPolicy: "Never",
-		Budget: budget, StableInterval: 300 * time.Millisecond, MaxBackoff: time.Second,
+		Budget: budget, StableInterval: 300 * time.Millisecond, MaxBackoff: time.Second, EndToEndWindow: 4 * time.Second,
 	}, e.kube, e.dyn, logWriter{tb})
 }
 
@@ -97,9 +97,10 @@ func t5Objects(tb testing.TB, e *env) {
 	})
 }
 
-// TestInstallFailsClosed is T10: a backend that never becomes ready, and one serving a certificate
-// from a foreign CA, each fail the install in its named category, within the budget, and leave no
-// webhook configuration behind.
+// TestInstallFailsClosed is T10: a backend that never becomes ready, one serving a certificate from a
+// foreign CA, and one the API server cannot reach, each fail the install in its named category within
+// the budget and leave no webhook configuration behind (the last one after arming the canary stage:
+// rolled back).
 func TestInstallFailsClosed(t *testing.T) {
 	e := sharedEnv(t)
 	if configExists(t, e) {
@@ -133,7 +134,21 @@ func TestInstallFailsClosed(t *testing.T) {
 	if err := e.runner.killAll(ctxFor(t, 30*time.Second)); err != nil {
 		t.Fatal(err)
 	}
+
+	// The endpoints answer the installer's probes, but the API server finds no route to them: the
+	// end-to-end check after the first arming stage fails and the configuration is rolled back.
+	e.runner.setPortName("not-https")
 	e.runner.setPaused(false)
+	start = time.Now()
+	res, err := newInstaller(t, e, time.Minute).Install(ctxFor(t, 2*time.Minute))
+	if !errors.Is(err, components.ErrWebhookCallFailed) {
+		t.Fatalf("install with endpoints the API server cannot route to = %v, want ErrWebhookCallFailed", err)
+	}
+	t.Logf("no route from the API server: failed after %s: %v; writes: %v", time.Since(start).Round(time.Millisecond), err, res.Writes)
+	if configExists(t, e) {
+		t.Fatal("the configuration was not rolled back after the failed end-to-end check")
+	}
+	e.runner.setPortName("https")
 }
 
 var armOnce sync.Once
@@ -311,6 +326,59 @@ func TestBackendGone(t *testing.T) {
 	t.Logf("enforcing again %s after the backend was allowed to start", time.Since(start).Round(time.Millisecond))
 	if err := e.runner.waitReadyEndpoints(ctx, 2); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestControlPlaneRestart is a T8 analogue: every webhook backend dies and kube-apiserver and etcd
+// are power-cycled with the fail-closed configuration in place. With no manual step the backends come
+// back, the webhook enforces again, the configuration's resourceVersion and caBundle are unchanged,
+// and a re-run of the installer writes nothing.
+func TestControlPlaneRestart(t *testing.T) {
+	e := sharedEnv(t)
+	armed(t, e)
+	ctx := ctxFor(t, 5*time.Minute)
+	vwcs := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	before, err := vwcs.Get(ctx, components.WebhookConfigName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.runner.setPaused(true)
+	if err := e.runner.killAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := e.restartAPIServer(ctx); err != nil {
+		t.Fatalf("restarting the control plane: %v\n%s", err, e.logTail())
+	}
+	t.Logf("control plane back after %s", time.Since(start).Round(time.Millisecond))
+	e.runner.setPaused(false)
+	for {
+		_, err = e.kube.CoreV1().Pods("apps").Create(ctx, pod("apps", "after-restart", deniedImage), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil && strings.Contains(err.Error(), denyMarker) {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("webhook not enforcing after the restart: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("T8 analogue: enforcing again %s after the power cycle began, no manual step", time.Since(start).Round(time.Millisecond))
+	if _, err := e.kube.CoreV1().Pods("kube-system").Create(ctx, pod("kube-system", "after-restart", deniedImage), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Fatalf("kube-system after the restart: %v", err)
+	}
+	after, err := vwcs.Get(ctx, components.WebhookConfigName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.ResourceVersion != before.ResourceVersion || !bytes.Equal(after.Webhooks[0].ClientConfig.CABundle, before.Webhooks[0].ClientConfig.CABundle) {
+		t.Fatalf("configuration changed across the restart: resourceVersion %s -> %s", before.ResourceVersion, after.ResourceVersion)
+	}
+	if err := e.runner.waitReadyEndpoints(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	res, err := newInstaller(t, e, time.Minute).Install(ctx)
+	if err != nil || len(res.Writes) != 0 {
+		t.Fatalf("installer after the restart: %v, writes %v", err, res.Writes)
 	}
 }
 

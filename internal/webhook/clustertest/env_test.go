@@ -159,6 +159,7 @@ func addAddress(addr string) error { return ip("addr", "add", addr+"/32", "dev",
 // env is one etcd + kube-apiserver pair in the namespace, plus the webhook pod runner.
 type env struct {
 	dir     string
+	specs   []procSpec
 	url     string
 	caData  []byte
 	token   string
@@ -297,8 +298,19 @@ func buildWebhook(dir string) (string, error) {
 	return out, nil
 }
 
+// procSpec is how a process was started, to start it again.
+type procSpec struct {
+	bin, name string
+	args      []string
+}
+
 func (e *env) run(bin, name string, args ...string) error {
-	logf, err := os.Create(filepath.Join(e.dir, name+".log"))
+	e.specs = append(e.specs, procSpec{bin, name, args})
+	return e.start(bin, name, args...)
+}
+
+func (e *env) start(bin, name string, args ...string) error {
+	logf, err := os.OpenFile(filepath.Join(e.dir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return err
 	}
@@ -381,6 +393,27 @@ func (e *env) logTail() string {
 		fmt.Fprintf(&sb, "--- %s log (tail)\n%s\n", name, b)
 	}
 	return sb.String()
+}
+
+// restartAPIServer stops kube-apiserver (SIGTERM, by PID) and etcd, and starts both again on the same
+// data: a power cycle of the control plane.
+func (e *env) restartAPIServer(ctx context.Context) error {
+	for i := len(e.procs) - 1; i >= 0; i-- {
+		_ = e.procs[i].Process.Signal(syscall.SIGTERM)
+		select {
+		case <-e.waiters[i]:
+		case <-time.After(10 * time.Second):
+			_ = e.procs[i].Process.Kill()
+			<-e.waiters[i]
+		}
+	}
+	e.procs, e.waiters = nil, nil
+	for _, s := range e.specs {
+		if err := e.start(s.bin, s.name, s.args...); err != nil {
+			return err
+		}
+	}
+	return e.waitReady(ctx, filepath.Join(e.dir, "certs", "apiserver.crt"))
 }
 
 // stop ends the webhook pods, then the API server and etcd (by PID), and removes the directory.

@@ -73,8 +73,9 @@ type podRunner struct {
 	mu       sync.Mutex
 	pods     []*fakePod
 	seq      int
-	paused   bool // do not start pods (scaled to zero / image that never runs)
-	foreign  bool // serve a keypair from a foreign CA (failure injection)
+	paused   bool   // do not start pods (scaled to zero / image that never runs)
+	foreign  bool   // serve a keypair from a foreign CA (failure injection)
+	portName string // name of the EndpointSlice port ("https" matches the Service)
 	lastSync string
 
 	cancel context.CancelFunc
@@ -83,7 +84,7 @@ type podRunner struct {
 
 func newPodRunner(kube kubernetes.Interface, bin, dir string) *podRunner {
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &podRunner{kube: kube, bin: bin, dir: dir, cancel: cancel, done: make(chan struct{})}
+	r := &podRunner{kube: kube, bin: bin, dir: dir, portName: "https", cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
 		r.loop(ctx)
@@ -234,7 +235,7 @@ func (r *podRunner) startPod(ctx context.Context, dep *appsv1.Deployment) (*fake
 // sync writes the EndpointSlice and the Deployment status from the pods' state, when it changed.
 func (r *podRunner) sync(ctx context.Context) error {
 	r.mu.Lock()
-	port, portName, proto := int32(8443), "https", corev1.ProtocolTCP
+	port, portName, proto := int32(8443), r.portName, corev1.ProtocolTCP
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: harnessSlice, Namespace: components.Namespace, Labels: map[string]string{
 			discoveryv1.LabelServiceName: components.WebhookName, discoveryv1.LabelManagedBy: "berth-webhook-clustertest",
@@ -251,6 +252,7 @@ func (r *podRunner) sync(ctx context.Context) error {
 			Conditions: discoveryv1.EndpointConditions{Ready: &ready, Serving: &serving, Terminating: &terminating},
 		})
 		state = append(state, fmt.Sprintf("%s:%v:%v", p.ip, ready, terminating))
+		state = append(state, "port="+r.portName)
 		if !p.terminating {
 			liveCount++
 			if p.ready {
@@ -391,6 +393,14 @@ func (r *podRunner) waitReadyEndpoints(ctx context.Context, n int) error {
 func (r *podRunner) setPaused(v bool) {
 	r.mu.Lock()
 	r.paused = v
+	r.mu.Unlock()
+}
+
+// setPortName names the EndpointSlice's port; a name the Service does not use leaves the API server
+// without a route while the endpoints still answer (failure injection for the end-to-end check).
+func (r *podRunner) setPortName(name string) {
+	r.mu.Lock()
+	r.portName = name
 	r.mu.Unlock()
 }
 
