@@ -329,6 +329,27 @@ func TestBackendGone(t *testing.T) {
 	}
 }
 
+// TestExemptionCannotBeClaimed is T14: a namespace that labels itself as kube-system is still checked,
+// because the exemption keys on the name label the API server sets and overwrites.
+func TestExemptionCannotBeClaimed(t *testing.T) {
+	e := sharedEnv(t)
+	armed(t, e)
+	ctx := ctxFor(t, time.Minute)
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "sneaky", Labels: map[string]string{"kubernetes.io/metadata.name": "kube-system"}}}
+	got, err := e.kube.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := got.Labels["kubernetes.io/metadata.name"]; l != "sneaky" {
+		t.Fatalf("name label = %q", l)
+	}
+	ensureNamespace(t, e.kube, "sneaky")
+	_, err = e.kube.CoreV1().Pods("sneaky").Create(ctx, pod("sneaky", "p", deniedImage), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if err == nil || !strings.Contains(err.Error(), denyMarker) {
+		t.Fatalf("pod in a namespace claiming to be kube-system: %v, want a denial", err)
+	}
+}
+
 // TestControlPlaneRestart is a T8 analogue: every webhook backend dies and kube-apiserver and etcd
 // are power-cycled with the fail-closed configuration in place. With no manual step the backends come
 // back, the webhook enforces again, the configuration's resourceVersion and caBundle are unchanged,
