@@ -9,16 +9,20 @@
 //     the read resourceVersion, retry on conflict), so concurrent batches from several replicas never
 //     overwrite each other's entries. `berth status` reads it (Read).
 //   - Events whose involved object is that ConfigMap: JoinRejected (Warning) and JoinAccepted (Normal),
-//     at most MaxEventsPerFlush per batch; the rest are summarised in one JoinAttemptsNotShown Event so
-//     that a flood cannot turn into an Event flood.
+//     rejections first, at most EventsPerSecond per replica (burst EventBurst); what does not fit is
+//     summarised in one JoinAttemptsNotShown Event per batch, so that a flood of attempts cannot turn
+//     into an Event flood.
 //
 // The writer never blocks or fails a join: Record puts the entry into a bounded queue (QueueSize) and
-// counts it as dropped when the queue is full (Dropped). One goroutine (Run) drains the queue in
-// batches of up to BatchSize entries or FlushInterval, whichever comes first; a failed write keeps the
-// batch (bounded by Capacity, the overflow counted as dropped) and retries with backoff. Rate-limited
-// attempts are not queued one by one: RecordRateLimited counts them per peer and each flush writes one
-// entry per peer with Count, so an attacker cannot push genuine rejections out of the ledger or the
-// queue by hammering the service.
+// counts it as dropped when the queue is full. One goroutine (Run) drains the queue continuously and
+// writes what it collected every FlushInterval, so one replica updates the ConfigMap at most twice a
+// second whatever the load (each update is a full copy of the object in etcd until compaction). A
+// batch holds at most Capacity entries, the newest: older ones of the same interval are counted as
+// dropped too, since the ConfigMap could not keep them anyway. A failed write keeps the batch and
+// retries with backoff. Dropped reports both kinds of drop. Attempts that can come in floods are not
+// queued one by one: RecordCounted (and RecordRateLimited) count them per peer and reason, and each
+// flush writes one entry per peer and reason with Count, so hammering the service cannot push genuine
+// rejections out of the ledger or the queue.
 package ledger
 
 import (
@@ -33,6 +37,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -49,16 +54,15 @@ const (
 	Capacity = 256
 	// QueueSize bounds the entries waiting to be written.
 	QueueSize = 4096
-	// BatchSize is the most entries written in one ConfigMap update.
-	BatchSize = 256
-	// FlushInterval is the longest an entry waits for its batch to fill.
+	// FlushInterval is how often collected entries are written.
 	FlushInterval = 500 * time.Millisecond
-	// MaxEventsPerFlush bounds the Events one batch creates.
-	MaxEventsPerFlush = 20
+	// EventsPerSecond and EventBurst bound the Events one replica creates.
+	EventsPerSecond = 5
+	EventBurst      = 20
 	// maxMessage bounds an entry's message.
 	maxMessage = 400
-	// maxRateLimitedPeers bounds the peers whose rate-limited attempts are counted between flushes.
-	maxRateLimitedPeers = 1024
+	// maxCountedPeers bounds the peer/reason pairs counted between flushes.
+	maxCountedPeers = 1024
 	// maxConflictRetries bounds the get-merge-update rounds of one flush.
 	maxConflictRetries = 8
 )
@@ -107,11 +111,14 @@ type Writer struct {
 	queue   chan Entry
 	dropped atomic.Uint64
 
-	mu          sync.Mutex
-	rateLimited map[string]int
+	mu      sync.Mutex
+	counted map[countKey]int
 
-	eventSeq atomic.Uint64
+	eventLimit *rate.Limiter
+	eventSeq   atomic.Uint64
 }
+
+type countKey struct{ peer, reason string }
 
 // NewWriter returns a Writer that writes through client into namespace, as replica.
 func NewWriter(client kubernetes.Interface, namespace, replica string, log *zap.Logger) *Writer {
@@ -120,7 +127,8 @@ func NewWriter(client kubernetes.Interface, namespace, replica string, log *zap.
 	}
 	return &Writer{
 		client: client, namespace: namespace, replica: replica, log: log, now: time.Now,
-		queue: make(chan Entry, QueueSize), rateLimited: map[string]int{},
+		queue: make(chan Entry, QueueSize), counted: map[countKey]int{},
+		eventLimit: rate.NewLimiter(EventsPerSecond, EventBurst),
 	}
 }
 
@@ -140,14 +148,19 @@ func (w *Writer) Record(e Entry) {
 }
 
 // RecordRateLimited counts one rate-limited attempt from peer.
-func (w *Writer) RecordRateLimited(peer string) {
+func (w *Writer) RecordRateLimited(peer string) { w.RecordCounted(peer, ReasonRateLimited) }
+
+// RecordCounted counts one rejected attempt from peer with reason; each flush writes one entry per
+// peer and reason.
+func (w *Writer) RecordCounted(peer, reason string) {
+	k := countKey{peer, reason}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, ok := w.rateLimited[peer]; !ok && len(w.rateLimited) >= maxRateLimitedPeers {
+	if _, ok := w.counted[k]; !ok && len(w.counted) >= maxCountedPeers {
 		w.dropped.Add(1)
 		return
 	}
-	w.rateLimited[peer]++
+	w.counted[k]++
 }
 
 // Dropped returns how many entries were dropped because the queue or the pending batch was full.
@@ -174,9 +187,7 @@ func (w *Writer) Run(ctx context.Context) error {
 			return nil
 		case e := <-w.queue:
 			pending = w.keep(append(pending, e))
-			if len(pending) < BatchSize {
-				continue
-			}
+			continue
 		case <-ticker.C:
 		}
 		pending = w.drain(pending)
@@ -212,19 +223,21 @@ func (w *Writer) drain(pending []Entry) []Entry {
 		break
 	}
 	w.mu.Lock()
-	counts := w.rateLimited
-	w.rateLimited = map[string]int{}
+	counts := w.counted
+	w.counted = map[countKey]int{}
 	w.mu.Unlock()
 	now := w.now()
-	peers := make([]string, 0, len(counts))
-	for p := range counts {
-		peers = append(peers, p)
+	keys := make([]countKey, 0, len(counts))
+	for k := range counts {
+		keys = append(keys, k)
 	}
-	sort.Strings(peers)
-	for _, p := range peers {
+	sort.Slice(keys, func(i, j int) bool {
+		return keys[i].peer < keys[j].peer || keys[i].peer == keys[j].peer && keys[i].reason < keys[j].reason
+	})
+	for _, k := range keys {
 		pending = append(pending, Entry{
-			Time: now, Peer: p, Outcome: OutcomeRejected, Reason: ReasonRateLimited, Replica: w.replica,
-			Count: counts[p], Message: fmt.Sprintf("%d attempts over the rate limit since the last ledger write", counts[p]),
+			Time: now, Peer: k.peer, Outcome: OutcomeRejected, Reason: k.reason, Replica: w.replica,
+			Count: counts[k], Message: fmt.Sprintf("%d attempts with this reason since the last ledger write", counts[k]),
 		})
 	}
 	return w.keep(pending)
@@ -322,15 +335,16 @@ func decode(s string) ([]Entry, error) {
 // entries already.
 func (w *Writer) events(ctx context.Context, cm *corev1.ConfigMap, batch []Entry) {
 	ref := corev1.ObjectReference{Kind: "ConfigMap", APIVersion: "v1", Namespace: cm.Namespace, Name: cm.Name, UID: cm.UID, ResourceVersion: cm.ResourceVersion}
-	shown := batch
-	if len(shown) > MaxEventsPerFlush {
-		// Rejections first: they are what an operator looks for.
-		shown = append([]Entry(nil), batch...)
-		sort.SliceStable(shown, func(i, j int) bool {
-			return shown[i].Outcome == OutcomeRejected && shown[j].Outcome != OutcomeRejected
-		})
-		shown = shown[:MaxEventsPerFlush]
+	// Rejections first: they are what an operator looks for.
+	ordered := append([]Entry(nil), batch...)
+	sort.SliceStable(ordered, func(i, j int) bool {
+		return ordered[i].Outcome == OutcomeRejected && ordered[j].Outcome != OutcomeRejected
+	})
+	n := 0
+	for n < len(ordered) && w.eventLimit.Allow() {
+		n++
 	}
+	shown := ordered[:n]
 	for _, e := range shown {
 		typ, reason := corev1.EventTypeNormal, "JoinAccepted"
 		if e.Outcome != OutcomeAccepted {
@@ -341,8 +355,8 @@ func (w *Writer) events(ctx context.Context, cm *corev1.ConfigMap, batch []Entry
 			return
 		}
 	}
-	if n := len(batch) - len(shown); n > 0 {
-		msg := fmt.Sprintf("%d more join attempts in this batch are in ConfigMap %s only", n, ConfigMapName)
+	if n := len(batch) - len(shown); n > 0 && w.eventLimit.Allow() {
+		msg := fmt.Sprintf("%d more join attempts in this batch are in ConfigMap %s only (Event rate limit)", n, ConfigMapName)
 		if err := w.createEvent(ctx, ref, corev1.EventTypeNormal, "JoinAttemptsNotShown", msg, w.now(), 1); err != nil {
 			w.log.Warn("creating join event", zap.Error(err))
 		}

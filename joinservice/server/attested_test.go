@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -66,7 +67,7 @@ func TestAttestedJoin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		g := grpc.NewServer(grpc.Creds(creds))
+		g := grpc.NewServer(grpc.Creds(RecordHandshakes(creds, j, nil)))
 		joinproto.RegisterJoinServiceServer(g, srv)
 		done := make(chan struct{})
 		go func() { defer close(done); _ = g.Serve(lis) }()
@@ -74,9 +75,8 @@ func TestAttestedJoin(t *testing.T) {
 		return lis.Addr().String()
 	}
 
-	// join asks for a ticket as a node whose PCR 4 was extended with tamper (nil: genuine).
-	join := func(t *testing.T, addr string, tamper []byte) (*joinproto.IssueJoinTicketResponse, error) {
-		sw := vtpmtest.StartSwtpm(t, swCA)
+	joinWith := func(t *testing.T, addr string, tamper []byte, manufacturer *vtpmtest.SwtpmCA) (*joinproto.IssueJoinTicketResponse, error) {
+		sw := vtpmtest.StartSwtpm(t, manufacturer)
 		if tamper != nil {
 			if err := vtpm.NewLockRegister(sw.Open, 4).MarkBootstrapped(ctx, tamper); err != nil {
 				t.Fatal(err)
@@ -98,6 +98,10 @@ func TestAttestedJoin(t *testing.T) {
 		defer closer.Close()
 		return client.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER})
 	}
+	// join asks for a ticket as a node whose PCR 4 was extended with tamper (nil: genuine).
+	join := func(t *testing.T, addr string, tamper []byte) (*joinproto.IssueJoinTicketResponse, error) {
+		return joinWith(t, addr, tamper, swCA)
+	}
 
 	t.Run("genuine node joins a bound joinservice", func(t *testing.T) {
 		resp, err := join(t, start(t, keys.ClusterID()), nil)
@@ -118,6 +122,29 @@ func TestAttestedJoin(t *testing.T) {
 		last := es[len(es)-1]
 		if last.Reason != ReasonMeasurements || len(last.EvidenceSHA256) != 64 || !strings.Contains(last.Message, "index 4") {
 			t.Fatalf("ledger entry %+v, want %s with the evidence digest", last, ReasonMeasurements)
+		}
+	})
+	t.Run("node with an unrooted attestation key is refused in the handshake and recorded", func(t *testing.T) {
+		otherCA := vtpmtest.NewSwtpmCA(t)
+		_, err := joinWith(t, start(t, keys.ClusterID()), nil, otherCA)
+		if err == nil {
+			t.Fatal("a node whose EK is not rooted in the policy's CAs got a ticket")
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			es := j.all()
+			last := es[len(es)-1]
+			if last.RPC == "handshake" {
+				if last.Reason != ReasonNotActivated && last.Reason != ReasonUntrustedRoot || last.Peer != "127.0.0.1" {
+					t.Fatalf("ledger entry %+v, want a named handshake rejection", last)
+				}
+				t.Logf("ledger: %s: %s", last.Reason, last.Message)
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("no handshake entry in the ledger: %+v", es)
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	})
 	t.Run("joinservice locked to another cluster is refused", func(t *testing.T) {

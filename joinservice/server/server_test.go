@@ -220,6 +220,8 @@ func (j *journal) RecordRateLimited(p string) {
 	j.rateLimited[p]++
 }
 
+func (j *journal) RecordCounted(p, reason string) { j.RecordRateLimited(p + "/" + reason) }
+
 func (j *journal) all() []ledger.Entry {
 	j.mu.Lock()
 	defer j.mu.Unlock()

@@ -169,6 +169,9 @@ func run(ctx context.Context, o options) error {
 	}
 	journal := ledger.NewWriter(client, o.namespace, o.replica, log.Named("ledger"))
 	m := metrics.New(journal.Dropped)
+	if holder != nil {
+		creds = server.RecordHandshakes(creds, journal, m)
+	}
 	srv := server.New(server.Config{
 		APIServerEndpoint: cm.Data["apiServerEndpoint"],
 		KubernetesVersion: cm.Data["kubernetesVersion"],

@@ -1,0 +1,104 @@
+package server
+
+import (
+	"errors"
+	"net"
+	"time"
+
+	"google.golang.org/grpc/credentials"
+
+	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/attestation"
+	"github.com/berth-k8s/berth/joinservice/ledger"
+)
+
+// Reason codes of attestations refused in the TLS handshake, before any RPC (ledger entries with RPC
+// "handshake").
+const (
+	ReasonUntrustedRoot   = "UNTRUSTED_ROOT"
+	ReasonNonceMismatch   = "NONCE_MISMATCH"
+	ReasonKeyBinding      = "KEY_BINDING"
+	ReasonBadSignature    = "BAD_SIGNATURE"
+	ReasonMalformed       = "MALFORMED_EVIDENCE"
+	ReasonUnknownVariant  = "UNKNOWN_VARIANT"
+	ReasonNotActivated    = "NOT_ACTIVATED"
+	ReasonHandshakeFailed = "HANDSHAKE_FAILED"
+)
+
+// HandshakeJournal records handshake failures (ledger.Writer).
+type HandshakeJournal interface {
+	Record(ledger.Entry)
+	RecordCounted(peer, reason string)
+}
+
+// handshakeReasons maps named validation errors to reason codes, most specific first.
+var handshakeReasons = []struct {
+	err    error
+	reason string
+}{
+	{attestation.ErrUntrustedRoot, ReasonUntrustedRoot},
+	{attestation.ErrNonceMismatch, ReasonNonceMismatch},
+	{attestation.ErrKeyBinding, ReasonKeyBinding},
+	{attestation.ErrBadSignature, ReasonBadSignature},
+	{attestation.ErrMalformed, ReasonMalformed},
+	{attestation.ErrUnknownVariant, ReasonUnknownVariant},
+	{attestation.ErrMeasurementMismatch, ReasonMeasurements},
+	{atls.ErrNotActivated, ReasonNotActivated},
+	{atls.ErrNoAttestation, ReasonNoEvidence},
+}
+
+// HandshakeReason names a server handshake failure; ReasonHandshakeFailed when it is no attestation
+// verdict (a client that gave up, a scanner, a wrong protocol).
+func HandshakeReason(err error) string {
+	for _, r := range handshakeReasons {
+		if errors.Is(err, r.err) {
+			return r.reason
+		}
+	}
+	return ReasonHandshakeFailed
+}
+
+// RecordHandshakes wraps server transport credentials so that every failed handshake reaches the join
+// ledger and the metrics (RPC "handshake"): attestation verdicts as single entries with their reason
+// and message, other failures counted per peer (see ledger.Writer.RecordCounted), since anyone can
+// cause those. Attestation verdicts are bounded by atls's handshake rate limit. The evidence digest
+// is not known here: atls reports evidence to its observer without the peer's address.
+func RecordHandshakes(creds credentials.TransportCredentials, j HandshakeJournal, obs Observer) credentials.TransportCredentials {
+	if obs == nil {
+		obs = nopObserver{}
+	}
+	return &recordingCreds{TransportCredentials: creds, journal: j, obs: obs}
+}
+
+type recordingCreds struct {
+	credentials.TransportCredentials
+	journal HandshakeJournal
+	obs     Observer
+}
+
+func (c *recordingCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
+	conn, info, err := c.TransportCredentials.ServerHandshake(raw)
+	if err == nil {
+		return conn, info, nil
+	}
+	peer := "unknown"
+	if raw.RemoteAddr() != nil {
+		if host, _, splitErr := net.SplitHostPort(raw.RemoteAddr().String()); splitErr == nil {
+			peer = host
+		}
+	}
+	reason := HandshakeReason(err)
+	c.obs.Attempt("handshake", ledger.OutcomeRejected, reason)
+	if reason == ReasonHandshakeFailed {
+		c.journal.RecordCounted(peer, reason)
+	} else {
+		c.journal.Record(ledger.Entry{
+			Time: time.Now().UTC(), Peer: peer, RPC: "handshake", Outcome: ledger.OutcomeRejected, Reason: reason, Message: err.Error(),
+		})
+	}
+	return conn, info, err
+}
+
+func (c *recordingCreds) Clone() credentials.TransportCredentials {
+	return &recordingCreds{TransportCredentials: c.TransportCredentials.Clone(), journal: c.journal, obs: c.obs}
+}
