@@ -15,11 +15,11 @@ test-webhook-apiserver: ## installer + webhook against a real API server: fail-c
 
 test-webhook-load: ## T1 analogue: >=10 rolling restarts of the backends under >=5000 dry-run creates, 0 failures (root)
 	BERTH_KUBE_BIN=$$(./scripts/build-k8s.sh k8s) BERTH_ETCD_BIN=$$(./scripts/build-k8s.sh etcd) BERTH_WEBHOOK_LOAD=1 \
-	  $(GO) test -count=1 -v -timeout 20m -run 'TestRollingRestartsUnderLoad' ./internal/webhook/clustertest/
+	  $(GO) test -count=1 -v -timeout 20m -run 'TestRollingRestartsUnderLoad|TestLeafRotationUnderLoad' ./internal/webhook/clustertest/
 
 test-webhook-load-nodrain: ## negative control of test-webhook-load: backends without the drain; expected to FAIL
 	BERTH_KUBE_BIN=$$(./scripts/build-k8s.sh k8s) BERTH_ETCD_BIN=$$(./scripts/build-k8s.sh etcd) BERTH_WEBHOOK_LOAD=1 BERTH_WEBHOOK_NO_DRAIN=1 \
-	  $(GO) test -count=1 -v -timeout 20m -run 'TestRollingRestartsUnderLoad' ./internal/webhook/clustertest/
+	  $(GO) test -count=1 -v -timeout 20m -run 'TestRollingRestartsUnderLoad|TestLeafRotationUnderLoad' ./internal/webhook/clustertest/
 
 bench-webhook: ## admission latency at 500 req/s: the webhook alone over TLS loopback, then through a real API server (root)
 	$(GO) test -count=1 -run '^$$' -bench 'Admission|Decide' -benchtime 5000x ./internal/webhook/

@@ -61,7 +61,8 @@ type fakePod struct {
 	cmd         *exec.Cmd
 	exited      chan struct{}
 	ready       bool
-	terminating bool
+	terminating bool // published as terminating
+	signalled   bool // SIGTERM sent
 }
 
 // podRunner plays kubelet, ReplicaSet and EndpointSlice controller for Deployment berth-webhook.
@@ -314,6 +315,9 @@ func (r *podRunner) sync(ctx context.Context) error {
 // terminate stops a pod like a kubelet: SIGTERM now, the endpoint marked terminating only after lag
 // (endpoint propagation is slower than the signal), the pod gone once the process exited.
 func (r *podRunner) terminate(p *fakePod, lag time.Duration) {
+	r.mu.Lock()
+	p.signalled = true
+	r.mu.Unlock()
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	go func() {
 		select {
@@ -394,6 +398,42 @@ func (r *podRunner) setPaused(v bool) {
 	r.mu.Lock()
 	r.paused = v
 	r.mu.Unlock()
+}
+
+// refreshTLS writes the Secret's current keypair into every running pod's files, as the kubelet
+// updates a Secret volume (key first, then certificate; the webhook keeps its loaded pair until both
+// match). It returns the certificate written.
+func (r *podRunner) refreshTLS(ctx context.Context) ([]byte, error) {
+	secret, err := r.kube.CoreV1().Secrets(components.Namespace).Get(ctx, components.WebhookTLSSecret, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	pods := slices.Clone(r.pods)
+	r.mu.Unlock()
+	for _, p := range pods {
+		dir := filepath.Join(r.dir, p.name, "tls")
+		if err := os.WriteFile(filepath.Join(dir, "tls.key"), secret.Data["tls.key"], 0o600); err != nil {
+			return nil, err
+		}
+		if err := os.WriteFile(filepath.Join(dir, "tls.crt"), secret.Data["tls.crt"], 0o600); err != nil {
+			return nil, err
+		}
+	}
+	return secret.Data["tls.crt"], nil
+}
+
+// livePods returns the pods that were not told to terminate.
+func (r *podRunner) livePods() []*fakePod {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []*fakePod
+	for _, p := range r.pods {
+		if !p.signalled {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // setPortName names the EndpointSlice's port; a name the Service does not use leaves the API server
