@@ -212,7 +212,14 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 			}
 			defer os.RemoveAll(tmp)
 			cfg.BerthArchive = filepath.Join(tmp, "images-berth.tar")
-			if err := image.WriteArchive(cfg.BerthArchive, cfg.BerthImageSpecs(js)); err != nil {
+			webhook := filepath.Join(filepath.Dir(env.Self), "berth-webhook")
+			if fileExists(webhook) {
+				cfg.WebhookImage = mini.ImageWebhook
+			} else {
+				webhook = ""
+				fmt.Fprintf(errOut, "note: no berth-webhook binary next to berth; the cluster runs without the image-policy webhook\n")
+			}
+			if err := image.WriteArchive(cfg.BerthArchive, cfg.BerthImageSpecs(js, webhook)); err != nil {
 				return fmt.Errorf("building Berth images: %w", err)
 			}
 		}

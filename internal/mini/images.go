@@ -120,18 +120,28 @@ func hashFile(w io.Writer, p string) error {
 
 // BerthImageSpecs lists Berth's own images: the joinservice, built from the binary at joinservice,
 // with the platform settings of this cluster (metadata API, attestation variant) in its environment,
-// the way a machine image carries its platform's configuration.
-func (c Config) BerthImageSpecs(joinservice string) []image.Spec {
+// the way a machine image carries its platform's configuration; and, when webhook names its binary,
+// the image-policy webhook.
+func (c Config) BerthImageSpecs(joinservice, webhook string) []image.Spec {
 	attestation := c.Attestation
 	if attestation == "" {
 		attestation = AttestationTPM
 	}
-	return []image.Spec{{
+	specs := []image.Spec{{
 		Tag:        ImageJoinService,
 		Files:      []image.File{{Src: joinservice, Dst: "/usr/local/bin/joinservice"}},
 		Entrypoint: []string{"/usr/local/bin/joinservice"},
 		Env:        []string{defaultImagePath, "BERTH_METADATA=mini", "BERTH_METADATA_URL=" + c.MetadataURL(), "BERTH_ATTESTATION=" + attestation},
 	}}
+	if webhook != "" {
+		specs = append(specs, image.Spec{
+			Tag:        ImageWebhook,
+			Files:      []image.File{{Src: webhook, Dst: "/usr/local/bin/berth-webhook"}},
+			Entrypoint: []string{"/usr/local/bin/berth-webhook"},
+			Env:        []string{defaultImagePath},
+		})
+	}
+	return specs
 }
 
 // defaultImagePath is the PATH of Berth's images.

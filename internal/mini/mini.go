@@ -36,6 +36,8 @@ const (
 	ImageTestApp               = "berth.local/testapp:v1"
 	// ImageJoinService is the bootstrapper's default joinservice image.
 	ImageJoinService = "berth.local/joinservice:dev"
+	// ImageWebhook is the image-policy webhook's image when the cluster carries it.
+	ImageWebhook = "berth.local/berth-webhook:dev"
 )
 
 // Network defaults. Pod and service ranges exist only inside the node namespaces.
@@ -92,6 +94,9 @@ type Config struct {
 	GoldenRoot string `json:"goldenRoot,omitempty"`
 	// BerthArchive is the docker-archive tar of Berth's own images (joinservice); optional.
 	BerthArchive string `json:"berthArchive,omitempty"`
+	// WebhookImage, when set, makes the first control plane install the image-policy webhook with
+	// this image (which BerthArchive must hold).
+	WebhookImage string `json:"webhookImage,omitempty"`
 	// Attestation is the variant the bootstrappers use (AttestationTPM or AttestationInsecureNone).
 	Attestation string `json:"attestation,omitempty"`
 }

@@ -336,6 +336,7 @@ func (c *Cluster) bootstrapperEnv(n Node) []string {
 		"BERTH_KUBEADM_IGNORE_PREFLIGHT_ERRORS=all",
 		"BERTH_COMPONENTS_DIR=" + c.cfg.ComponentsDir(),
 		"BERTH_JOINSERVICE_IMAGE=" + ImageJoinService,
+		"BERTH_WEBHOOK_IMAGE=" + c.cfg.WebhookImage, // empty: the webhook is not installed
 		"PATH=" + c.cfg.Bins.K8s + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 	}
 }
