@@ -14,16 +14,17 @@ test-joinservice: ## joinservice tests with the race detector, including those a
 
 # Load harness (joinservice/loadtest, see its package doc for exactly what it measures). Knobs:
 # BENCH_JOIN_TOKENS=apiserver|fake, BENCH_JOIN_DURATION (accepted phase; the rejected phase runs half),
-# BENCH_JOIN_CLIENTS. The last line is `joins/s=<n> p50_ms=<n> p99_ms=<n> reject_cost_ratio=<n>`.
+# BENCH_JOIN_CLIENTS, BENCH_JOIN_CA=rsa|ecdsa (the cluster CA key). The last line is `joins/s=<n> p50_ms=<n> p99_ms=<n> reject_cost_ratio=<n>`.
 BENCH_JOIN_TOKENS ?= apiserver
 BENCH_JOIN_DURATION ?= 10s
 BENCH_JOIN_CLIENTS ?= 64
+BENCH_JOIN_CA ?= rsa
 
 .PHONY: bench-join
 bench-join: ## join load harness: the real server over loopback gRPC, tokens in a real API server (see joinservice/loadtest)
 	@BINS=$$(./scripts/build-k8s.sh k8s etcd) && out=$$(mktemp) && \
 	BERTH_KUBE_BIN=$$(echo "$$BINS" | sed -n 1p) BERTH_ETCD_BIN=$$(echo "$$BINS" | sed -n 2p) BERTH_BENCH_JOIN=1 \
-	BENCH_JOIN_TOKENS=$(BENCH_JOIN_TOKENS) BENCH_JOIN_DURATION=$(BENCH_JOIN_DURATION) BENCH_JOIN_CLIENTS=$(BENCH_JOIN_CLIENTS) \
+	BENCH_JOIN_TOKENS=$(BENCH_JOIN_TOKENS) BENCH_JOIN_DURATION=$(BENCH_JOIN_DURATION) BENCH_JOIN_CLIENTS=$(BENCH_JOIN_CLIENTS) BENCH_JOIN_CA=$(BENCH_JOIN_CA) \
 		$(GO) test -count=1 -timeout 60m -run '^TestJoinLoad$$' -v ./joinservice/loadtest/ > $$out 2>&1; rc=$$?; \
 	grep -v '^joins/s=' $$out; line=$$(grep '^joins/s=' $$out | tail -1); rm -f $$out; \
 	test $$rc -eq 0 && test -n "$$line" && echo "$$line"

@@ -18,8 +18,8 @@
 // writes what it collected every FlushInterval, so one replica updates the ConfigMap at most twice a
 // second whatever the load (each update is a full copy of the object in etcd until compaction). A
 // batch holds at most Capacity entries, the newest: older ones of the same interval are counted as
-// dropped too, since the ConfigMap could not keep them anyway. A failed write keeps the batch and
-// retries with backoff. Dropped reports both kinds of drop. Attempts that can come in floods are not
+// superseded (Superseded), since the ConfigMap could not keep them anyway; their Events and metrics
+// are unaffected. A failed write keeps the batch and retries with backoff. Attempts that can come in floods are not
 // queued one by one: RecordCounted (and RecordRateLimited) count them per peer and reason, and each
 // flush writes one entry per peer and reason with Count, so hammering the service cannot push genuine
 // rejections out of the ledger or the queue.
@@ -108,8 +108,9 @@ type Writer struct {
 	log       *zap.Logger
 	now       func() time.Time
 
-	queue   chan Entry
-	dropped atomic.Uint64
+	queue      chan Entry
+	dropped    atomic.Uint64
+	superseded atomic.Uint64
 
 	mu      sync.Mutex
 	counted map[countKey]int
@@ -163,8 +164,13 @@ func (w *Writer) RecordCounted(peer, reason string) {
 	w.counted[k]++
 }
 
-// Dropped returns how many entries were dropped because the queue or the pending batch was full.
+// Dropped returns how many entries were lost because the queue (or the table of counted peers) was
+// full.
 func (w *Writer) Dropped() uint64 { return w.dropped.Load() }
+
+// Superseded returns how many entries were not written because more than Capacity newer ones came
+// within one flush interval (or while the API server was unreachable).
+func (w *Writer) Superseded() uint64 { return w.superseded.Load() }
 
 // Run writes queued entries until ctx ends, then makes one last attempt (bounded to 5 s) to write
 // what is pending. It returns nil when ctx ends.
@@ -246,7 +252,7 @@ func (w *Writer) drain(pending []Entry) []Entry {
 // keep bounds pending to Capacity, dropping (and counting) the oldest.
 func (w *Writer) keep(pending []Entry) []Entry {
 	if over := len(pending) - Capacity; over > 0 {
-		w.dropped.Add(uint64(over))
+		w.superseded.Add(uint64(over))
 		pending = append(pending[:0], pending[over:]...)
 	}
 	return pending

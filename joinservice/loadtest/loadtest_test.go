@@ -3,6 +3,9 @@ package loadtest
 import (
 	"bytes"
 	"context"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/rsa"
 	"crypto/x509"
@@ -69,20 +72,37 @@ type instances []metadata.Instance
 
 func (i instances) Peers(context.Context) ([]metadata.Instance, error) { return i, nil }
 
-// writeRSAPKI writes an RSA-2048 CA (kubeadm's default) and the other control-plane files.
-func writeRSAPKI(t *testing.T) string {
+// writePKI writes the cluster CA: RSA-2048 (kubeadm's default encryptionAlgorithm) or ECDSA P-256
+// (kubeadm's ECDSA-P256).
+func writePKI(t *testing.T, alg string) string {
 	dir := t.TempDir()
-	key, err := rsa.GenerateKey(rand.Reader, 2048)
-	if err != nil {
-		t.Fatal(err)
+	var signer crypto.Signer
+	var keyPEM []byte
+	switch alg {
+	case "ecdsa":
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		der, _ := x509.MarshalECPrivateKey(key)
+		signer, keyPEM = key, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der})
+	default:
+		key, err := rsa.GenerateKey(rand.Reader, 2048)
+		if err != nil {
+			t.Fatal(err)
+		}
+		signer, keyPEM = key, pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)})
 	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubernetes"}, IsCA: true,
 		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, signer.Public(), signer)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := os.WriteFile(filepath.Join(dir, "ca.crt"), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "ca.key"), pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "ca.key"), keyPEM, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return dir
@@ -175,13 +195,14 @@ func TestJoinLoad(t *testing.T) {
 		}
 	}
 
-	authority, err := ca.Load(writeRSAPKI(t))
+	caAlg := envOr("BENCH_JOIN_CA", "rsa")
+	authority, err := ca.Load(writePKI(t, caAlg))
 	if err != nil {
 		t.Fatal(err)
 	}
 	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
 	journal := ledger.NewWriter(kube, "berth-system", "bench", zap.NewNop())
-	m := metrics.New(journal.Dropped)
+	m := metrics.New(journal)
 	srv := server.New(server.Config{APIServerEndpoint: "198.51.100.10:6443", KubernetesVersion: "v1.34.2"}, zap.NewNop(), keys,
 		bytes.Repeat([]byte{2}, 32), authority, tok, insts, check,
 		server.WithJournal(journal), server.WithObserver(m),
@@ -271,12 +292,12 @@ func TestJoinLoad(t *testing.T) {
 	}
 	joinsPerSec := float64(acc.ok) / acc.elapsed.Seconds()
 	cpuAcc, cpuRej := acc.cpu/float64(max(acc.ok, 1)), rej.cpu/float64(max(rej.rejected, 1))
-	fmt.Printf("mode=%s clients=%d duration=%s cpus=%d\n", mode, clients, duration, runtime.NumCPU())
+	fmt.Printf("tokens=%s ca=%s clients=%d duration=%s cpus=%d\n", mode, caAlg, clients, duration, runtime.NumCPU())
 	fmt.Printf("accepted phase: %d tickets, %d failed, %.0f/s, cpu %.2f ms/ticket; heap in use %.1f MB before, %.1f MB after\n",
 		acc.ok, acc.failed, joinsPerSec, cpuAcc*1000, heap0, heap1)
 	fmt.Printf("rejected phase: %d MEASUREMENT_MISMATCH, %d other, %.0f/s, cpu %.3f ms/rejection\n",
 		rej.rejected, rej.failed+rej.ok, float64(rej.rejected)/rej.elapsed.Seconds(), cpuRej*1000)
-	fmt.Printf("ledger dropped %d entries under load\n", journal.Dropped())
+	fmt.Printf("ledger: %d entries dropped (queue full), %d superseded (more than %d per write interval)\n", journal.Dropped(), journal.Superseded(), ledger.Capacity)
 	fmt.Printf("joins/s=%.0f p50_ms=%.2f p99_ms=%.2f reject_cost_ratio=%.3f\n", joinsPerSec, pct(0.50), pct(0.99), cpuRej/cpuAcc)
 }
 

@@ -8,7 +8,9 @@
 //     metadata lookup and the role check, "issue" the CSR signature, the control-plane lock and the
 //     bootstrap token, "total" the whole call from after the rate limit to the answer.
 //   - in_flight: calls being handled.
-//   - ledger_dropped_total: join-ledger entries dropped because its queue was full.
+//   - ledger_dropped_total: join-ledger entries lost because its queue was full.
+//   - ledger_superseded_total: join-ledger entries not written because more than the ledger's
+//     capacity of newer ones came within one write interval (floods).
 //   - policy_reloads_total{result}: attestation policy updates applied ("applied") or refused
 //     ("rejected").
 //
@@ -40,8 +42,14 @@ type Metrics struct {
 	reloads  *prometheus.CounterVec
 }
 
-// New returns Metrics in a fresh registry. ledgerDropped reports the ledger's drop counter (nil: none).
-func New(ledgerDropped func() uint64) *Metrics {
+// Ledger is the join ledger's counters (ledger.Writer).
+type Ledger interface {
+	Dropped() uint64
+	Superseded() uint64
+}
+
+// New returns Metrics in a fresh registry, reporting l's counters unless l is nil.
+func New(l Ledger) *Metrics {
 	m := &Metrics{
 		reg: prometheus.NewRegistry(),
 		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -60,10 +68,12 @@ func New(ledgerDropped func() uint64) *Metrics {
 	}
 	m.reg.MustRegister(m.attempts, m.duration, m.inFlight, m.reloads,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if ledgerDropped != nil {
+	if l != nil {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Namespace: namespace, Name: "ledger_dropped_total", Help: "Join-ledger entries dropped because the ledger queue was full.",
-		}, func() float64 { return float64(ledgerDropped()) }))
+			Namespace: namespace, Name: "ledger_dropped_total", Help: "Join-ledger entries lost because the ledger queue was full.",
+		}, func() float64 { return float64(l.Dropped()) }), prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Namespace: namespace, Name: "ledger_superseded_total", Help: "Join-ledger entries not written because more newer ones than the ledger keeps came within one write interval.",
+		}, func() float64 { return float64(l.Superseded()) }))
 	}
 	return m
 }

@@ -16,7 +16,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 func TestServeExposesJoinMetrics(t *testing.T) {
-	m := New(func() uint64 { return 7 })
+	m := New(counts{7, 9})
 	m.Attempt("join", "rejected", "MEASUREMENT_MISMATCH")
 	m.Attempt("join", "accepted", "")
 	m.Latency("join", "total", 3*time.Millisecond)
@@ -51,6 +51,7 @@ func TestServeExposesJoinMetrics(t *testing.T) {
 		`berth_joinservice_duration_seconds_bucket{rpc="join",stage="total",le="0.005"} 1`,
 		`berth_joinservice_in_flight 1`,
 		`berth_joinservice_ledger_dropped_total 7`,
+		`berth_joinservice_ledger_superseded_total 9`,
 		`berth_joinservice_policy_reloads_total{result="rejected"} 1`,
 		`go_goroutines`,
 	} {
@@ -59,3 +60,8 @@ func TestServeExposesJoinMetrics(t *testing.T) {
 		}
 	}
 }
+
+type counts struct{ dropped, superseded uint64 }
+
+func (c counts) Dropped() uint64    { return c.dropped }
+func (c counts) Superseded() uint64 { return c.superseded }

@@ -168,7 +168,7 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	journal := ledger.NewWriter(client, o.namespace, o.replica, log.Named("ledger"))
-	m := metrics.New(journal.Dropped)
+	m := metrics.New(journal)
 	if holder != nil {
 		creds = server.RecordHandshakes(creds, journal, m)
 	}
