@@ -467,7 +467,8 @@ func (w *WebhookInstaller) exemptNamespaces() []string {
 
 func (w *WebhookInstaller) deployment() *unstructured.Unstructured {
 	labels := webhookLabels()
-	handlerDeadline := time.Duration(w.cfg.TimeoutSeconds-1)*time.Second + 500*time.Millisecond
+	// W8: the handler answers one second before the API server would give up.
+	handlerDeadline := time.Duration(w.cfg.TimeoutSeconds-1) * time.Second
 	if w.cfg.TimeoutSeconds <= 1 {
 		handlerDeadline = 500 * time.Millisecond
 	}
@@ -518,7 +519,9 @@ func (w *WebhookInstaller) deployment() *unstructured.Unstructured {
 							map[string]any{"name": "https", "containerPort": webhookPort, "protocol": "TCP"},
 							map[string]any{"name": "probes", "containerPort": webhookProbePort, "protocol": "TCP"},
 						},
-						"readinessProbe": httpProbe("/readyz", 2, 1),
+						// /readyz flips at once on SIGTERM; the threshold only rides out a slow probe on a
+						// loaded node (the endpoint is marked terminating on deletion anyway).
+						"readinessProbe": httpProbe("/readyz", 2, 2),
 						"livenessProbe":  httpProbe("/livez", 10, 3),
 						"startupProbe":   httpProbe("/livez", 1, 120),
 						"securityContext": map[string]any{
