@@ -122,8 +122,12 @@ func TestInstallFailsClosed(t *testing.T) {
 
 	e.runner.setForeign(true)
 	e.runner.setPaused(false)
+	// The installer has applied the backend; wait for the pods so that the budget goes to the probes.
+	if err := e.runner.waitReadyEndpoints(ctxFor(t, time.Minute), 2); err != nil {
+		t.Fatal(err)
+	}
 	start = time.Now()
-	_, err = newInstaller(t, e, 6*time.Second).Install(ctxFor(t, time.Minute))
+	_, err = newInstaller(t, e, 5*time.Second).Install(ctxFor(t, time.Minute))
 	if !errors.Is(err, components.ErrWebhookTLSMismatch) {
 		t.Fatalf("install with pods serving a foreign certificate = %v, want ErrWebhookTLSMismatch", err)
 	}
