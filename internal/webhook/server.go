@@ -75,6 +75,8 @@ type Server struct {
 
 	reloadMu  sync.Mutex
 	policyRaw []byte
+	// rejected is the last policy file content that did not parse; it is reported once.
+	rejected []byte
 
 	selfAddr atomic.Pointer[string]
 }
@@ -141,10 +143,15 @@ func (s *Server) reloadPolicy() error {
 	if s.policyRaw != nil && bytes.Equal(raw, s.policyRaw) {
 		return nil
 	}
+	if s.rejected != nil && bytes.Equal(raw, s.rejected) {
+		return nil
+	}
 	p, err := ParsePolicy(raw)
 	if err != nil {
+		s.rejected = raw
 		return err
 	}
+	s.rejected = nil
 	s.policyRaw = raw
 	s.handler.SetPolicy(p)
 	s.log.Info("image policy loaded", zap.Int("rules", len(p.Rules)))

@@ -316,6 +316,27 @@ func TestReadinessGating(t *testing.T) {
 	}
 }
 
+// TestBadPolicyKeepsTheLoadedOne: a policy file that stops parsing leaves the loaded policy in force.
+func TestBadPolicyKeepsTheLoadedOne(t *testing.T) {
+	r := startServer(t, 0, true)
+	waitFor(t, "ready", func() bool { c, _ := r.readyz(t); return c == http.StatusOK })
+	if err := os.WriteFile(filepath.Join(r.dir, "policy.yaml"), []byte("rules: [{name: BAD}]"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// The reload loop (every 20 ms here) sees the bad file and reports it once; later rounds are quiet.
+	time.Sleep(200 * time.Millisecond)
+	if err := r.s.Reload(); err != nil {
+		t.Fatalf("Reload of an already reported bad policy = %v", err)
+	}
+	_, resp := call(t, r.s.Handler(), review(admissionv1.Create, "default", "Pod", "", pod("berth.local/a", false), ""))
+	if !resp.Allowed {
+		t.Fatal("the loaded policy was dropped")
+	}
+	if c, _ := r.readyz(t); c != http.StatusOK {
+		t.Fatal("not ready after a bad policy update")
+	}
+}
+
 // TestRotationWithoutRestart: a new keypair on disk is served without a restart and readiness follows it.
 func TestRotationWithoutRestart(t *testing.T) {
 	r := startServer(t, 0, true)
