@@ -15,7 +15,7 @@ help: ## list targets
 # Release tags: berthrelease keeps the TPM simulator out; berth_noqpl keeps go-tdx-qpl (AGPL-3.0) out of
 # the binaries that never open a TDX device. Only the bootstrapper links it, for the legacy TDX backend.
 build: ## build every binary into bin/
-	CGO_ENABLED=0 $(GO) build -trimpath -tags berthrelease,berth_noqpl -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berth ./joinservice/cmd/joinservice
+	CGO_ENABLED=0 $(GO) build -trimpath -tags berthrelease,berth_noqpl -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berth ./cmd/berth-webhook ./joinservice/cmd/joinservice
 	CGO_ENABLED=0 $(GO) build -trimpath -tags berthrelease -ldflags '$(LDFLAGS)' -o $(BIN)/ ./bootstrapper/cmd/bootstrapper
 
 tools: ## build pinned tools (buf, protoc plugins, staticcheck) into .tools/bin

@@ -366,14 +366,10 @@ func TestMiniAttestedInit(t *testing.T) {
 
 // TestMiniTamperedWorkerRejected brings up an attested cluster with one genuine and one tampered
 // worker: the genuine one joins, the tampered one (different boot measurement in PCR 4) must be
-// rejected by the joinservice, and up must say so. Attested joins need a joinservice that attests
-// itself; set BERTH_E2E_ATTESTED_JOIN=1 once the bootstrapper supports them.
+// rejected by the joinservice, and up must say so, with the reason the joinservice gave.
 func TestMiniTamperedWorkerRejected(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
-	}
-	if os.Getenv("BERTH_E2E_ATTESTED_JOIN") != "1" {
-		t.Skip("attested joins are not wired in the bootstrapper yet; set BERTH_E2E_ATTESTED_JOIN=1 to run")
 	}
 	root := repoRoot(t)
 	c := &cluster{t: t, root: root, dir: filepath.Join(t.TempDir(), "cluster"), berth: filepath.Join(root, "bin", "berth")}
@@ -391,7 +387,7 @@ func TestMiniTamperedWorkerRejected(t *testing.T) {
 		dumpLogs(t, c.dir)
 		t.Fatalf("berth mini up: %v", err)
 	}
-	if !strings.Contains(out, "tampered t1: rejected") {
-		t.Errorf("up does not report the tampered worker as rejected")
+	if !strings.Contains(out, "tampered t1: rejected") || !strings.Contains(out, "MEASUREMENT_MISMATCH") {
+		t.Errorf("up does not report the tampered worker as rejected with the joinservice's reason")
 	}
 }

@@ -118,7 +118,7 @@ berth mini down removes it.`,
 	fl.StringVar(&f.buildScript, "build-script", "", "script that builds the upstream binaries and prints their bin dirs (default: scripts/build-k8s.sh of the checkout holding the berth binary, else of the current directory)")
 	fl.StringVar(&f.cacheDir, "cache", envOr("BERTH_CACHE", "/var/cache/berth"), "build and image cache (also $BERTH_CACHE)")
 	fl.StringVar(&f.bootstrapper, "bootstrapper", "", "bootstrapper binary (default: bootstrapper next to the berth binary)")
-	fl.StringVar(&f.attestation, "attestation", mini.AttestationInsecureNone, "attestation variant of the bootstrappers: tpm or insecure-none (development only)")
+	fl.StringVar(&f.attestation, "attestation", mini.AttestationTPM, "attestation variant of the bootstrappers: tpm (swtpm per node, EK certificates from a mini-local CA) or insecure-none (development only)")
 	fl.BoolVar(&f.noBootstrap, "no-bootstrap", false, "prepare the nodes but start no bootstrapper")
 	fl.DurationVar(&f.readyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for every node to be Ready after init")
 	return cmd

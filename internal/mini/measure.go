@@ -6,12 +6,16 @@ import (
 	"encoding/hex"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"time"
 )
 
 // BootPCR is the PCR the simulated boot of a mini node measures into (PCR 4 holds the boot
 // loader and kernel on a real machine).
 const BootPCR = 4
+
+// LockPCR is the PCR the bootstrappers' node lock extends the cluster ID into.
+const LockPCR = 15
 
 // bootEvent is what a node's simulated boot measures: the same for every genuine node, different
 // for a tampered one.
@@ -50,8 +54,9 @@ func (c *Cluster) measureBoot(ctx context.Context, n Node) error {
 	return nil
 }
 
-// policyFile is the cluster's attestation policy: the genuine boot in BootPCR, EK certificates
-// rooted in the mini-local CA.
+// policyFile is the cluster's attestation policy, which berth init checks the first node against
+// and the joinservice checks every joining node against: the genuine boot in BootPCR, a lock
+// register that is still zero (a fresh node), EK certificates rooted in the mini-local CA.
 func (c *Cluster) policyFile() []byte {
 	return []byte(fmt.Sprintf(`# Written by berth mini.
 variant: tpm
@@ -60,8 +65,33 @@ measurements:
     expected: %s
     mode: enforce
     source: berth mini simulated boot of a genuine node image
+  %d:
+    expected: %s
+    mode: enforce
+    source: lock register of a fresh node
 trustRoots:
   - file: %s
   - file: %s
-`, BootPCR, ExpectedBootPCR(), c.cfg.TPMCARoot(), c.cfg.TPMCAIntermediate()))
+`, BootPCR, ExpectedBootPCR(), LockPCR, strings.Repeat("00", 32), c.cfg.TPMCARoot(), c.cfg.TPMCAIntermediate()))
+}
+
+// joinPolicyFile is what a joining node demands of the joinservice: the same genuine boot, and a
+// lock register that is set (it runs on a bootstrapped node; the node also checks it holds the
+// cluster ID of the ticket).
+func (c *Cluster) joinPolicyFile() []byte {
+	return []byte(fmt.Sprintf(`# Written by berth mini.
+variant: tpm
+measurements:
+  %d:
+    expected: %s
+    mode: enforce
+    source: berth mini simulated boot of a genuine node image
+  %d:
+    nonZero: true
+    mode: enforce
+    source: the joinservice runs on a bootstrapped node
+trustRoots:
+  - file: %s
+  - file: %s
+`, BootPCR, ExpectedBootPCR(), LockPCR, c.cfg.TPMCARoot(), c.cfg.TPMCAIntermediate()))
 }

@@ -226,5 +226,8 @@ func (c Config) ComponentsDir() string { return filepath.Join(c.Dir, "components
 // PolicyPath is the attestation policy berth init uses (and sends to the cluster).
 func (c Config) PolicyPath() string { return filepath.Join(c.Dir, "policy.yaml") }
 
+// JoinPolicyPath is the policy a joining node checks the joinservice against.
+func (c Config) JoinPolicyPath() string { return filepath.Join(c.Dir, "join-policy.yaml") }
+
 // StatePath is the cluster's state file.
 func (c Config) StatePath() string { return filepath.Join(c.Dir, "state.json") }

@@ -299,6 +299,9 @@ func (c *Cluster) bootstrapper(n Node) error {
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
 		return fmt.Errorf("creating state directory: %w", err)
 	}
+	if err := writeFile(c.cfg.JoinPolicyPath(), c.joinPolicyFile(), 0o644); err != nil {
+		return err
+	}
 	if _, err := c.startDaemon(n.Name, "bootstrapper", Cmd{
 		Path: "nsenter",
 		Args: append(c.nsenter(n.Name), c.cfg.Bootstrapper),
@@ -317,7 +320,7 @@ func (c *Cluster) bootstrapperEnv(n Node) []string {
 	if attestation == "" {
 		attestation = AttestationTPM
 	}
-	return []string{
+	env := []string{
 		"BERTH_METADATA=mini",
 		"BERTH_METADATA_URL=" + c.cfg.MetadataURL(),
 		"BERTH_ATTESTATION=" + attestation,
@@ -339,4 +342,9 @@ func (c *Cluster) bootstrapperEnv(n Node) []string {
 		"BERTH_WEBHOOK_IMAGE=" + c.cfg.WebhookImage, // empty: the webhook is not installed
 		"PATH=" + c.cfg.Bins.K8s + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 	}
+	if attestation == AttestationTPM {
+		// What this node demands of the joinservice before it joins.
+		env = append(env, "BERTH_JOIN_POLICY="+c.cfg.JoinPolicyPath(), fmt.Sprintf("BERTH_LOCK_PCR=%d", LockPCR))
+	}
+	return env
 }
