@@ -88,6 +88,8 @@ type Config struct {
 	CgroupDriver string
 	// KubeProxyMode is kube-proxy's mode; empty leaves kubeadm's default.
 	KubeProxyMode string
+	// KubeProxyConntrackMaxPerCore, when set, is kube-proxy's conntrack.maxPerCore.
+	KubeProxyConntrackMaxPerCore *int32
 	// NeverPull makes kubeadm and kubelet use pre-imported images only.
 	NeverPull bool
 	// KubeletExtraArgs are extra kubelet flags.
@@ -178,14 +180,15 @@ func (i *Initializer) writeConfig(_ context.Context, job *Job) error {
 			Name: job.Self.Name, IP: job.Self.IPs[0], CRISocket: i.cfg.CRISocket,
 			KubeletExtraArgs: i.cfg.KubeletExtraArgs, NeverPull: i.cfg.NeverPull,
 		},
-		ControlPlaneEndpoint: job.ControlPlaneEndpoint,
-		ClusterName:          job.Req.ClusterName,
-		KubernetesVersion:    job.Req.KubernetesVersion,
-		ServiceCIDR:          job.Req.ServiceCIDR,
-		PodCIDR:              job.Req.PodCIDR,
-		CertSANs:             job.Req.CertSANs,
-		CgroupDriver:         i.cfg.CgroupDriver,
-		KubeProxyMode:        i.cfg.KubeProxyMode,
+		ControlPlaneEndpoint:         job.ControlPlaneEndpoint,
+		ClusterName:                  job.Req.ClusterName,
+		KubernetesVersion:            job.Req.KubernetesVersion,
+		ServiceCIDR:                  job.Req.ServiceCIDR,
+		PodCIDR:                      job.Req.PodCIDR,
+		CertSANs:                     job.Req.CertSANs,
+		CgroupDriver:                 i.cfg.CgroupDriver,
+		KubeProxyMode:                i.cfg.KubeProxyMode,
+		KubeProxyConntrackMaxPerCore: i.cfg.KubeProxyConntrackMaxPerCore,
 	})
 	if err != nil {
 		return fmt.Errorf("rendering kubeadm config: %w", err)

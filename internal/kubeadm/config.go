@@ -46,6 +46,9 @@ type InitParams struct {
 	CgroupDriver string
 	// KubeProxyMode is kube-proxy's mode ("nftables", "iptables"); empty leaves kubeadm's default.
 	KubeProxyMode string
+	// KubeProxyConntrackMaxPerCore, when set, is kube-proxy's conntrack.maxPerCore; 0 leaves the
+	// host's nf_conntrack_max alone (needed where nodes share a kernel, as namespace nodes do).
+	KubeProxyConntrackMaxPerCore *int32
 }
 
 // ErrInvalidParams wraps every validation failure of the parameters.
@@ -141,12 +144,18 @@ func InitConfig(p InitParams) ([]byte, error) {
 		FailCgroupV1: &failFalse,
 	}
 	docs := []any{initCfg, clusterCfg, kubeletCfg}
-	if p.KubeProxyMode != "" {
-		docs = append(docs, map[string]any{
+	if p.KubeProxyMode != "" || p.KubeProxyConntrackMaxPerCore != nil {
+		proxy := map[string]any{
 			"apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
 			"kind":       "KubeProxyConfiguration",
-			"mode":       p.KubeProxyMode,
-		})
+		}
+		if p.KubeProxyMode != "" {
+			proxy["mode"] = p.KubeProxyMode
+		}
+		if p.KubeProxyConntrackMaxPerCore != nil {
+			proxy["conntrack"] = map[string]any{"maxPerCore": *p.KubeProxyConntrackMaxPerCore}
+		}
+		docs = append(docs, proxy)
 	}
 	return joinDocs(docs)
 }

@@ -14,15 +14,16 @@ import (
 
 func validInit() InitParams {
 	return InitParams{
-		Node:                 NodeParams{Name: "cp-0", IP: "198.51.100.10", CRISocket: "unix:///run/containerd/containerd.sock", NeverPull: true},
-		ControlPlaneEndpoint: "198.51.100.10:6443",
-		ClusterName:          "berth",
-		KubernetesVersion:    "v1.34.2",
-		ServiceCIDR:          "10.96.0.0/12",
-		PodCIDR:              "10.244.0.0/16",
-		CertSANs:             []string{"198.51.100.10"},
-		CgroupDriver:         "cgroupfs",
-		KubeProxyMode:        "nftables",
+		Node:                         NodeParams{Name: "cp-0", IP: "198.51.100.10", CRISocket: "unix:///run/containerd/containerd.sock", NeverPull: true},
+		ControlPlaneEndpoint:         "198.51.100.10:6443",
+		ClusterName:                  "berth",
+		KubernetesVersion:            "v1.34.2",
+		ServiceCIDR:                  "10.96.0.0/12",
+		PodCIDR:                      "10.244.0.0/16",
+		CertSANs:                     []string{"198.51.100.10"},
+		CgroupDriver:                 "cgroupfs",
+		KubeProxyMode:                "nftables",
+		KubeProxyConntrackMaxPerCore: new(int32),
 	}
 }
 
@@ -61,7 +62,7 @@ func TestInitConfig(t *testing.T) {
 	}
 	for _, want := range []string{"kind: ClusterConfiguration", "kubernetesVersion: v1.34.2", "podSubnet: 10.244.0.0/16",
 		"controlPlaneEndpoint: 198.51.100.10:6443", "kind: KubeletConfiguration", "cgroupDriver: cgroupfs",
-		"failCgroupV1: false", "mode: nftables", "taints: null"} {
+		"failCgroupV1: false", "mode: nftables", "maxPerCore: 0", "taints: null"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("config lacks %q:\n%s", want, out)
 		}

@@ -333,6 +333,8 @@ func (c *Cluster) bootstrapperEnv(n Node) []string {
 		fmt.Sprintf("BERTH_INIT_LISTEN=:%d", InitPort),
 		"BERTH_CGROUP_DRIVER=cgroupfs",
 		"BERTH_KUBE_PROXY_MODE=nftables",
+		// Namespace nodes share the host's kernel: kube-proxy must not size nf_conntrack_max.
+		"BERTH_KUBE_PROXY_CONNTRACK_MAX_PER_CORE=0",
 		"BERTH_NEVER_PULL=true",
 		// Namespace nodes share the host's kernel, swap and hostname rules; kubeadm's checks for a
 		// dedicated machine do not apply.

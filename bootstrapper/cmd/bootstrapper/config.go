@@ -33,6 +33,7 @@ type config struct {
 	criSocket     string
 	cgroupDriver  string
 	kubeProxyMode string
+	conntrackMax  int
 	neverPull     bool
 	componentsDir string
 	joinImage     string
@@ -55,6 +56,7 @@ func defaultConfig() *config {
 		joinPort:      30090,
 		logLevel:      "info",
 		lockPCR:       15,
+		conntrackMax:  -1,
 	}
 }
 
@@ -78,6 +80,7 @@ func (c *config) register(f *pflag.FlagSet) {
 	f.StringVar(&c.criSocket, "cri-socket", c.criSocket, "container runtime endpoint")
 	f.StringVar(&c.cgroupDriver, "cgroup-driver", c.cgroupDriver, "kubelet cgroup driver: systemd or cgroupfs (default: systemd with --kubelet=systemd, else cgroupfs)")
 	f.StringVar(&c.kubeProxyMode, "kube-proxy-mode", c.kubeProxyMode, "kube-proxy mode (nftables, iptables); empty keeps kubeadm's default")
+	f.IntVar(&c.conntrackMax, "kube-proxy-conntrack-max-per-core", c.conntrackMax, "kube-proxy's conntrack.maxPerCore; 0 leaves the host's nf_conntrack_max alone (nodes sharing a kernel), -1 keeps kube-proxy's default")
 	f.BoolVar(&c.neverPull, "never-pull", c.neverPull, "never pull images: every image is pre-imported into the container runtime")
 	f.StringVar(&c.componentsDir, "components-dir", c.componentsDir, "directory of extra manifests (e.g. the pod network) applied after kubeadm init")
 	f.StringVar(&c.joinImage, "joinservice-image", c.joinImage, "container image of the joinservice DaemonSet")
@@ -144,6 +147,9 @@ func (c *config) validate() error {
 			errs = append(errs, fmt.Errorf("--kubelet-extra-args %q: want NAME=VALUE", a))
 		}
 	}
+	if c.conntrackMax < -1 {
+		errs = append(errs, fmt.Errorf("--kube-proxy-conntrack-max-per-core %d: want -1 or more", c.conntrackMax))
+	}
 	switch c.logLevel {
 	case "debug", "info", "warn", "error":
 	default:
@@ -159,4 +165,12 @@ func (c *config) kubeletExtraArgs() [][2]string {
 		out = append(out, [2]string{strings.TrimPrefix(name, "--"), value})
 	}
 	return out
+}
+
+func (c *config) kubeProxyConntrackMaxPerCore() *int32 {
+	if c.conntrackMax < 0 {
+		return nil
+	}
+	v := int32(c.conntrackMax)
+	return &v
 }

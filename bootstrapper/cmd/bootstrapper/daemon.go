@@ -106,6 +106,7 @@ func daemon(ctx context.Context, cfg *config) error {
 	initer := initcluster.New(initcluster.Config{
 		StateDir: cfg.stateDir, KubernetesDir: cfg.kubernetesDir, CRISocket: cfg.criSocket, CgroupDriver: cfg.cgroupDriver,
 		KubeProxyMode: cfg.kubeProxyMode, NeverPull: cfg.neverPull, KubeletExtraArgs: cfg.kubeletExtraArgs(),
+		KubeProxyConntrackMaxPerCore: cfg.kubeProxyConntrackMaxPerCore(),
 	}, fs, meta, adm, kube, apiserver.Waiter{}, components.New(components.Config{
 		ManifestDir: cfg.componentsDir, JoinServiceImage: cfg.joinImage, ImagePullPolicy: pullPolicy(cfg.neverPull),
 		JoinServiceEnv: map[string]string{
