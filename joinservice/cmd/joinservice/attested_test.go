@@ -1,0 +1,193 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/berth-k8s/berth/bootstrapper/components"
+	"github.com/berth-k8s/berth/bootstrapper/joinclient"
+	"github.com/berth-k8s/berth/internal/attestation/choose"
+	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
+	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/joinproto"
+	"github.com/berth-k8s/berth/joinservice/apiservertest"
+	"github.com/berth-k8s/berth/joinservice/ledger"
+)
+
+func indent(s, prefix string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	for i := range lines {
+		lines[i] = prefix + lines[i]
+	}
+	return strings.Join(lines, "\n") + "\n"
+}
+
+// TestAttestedBinaryPolicyHotReload runs the real joinservice binary with swtpm attestation against
+// a real API server: a genuine node joins; an update of the cluster policy in ConfigMap
+// berth-join-config takes effect without a restart (the same node is now refused, naming PCR 4); a
+// malformed update is refused with a PolicyRejected Event and the policy in force stays; the ledger
+// holds every attempt with the digest of the node's evidence.
+func TestAttestedBinaryPolicyHotReload(t *testing.T) {
+	swCA := vtpmtest.NewSwtpmCA(t) // skips without swtpm
+	env := apiservertest.Shared(t) // skips without kube-apiserver and etcd
+	ctx := context.Background()
+	started := time.Now().Add(-time.Second)
+
+	serviceTPM := vtpmtest.StartSwtpm(t, swCA)                                           // the CA's files exist from here on
+	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)) // as InstallBerth
+	if err := vtpm.NewLockRegister(serviceTPM.Open, 15).MarkBootstrapped(ctx, keys.ClusterID()); err != nil {
+		t.Fatal(err)
+	}
+	nodeTPM := vtpmtest.StartSwtpm(t, swCA)
+
+	zero, ones := strings.Repeat("00", 32), strings.Repeat("11", 32)
+	roots := "trustRoots:\n  - pem: |\n" + indent(string(swCA.RootPEM(t))+string(swCA.IssuerPEM(t)), "      ")
+	clusterPolicy := func(pcr4 string) string {
+		return "variant: tpm\nmeasurements:\n  4: {expected: " + pcr4 + ", source: the image}\n  15: {expected: " + zero + ", source: fresh node}\n" + roots
+	}
+	if err := env.InstallBerth(ctx, clusterPolicy(zero)); err != nil {
+		t.Fatal(err)
+	}
+	joinPolicy, err := policy.Parse([]byte("variant: tpm\nmeasurements:\n  4: {expected: "+zero+", source: the image}\n  15: {nonZero: true, source: bootstrapped}\n"+roots), "join policy", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "joinservice")
+	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("building the joinservice: %v\n%s", err, out)
+	}
+	pki := filepath.Join(dir, "pki")
+	writePKI(t, pki)
+	meta := filepath.Join(dir, "metadata.yaml")
+	if err := os.WriteFile(meta, []byte("self: {name: cp-0, role: control-plane, ips: [198.51.100.10]}\npeers:\n  - {name: worker-9, role: worker, ips: [127.0.0.1]}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig, err := env.WriteKubeconfig(apiservertest.JoinServiceUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := freeAddr(t)
+	var logs bytes.Buffer
+	cmd := exec.Command(bin, "--attestation=tpm", "--tpm="+serviceTPM.Spec, "--metadata=static", "--metadata-file="+meta,
+		"--kubeconfig="+kubeconfig, "--listen="+addr, "--metrics-listen=", "--pki-dir="+pki, "--replica=cp-0")
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			_ = cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("joinservice log:\n%s", logs.String())
+		}
+	}()
+
+	join := func() (*joinproto.IssueJoinTicketResponse, error) {
+		validator, err := choose.NewValidator(joinPolicy, zap.NewNop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		dial, err := joinclient.NewAttestedDial(vtpm.NewIssuer(nodeTPM.Open, zap.NewNop()), validator, joinclient.LockRegisterCheck(15, vtpm.ExpectedLockValue))
+		if err != nil {
+			t.Fatal(err)
+		}
+		client, closer, err := dial(ctx, addr)
+		if err != nil {
+			return nil, err
+		}
+		defer closer.Close()
+		return client.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_WORKER})
+	}
+	var resp *joinproto.IssueJoinTicketResponse
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if resp, err = join(); err == nil || status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil || resp.GetNodeName() != "worker-9" {
+		t.Fatalf("genuine join: %v", err)
+	}
+
+	admin := env.Client(t, apiservertest.AdminUser)
+	cms := admin.CoreV1().ConfigMaps(components.Namespace)
+	setPolicy := func(doc string) {
+		cm, err := cms.Get(ctx, components.JoinConfigName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cm.Data["attestationPolicy"] = doc
+		if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitEvent := func(reason string) corev1.Event {
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			evs, err := admin.CoreV1().Events(components.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + reason})
+			if err == nil && len(evs.Items) > 0 {
+				return evs.Items[len(evs.Items)-1]
+			}
+		}
+		t.Fatalf("no %s event", reason)
+		return corev1.Event{}
+	}
+
+	setPolicy(clusterPolicy(ones))
+	t.Logf("event: %s", waitEvent("PolicyApplied").Message)
+	_, err = join()
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), "index 4") {
+		t.Fatalf("join after the policy update = %v, want PermissionDenied naming index 4", err)
+	}
+
+	setPolicy("variant: tpm\nmeasurements: {4: [")
+	t.Logf("event: %s", waitEvent("PolicyRejected").Message)
+	_, err = join()
+	if status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), "index 4") {
+		t.Fatalf("join after a malformed update = %v, want the previous policy's PermissionDenied naming index 4", err)
+	}
+
+	var mine []ledger.Entry
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && len(mine) < 3; time.Sleep(100 * time.Millisecond) {
+		entries, _ := ledger.Read(ctx, admin, components.Namespace)
+		mine = mine[:0]
+		for _, e := range entries {
+			if e.Peer == "127.0.0.1" && e.RPC == "join" && e.Time.After(started) { // a rejected node is not attested: no name
+				mine = append(mine, e)
+			}
+		}
+	}
+	if len(mine) != 3 || mine[0].Outcome != ledger.OutcomeAccepted || mine[1].Reason != "MEASUREMENT_MISMATCH" || mine[2].Reason != "MEASUREMENT_MISMATCH" {
+		t.Fatalf("ledger entries from the node: %+v", mine)
+	}
+	for _, e := range mine {
+		if len(e.EvidenceSHA256) != 64 {
+			t.Fatalf("ledger entry without evidence digest: %+v", e)
+		}
+	}
+	if mine[0].EvidenceSHA256 == mine[1].EvidenceSHA256 {
+		t.Fatal("two handshakes share an evidence digest: evidence is not fresh per connection")
+	}
+}
