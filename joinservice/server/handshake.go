@@ -28,7 +28,6 @@ const (
 // HandshakeJournal records handshake failures (ledger.Writer).
 type HandshakeJournal interface {
 	Record(ledger.Entry)
-	RecordCounted(peer, reason string)
 }
 
 // handshakeReasons maps named validation errors to reason codes, most specific first.
@@ -58,11 +57,12 @@ func HandshakeReason(err error) string {
 	return ReasonHandshakeFailed
 }
 
-// RecordHandshakes wraps server transport credentials so that every failed handshake reaches the join
-// ledger and the metrics (RPC "handshake"): attestation verdicts as single entries with their reason
-// and message, other failures counted per peer (see ledger.Writer.RecordCounted), since anyone can
-// cause those. Attestation verdicts are bounded by atls's handshake rate limit. The evidence digest
-// is not known here: atls reports evidence to its observer without the peer's address.
+// RecordHandshakes wraps server transport credentials so that every attestation refused in the
+// handshake reaches the join ledger (RPC "handshake", with its reason and message) and the metrics.
+// Attestation verdicts are bounded by atls's handshake rate limit. Other handshake failures only
+// count in the metrics (reason HANDSHAKE_FAILED): every join's identity probe ends as one (the client
+// closes the probe connection once it has the identity), and anyone can cause them. The evidence
+// digest is not known here: atls reports evidence to its observer without the peer's address.
 func RecordHandshakes(creds credentials.TransportCredentials, j HandshakeJournal, obs Observer) credentials.TransportCredentials {
 	if obs == nil {
 		obs = nopObserver{}
@@ -89,9 +89,7 @@ func (c *recordingCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.Au
 	}
 	reason := HandshakeReason(err)
 	c.obs.Attempt("handshake", ledger.OutcomeRejected, reason)
-	if reason == ReasonHandshakeFailed {
-		c.journal.RecordCounted(peer, reason)
-	} else {
+	if reason != ReasonHandshakeFailed {
 		c.journal.Record(ledger.Entry{
 			Time: time.Now().UTC(), Peer: peer, RPC: "handshake", Outcome: ledger.OutcomeRejected, Reason: reason, Message: err.Error(),
 		})
