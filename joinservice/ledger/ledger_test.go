@@ -117,9 +117,15 @@ func TestConflictIsRetriedWithoutLosingEntries(t *testing.T) {
 	if len(es) != 4 {
 		t.Fatalf("entries %+v", es)
 	}
-	evs, err := c.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
-	if err != nil || len(evs.Items) != 2 {
-		t.Fatalf("events: %v %v", evs, err)
+	// Events follow the ConfigMap write.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		evs, err := c.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
+		if err == nil && len(evs.Items) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("events: %v %v", evs, err)
+		}
 	}
 }
 
