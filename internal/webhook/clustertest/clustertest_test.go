@@ -20,7 +20,9 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
@@ -157,20 +159,17 @@ func TestInstallFailsClosed(t *testing.T) {
 	e.runner.setPortName("https")
 }
 
-var armOnce sync.Once
-
-// armed installs the webhook once per test binary (tests may run alone).
+// armed installs the webhook unless it is armed already (tests may run alone or after an uninstall).
 func armed(tb testing.TB, e *env) {
 	tb.Helper()
-	var err error
-	armOnce.Do(func() {
-		t5Objects(tb, e)
-		e.runner.setPaused(false)
-		start := time.Now()
-		var res components.WebhookResult
-		res, err = newInstaller(tb, e, 2*time.Minute).Install(ctxFor(tb, 3*time.Minute))
-		tb.Logf("install: %s, %d writes, endpoints probed: %v", time.Since(start).Round(time.Millisecond), len(res.Writes), res.ProbedEndpoints)
-	})
+	t5Objects(tb, e)
+	if configExists(tb, e) {
+		return
+	}
+	e.runner.setPaused(false)
+	start := time.Now()
+	res, err := newInstaller(tb, e, 2*time.Minute).Install(ctxFor(tb, 3*time.Minute))
+	tb.Logf("install: %s, %d writes, endpoints probed: %v", time.Since(start).Round(time.Millisecond), len(res.Writes), res.ProbedEndpoints)
 	if err != nil {
 		tb.Fatalf("install: %v", err)
 	}
@@ -708,4 +707,113 @@ func webhookHistogram(tb testing.TB, e *env) map[string]float64 {
 		}
 	}
 	return out
+}
+
+// TestPausedConfigurationIsLeftAlone: the operator's break-glass marker on the configuration makes the
+// installer leave it as it is, even when its desired spec differs (B11).
+func TestPausedConfigurationIsLeftAlone(t *testing.T) {
+	e := sharedEnv(t)
+	armed(t, e)
+	ctx := ctxFor(t, 2*time.Minute)
+	vwcs := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	paused, err := vwcs.Patch(ctx, components.WebhookConfigName, types.MergePatchType,
+		[]byte(`{"metadata":{"annotations":{"`+components.WebhookPausedAnnotation+`":"true"}}}`), metav1.PatchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := components.NewWebhookInstaller(components.WebhookConfig{
+		Image: "berth.local/berth-webhook:test", ImagePullPolicy: "Never", TimeoutSeconds: 7,
+		Budget: time.Minute, StableInterval: 300 * time.Millisecond, MaxBackoff: time.Second,
+	}, e.kube, e.dyn, logWriter{t})
+	if _, err := w.Install(ctx); err != nil {
+		t.Fatal(err)
+	}
+	after, err := vwcs.Get(ctx, components.WebhookConfigName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.ResourceVersion != paused.ResourceVersion {
+		t.Fatal("the installer changed a paused configuration")
+	}
+	if _, err := vwcs.Patch(ctx, components.WebhookConfigName, types.JSONPatchType,
+		[]byte(`[{"op":"remove","path":"/metadata/annotations/`+strings.ReplaceAll(components.WebhookPausedAnnotation, "/", "~1")+`"}]`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// The Deployment got the other handler deadline; put the default back.
+	if _, err := newInstaller(t, e, 2*time.Minute).Install(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUninstallOrder is T13: the configuration is deleted, and confirmed gone, before the backend.
+func TestUninstallOrder(t *testing.T) {
+	e := sharedEnv(t)
+	armed(t, e)
+	ctx := ctxFor(t, 2*time.Minute)
+	vw, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vw.Stop()
+	dw, err := e.kube.AppsV1().Deployments(components.Namespace).Watch(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dw.Stop()
+	if err := newInstaller(t, e, time.Minute).Uninstall(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The two watches deliver independently; the deletions' resourceVersions (etcd revisions, in this
+	// API server) order them.
+	deleted := map[string]int64{}
+	for len(deleted) < 2 {
+		select {
+		case ev := <-vw.ResultChan():
+			if ev.Type == "DELETED" {
+				deleted["configuration"] = revision(t, ev.Object)
+			}
+		case ev := <-dw.ResultChan():
+			if ev.Type == "DELETED" {
+				deleted["deployment"] = revision(t, ev.Object)
+			}
+		case <-ctx.Done():
+			t.Fatalf("deletions seen: %v", deleted)
+		}
+	}
+	order := []string{"configuration", "deployment"}
+	if deleted["configuration"] > deleted["deployment"] {
+		t.Fatalf("deleted at revisions %v, want the configuration first", deleted)
+	}
+	if configExists(t, e) {
+		t.Fatal("configuration still there")
+	}
+	t.Logf("deleted in order: %v", order)
+	// The namespace controller's part (there is no controller-manager): empty and finalize the
+	// canary namespace, so that a later install can create it again.
+	_ = e.kube.CoreV1().ServiceAccounts(components.WebhookCanaryNamespace).Delete(ctx, "berth-webhook-canary", metav1.DeleteOptions{})
+	if ns, err := e.kube.CoreV1().Namespaces().Get(ctx, components.WebhookCanaryNamespace, metav1.GetOptions{}); err == nil {
+		ns.Spec.Finalizers = nil
+		if _, err := e.kube.CoreV1().Namespaces().Finalize(ctx, ns, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The backend's pods belong to the harness: stop them, then re-arm for whatever runs next.
+	e.runner.setPaused(true)
+	if err := e.runner.killAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.runner.setPaused(false)
+}
+
+func revision(tb testing.TB, obj runtime.Object) int64 {
+	tb.Helper()
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	rv, err := strconv.ParseInt(m.GetResourceVersion(), 10, 64)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return rv
 }

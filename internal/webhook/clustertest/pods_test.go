@@ -106,6 +106,10 @@ func (r *podRunner) loop(ctx context.Context) {
 		}
 		dep, err := r.kube.AppsV1().Deployments(components.Namespace).Get(ctx, components.WebhookName, metav1.GetOptions{})
 		if err != nil {
+			// No Deployment (not applied yet, or uninstalled): keep the endpoints in line only.
+			r.reapExited()
+			r.probeAll(ctx)
+			_ = r.sync(ctx, false)
 			continue
 		}
 		r.reapExited()
@@ -126,7 +130,9 @@ func (r *podRunner) loop(ctx context.Context) {
 			}
 		}
 		r.probeAll(ctx)
-		_ = r.sync(ctx)
+		// A changed template is only acknowledged: the processes keep their arguments until the
+		// next rolling restart.
+		_ = r.sync(ctx, dep.Status.ObservedGeneration < dep.Generation)
 	}
 }
 
@@ -233,8 +239,9 @@ func (r *podRunner) startPod(ctx context.Context, dep *appsv1.Deployment) (*fake
 	return p, nil
 }
 
-// sync writes the EndpointSlice and the Deployment status from the pods' state, when it changed.
-func (r *podRunner) sync(ctx context.Context) error {
+// sync writes the EndpointSlice and the Deployment status from the pods' state, when it changed or
+// force is set.
+func (r *podRunner) sync(ctx context.Context, force bool) error {
 	r.mu.Lock()
 	port, portName, proto := int32(8443), r.portName, corev1.ProtocolTCP
 	slice := &discoveryv1.EndpointSlice{
@@ -264,7 +271,7 @@ func (r *podRunner) sync(ctx context.Context) error {
 	key := strings.Join(state, ",")
 	changed := key != r.lastSync
 	r.mu.Unlock()
-	if !changed {
+	if !changed && !force {
 		return nil
 	}
 	slices := r.kube.DiscoveryV1().EndpointSlices(components.Namespace)
@@ -287,6 +294,9 @@ func (r *podRunner) sync(ctx context.Context) error {
 	deps := r.kube.AppsV1().Deployments(components.Namespace)
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		dep, err := deps.Get(ctx, components.WebhookName, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
