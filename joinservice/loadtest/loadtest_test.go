@@ -278,7 +278,28 @@ func TestJoinLoad(t *testing.T) {
 	setMeasurements(zero)
 	_ = run(time.Second) // warm-up: connections, caches
 	heap0 := heapMB()
+	// Long runs sample the heap every 30 s to show whether memory stays flat.
+	sampleCtx, stopSampling := context.WithCancel(context.Background())
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(30 * time.Second)
+		defer tick.Stop()
+		start := time.Now()
+		for {
+			select {
+			case <-sampleCtx.Done():
+				return
+			case <-tick.C:
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				fmt.Printf("t=%.0fs heap in use %.1f MB, goroutines %d\n", time.Since(start).Seconds(), float64(ms.HeapInuse)/(1<<20), runtime.NumGoroutine())
+			}
+		}
+	}()
 	acc := run(duration)
+	stopSampling()
+	<-sampled
 	heap1 := heapMB()
 	setMeasurements(ones)
 	rej := run(duration / 2)

@@ -71,7 +71,13 @@ platform's metadata.
 
 With attestation, every connection is mutual attested TLS: this node proves it runs the cluster's
 image and is bootstrapped, the joining node proves what it runs, and the cluster's attestation
-policy (ConfigMap berth-join-config) decides; a rejected node is told which measurement deviated.
+policy (ConfigMap berth-join-config, reloaded on every change; a bad update is refused with an
+Event and the old policy stays) decides; a rejected node is told which measurement deviated.
+
+Every attempt goes to the join ledger (ConfigMap berth-join-ledger and Events on it; berth status
+prints it). Calls are rate-limited per peer address and overall (--rate-*); control-plane joins are
+serialized across replicas with Lease berth-control-plane-join. Prometheus metrics and /healthz are
+served on --metrics-listen.
 
 --metadata, --metadata-url, --metadata-file, --attestation and --tpm default to BERTH_METADATA,
 BERTH_METADATA_URL, BERTH_METADATA_FILE, BERTH_ATTESTATION and BERTH_TPM.`,
