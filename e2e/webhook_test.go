@@ -158,7 +158,16 @@ func TestMiniWebhook(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.kube("-n", "berth-system", "scale", "deployment/berth-webhook", "--replicas=0")
-	c.kube("-n", "berth-system", "wait", "--for=delete", "pod", "-l", "app.kubernetes.io/name=berth-webhook", "--timeout=120s")
+	for {
+		list, err := kube.CoreV1().Pods("berth-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=berth-webhook"})
+		if err == nil && len(list.Items) == 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("webhook pods did not go away: %v", err)
+		}
+		time.Sleep(time.Second)
+	}
 	c.kube("-n", "wh", "delete", "pod", "plain", "--wait=false")
 	c.kube("-n", "wh", "delete", "pod", "held", "--wait=false")
 	c.kube("-n", "wh", "patch", "pod", "held", "--type=json", `-p=[{"op":"remove","path":"/metadata/finalizers"}]`)
