@@ -403,6 +403,9 @@ func (w *WebhookInstaller) ensureBackend(ctx context.Context) ([]byte, error) {
 			return nil, err
 		}
 	}
+	if err := w.waitNotTerminating(ctx, WebhookCanaryNamespace); err != nil {
+		return nil, err
+	}
 	secret, caPEM, err := w.tlsSecret(ctx)
 	if err != nil {
 		return nil, err
@@ -417,6 +420,28 @@ func (w *WebhookInstaller) ensureBackend(ctx context.Context) ([]byte, error) {
 		}
 	}
 	return caPEM, nil
+}
+
+// waitNotTerminating waits until the namespace is not being deleted (a previous uninstall's canary
+// namespace still terminating), so that it can be created again.
+func (w *WebhookInstaller) waitNotTerminating(ctx context.Context, name string) error {
+	err := w.retry(ctx, func() (bool, error) {
+		ns, err := w.kube.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return true, nil
+		}
+		if err != nil {
+			return false, err
+		}
+		if ns.DeletionTimestamp == nil {
+			return true, nil
+		}
+		return false, fmt.Errorf("namespace %s is still terminating", name)
+	})
+	if err != nil {
+		return failure(ErrWebhookApply, "check what keeps the namespace from being deleted (kubectl get namespace "+name+" -o yaml)", "%v", err)
+	}
+	return nil
 }
 
 func webhookLabels() map[string]any {

@@ -8,6 +8,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strconv"
@@ -788,15 +789,7 @@ func TestUninstallOrder(t *testing.T) {
 		t.Fatal("configuration still there")
 	}
 	t.Logf("deleted in order: %v", order)
-	// The namespace controller's part (there is no controller-manager): empty and finalize the
-	// canary namespace, so that a later install can create it again.
-	_ = e.kube.CoreV1().ServiceAccounts(components.WebhookCanaryNamespace).Delete(ctx, "berth-webhook-canary", metav1.DeleteOptions{})
-	if ns, err := e.kube.CoreV1().Namespaces().Get(ctx, components.WebhookCanaryNamespace, metav1.GetOptions{}); err == nil {
-		ns.Spec.Finalizers = nil
-		if _, err := e.kube.CoreV1().Namespaces().Finalize(ctx, ns, metav1.UpdateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	finalizeCanary(t, e)
 	// The backend's pods belong to the harness: stop them, then re-arm for whatever runs next.
 	e.runner.setPaused(true)
 	if err := e.runner.killAll(ctx); err != nil {
@@ -816,4 +809,69 @@ func revision(tb testing.TB, obj runtime.Object) int64 {
 		tb.Fatal(err)
 	}
 	return rv
+}
+
+// TestResumeAfterInterruption approximates B10's "crash at any step": from a clean state (no
+// configuration, no backend), installs are cut off after growing deadlines, then one full install
+// must converge: enforcing, and a further run writes nothing. Needs BERTH_WEBHOOK_LOAD=1. (A cut here is a context deadline, so
+// an interrupted end-to-end check still rolls back; a killed process would leave the canary stage,
+// which the next run re-arms the same way.)
+func TestResumeAfterInterruption(t *testing.T) {
+	if os.Getenv("BERTH_WEBHOOK_LOAD") != "1" {
+		t.Skip("extended test (about 15 s): set BERTH_WEBHOOK_LOAD=1 (make test-webhook-load)")
+	}
+	e := sharedEnv(t)
+	armed(t, e)
+	ctx := ctxFor(t, 5*time.Minute)
+	if err := newInstaller(t, e, time.Minute).Uninstall(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.runner.setPaused(true)
+	if err := e.runner.killAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	e.runner.setPaused(false)
+	// The canary namespace is terminating; the installer waits for it. Finalize it a little later,
+	// as the namespace controller would.
+	go func() {
+		time.Sleep(500 * time.Millisecond)
+		finalizeCanary(t, e)
+	}()
+	ensureNamespace(t, e.kube, "apps")
+	for cut := 200 * time.Millisecond; cut <= 2*time.Second; cut += 300 * time.Millisecond {
+		cctx, cancel := context.WithTimeout(ctx, cut)
+		res, err := components.NewWebhookInstaller(components.WebhookConfig{
+			Image: "berth.local/berth-webhook:test", ImagePullPolicy: "Never",
+			Budget: time.Minute, StableInterval: 300 * time.Millisecond, MaxBackoff: time.Second, EndToEndWindow: 4 * time.Second,
+		}, e.kube, e.dyn, io.Discard).Install(cctx)
+		cancel()
+		t.Logf("cut after %s: %d writes, configuration present: %v, error: %v", cut, len(res.Writes), configExists(t, e), err)
+	}
+	res, err := newInstaller(t, e, 2*time.Minute).Install(ctx)
+	if err != nil {
+		t.Fatalf("install after the interruptions: %v", err)
+	}
+	_, err = e.kube.CoreV1().Pods("apps").Create(ctx, pod("apps", "resumed", deniedImage), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+	if err == nil || !strings.Contains(err.Error(), denyMarker) {
+		t.Fatalf("not enforcing after the resumed install: %v", err)
+	}
+	again, err := newInstaller(t, e, time.Minute).Install(ctx)
+	if err != nil || len(again.Writes) != 0 {
+		t.Fatalf("run after convergence: %v, writes %v", err, again.Writes)
+	}
+	t.Logf("converged: the resumed install wrote %v; the next one nothing", res.Writes)
+}
+
+// finalizeCanary does the namespace controller's part (there is no controller-manager): empty and
+// finalize the terminating canary namespace.
+func finalizeCanary(tb testing.TB, e *env) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_ = e.kube.CoreV1().ServiceAccounts(components.WebhookCanaryNamespace).Delete(ctx, "berth-webhook-canary", metav1.DeleteOptions{})
+	if ns, err := e.kube.CoreV1().Namespaces().Get(ctx, components.WebhookCanaryNamespace, metav1.GetOptions{}); err == nil && ns.DeletionTimestamp != nil {
+		ns.Spec.Finalizers = nil
+		if _, err := e.kube.CoreV1().Namespaces().Finalize(ctx, ns, metav1.UpdateOptions{}); err != nil {
+			tb.Error(err)
+		}
+	}
 }
