@@ -18,7 +18,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -136,7 +135,7 @@ func heapMB() float64 {
 
 type phaseResult struct {
 	ok, rejected, failed int
-	lat                  []time.Duration
+	lat                  *histogram
 	elapsed              time.Duration
 	cpu                  float64
 }
@@ -241,7 +240,7 @@ func TestJoinLoad(t *testing.T) {
 
 	run := func(d time.Duration) phaseResult {
 		var mu sync.Mutex
-		var res phaseResult
+		res := phaseResult{lat: newHistogram()}
 		cpu0, start := cpuSeconds(pids), time.Now()
 		deadline := start.Add(d)
 		var wg sync.WaitGroup
@@ -249,7 +248,6 @@ func TestJoinLoad(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				var lat []time.Duration
 				ok, rej, failed := 0, 0, 0
 				for time.Now().Before(deadline) {
 					t0 := time.Now()
@@ -257,7 +255,7 @@ func TestJoinLoad(t *testing.T) {
 					switch {
 					case err == nil:
 						ok++
-						lat = append(lat, time.Since(t0))
+						res.lat.add(time.Since(t0))
 					case strings.Contains(err.Error(), "index 4"):
 						rej++
 					default:
@@ -266,7 +264,6 @@ func TestJoinLoad(t *testing.T) {
 				}
 				mu.Lock()
 				res.ok, res.rejected, res.failed = res.ok+ok, res.rejected+rej, res.failed+failed
-				res.lat = append(res.lat, lat...)
 				mu.Unlock()
 			}()
 		}
@@ -304,13 +301,7 @@ func TestJoinLoad(t *testing.T) {
 	setMeasurements(ones)
 	rej := run(duration / 2)
 
-	sort.Slice(acc.lat, func(i, j int) bool { return acc.lat[i] < acc.lat[j] })
-	pct := func(p float64) float64 {
-		if len(acc.lat) == 0 {
-			return 0
-		}
-		return float64(acc.lat[int(p*float64(len(acc.lat)-1))].Microseconds()) / 1000
-	}
+	pct := func(p float64) float64 { return float64(acc.lat.quantile(p).Microseconds()) / 1000 }
 	joinsPerSec := float64(acc.ok) / acc.elapsed.Seconds()
 	cpuAcc, cpuRej := acc.cpu/float64(max(acc.ok, 1)), rej.cpu/float64(max(rej.rejected, 1))
 	fmt.Printf("tokens=%s ca=%s clients=%d duration=%s cpus=%d\n", mode, caAlg, clients, duration, runtime.NumCPU())
@@ -325,4 +316,36 @@ func TestJoinLoad(t *testing.T) {
 // atlsLimitsOff lifts the server's rate limits: the harness measures capacity, not the limiter.
 func atlsLimitsOff() atls.Limits {
 	return atls.Limits{PerPeer: 1e9, PerPeerBurst: 1 << 30, Global: 1e9, GlobalBurst: 1 << 30}
+}
+
+// histogram counts latencies in 10 µs buckets up to 2 s (the last bucket holds everything above), so
+// that a long run's memory does not grow with the number of requests.
+type histogram struct{ buckets []atomic.Uint64 }
+
+const histBucket = 10 * time.Microsecond
+
+func newHistogram() *histogram { return &histogram{buckets: make([]atomic.Uint64, 200_000)} }
+
+func (h *histogram) add(d time.Duration) {
+	i := min(int(d/histBucket), len(h.buckets)-1)
+	h.buckets[i].Add(1)
+}
+
+// quantile returns the upper bound of the bucket holding quantile q.
+func (h *histogram) quantile(q float64) time.Duration {
+	var total uint64
+	for i := range h.buckets {
+		total += h.buckets[i].Load()
+	}
+	if total == 0 {
+		return 0
+	}
+	want := uint64(q*float64(total-1)) + 1
+	var seen uint64
+	for i := range h.buckets {
+		if seen += h.buckets[i].Load(); seen >= want {
+			return time.Duration(i+1) * histBucket
+		}
+	}
+	return time.Duration(len(h.buckets)) * histBucket
 }
