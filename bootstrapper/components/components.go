@@ -51,6 +51,8 @@ type Config struct {
 	ImagePullPolicy string
 	// JoinServiceEnv is passed to the joinservice container (metadata provider, attestation variant).
 	JoinServiceEnv map[string]string
+	// WebhookImage is the image-policy webhook's container image; empty leaves the webhook out.
+	WebhookImage string
 	// JoinServiceHostPaths are host paths (the TPM's socket directory or device) mounted into the
 	// joinservice at the same path, so it can attest with this node's TPM.
 	JoinServiceHostPaths []string

@@ -19,7 +19,6 @@ import (
 	mathrand "math/rand/v2"
 	"net"
 	"net/http"
-	"os"
 	"reflect"
 	"slices"
 	"strconv"
@@ -62,10 +61,6 @@ const (
 	webhookShutdownDelay    = 10 * time.Second
 	managedByLabel          = "app.kubernetes.io/managed-by"
 )
-
-// WebhookImageEnv names the environment variable that enables the webhook install in Install and
-// names its image.
-const WebhookImageEnv = "BERTH_WEBHOOK_IMAGE"
 
 // Failure categories of the webhook install (B8). Every error Install returns wraps one of them.
 var (
@@ -195,12 +190,12 @@ func NewWebhookInstaller(cfg WebhookConfig, kube kubernetes.Interface, dyn dynam
 	return &WebhookInstaller{cfg: cfg, kube: kube, dyn: dyn, applier: apply.New(dyn), out: out}
 }
 
-// installWebhook runs the webhook installer when WebhookImageEnv names an image; the policy comes
-// from the init request.
+// installWebhook runs the webhook installer when Config.WebhookImage names an image; the policy
+// comes from the init request.
 func (i *Installer) installWebhook(ctx context.Context, kubeconfigPath string, job *initcluster.Job) error {
-	image := os.Getenv(WebhookImageEnv)
+	image := i.cfg.WebhookImage
 	if image == "" {
-		fmt.Fprintf(job.Out, "[berth] image-policy webhook not installed: %s is not set\n", WebhookImageEnv)
+		fmt.Fprintln(job.Out, "[berth] image-policy webhook not installed: no webhook image configured (--webhook-image)")
 		return nil
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfigPath)

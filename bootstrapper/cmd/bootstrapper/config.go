@@ -37,6 +37,7 @@ type config struct {
 	neverPull     bool
 	componentsDir string
 	joinImage     string
+	webhookImage  string
 	joinPort      int
 	diskUUID      string
 	logLevel      string
@@ -84,6 +85,7 @@ func (c *config) register(f *pflag.FlagSet) {
 	f.BoolVar(&c.neverPull, "never-pull", c.neverPull, "never pull images: every image is pre-imported into the container runtime")
 	f.StringVar(&c.componentsDir, "components-dir", c.componentsDir, "directory of extra manifests (e.g. the pod network) applied after kubeadm init")
 	f.StringVar(&c.joinImage, "joinservice-image", c.joinImage, "container image of the joinservice DaemonSet")
+	f.StringVar(&c.webhookImage, "webhook-image", c.webhookImage, "container image of the image-policy webhook (Deployment berth-webhook), installed last; empty leaves it out")
 	f.IntVar(&c.joinPort, "joinservice-port", c.joinPort, "port of the joinservice on control-plane nodes")
 	f.StringVar(&c.diskUUID, "disk-uuid", c.diskUUID, "UUID of the node's state disk, for its disk key")
 	f.StringVar(&c.logLevel, "log-level", c.logLevel, "log level: debug, info, warn or error")

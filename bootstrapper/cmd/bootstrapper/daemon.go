@@ -109,6 +109,7 @@ func daemon(ctx context.Context, cfg *config) error {
 		KubeProxyConntrackMaxPerCore: cfg.kubeProxyConntrackMaxPerCore(),
 	}, fs, meta, adm, kube, apiserver.Waiter{}, components.New(components.Config{
 		ManifestDir: cfg.componentsDir, JoinServiceImage: cfg.joinImage, ImagePullPolicy: pullPolicy(cfg.neverPull),
+		WebhookImage: cfg.webhookImage,
 		JoinServiceEnv: map[string]string{
 			"BERTH_METADATA": cfg.metadata, "BERTH_METADATA_URL": cfg.metadataURL,
 			"BERTH_METADATA_FILE": cfg.metadataFile, "BERTH_ATTESTATION": cfg.attestation, "BERTH_TPM": cfg.tpm,
