@@ -42,7 +42,7 @@ lint: tools ## go vet, gofmt, staticcheck, a package doc on every package, no ut
 test-unit: ## unit and package tests with the race detector
 	$(GO) test $(GOTEST_FLAGS) ./...
 
-test: check-generate lint build test-unit test-image ## everything CI runs (root: the image and e2e targets need it)
+test: check-generate lint build test-unit test-image test-e2e ## everything CI runs (root: the image and e2e targets need it)
 
 clean: ## remove build output
 	rm -rf $(BIN) .tools

@@ -69,7 +69,7 @@ func TestMiniWebhook(t *testing.T) {
 		t.Fatalf("berth mini up: %v", err)
 	}
 	if _, err := c.run(time.Minute, c.kubectl, "--kubeconfig", filepath.Join(c.dir, "admin.conf"), "get", "validatingwebhookconfiguration", "berth-image-policy"); err != nil {
-		t.Skip("berth init did not install the webhook (BERTH_WEBHOOK_IMAGE not wired into the mini cluster yet)")
+		t.Skip("berth init did not install the webhook (no --webhook-image: bin/berth-webhook was not built)")
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(c.dir, "admin.conf"))
 	if err != nil {

@@ -1,7 +1,7 @@
 # Image-policy webhook targets (issue 6). The API-server tests run kube-apiserver v1.34.2 and etcd 3.6.5
 # as processes in a private network namespace (root); `scripts/build-k8s.sh k8s etcd` builds them.
 
-.PHONY: webhook-build test-webhook test-webhook-apiserver test-webhook-load test-webhook-load-nodrain bench-webhook
+.PHONY: test-e2e-webhook webhook-build test-webhook test-webhook-apiserver test-webhook-load test-webhook-load-nodrain bench-webhook
 
 webhook-build: ## build bin/berth-webhook
 	CGO_ENABLED=0 $(GO) build -trimpath -tags berthrelease,berth_noqpl -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berth-webhook
@@ -25,3 +25,6 @@ bench-webhook: ## admission latency at 500 req/s: the webhook alone over TLS loo
 	$(GO) test -count=1 -run '^$$' -bench 'Admission|Decide' -benchtime 5000x ./internal/webhook/
 	BERTH_KUBE_BIN=$$(./scripts/build-k8s.sh k8s) BERTH_ETCD_BIN=$$(./scripts/build-k8s.sh etcd) \
 	  $(GO) test -count=1 -run '^$$' -bench AdmissionViaAPIServer -benchtime 5000x -timeout 20m ./internal/webhook/clustertest/
+
+test-e2e-webhook: build mini-build ## TestMiniWebhook on a real mini cluster: T1 under rollout restarts, T5/T6, T8 after berth mini restart (root)
+	$(GO) test -tags e2e -count=1 -v -timeout 45m -run 'TestMiniWebhook' ./e2e/...
