@@ -14,9 +14,11 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/spf13/afero"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/berth-k8s/berth/internal/atomicfile"
 	"github.com/berth-k8s/berth/internal/metadata"
 	metamini "github.com/berth-k8s/berth/internal/metadata/mini"
 )
@@ -137,5 +139,5 @@ func writeCNI(cfg Config, node string, subnetEnv []byte) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("creating CNI config directory: %w", err)
 	}
-	return writeFileAtomic(path, conf, 0o644)
+	return atomicfile.Write(afero.NewOsFs(), path, conf, 0o644)
 }

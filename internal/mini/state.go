@@ -7,6 +7,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"github.com/spf13/afero"
+
+	"github.com/berth-k8s/berth/internal/atomicfile"
 )
 
 // State is what a cluster's state file records: its configuration and everything Down cannot
@@ -57,30 +61,7 @@ func (s *State) save() error {
 	if err != nil {
 		return fmt.Errorf("encoding state: %w", err)
 	}
-	return writeFileAtomic(s.Config.StatePath(), b, 0o600)
-}
-
-func writeFileAtomic(path string, b []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, mode)
-	if err != nil {
-		return fmt.Errorf("creating %s: %w", tmp, err)
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return fmt.Errorf("writing %s: %w", tmp, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("syncing %s: %w", tmp, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("closing %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("renaming %s: %w", tmp, err)
-	}
-	return nil
+	return atomicfile.Write(afero.NewOsFs(), s.Config.StatePath(), b, 0o600)
 }
 
 // writeFile writes b to path, creating parent directories.
