@@ -128,7 +128,7 @@ func writeCNI(cfg Config, node string, subnetEnv []byte) error {
 	if err != nil {
 		return err
 	}
-	conf, err := cniConflist(subnet, cfg.PodCIDR, cfg.ServiceCIDR, mtu)
+	conf, err := cniConflist(subnet, cfg.PodCIDR, cfg.ServiceCIDR, cfg.Subnet, mtu)
 	if err != nil {
 		return err
 	}

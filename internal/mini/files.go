@@ -39,9 +39,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 }
 
 // cniConflist is the node's CNI configuration: a bridge with host-local addresses from the node's
-// pod subnet, and routes only to the cluster's pod and service ranges (no default route), so a pod
-// can reach pods, Services and its node but nothing outside.
-func cniConflist(nodeSubnet, podCIDR, serviceCIDR netip.Prefix, mtu int) ([]byte, error) {
+// pod subnet, and routes only to the cluster's pod and service ranges and to the node network (no
+// default route), so a pod can reach pods, Services and nodes but nothing outside. The node-network
+// route matters for answers: a host-network process on another node (the API server calling a
+// webhook, a kubelet) connects from its node address, and without the route the pod's SYN-ACK has
+// nowhere to go, so the connection hangs until the caller's timeout.
+func cniConflist(nodeSubnet, podCIDR, serviceCIDR, nodeNetwork netip.Prefix, mtu int) ([]byte, error) {
 	gw := nodeSubnet.Masked().Addr().Next()
 	conf := map[string]any{
 		"cniVersion": "0.4.0",
@@ -57,9 +60,13 @@ func cniConflist(nodeSubnet, podCIDR, serviceCIDR netip.Prefix, mtu int) ([]byte
 				"forceAddress":     true,
 				"isDefaultGateway": false,
 				"ipam": map[string]any{
-					"type":    "host-local",
-					"ranges":  [][]map[string]string{{{"subnet": nodeSubnet.Masked().String(), "gateway": gw.String()}}},
-					"routes":  []map[string]string{{"dst": podCIDR.Masked().String(), "gw": gw.String()}, {"dst": serviceCIDR.Masked().String(), "gw": gw.String()}},
+					"type":   "host-local",
+					"ranges": [][]map[string]string{{{"subnet": nodeSubnet.Masked().String(), "gateway": gw.String()}}},
+					"routes": []map[string]string{
+						{"dst": podCIDR.Masked().String(), "gw": gw.String()},
+						{"dst": serviceCIDR.Masked().String(), "gw": gw.String()},
+						{"dst": nodeNetwork.Masked().String(), "gw": gw.String()},
+					},
 					"dataDir": "/var/lib/cni/networks",
 				},
 			},

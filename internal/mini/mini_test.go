@@ -88,7 +88,7 @@ func TestNodesAndAddresses(t *testing.T) {
 }
 
 func TestCNIConflistRoutesOnlyClusterRanges(t *testing.T) {
-	b, err := cniConflist(netip.MustParsePrefix("10.244.2.0/24"), netip.MustParsePrefix(DefaultPodCIDR), netip.MustParsePrefix(DefaultServiceCIDR), 1450)
+	b, err := cniConflist(netip.MustParsePrefix("10.244.2.0/24"), netip.MustParsePrefix(DefaultPodCIDR), netip.MustParsePrefix(DefaultServiceCIDR), netip.MustParsePrefix(DefaultSubnet), 1450)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -117,8 +117,8 @@ func TestCNIConflistRoutesOnlyClusterRanges(t *testing.T) {
 	for _, r := range br.IPAM.Routes {
 		dsts = append(dsts, r["dst"])
 	}
-	if strings.Join(dsts, ",") != "10.244.0.0/16,10.96.0.0/12" {
-		t.Errorf("routes = %v, want only the pod and service ranges", dsts)
+	if strings.Join(dsts, ",") != "10.244.0.0/16,10.96.0.0/12,198.51.100.0/24" {
+		t.Errorf("routes = %v, want only the pod, service and node ranges", dsts)
 	}
 }
 
