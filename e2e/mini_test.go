@@ -139,6 +139,13 @@ func TestMiniCluster(t *testing.T) {
 	if got := c.kube("exec", pods["w2"].name, "--", "/testapp", "get", "http://testapp.default.svc.cluster.local/"); !strings.Contains(got, "testapp on ") {
 		t.Errorf("service by DNS = %q", got)
 	}
+	// The control plane's host network reaches pods on every node: the API server's pod proxy dials
+	// from the node address, the path it also takes to call webhooks.
+	for _, n := range nodes {
+		if got := c.kube("get", "--raw", "/api/v1/namespaces/default/pods/"+pods[n].name+":8080/proxy/"); !strings.Contains(got, pods[n].name) {
+			t.Errorf("API server -> pod on %s = %q", n, got)
+		}
+	}
 
 	// A wrong init secret gets nothing from the control plane's InitServer.
 	ws := t.TempDir()
