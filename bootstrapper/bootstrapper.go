@@ -8,7 +8,8 @@
 //	marker  state                  runs
 //	no      none                   InitServer + JoinClient, racing for the lock
 //	yes     init, not done         InitServer only (resumes the init with the same secrets)
-//	yes     init, done             InitServer only (answers "already initialized"), kubelet
+//	yes     init, done             InitServer only (answers "already initialized"), kubelet, and
+//	                               Reconcile: the cluster's components are checked (B11)
 //	yes     join, done             kubelet only
 //	yes     join, not done         nothing: ErrIncompleteJoin (the node must be reset)
 //	yes     none                   nothing: ErrInconsistentState
@@ -60,6 +61,10 @@ type Deps struct {
 		Start(ctx context.Context) error
 		Run(ctx context.Context) error
 	}
+	// Reconcile checks the cluster's components after a restart of a node that finished init: it
+	// waits for them to come back and repairs only what differs. Its error is logged, never fatal:
+	// the daemon keeps serving. Nil means no check.
+	Reconcile func(ctx context.Context) error
 	// Notify tells the service manager the daemon is ready; nil means sd_notify.
 	Notify func() error
 }
@@ -114,6 +119,18 @@ func Run(ctx context.Context, d Deps) error {
 			}
 		}
 		g.Go(func() error { return d.InitServer.Serve(gctx, d.InitListener) })
+		if st.Done && d.Reconcile != nil {
+			g.Go(func() error {
+				err := d.Reconcile(gctx)
+				switch {
+				case err == nil:
+					log.Info("cluster components checked after the restart")
+				case gctx.Err() == nil:
+					log.Error("checking the cluster's components after the restart failed; nothing was disarmed", zap.Error(err))
+				}
+				return nil
+			})
+		}
 	case modeJoined:
 		log.Info("node joined a cluster before: starting kubelet", zap.String("nodeName", st.NodeName))
 		d.InitListener.Close()

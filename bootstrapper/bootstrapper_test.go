@@ -208,3 +208,50 @@ func TestRestartWithIncompleteJoinFails(t *testing.T) {
 	}
 	waitPortFree(t, n.addr)
 }
+
+func TestRestartOfInitializedNodeReconcilesComponents(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		done          bool
+		wantReconcile bool
+	}{
+		{"init done", true, true},
+		{"init not done", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := newNode(t)
+			if err := n.deps.Lock.lock.TryLockOnce(context.Background(), initserver.LockOwner, []byte{1}); err != nil {
+				t.Fatal(err)
+			}
+			if err := n.state.Save(&nodestate.State{Role: nodestate.RoleInit, ClusterID: "01", Done: tc.done}); err != nil {
+				t.Fatal(err)
+			}
+			n.deps.Lock = NewRace(nodelock.New(nodelock.NewFileMarker(n.fs, "/state/bootstrapped")))
+			reconciled := make(chan struct{})
+			n.deps.Reconcile = func(ctx context.Context) error {
+				close(reconciled)
+				return errors.New("webhook not back") // logged, never fatal
+			}
+			stop := n.run(t)
+			if tc.wantReconcile {
+				<-reconciled
+			}
+			// The daemon still serves init requests (answering "already initialized").
+			conn, err := net.Dial("tcp", n.addr)
+			if err != nil {
+				t.Fatalf("InitServer not serving after the restart: %v", err)
+			}
+			conn.Close()
+			if err := stop(); err != nil {
+				t.Fatalf("Run() = %v", err)
+			}
+			select {
+			case <-reconciled:
+				if !tc.wantReconcile {
+					t.Fatal("Reconcile ran on a node whose init did not finish")
+				}
+			default:
+			}
+		})
+	}
+}

@@ -103,11 +103,12 @@ func daemon(ctx context.Context, cfg *config) error {
 	lock := bootstrapper.NewRace(nodelock.New(markers...))
 	state := nodestate.NewStore(fs, filepath.Join(cfg.stateDir, "node-state.json"))
 
-	initer := initcluster.New(initcluster.Config{
+	initConfig := initcluster.Config{
 		StateDir: cfg.stateDir, KubernetesDir: cfg.kubernetesDir, CRISocket: cfg.criSocket, CgroupDriver: cfg.cgroupDriver,
 		KubeProxyMode: cfg.kubeProxyMode, NeverPull: cfg.neverPull, KubeletExtraArgs: cfg.kubeletExtraArgs(),
 		KubeProxyConntrackMaxPerCore: cfg.kubeProxyConntrackMaxPerCore(),
-	}, fs, meta, adm, kube, apiserver.Waiter{}, components.New(components.Config{
+	}
+	installer := components.New(components.Config{
 		ManifestDir: cfg.componentsDir, JoinServiceImage: cfg.joinImage, ImagePullPolicy: pullPolicy(cfg.neverPull),
 		WebhookImage: cfg.webhookImage,
 		JoinServiceEnv: map[string]string{
@@ -115,7 +116,8 @@ func daemon(ctx context.Context, cfg *config) error {
 			"BERTH_METADATA_FILE": cfg.metadataFile, "BERTH_ATTESTATION": cfg.attestation, "BERTH_TPM": cfg.tpm,
 		},
 		JoinServiceHostPaths: tpmHostPaths(cfg.tpm),
-	}, fs))
+	}, fs)
+	initer := initcluster.New(initConfig, fs, meta, adm, kube, apiserver.Waiter{}, installer)
 	initSrv := initserver.New(log.Named("initserver"), lock, meta, initer, state,
 		initserver.WithServerOptions(
 			grpc.Creds(att.serverCreds),
@@ -134,6 +136,9 @@ func daemon(ctx context.Context, cfg *config) error {
 	}
 	err = bootstrapper.Run(ctx, bootstrapper.Deps{
 		Log: log, Lock: lock, State: state, InitListener: lis, InitServer: initSrv, JoinClient: joinClient, Kubelet: kube,
+		Reconcile: func(ctx context.Context) error {
+			return installer.Reconcile(ctx, filepath.Join(cfg.kubernetesDir, "admin.conf"), lineLogger{log.Named("components")})
+		},
 	})
 	if err != nil {
 		log.Error("bootstrapper failed", zap.Error(err))
@@ -160,4 +165,16 @@ func tpmHostPaths(spec string) []string {
 	default:
 		return []string{spec}
 	}
+}
+
+// lineLogger logs each line the component installer prints as one log entry.
+type lineLogger struct{ log *zap.Logger }
+
+func (l lineLogger) Write(p []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		if line != "" {
+			l.log.Info("component installer", zap.String("step", line))
+		}
+	}
+	return len(p), nil
 }
