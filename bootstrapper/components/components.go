@@ -1,7 +1,8 @@
 // Package components installs the cluster's own components after kubeadm init, in a fixed order:
 //
 //  1. extra manifests from a directory (the pod network, for example), applied in file-name order;
-//  2. the berth-system namespace;
+//  2. the berth-system namespace, and a ValidatingAdmissionPolicy that admits only Berth's own images
+//     there (the webhook exempts the namespace, so it must be locked down another way);
 //  3. the cluster secrets the joinservice derives join keys from (Secret berth-cluster-secrets);
 //  4. the join configuration: attestation policy, measurement salt, cluster ID, Kubernetes version
 //     (ConfigMap berth-join-config);
@@ -166,11 +167,18 @@ func (i *Installer) objects(job *initcluster.Job) ([]*unstructured.Unstructured,
 			privileged = true // a TPM character device needs device access
 		}
 	}
+	images := []string{i.cfg.JoinServiceImage}
+	if i.cfg.WebhookImage != "" {
+		images = append(images, i.cfg.WebhookImage)
+	}
 	objs := []map[string]any{
 		{
 			"apiVersion": "v1", "kind": "Namespace",
 			"metadata": map[string]any{"name": Namespace, "labels": map[string]any{"app.kubernetes.io/part-of": "berth"}},
 		},
+	}
+	objs = append(objs, namespaceGuard(images)...)
+	objs = append(objs, []map[string]any{
 		{
 			"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
 			"metadata": map[string]any{"name": SecretName, "namespace": Namespace},
@@ -252,7 +260,7 @@ func (i *Installer) objects(job *initcluster.Job) ([]*unstructured.Unstructured,
 				},
 			},
 		},
-	}
+	}...)
 	out := make([]*unstructured.Unstructured, len(objs))
 	for n, o := range objs {
 		out[n] = &unstructured.Unstructured{Object: o}

@@ -47,6 +47,7 @@ func TestInstallOrder(t *testing.T) {
 		"ServiceAccount kube-system/flannel",
 		"ConfigMap kube-system/dns",
 		"Namespace berth-system",
+		"ValidatingAdmissionPolicy berth-system-images", "ValidatingAdmissionPolicyBinding berth-system-images",
 		"Secret berth-system/berth-cluster-secrets",
 		"ConfigMap berth-system/berth-join-config",
 		"ServiceAccount berth-system/berth-joinservice",

@@ -28,20 +28,22 @@ var resources = map[schema.GroupVersionKind]struct {
 	resource   string
 	namespaced bool
 }{
-	{Version: "v1", Kind: "Namespace"}:                                                             {"namespaces", false},
-	{Version: "v1", Kind: "ConfigMap"}:                                                             {"configmaps", true},
-	{Version: "v1", Kind: "Secret"}:                                                                {"secrets", true},
-	{Version: "v1", Kind: "Service"}:                                                               {"services", true},
-	{Version: "v1", Kind: "ServiceAccount"}:                                                        {"serviceaccounts", true},
-	{Group: "apps", Version: "v1", Kind: "DaemonSet"}:                                              {"daemonsets", true},
-	{Group: "apps", Version: "v1", Kind: "Deployment"}:                                             {"deployments", true},
-	{Group: "policy", Version: "v1", Kind: "PodDisruptionBudget"}:                                  {"poddisruptionbudgets", true},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRole"}:                       {"clusterroles", false},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRoleBinding"}:                {"clusterrolebindings", false},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "Role"}:                              {"roles", true},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "RoleBinding"}:                       {"rolebindings", true},
-	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingWebhookConfiguration"}: {"validatingwebhookconfigurations", false},
-	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "MutatingWebhookConfiguration"}:   {"mutatingwebhookconfigurations", false},
+	{Version: "v1", Kind: "Namespace"}:                                                               {"namespaces", false},
+	{Version: "v1", Kind: "ConfigMap"}:                                                               {"configmaps", true},
+	{Version: "v1", Kind: "Secret"}:                                                                  {"secrets", true},
+	{Version: "v1", Kind: "Service"}:                                                                 {"services", true},
+	{Version: "v1", Kind: "ServiceAccount"}:                                                          {"serviceaccounts", true},
+	{Group: "apps", Version: "v1", Kind: "DaemonSet"}:                                                {"daemonsets", true},
+	{Group: "apps", Version: "v1", Kind: "Deployment"}:                                               {"deployments", true},
+	{Group: "policy", Version: "v1", Kind: "PodDisruptionBudget"}:                                    {"poddisruptionbudgets", true},
+	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRole"}:                         {"clusterroles", false},
+	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRoleBinding"}:                  {"clusterrolebindings", false},
+	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "Role"}:                                {"roles", true},
+	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "RoleBinding"}:                         {"rolebindings", true},
+	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingWebhookConfiguration"}:   {"validatingwebhookconfigurations", false},
+	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingAdmissionPolicy"}:        {"validatingadmissionpolicies", false},
+	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingAdmissionPolicyBinding"}: {"validatingadmissionpolicybindings", false},
+	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "MutatingWebhookConfiguration"}:     {"mutatingwebhookconfigurations", false},
 }
 
 // Applier applies objects through a dynamic client.

@@ -1,0 +1,110 @@
+package components_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/berth-k8s/berth/bootstrapper/components"
+	"github.com/berth-k8s/berth/internal/apply"
+	"github.com/berth-k8s/berth/joinservice/apiservertest"
+)
+
+// TestNamespaceGuardOnAPIServer runs the berth-system guard in a real kube-apiserver: foreign images
+// are refused there (including as ephemeral containers), Berth's own images and other namespaces
+// are not affected, and a pod keeps working under UPDATE after the allowed list changed.
+func TestNamespaceGuardOnAPIServer(t *testing.T) {
+	env := apiservertest.Start(t)
+	ctx := context.Background()
+	kube := env.Client(t, apiservertest.AdminUser)
+	dyn := dynamic.NewForConfigOrDie(env.Config(apiservertest.AdminUser))
+	a := apply.New(dyn)
+	guard := func(images ...string) {
+		t.Helper()
+		for _, o := range components.NamespaceGuardForTest(images) {
+			if err := a.Apply(ctx, &unstructured.Unstructured{Object: o}); err != nil {
+				t.Fatalf("applying the guard: %v", err)
+			}
+		}
+	}
+	for _, ns := range []string{components.Namespace, "apps"} {
+		if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		// No controller manager runs: create the default ServiceAccount pods are admitted with.
+		if _, err := kube.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	guard("berth.local/joinservice:v1", "berth.local/berth-webhook:v1")
+	pod := func(ns, name, image string) *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: image}}}}
+	}
+	create := func(ns, name, image string) error {
+		_, err := kube.CoreV1().Pods(ns).Create(ctx, pod(ns, name, image), metav1.CreateOptions{})
+		return err
+	}
+	// Wait until the policy is in force.
+	deadline := 0
+	for {
+		_, err := kube.CoreV1().Pods(components.Namespace).Create(ctx, pod(components.Namespace, "probe", "evil.example/app:1"),
+			metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if err != nil {
+			if !strings.Contains(err.Error(), components.NamespaceGuardName) {
+				t.Fatalf("foreign image refused, but not by the guard: %v", err)
+			}
+			t.Logf("refused: %v", err)
+			break
+		}
+		if deadline++; deadline > 100 {
+			t.Fatal("a foreign image in berth-system is still admitted 10 s after the guard was applied")
+		}
+		sleep(ctx)
+	}
+	if err := create(components.Namespace, "js", "berth.local/joinservice:v1"); err != nil {
+		t.Fatalf("Berth's own image refused: %v", err)
+	}
+	if err := create("apps", "other", "evil.example/app:1"); err != nil {
+		t.Fatalf("another namespace is affected: %v", err)
+	}
+	// An ephemeral debug container with a foreign image is refused.
+	p, err := kube.CoreV1().Pods(components.Namespace).Get(ctx, "js", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debug", Image: "evil.example/shell:1"}}}
+	if _, err := kube.CoreV1().Pods(components.Namespace).UpdateEphemeralContainers(ctx, "js", p, metav1.UpdateOptions{}); err == nil || !strings.Contains(err.Error(), components.NamespaceGuardName) {
+		t.Errorf("ephemeral container with a foreign image: %v, want refused by the guard", err)
+	}
+	// The allowed list changes (an upgrade): the running pod's metadata can still be changed.
+	guard("berth.local/joinservice:v2", "berth.local/berth-webhook:v2")
+	for n := 0; ; n++ {
+		err := create(components.Namespace, fmt.Sprintf("old-image-%d", n), "berth.local/joinservice:v1")
+		if err != nil {
+			break
+		}
+		if n == 100 {
+			t.Fatal("the formerly allowed image is still admitted for new pods 10 s after the list changed")
+		}
+		sleep(ctx)
+	}
+	if _, err := kube.CoreV1().Pods(components.Namespace).Patch(ctx, "js", types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{}); err != nil {
+		t.Errorf("label change of a pod running a formerly allowed image: %v", err)
+	}
+}
+
+func sleep(ctx context.Context) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(100 * time.Millisecond):
+	}
+}
