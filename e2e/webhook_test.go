@@ -43,7 +43,8 @@ func whPod(ns, name, image string, finalizers ...string) *corev1.Pod {
 // server-side dry-run pod creates, zero failures; T5/T6: with the Deployment scaled to 0, deleting a
 // pod and removing a finalizer from a terminating pod succeed while other creates fail closed, and a
 // kube-system DaemonSet pod is re-created; T8: after berth mini restart the webhook enforces again
-// with no manual step and the configuration is unchanged.
+// with no manual step and the configuration is unchanged; T11: the restarted bootstrapper re-runs
+// the installer, which writes nothing.
 func TestMiniWebhook(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
@@ -95,6 +96,12 @@ func TestMiniWebhook(t *testing.T) {
 	}
 	if _, err := kube.CoreV1().Pods("kube-system").Create(ctx, whPod("kube-system", "any", whDenied), dry); err != nil {
 		t.Fatalf("kube-system: %v", err)
+	}
+	// berth-system is exempt from the webhook but locked down to Berth's own images (B2).
+	if _, err := kube.CoreV1().Pods("berth-system").Create(ctx, whPod("berth-system", "foreign", whAllowed), dry); err == nil || !strings.Contains(err.Error(), "berth-system-images") {
+		t.Errorf("foreign image in berth-system: %v, want a refusal by policy berth-system-images", err)
+	} else {
+		t.Logf("foreign image in berth-system refused: %v", err)
 	}
 	rvBefore := strings.TrimSpace(c.kube("get", "validatingwebhookconfiguration", "berth-image-policy", "-o", "jsonpath={.metadata.resourceVersion}"))
 
@@ -197,6 +204,32 @@ func TestMiniWebhook(t *testing.T) {
 	t.Logf("T8: enforcing again %s after berth mini restart began", time.Since(t8).Round(time.Second))
 	if rv := strings.TrimSpace(c.kube("get", "validatingwebhookconfiguration", "berth-image-policy", "-o", "jsonpath={.metadata.resourceVersion}")); rv != rvBefore {
 		t.Errorf("configuration resourceVersion %s -> %s across restarts", rvBefore, rv)
+	}
+
+	// T11 and B11: the restarted bootstrapper on cp1 re-ran the installer (wait for the webhook,
+	// probe every endpoint, prove enforcement) and, the cluster being healthy, wrote nothing.
+	blog := filepath.Join(c.dir, "nodes", "cp1", "logs", "bootstrapper.log")
+	for {
+		b, _ := os.ReadFile(blog)
+		// Only what the daemon logged since the restart counts.
+		after := string(b)
+		if i := strings.LastIndex(after, "bootstrapper starting"); i >= 0 {
+			after = after[i:]
+		}
+		if strings.Contains(after, "cluster components checked after the restart") {
+			if !strings.Contains(after, "enforcing (0 writes in this run)") {
+				t.Errorf("T11: the installer's re-run after the restart wrote something:\n%s", after)
+			}
+			t.Logf("T11: installer re-run after the restart made 0 writes (%s after the restart began)", time.Since(t8).Round(time.Second))
+			break
+		}
+		if strings.Contains(after, "checking the cluster's components after the restart failed") {
+			t.Fatalf("T11: the installer's re-run after the restart failed:\n%s", after)
+		}
+		if time.Since(t8) > 12*time.Minute {
+			t.Fatalf("T11: no installer re-run logged 12 min after the restart:\n%s", after)
+		}
+		time.Sleep(time.Second)
 	}
 }
 

@@ -22,9 +22,9 @@ mini-down: build ## remove the mini cluster in MINI_DIR (root)
 mini-restart: build ## power-cycle every node of the mini cluster in MINI_DIR (root)
 	$(BIN)/berth mini restart --dir $(MINI_DIR)
 
-# The e2e tests `make test` runs: the cluster itself, attested init and the rejection of a tampered
-# worker. TestMiniWebhook (issue 6) runs with `make test-e2e-webhook` until its T1 passes.
-E2E_RUN ?= TestMiniCluster|TestMiniAttestedInit|TestMiniTamperedWorkerRejected
+# The e2e tests `make test` runs: the cluster itself, attested init, the rejection of a tampered
+# worker, and the image-policy webhook (T1 under rollout restarts, T5/T6, T8, T11).
+E2E_RUN ?= TestMiniCluster|TestMiniAttestedInit|TestMiniTamperedWorkerRejected|TestMiniWebhook
 
 test-e2e: build mini-build ## end-to-end tests on a real mini cluster (root; build tag e2e; E2E_RUN selects)
 	$(GO) test -tags e2e -count=1 -v -timeout 45m -run '$(E2E_RUN)' ./e2e/...

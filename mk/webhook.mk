@@ -26,5 +26,5 @@ bench-webhook: ## admission latency at 500 req/s: the webhook alone over TLS loo
 	BERTH_KUBE_BIN=$$(./scripts/build-k8s.sh k8s) BERTH_ETCD_BIN=$$(./scripts/build-k8s.sh etcd) \
 	  $(GO) test -count=1 -run '^$$' -bench AdmissionViaAPIServer -benchtime 5000x -timeout 20m ./internal/webhook/clustertest/
 
-test-e2e-webhook: build mini-build ## TestMiniWebhook on a real mini cluster: T1 under rollout restarts, T5/T6, T8 after berth mini restart (root)
+test-e2e-webhook: build mini-build ## only TestMiniWebhook (also part of make test): T1 under rollout restarts, T5/T6, T8 after berth mini restart, T11 (root)
 	$(GO) test -tags e2e -count=1 -v -timeout 45m -run 'TestMiniWebhook' ./e2e/...
