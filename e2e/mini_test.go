@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/berth-k8s/berth/internal/mini"
 )
 
 const (
@@ -397,4 +399,38 @@ func TestMiniTamperedWorkerRejected(t *testing.T) {
 	if !strings.Contains(out, "tampered t1: rejected") || !strings.Contains(out, "MEASUREMENT_MISMATCH") {
 		t.Errorf("up does not report the tampered worker as rejected with the joinservice's reason")
 	}
+	// The cluster itself says so too: berth status lists the rejection from the join ledger, with
+	// the tampered worker's address and the reason.
+	tampered := nodeIP(t, c.dir, "t1")
+	status := c.must(time.Minute, c.berth, "status", "--kubeconfig", filepath.Join(c.dir, "admin.conf"))
+	t.Logf("berth status:\n%s", status)
+	rejected, _, _ := strings.Cut(status, "ACCEPTED")
+	found := false
+	for _, line := range strings.Split(rejected, "\n") {
+		fields := strings.Fields(line)
+		found = found || (len(fields) > 5 && fields[1] == tampered && strings.Contains(line, "MEASUREMENT_MISMATCH"))
+	}
+	if !found {
+		t.Errorf("berth status does not list the tampered worker (%s) as rejected with MEASUREMENT_MISMATCH", tampered)
+	}
+}
+
+// nodeIP is the address of node name in the cluster recorded in dir's state file.
+func nodeIP(t *testing.T, dir, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st mini.State
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range st.Config.Nodes() {
+		if n.Name == name {
+			return n.IP.String()
+		}
+	}
+	t.Fatalf("no node %s in the cluster's state", name)
+	return ""
 }

@@ -209,12 +209,17 @@ type IssueJoinTicketResponse struct {
 	NodeName string `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
 	// api_server_endpoint is HOST:PORT of the Kubernetes API server.
 	ApiServerEndpoint string `protobuf:"bytes,2,opt,name=api_server_endpoint,json=apiServerEndpoint,proto3" json:"api_server_endpoint,omitempty"`
-	// bootstrap_token is a short-lived kubeadm bootstrap token ("abcdef.0123456789abcdef").
-	BootstrapToken       string                 `protobuf:"bytes,3,opt,name=bootstrap_token,json=bootstrapToken,proto3" json:"bootstrap_token,omitempty"`
+	// bootstrap_token says how the node joins. Empty (every worker ticket): with a kubeadm discovery file,
+	// a kubeconfig the node builds from cluster_ca_cert, api_server_endpoint, kubelet_cert and its own
+	// key; no bootstrap token exists. Set (control-plane tickets): a short-lived kubeadm bootstrap token
+	// ("abcdef.0123456789abcdef") for token discovery and the TLS bootstrap.
+	BootstrapToken string `protobuf:"bytes,3,opt,name=bootstrap_token,json=bootstrapToken,proto3" json:"bootstrap_token,omitempty"`
+	// bootstrap_token_expiry is when bootstrap_token expires; unset when there is none.
 	BootstrapTokenExpiry *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=bootstrap_token_expiry,json=bootstrapTokenExpiry,proto3" json:"bootstrap_token_expiry,omitempty"`
-	// discovery_token_ca_cert_hashes pin the cluster CA ("sha256:<hex>").
+	// discovery_token_ca_cert_hashes pin the cluster CA ("sha256:<hex>"); cluster_ca_cert must match one.
 	DiscoveryTokenCaCertHashes []string `protobuf:"bytes,5,rep,name=discovery_token_ca_cert_hashes,json=discoveryTokenCaCertHashes,proto3" json:"discovery_token_ca_cert_hashes,omitempty"`
-	// kubelet_cert is the kubelet's client certificate (PEM) for the CSR, CN "system:node:<node_name>".
+	// kubelet_cert is the kubelet's client certificate (PEM) for the CSR, CN "system:node:<node_name>",
+	// O "system:nodes"; without a bootstrap token it is also kubeadm join's credential.
 	KubeletCert []byte `protobuf:"bytes,6,opt,name=kubelet_cert,json=kubeletCert,proto3" json:"kubelet_cert,omitempty"`
 	// cluster_ca_cert is the cluster CA certificate (PEM).
 	ClusterCaCert []byte `protobuf:"bytes,7,opt,name=cluster_ca_cert,json=clusterCaCert,proto3" json:"cluster_ca_cert,omitempty"`

@@ -5,12 +5,22 @@
 // The kubelet's client certificate comes from the ticket, issued by the joinservice for the name
 // metadata reports for this attested node; it is placed where the kubelet looks for its current
 // client certificate, so the kubelet uses it instead of requesting one for a name of its choosing.
+//
+// A ticket without a bootstrap token (every worker ticket) is joined with a discovery file: a
+// kubeconfig, owner-only in the state directory and removed when the join ends, that pins the
+// cluster CA from the ticket (received over mutually attested TLS, and checked against the ticket's
+// CA pin) and authenticates with the ticket's kubelet certificate and this node's own key. kubeadm
+// uses those credentials for everything it reads before the kubelet takes over (the Node authorizer
+// and kubeadm's RBAC for group system:nodes allow it), so no bearer token that could request any
+// node's certificate exists for the join, and the joinservice writes nothing to the API for it. A
+// ticket with a bootstrap token (control-plane joins) is joined with token discovery as before.
 package joincluster
 
 import (
 	"bytes"
 	"context"
 	"crypto"
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/pem"
@@ -26,6 +36,8 @@ import (
 
 	"github.com/spf13/afero"
 	"go.uber.org/zap"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/metadata"
@@ -36,6 +48,10 @@ import (
 
 // LockOwner is the owner name the joiner takes the node lock with.
 const LockOwner = "join"
+
+// DiscoveryFileName is the tokenless join's discovery kubeconfig in the state directory; it exists
+// only while kubeadm join runs.
+const DiscoveryFileName = "kubeadm-discovery.conf"
 
 // Named join failures.
 var (
@@ -95,6 +111,13 @@ func (j *Joiner) Join(ctx context.Context, self metadata.Instance, ticket *joinp
 	if err := validateTicket(self, ticket); err != nil {
 		return err
 	}
+	var discovery []byte
+	if ticket.GetBootstrapToken() == "" {
+		var err error
+		if discovery, err = discoveryKubeconfig(ticket, kubeletKey); err != nil {
+			return err
+		}
+	}
 	if err := j.lock.TryLockOnce(ctx, LockOwner, ticket.GetClusterId()); err != nil {
 		if errors.Is(err, nodelock.ErrLocked) {
 			j.log.Info("node lock already taken, not joining")
@@ -107,7 +130,10 @@ func (j *Joiner) Join(ctx context.Context, self metadata.Instance, ticket *joinp
 		return err
 	}
 	controlPlane := len(ticket.GetControlPlaneFiles()) > 0
-	cfg, err := kubeadm.JoinConfig(kubeadm.JoinParams{
+	if err := j.fs.MkdirAll(j.cfg.StateDir, 0o700); err != nil {
+		return fmt.Errorf("creating state directory: %w", err)
+	}
+	params := kubeadm.JoinParams{
 		Node: kubeadm.NodeParams{
 			Name: ticket.GetNodeName(), IP: self.IPs[0], CRISocket: j.cfg.CRISocket, Untainted: !controlPlane,
 			KubeletExtraArgs: j.cfg.KubeletExtraArgs, NeverPull: j.cfg.NeverPull,
@@ -116,15 +142,22 @@ func (j *Joiner) Join(ctx context.Context, self metadata.Instance, ticket *joinp
 		Token:             ticket.GetBootstrapToken(),
 		CACertHashes:      ticket.GetDiscoveryTokenCaCertHashes(),
 		ControlPlane:      controlPlane,
-	})
+	}
+	if discovery != nil {
+		// Tokenless: the discovery file holds the node's key; owner-only, and removed once the join
+		// is over (kubeadm removes its own copy, bootstrap-kubelet.conf, after the TLS bootstrap).
+		params.DiscoveryFile = filepath.Join(j.cfg.StateDir, DiscoveryFileName)
+		if err := afero.WriteFile(j.fs, params.DiscoveryFile, discovery, 0o600); err != nil {
+			return fmt.Errorf("writing kubeadm discovery file: %w", err)
+		}
+		defer func() { _ = j.fs.Remove(params.DiscoveryFile) }()
+	}
+	cfg, err := kubeadm.JoinConfig(params)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidTicket, err)
 	}
-	// The config holds the bootstrap token: owner-only, and removed once the join is over.
+	// The config may hold the bootstrap token: owner-only, and removed once the join is over.
 	configPath := filepath.Join(j.cfg.StateDir, "kubeadm-join.yaml")
-	if err := j.fs.MkdirAll(j.cfg.StateDir, 0o700); err != nil {
-		return fmt.Errorf("creating state directory: %w", err)
-	}
 	if err := afero.WriteFile(j.fs, configPath, cfg, 0o600); err != nil {
 		return fmt.Errorf("writing kubeadm join config: %w", err)
 	}
@@ -192,6 +225,70 @@ func validateTicket(self metadata.Instance, t *joinproto.IssueJoinTicketResponse
 		}
 	}
 	return nil
+}
+
+// discoveryKubeconfig renders the kubeconfig of a tokenless join: the ticket's cluster CA (which must
+// match the ticket's CA pin), the API server, and the ticket's kubelet certificate with this node's
+// key as client credentials. The certificate must be for this node's name, for this key and signed by
+// that CA: a ticket that fails any of these is refused before anything runs.
+func discoveryKubeconfig(t *joinproto.IssueJoinTicketResponse, key crypto.Signer) ([]byte, error) {
+	caBlock, _ := pem.Decode(t.GetClusterCaCert())
+	if caBlock == nil {
+		return nil, fmt.Errorf("%w: no cluster CA certificate", ErrInvalidTicket)
+	}
+	caCert, err := x509.ParseCertificate(caBlock.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("%w: parsing cluster CA certificate: %w", ErrInvalidTicket, err)
+	}
+	sum := sha256.Sum256(caCert.RawSubjectPublicKeyInfo)
+	pin := "sha256:" + hex.EncodeToString(sum[:])
+	pinned := false
+	for _, h := range t.GetDiscoveryTokenCaCertHashes() {
+		pinned = pinned || strings.EqualFold(h, pin)
+	}
+	if !pinned {
+		return nil, fmt.Errorf("%w: the cluster CA certificate does not match the ticket's CA pin", ErrInvalidTicket)
+	}
+	certBlock, _ := pem.Decode(t.GetKubeletCert())
+	if certBlock == nil {
+		return nil, fmt.Errorf("%w: kubelet certificate is not PEM", ErrInvalidTicket)
+	}
+	cert, err := x509.ParseCertificate(certBlock.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("%w: parsing kubelet certificate: %w", ErrInvalidTicket, err)
+	}
+	switch {
+	case cert.Subject.CommonName != "system:node:"+t.GetNodeName():
+		return nil, fmt.Errorf("%w: kubelet certificate is for %q, not for node %q", ErrInvalidTicket, cert.Subject.CommonName, t.GetNodeName())
+	case !publicKeyEqual(cert.PublicKey, key.Public()):
+		return nil, fmt.Errorf("%w: kubelet certificate is not for this node's key", ErrInvalidTicket)
+	}
+	if err := cert.CheckSignatureFrom(caCert); err != nil {
+		return nil, fmt.Errorf("%w: kubelet certificate is not signed by the cluster CA: %w", ErrInvalidTicket, err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("encoding kubelet key: %w", err)
+	}
+	const name = "berth-join"
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters[name] = &clientcmdapi.Cluster{Server: "https://" + t.GetApiServerEndpoint(), CertificateAuthorityData: t.GetClusterCaCert()}
+	cfg.AuthInfos[name] = &clientcmdapi.AuthInfo{
+		ClientCertificateData: t.GetKubeletCert(),
+		ClientKeyData:         pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}),
+	}
+	cfg.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name}
+	cfg.CurrentContext = name
+	out, err := clientcmd.Write(*cfg)
+	if err != nil {
+		return nil, fmt.Errorf("encoding discovery kubeconfig: %w", err)
+	}
+	return out, nil
+}
+
+func publicKeyEqual(a, b crypto.PublicKey) bool {
+	k, ok := a.(interface{ Equal(crypto.PublicKey) bool })
+	return ok && k.Equal(b)
 }
 
 func safeRelPath(p string) (string, error) {

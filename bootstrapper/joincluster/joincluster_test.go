@@ -5,13 +5,20 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
 	"errors"
+	"math/big"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/spf13/afero"
 	"go.uber.org/zap"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/berth-k8s/berth/internal/command/commandtest"
 	"github.com/berth-k8s/berth/internal/kubeadm"
@@ -197,5 +204,134 @@ func TestControlPlaneFilesWritten(t *testing.T) {
 	info, _ := f.fs.Stat("/etc/kubernetes/pki/etcd/ca.key")
 	if info.Mode().Perm() != 0o600 {
 		t.Errorf("etcd/ca.key mode = %v, want 0600", info.Mode().Perm())
+	}
+}
+
+// testCA is a cluster CA that signs kubelet client certificates like the joinservice does.
+type testCA struct {
+	key  *ecdsa.PrivateKey
+	cert *x509.Certificate
+	pem  []byte
+}
+
+func newTestCA(t *testing.T) *testCA {
+	k := key(t)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubernetes"}, IsCA: true,
+		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, k.Public(), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	return &testCA{key: k, cert: cert, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+}
+
+func (c *testCA) pin() string {
+	sum := sha256.Sum256(c.cert.RawSubjectPublicKeyInfo)
+	return "sha256:" + hex.EncodeToString(sum[:])
+}
+
+func (c *testCA) sign(t *testing.T, cn string, pub any) []byte {
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: cn, Organization: []string{"system:nodes"}},
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, c.cert, pub, c.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+}
+
+// workerTicket is a tokenless ticket for worker-0 and nodeKey, as the joinservice issues to workers.
+func workerTicket(t *testing.T, ca *testCA, nodeKey *ecdsa.PrivateKey) *joinproto.IssueJoinTicketResponse {
+	tk := ticket()
+	tk.BootstrapToken = ""
+	tk.DiscoveryTokenCaCertHashes = []string{ca.pin()}
+	tk.ClusterCaCert = ca.pem
+	tk.KubeletCert = ca.sign(t, "system:node:worker-0", nodeKey.Public())
+	return tk
+}
+
+func TestTokenlessJoinUsesDiscoveryFile(t *testing.T) {
+	f := newFixture(nil)
+	ca, nodeKey := newTestCA(t), key(t)
+	tk := workerTicket(t, ca, nodeKey)
+	const discovery = "/state/" + DiscoveryFileName
+	var joinCfg, kubeconfig []byte
+	f.rec.Hook = func(argv []string) error {
+		if argv[1] != "join" {
+			return nil
+		}
+		info, err := f.fs.Stat(discovery)
+		if err != nil {
+			return err
+		}
+		if info.Mode().Perm() != 0o600 {
+			t.Errorf("discovery file mode = %v, want 0600", info.Mode().Perm())
+		}
+		joinCfg, _ = afero.ReadFile(f.fs, "/state/kubeadm-join.yaml")
+		kubeconfig, err = afero.ReadFile(f.fs, discovery)
+		return err
+	}
+	if err := f.j.Join(context.Background(), self, tk, nodeKey); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(joinCfg), "kubeConfigPath: "+discovery) || strings.Contains(string(joinCfg), "token") {
+		t.Errorf("join config is not tokenless file discovery:\n%s", joinCfg)
+	}
+	cfg, err := clientcmd.Load(kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cur := cfg.Contexts[cfg.CurrentContext]
+	cluster, user := cfg.Clusters[cur.Cluster], cfg.AuthInfos[cur.AuthInfo]
+	if cluster.Server != "https://198.51.100.10:6443" || string(cluster.CertificateAuthorityData) != string(ca.pem) {
+		t.Errorf("cluster = %s with CA %q", cluster.Server, cluster.CertificateAuthorityData)
+	}
+	if string(user.ClientCertificateData) != string(tk.KubeletCert) || !strings.Contains(string(user.ClientKeyData), "PRIVATE KEY") || user.Token != "" {
+		t.Errorf("credentials are not the ticket's certificate and the node's key: %+v", user)
+	}
+	if ok, _ := afero.Exists(f.fs, discovery); ok {
+		t.Error("discovery file with the node's key left on disk after the join")
+	}
+	if ok, _ := afero.Exists(f.fs, "/var/lib/kubelet/pki/kubelet-client-current.pem"); !ok {
+		t.Error("kubelet client certificate not pre-placed")
+	}
+}
+
+func TestTokenlessJoinRejectsBadTickets(t *testing.T) {
+	ca, nodeKey := newTestCA(t), key(t)
+	other := newTestCA(t)
+	for name, mutate := range map[string]func(*joinproto.IssueJoinTicketResponse){
+		"no CA":         func(tk *joinproto.IssueJoinTicketResponse) { tk.ClusterCaCert = nil },
+		"CA not pinned": func(tk *joinproto.IssueJoinTicketResponse) { tk.DiscoveryTokenCaCertHashes = []string{other.pin()} },
+		"no pin":        func(tk *joinproto.IssueJoinTicketResponse) { tk.DiscoveryTokenCaCertHashes = nil },
+		"other node's CN": func(tk *joinproto.IssueJoinTicketResponse) {
+			tk.KubeletCert = ca.sign(t, "system:node:worker-1", nodeKey.Public())
+		},
+		"other key": func(tk *joinproto.IssueJoinTicketResponse) {
+			tk.KubeletCert = ca.sign(t, "system:node:worker-0", key(t).Public())
+		},
+		"signed by another": func(tk *joinproto.IssueJoinTicketResponse) {
+			tk.KubeletCert = other.sign(t, "system:node:worker-0", nodeKey.Public())
+		},
+		"cert not PEM": func(tk *joinproto.IssueJoinTicketResponse) { tk.KubeletCert = []byte("garbage") },
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(nil)
+			tk := workerTicket(t, ca, nodeKey)
+			mutate(tk)
+			if err := f.j.Join(context.Background(), self, tk, nodeKey); !errors.Is(err, ErrInvalidTicket) {
+				t.Fatalf("Join() = %v, want ErrInvalidTicket", err)
+			}
+			if len(f.rec.Calls()) != 0 {
+				t.Fatalf("kubeadm ran for a bad ticket: %v", f.rec.Calls())
+			}
+			if ok, _ := afero.Exists(f.fs, "/state/"+DiscoveryFileName); ok {
+				t.Fatal("discovery file written for a bad ticket")
+			}
+			if locked, _ := f.lock.Locked(); locked {
+				t.Fatal("node lock taken for a bad ticket")
+			}
+		})
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -160,15 +161,21 @@ func InitConfig(p InitParams) ([]byte, error) {
 	return joinDocs(docs)
 }
 
-// JoinParams describe how a node joins an existing cluster.
+// JoinParams describe how a node joins an existing cluster. It joins either with a bootstrap token
+// (Token and CACertHashes: token discovery, the token also authenticates the TLS bootstrap) or with
+// a discovery file (DiscoveryFile: a kubeconfig that pins the cluster CA and carries the node's own
+// client credentials, so no bootstrap token exists at all).
 type JoinParams struct {
 	Node NodeParams
 	// APIServerEndpoint is HOST:PORT of the cluster's API server.
 	APIServerEndpoint string
-	// Token is the bootstrap token.
+	// Token is the bootstrap token; empty with DiscoveryFile.
 	Token string
-	// CACertHashes pin the cluster CA ("sha256:<hex>").
+	// CACertHashes pin the cluster CA ("sha256:<hex>") for token discovery.
 	CACertHashes []string
+	// DiscoveryFile is the path of a kubeconfig holding the cluster CA, the API server and the
+	// credentials kubeadm uses for the TLS bootstrap; empty with Token.
+	DiscoveryFile string
 	// ControlPlane, when set, joins the node as a control plane advertising its IP on this port.
 	ControlPlane bool
 	BindPort     int32
@@ -182,23 +189,31 @@ func JoinConfig(p JoinParams) ([]byte, error) {
 	if _, _, err := net.SplitHostPort(p.APIServerEndpoint); err != nil {
 		return nil, invalid("API server endpoint %q is not HOST:PORT", p.APIServerEndpoint)
 	}
-	if p.Token == "" {
-		return nil, invalid("bootstrap token is empty")
-	}
-	if len(p.CACertHashes) == 0 {
+	var discovery v1beta4.Discovery
+	switch {
+	case p.Token != "" && p.DiscoveryFile != "":
+		return nil, invalid("both a bootstrap token and a discovery file: give one")
+	case p.DiscoveryFile != "":
+		if !filepath.IsAbs(p.DiscoveryFile) {
+			return nil, invalid("discovery file %q is not an absolute path", p.DiscoveryFile)
+		}
+		discovery.File = &v1beta4.FileDiscovery{KubeConfigPath: p.DiscoveryFile}
+	case p.Token == "":
+		return nil, invalid("neither a bootstrap token nor a discovery file")
+	case len(p.CACertHashes) == 0:
 		return nil, invalid("no CA certificate hash: refusing to join without pinning the cluster CA")
+	default:
+		discovery.BootstrapToken = &v1beta4.BootstrapTokenDiscovery{
+			Token:             p.Token,
+			APIServerEndpoint: p.APIServerEndpoint,
+			CACertHashes:      p.CACertHashes,
+		}
+		discovery.TLSBootstrapToken = p.Token
 	}
 	cfg := v1beta4.JoinConfiguration{
 		TypeMeta:         metav1.TypeMeta{APIVersion: v1beta4.SchemeGroupVersion.String(), Kind: "JoinConfiguration"},
 		NodeRegistration: p.Node.registration(),
-		Discovery: v1beta4.Discovery{
-			BootstrapToken: &v1beta4.BootstrapTokenDiscovery{
-				Token:             p.Token,
-				APIServerEndpoint: p.APIServerEndpoint,
-				CACertHashes:      p.CACertHashes,
-			},
-			TLSBootstrapToken: p.Token,
-		},
+		Discovery:        discovery,
 	}
 	if p.ControlPlane {
 		port := p.BindPort

@@ -120,6 +120,39 @@ func TestJoinConfig(t *testing.T) {
 	}
 }
 
+func TestJoinConfigDiscoveryFile(t *testing.T) {
+	p := JoinParams{
+		Node:              NodeParams{Name: "w-0", IP: "198.51.100.20", CRISocket: "unix:///c.sock", Untainted: true},
+		APIServerEndpoint: "198.51.100.10:6443",
+		DiscoveryFile:     "/var/lib/berth/discovery.conf",
+	}
+	out, err := JoinConfig(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"kubeConfigPath: /var/lib/berth/discovery.conf", "name: w-0"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("config lacks %q:\n%s", want, out)
+		}
+	}
+	for _, unwanted := range []string{"bootstrapToken", "tlsBootstrapToken", "token:"} {
+		if strings.Contains(string(out), unwanted) {
+			t.Errorf("tokenless config has %q:\n%s", unwanted, out)
+		}
+	}
+	for name, mutate := range map[string]func(*JoinParams){
+		"token and file": func(p *JoinParams) { p.Token = "abcdef.0123456789abcdef" },
+		"relative file":  func(p *JoinParams) { p.DiscoveryFile = "discovery.conf" },
+		"neither":        func(p *JoinParams) { p.DiscoveryFile = "" },
+	} {
+		q := p
+		mutate(&q)
+		if _, err := JoinConfig(q); !errors.Is(err, ErrInvalidParams) {
+			t.Errorf("%s: JoinConfig() = %v, want ErrInvalidParams", name, err)
+		}
+	}
+}
+
 func TestRunnerArgv(t *testing.T) {
 	rec := &commandtest.Recorder{}
 	r := &Runner{Path: "/opt/bin/kubeadm", IgnorePreflightErrors: []string{"all"}, Exec: rec}

@@ -3,7 +3,16 @@
 //
 // The node's identity comes from the platform, never from the node: the peer's address is looked up
 // in metadata, the role it asks for must be the role metadata gives it, and its kubelet certificate
-// is issued for the instance name metadata reports. Every rejection is a gRPC status whose message
+// is issued for the instance name metadata reports.
+//
+// A worker ticket carries no bootstrap token: the node joins with kubeadm's discovery file, built
+// from the ticket's cluster CA and kubelet certificate and its own key (see bootstrapper/joincluster),
+// so the joinservice writes nothing to the API server per worker join but its batched ledger, and no
+// bearer token exists that anyone could use to request a certificate for any node name. A
+// control-plane ticket still carries a bootstrap token valid for 15 minutes (tokenTTL): control-plane
+// joins are rare and serialized by a Lease, and the tokenless path was proven for workers only.
+//
+// Every rejection is a gRPC status whose message
 // states the reason and whose ErrorInfo detail carries a stable reason code (see the Reason* constants).
 //
 // Every attempt, accepted or rejected, goes to a Journal (the join ledger) and an Observer (metrics);
@@ -14,9 +23,9 @@
 // tracked. A node needs one ticket per join and its JoinClient retries with a backoff of about a
 // second, so 1/s with burst 5 never slows a genuine node but stops one address from hammering the
 // service over one connection (an attested handshake is paid once per connection, not per call). The
-// global limit bounds what the tickets cost the control plane: each one is a Secret write in the API
-// server (a bootstrap token) and a CA signature; 100/s is far below what one kube-apiserver sustains
-// for small writes and lets a 200-node scale-up through in about 2 s. An excess call gets
+// global limit bounds what the tickets cost the control plane: a worker ticket is a CA signature and
+// a ledger entry (written in batches), a control-plane ticket also a Secret write (a bootstrap token);
+// 100/s lets a 200-node scale-up through in about 2 s. An excess call gets
 // ResourceExhausted with reason RATE_LIMITED before any cryptography, metadata lookup or API call:
 // its cost is one map lookup under a mutex. The limits are flags of the joinservice binary.
 package server
@@ -342,18 +351,9 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 			return nil, reject(codes.Unavailable, ReasonInternal, "the joinservice cannot read the control-plane files")
 		}
 	}
-	tok, err := s.tokens.Create(ctx, tokenTTL, "join of "+inst.Name)
-	if err != nil {
-		log.Error("creating bootstrap token", zap.Error(err))
-		return nil, reject(codes.Unavailable, ReasonInternal, "the joinservice cannot create a bootstrap token")
-	}
-	s.obs.Latency("join", "issue", time.Since(issueStart))
-	log.Info("join ticket issued")
-	return &joinproto.IssueJoinTicketResponse{
+	resp = &joinproto.IssueJoinTicketResponse{
 		NodeName:                   inst.Name,
 		ApiServerEndpoint:          s.cfg.APIServerEndpoint,
-		BootstrapToken:             tok.Value,
-		BootstrapTokenExpiry:       timestamppb.New(tok.Expires),
 		DiscoveryTokenCaCertHashes: []string{s.ca.Pin()},
 		KubeletCert:                cert,
 		ClusterCaCert:              s.ca.CertPEM(),
@@ -362,7 +362,21 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 		ClusterId:                  s.keys.ClusterID(),
 		DiskKey:                    s.keys.DiskKey(req.GetDiskUuid()),
 		MeasurementSalt:            s.salt,
-	}, nil
+	}
+	// A worker joins with the ticket's certificate and the CA alone (kubeadm's discovery file): no
+	// bootstrap token, no API write. A control plane still gets a short-lived token (see the package
+	// documentation); its joins are rare and serialized.
+	if wantRole == joinproto.Role_ROLE_CONTROL_PLANE {
+		tok, err := s.tokens.Create(ctx, tokenTTL, "join of "+inst.Name)
+		if err != nil {
+			log.Error("creating bootstrap token", zap.Error(err))
+			return nil, reject(codes.Unavailable, ReasonInternal, "the joinservice cannot create a bootstrap token")
+		}
+		resp.BootstrapToken, resp.BootstrapTokenExpiry = tok.Value, timestamppb.New(tok.Expires)
+	}
+	s.obs.Latency("join", "issue", time.Since(issueStart))
+	log.Info("join ticket issued")
+	return resp, nil
 }
 
 // IssueRejoinTicket implements the RPC.

@@ -147,19 +147,27 @@ func TestWorkerTicketBindsAttestedName(t *testing.T) {
 	if len(resp.GetControlPlaneFiles()) != 0 {
 		t.Fatal("worker got control-plane files")
 	}
-	if tok.n != 1 || resp.GetBootstrapToken() == "" || len(resp.GetDiscoveryTokenCaCertHashes()) != 1 || len(resp.GetClusterId()) != 32 {
+	if len(resp.GetDiscoveryTokenCaCertHashes()) != 1 || len(resp.GetClusterCaCert()) == 0 || len(resp.GetClusterId()) != 32 {
 		t.Fatalf("ticket incomplete: %v", resp)
+	}
+	// A worker joins with its certificate (kubeadm discovery file): no bootstrap token, no API write.
+	if tok.n != 0 || resp.GetBootstrapToken() != "" || resp.GetBootstrapTokenExpiry() != nil {
+		t.Fatalf("worker ticket carries a bootstrap token (%d created)", tok.n)
 	}
 }
 
 func TestControlPlaneTicketCarriesFiles(t *testing.T) {
-	c := start(t, peers{{Name: "cp-1", Role: metadata.RoleControlPlane, IPs: []string{"127.0.0.1"}}}, &fakeTokens{})
+	tok := &fakeTokens{}
+	c := start(t, peers{{Name: "cp-1", Role: metadata.RoleControlPlane, IPs: []string{"127.0.0.1"}}}, tok)
 	resp, err := c.IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := len(resp.GetControlPlaneFiles()); got != len(controlPlaneFiles) {
 		t.Fatalf("got %d control-plane files, want %d", got, len(controlPlaneFiles))
+	}
+	if tok.n != 1 || resp.GetBootstrapToken() == "" || resp.GetBootstrapTokenExpiry() == nil {
+		t.Fatalf("control-plane ticket without its bootstrap token (%d created)", tok.n)
 	}
 }
 
@@ -298,7 +306,7 @@ func TestRateLimitIsCheapAndNamed(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted || reason(err) != ReasonRateLimited {
 		t.Fatalf("IssueJoinTicket() = %v, want ResourceExhausted %s", err, ReasonRateLimited)
 	}
-	if tok.n != 3 || len(j.all()) != 3 || j.rateLimited["127.0.0.1"] != 1 {
+	if tok.n != 0 || len(j.all()) != 3 || j.rateLimited["127.0.0.1"] != 1 {
 		t.Fatalf("tokens %d, ledger %d entries, rate-limited %v", tok.n, len(j.all()), j.rateLimited)
 	}
 	// The global limit applies across peers.

@@ -101,8 +101,9 @@ func reasonOf(err error) string {
 }
 
 // TestBinaryAgainstAPIServer runs the real joinservice binary (without attestation) against a real
-// API server on which Berth's components are installed, with the joinservice's RBAC identity: tickets
-// carry real bootstrap tokens, every attempt lands in the ledger that berth status prints, metrics
+// API server on which Berth's components are installed, with the joinservice's RBAC identity: a worker
+// ticket needs no API write (no bootstrap token), a control-plane ticket carries a real bootstrap
+// token, every attempt lands in the ledger that berth status prints, metrics
 // are served, and SIGTERM stops it cleanly.
 func TestBinaryAgainstAPIServer(t *testing.T) {
 	env := apiservertest.Shared(t)
@@ -169,9 +170,11 @@ peers:
 		t.Fatalf("worker join: %v", err)
 	}
 	admin := env.Client(t, apiservertest.AdminUser)
-	id, _, _ := strings.Cut(resp.GetBootstrapToken(), ".")
-	if _, err := admin.CoreV1().Secrets("kube-system").Get(ctx, "bootstrap-token-"+id, metav1.GetOptions{}); err != nil {
-		t.Fatalf("the ticket's bootstrap token is not in the cluster: %v", err)
+	if resp.GetBootstrapToken() != "" {
+		t.Fatal("worker ticket carries a bootstrap token")
+	}
+	if secrets, err := admin.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{FieldSelector: "type=bootstrap.kubernetes.io/token"}); err != nil || len(secrets.Items) != 0 {
+		t.Fatalf("bootstrap token Secrets after a worker join: %d (%v), want none", len(secrets.Items), err)
 	}
 	block, _ := pem.Decode(resp.GetKubeletCert())
 	cert, err := x509.ParseCertificate(block.Bytes)
@@ -184,6 +187,10 @@ peers:
 	cp, err := clientFrom(t, addr, "127.0.0.3").IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_CONTROL_PLANE})
 	if err != nil || len(cp.GetControlPlaneFiles()) != 8 {
 		t.Fatalf("control-plane join: %v", err)
+	}
+	id, _, _ := strings.Cut(cp.GetBootstrapToken(), ".")
+	if _, err := admin.CoreV1().Secrets("kube-system").Get(ctx, "bootstrap-token-"+id, metav1.GetOptions{}); err != nil {
+		t.Fatalf("the control-plane ticket's bootstrap token is not in the cluster: %v", err)
 	}
 	lease, err := admin.CoordinationV1().Leases("berth-system").Get(ctx, cplease.LeaseName, metav1.GetOptions{})
 	if err != nil || lease.Spec.HolderIdentity != nil {
