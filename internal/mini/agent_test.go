@@ -2,7 +2,6 @@ package mini
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -94,38 +93,6 @@ func TestNotReadyAndWait(t *testing.T) {
 	defer cancel()
 	if err := waitNodesReady(ctx, fakeNodes{items: items}, cfg.Nodes(), time.Time{}, nil); err == nil || !strings.Contains(err.Error(), "w2(not registered)") {
 		t.Errorf("waitNodesReady on missing node = %v", err)
-	}
-}
-
-type fakeKubeProxy struct {
-	cm        *corev1.ConfigMap
-	updated   bool
-	restarted bool
-}
-
-func (f *fakeKubeProxy) GetConfigMap(context.Context) (*corev1.ConfigMap, error) { return f.cm, nil }
-func (f *fakeKubeProxy) UpdateConfigMap(_ context.Context, cm *corev1.ConfigMap) error {
-	f.cm, f.updated = cm, true
-	return nil
-}
-func (f *fakeKubeProxy) RestartPods(context.Context) error { f.restarted = true; return nil }
-
-func TestFixKubeProxyConntrack(t *testing.T) {
-	k := &fakeKubeProxy{cm: &corev1.ConfigMap{Data: map[string]string{"config.conf": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: nftables\nconntrack:\n  maxPerCore: null\n"}}}
-	fixed, err := fixKubeProxyConntrack(context.Background(), k)
-	if err != nil || !fixed || !k.updated || !k.restarted {
-		t.Fatalf("fix = %v %v (updated %v restarted %v)", fixed, err, k.updated, k.restarted)
-	}
-	var conf map[string]any
-	if err := json.Unmarshal(mustYAMLToJSON(t, k.cm.Data["config.conf"]), &conf); err != nil {
-		t.Fatal(err)
-	}
-	if ct := conf["conntrack"].(map[string]any); ct["maxPerCore"] != float64(0) || conf["mode"] != "nftables" {
-		t.Errorf("config after fix = %v", conf)
-	}
-	k.updated, k.restarted = false, false
-	if fixed, err := fixKubeProxyConntrack(context.Background(), k); err != nil || fixed || k.updated {
-		t.Errorf("second fix = %v %v, want no change", fixed, err)
 	}
 }
 

@@ -13,11 +13,9 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
-	"sigs.k8s.io/yaml"
 )
 
 // Attestation variants the mini cluster can ask its bootstrappers for.
@@ -72,17 +70,7 @@ func (c *Cluster) Bootstrap(ctx context.Context, opts BootstrapOptions) (Timings
 		if c.cfg.Attestation == AttestationInsecureNone {
 			args = append(args, "--insecure-skip-attestation")
 		}
-		// While init runs, fix kube-proxy as soon as the control plane answers, so that it never
-		// crash-loops (and host-network pods reach the API server's ClusterIP early).
-		fixCtx, stopFix := context.WithCancel(ctx)
-		fixDone := make(chan struct{})
-		go func() {
-			defer close(fixDone)
-			c.fixKubeProxyEarly(fixCtx, cp)
-		}()
 		out, err := c.run.Run(ctx, Cmd{Path: c.env.Self, Args: args})
-		stopFix()
-		<-fixDone
 		if err != nil {
 			return fmt.Errorf("berth init: %w", err)
 		}
@@ -99,8 +87,7 @@ func (c *Cluster) Bootstrap(ctx context.Context, opts BootstrapOptions) (Timings
 }
 
 // WaitReady waits until every node of the cluster is registered and Ready, through the admin
-// kubeconfig berth init wrote (default timeout 10 minutes). It also applies the kube-proxy fix for
-// namespace nodes once.
+// kubeconfig berth init wrote (default timeout 10 minutes).
 //
 // Only a Ready condition posted at or after since counts (zero since accepts any), so that after a
 // restart a node's status from before the power cut is not mistaken for a fresh one.
@@ -114,18 +101,6 @@ func (c *Cluster) WaitReady(ctx context.Context, since time.Time, timeout time.D
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	if err := waitFor(wctx, time.Second, func() bool {
-		fixed, err := fixKubeProxyConntrack(wctx, kubeProxyClientset{cs})
-		if err != nil {
-			return false // API not up yet (after a restart); retry
-		}
-		if fixed && status != nil {
-			status("kube-proxy set to leave the host's nf_conntrack_max alone")
-		}
-		return true
-	}); err != nil {
-		return fmt.Errorf("%w: API server unreachable: %w", ErrNotReady, err)
-	}
 	return waitNodesReady(wctx, cs.CoreV1().Nodes(), c.cfg.GenuineNodes(), since, status)
 }
 
@@ -203,92 +178,6 @@ func (c *Cluster) writeInitSecret(secret []byte) error {
 		return nil
 	}
 	return writeFile(c.initSecretPath(), []byte(hex.EncodeToString(secret)+"\n"), 0o600)
-}
-
-// fixKubeProxyEarly polls for the control plane's own admin kubeconfig (kubeadm writes it into
-// the node's /etc/kubernetes early in init) and applies fixKubeProxyConntrack as soon as kube-proxy's
-// ConfigMap exists, until it succeeded or ctx ends.
-func (c *Cluster) fixKubeProxyEarly(ctx context.Context, cp Node) {
-	kubeconfig := filepath.Join(c.fsDir(cp.Name), "etc-kubernetes", "admin.conf")
-	_ = waitFor(ctx, 500*time.Millisecond, func() bool {
-		if _, err := os.Stat(kubeconfig); err != nil {
-			return false
-		}
-		cs, err := newClientset(kubeconfig)
-		if err != nil {
-			return false
-		}
-		k := kubeProxyClientset{cs}
-		if _, err := k.GetConfigMap(ctx); err != nil {
-			return false // not created yet, or API not up
-		}
-		_, err = fixKubeProxyConntrack(ctx, k)
-		return err == nil
-	})
-}
-
-// kubeProxyClient reads and updates kube-proxy's ConfigMap and restarts its pods.
-type kubeProxyClient interface {
-	GetConfigMap(ctx context.Context) (*corev1.ConfigMap, error)
-	UpdateConfigMap(ctx context.Context, cm *corev1.ConfigMap) error
-	RestartPods(ctx context.Context) error
-}
-
-type kubeProxyClientset struct{ cs kubernetes.Interface }
-
-func (k kubeProxyClientset) GetConfigMap(ctx context.Context) (*corev1.ConfigMap, error) {
-	return k.cs.CoreV1().ConfigMaps("kube-system").Get(ctx, "kube-proxy", metav1.GetOptions{})
-}
-
-func (k kubeProxyClientset) UpdateConfigMap(ctx context.Context, cm *corev1.ConfigMap) error {
-	_, err := k.cs.CoreV1().ConfigMaps("kube-system").Update(ctx, cm, metav1.UpdateOptions{})
-	return err
-}
-
-func (k kubeProxyClientset) RestartPods(ctx context.Context) error {
-	return k.cs.CoreV1().Pods("kube-system").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "k8s-app=kube-proxy"})
-}
-
-// fixKubeProxyConntrack makes kube-proxy leave nf_conntrack_max alone: on a namespace node that
-// sysctl belongs to the host (read-only outside the initial network namespace), and kube-proxy
-// exits when it cannot set it. kubeadm's KubeProxyConfiguration would be the right place
-// (conntrack.maxPerCore: 0); until the bootstrapper sets it there, mini patches the ConfigMap.
-func fixKubeProxyConntrack(ctx context.Context, k kubeProxyClient) (bool, error) {
-	cm, err := k.GetConfigMap(ctx)
-	if apierrors.IsNotFound(err) {
-		return false, nil // kube-proxy not installed
-	}
-	if err != nil {
-		return false, fmt.Errorf("reading kube-proxy config: %w", err)
-	}
-	var conf map[string]any
-	if err := yaml.Unmarshal([]byte(cm.Data["config.conf"]), &conf); err != nil {
-		return false, fmt.Errorf("decoding kube-proxy config: %w", err)
-	}
-	if conf == nil {
-		return false, errors.New("decoding kube-proxy config: empty config.conf")
-	}
-	ct, _ := conf["conntrack"].(map[string]any)
-	if ct == nil {
-		ct = map[string]any{}
-	}
-	if v, ok := ct["maxPerCore"].(float64); ok && v == 0 {
-		return false, nil
-	}
-	ct["maxPerCore"] = 0
-	conf["conntrack"] = ct
-	b, err := yaml.Marshal(conf)
-	if err != nil {
-		return false, fmt.Errorf("encoding kube-proxy config: %w", err)
-	}
-	cm.Data["config.conf"] = string(b)
-	if err := k.UpdateConfigMap(ctx, cm); err != nil {
-		return false, fmt.Errorf("updating kube-proxy config: %w", err)
-	}
-	if err := k.RestartPods(ctx); err != nil {
-		return true, fmt.Errorf("restarting kube-proxy: %w", err)
-	}
-	return true, nil
 }
 
 // TamperedStatus describes what happened to one tampered node.
