@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -145,8 +146,8 @@ func TestJoinLoad(t *testing.T) {
 		t.Skip("load harness: run with BERTH_BENCH_JOIN=1 (make bench-join)")
 	}
 	duration, _ := time.ParseDuration(envOr("BENCH_JOIN_DURATION", "10s"))
-	clients, _ := strconv.Atoi(envOr("BENCH_JOIN_CLIENTS", "64"))
-	mode := envOr("BENCH_JOIN_TOKENS", "apiserver")
+	clients, _ := strconv.Atoi(envOr("BENCH_JOIN_CLIENTS", "16"))
+	mode := envOr("BENCH_JOIN_API", "apiserver")
 
 	fakeKube := fake.NewClientset()
 	var kube kubernetes.Interface = fakeKube
@@ -233,7 +234,8 @@ func TestJoinLoad(t *testing.T) {
 		}
 		defer conn.Close()
 		conns[i] = joinproto.NewJoinServiceClient(conn)
-		key, _ := rsa.GenerateKey(rand.Reader, 2048)
+		// The bootstrapper's kubelet key: ECDSA P-256 (bootstrapper/joinclient).
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 		if csrs[i], err = x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: "x"}}, key); err != nil {
 			t.Fatal(err)
 		}
@@ -297,11 +299,14 @@ func TestJoinLoad(t *testing.T) {
 			case <-tick.C:
 				var ms runtime.MemStats
 				runtime.ReadMemStats(&ms)
-				fmt.Printf("t=%.0fs heap in use %.1f MB, goroutines %d\n", time.Since(start).Seconds(), float64(ms.HeapInuse)/(1<<20), runtime.NumGoroutine())
+				fmt.Printf("t=%.0fs heap in use %.1f MB, goroutines %d, RSS %.0f MB%s\n", time.Since(start).Seconds(), float64(ms.HeapInuse)/(1<<20),
+					runtime.NumGoroutine(), rssMB(os.Getpid()), apiRSS(pids))
 			}
 		}
 	}()
+	stopProfile := startCPUProfile(t, os.Getenv("BENCH_JOIN_CPUPROFILE"))
 	acc := run(duration)
+	stopProfile()
 	stopSampling()
 	<-sampled
 	heap1 := heapMB()
@@ -311,13 +316,70 @@ func TestJoinLoad(t *testing.T) {
 	pct := func(p float64) float64 { return float64(acc.lat.quantile(p).Microseconds()) / 1000 }
 	joinsPerSec := float64(acc.ok) / acc.elapsed.Seconds()
 	cpuAcc, cpuRej := acc.cpu/float64(max(acc.ok, 1)), rej.cpu/float64(max(rej.rejected, 1))
-	fmt.Printf("tokens=%s ca=%s clients=%d duration=%s cpus=%d\n", mode, caAlg, clients, duration, runtime.NumCPU())
+	fmt.Printf("api=%s ca=%s clients=%d duration=%s cpus=%d bootstrap tokens written=%d\n", mode, caAlg, clients, duration, runtime.NumCPU(), countTokens(t, kube, mode))
 	fmt.Printf("accepted phase: %d tickets, %d failed, %.0f/s, cpu %.2f ms/ticket; heap in use %.1f MB before, %.1f MB after\n",
 		acc.ok, acc.failed, joinsPerSec, cpuAcc*1000, heap0, heap1)
 	fmt.Printf("rejected phase: %d MEASUREMENT_MISMATCH, %d other, %.0f/s, cpu %.3f ms/rejection\n",
 		rej.rejected, rej.failed+rej.ok, float64(rej.rejected)/rej.elapsed.Seconds(), cpuRej*1000)
 	fmt.Printf("ledger: %d entries dropped (queue full), %d superseded (more than %d per write interval)\n", journal.Dropped(), journal.Superseded(), ledger.Capacity)
 	fmt.Printf("joins/s=%.0f p50_ms=%.2f p99_ms=%.2f reject_cost_ratio=%.3f\n", joinsPerSec, pct(0.50), pct(0.99), cpuRej/cpuAcc)
+}
+
+// startCPUProfile profiles the process into path (empty: no profile) until the returned func runs.
+func startCPUProfile(t *testing.T, path string) func() {
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}
+}
+
+// rssMB is the resident set size of process pid.
+func rssMB(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// apiRSS describes the resident set sizes of etcd and kube-apiserver, if they run.
+func apiRSS(pids []int) string {
+	var parts []string
+	for _, pid := range pids {
+		parts = append(parts, fmt.Sprintf("%.0f", rssMB(pid)))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "; etcd, kube-apiserver RSS " + strings.Join(parts, ", ") + " MB"
+}
+
+// countTokens counts the bootstrap token Secrets in the API server: a worker join writes none.
+func countTokens(t *testing.T, kube kubernetes.Interface, mode string) int {
+	if mode != "apiserver" {
+		return 0
+	}
+	l, err := kube.CoreV1().Secrets("kube-system").List(context.Background(), metav1.ListOptions{FieldSelector: "type=bootstrap.kubernetes.io/token"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(l.Items)
 }
 
 // atlsLimitsOff lifts the server's rate limits: the harness measures capacity, not the limiter.
