@@ -150,9 +150,23 @@ func TestMiniWebhook(t *testing.T) {
 		c.kube("-n", "berth-system", "rollout", "status", "deployment/berth-webhook", "--timeout=300s")
 		t.Logf("rollout restart %d/10 done at %s, %d requests", i+1, time.Since(t1).Round(time.Second), total.Load())
 	}
+	// Further disturbances under the same load: delete each pod, then scale 2 -> 1 -> 2.
+	for range 2 {
+		name := strings.TrimSpace(c.kube("-n", "berth-system", "get", "pod", "-l", "app.kubernetes.io/name=berth-webhook",
+			"--field-selector=status.phase=Running", "-o", "jsonpath={.items[0].metadata.name}"))
+		c.kube("-n", "berth-system", "delete", "pod", name, "--wait=false")
+		c.kube("-n", "berth-system", "rollout", "status", "deployment/berth-webhook", "--timeout=300s")
+		waitWebhookPods(t, ctx, kube, 2)
+	}
+	c.kube("-n", "berth-system", "scale", "deployment/berth-webhook", "--replicas=1")
+	waitWebhookPods(t, ctx, kube, 1)
+	c.kube("-n", "berth-system", "scale", "deployment/berth-webhook", "--replicas=2")
+	c.kube("-n", "berth-system", "rollout", "status", "deployment/berth-webhook", "--timeout=300s")
+	t.Logf("2 pod deletions and a scale 2 -> 1 -> 2 done at %s, %d requests", time.Since(t1).Round(time.Second), total.Load())
 	close(done)
 	wg.Wait()
-	t.Logf("T1: 10 rollout restarts in %s; %d dry-run creates by 2 clients, %d failed", time.Since(t1).Round(time.Second), total.Load(), failed.Load())
+	t.Logf("T1: 10 rollout restarts, 2 pod deletions, scale 2 -> 1 -> 2 in %s; %d dry-run creates by 2 clients, %d failed",
+		time.Since(t1).Round(time.Second), total.Load(), failed.Load())
 	if failed.Load() != 0 {
 		t.Errorf("T1: %d failed requests:\n%s", failed.Load(), strings.Join(failures, "\n"))
 	}
@@ -243,6 +257,31 @@ func waitSA(t *testing.T, ctx context.Context, kube kubernetes.Interface, ns str
 		case <-ctx.Done():
 			t.Fatalf("no default ServiceAccount in %s", ns)
 		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// waitWebhookPods waits until exactly n webhook pods exist and none is terminating, so the next
+// disturbance starts from a settled state.
+func waitWebhookPods(t *testing.T, ctx context.Context, kube kubernetes.Interface, n int) {
+	t.Helper()
+	for {
+		list, err := kube.CoreV1().Pods("berth-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=berth-webhook"})
+		if err == nil && len(list.Items) == n {
+			settled := true
+			for _, p := range list.Items {
+				if p.DeletionTimestamp != nil {
+					settled = false
+				}
+			}
+			if settled {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("webhook pods did not settle at %d", n)
+		case <-time.After(500 * time.Millisecond):
 		}
 	}
 }
