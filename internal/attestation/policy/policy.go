@@ -27,7 +27,6 @@ import (
 	"bytes"
 	"crypto/x509"
 	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -40,6 +39,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/berth-k8s/berth/internal/attestation"
+	"github.com/berth-k8s/berth/internal/pemcerts"
 )
 
 // MaxFileSize bounds the size of a policy file; larger inputs are rejected before parsing.
@@ -377,26 +377,7 @@ func (r trustRoot) load(readFile func(string) ([]byte, error)) ([]*x509.Certific
 	case r.PEM == "":
 		return nil, errors.New("empty entry")
 	}
-	var certs []*x509.Certificate
-	for {
-		var block *pem.Block
-		block, data = pem.Decode(data)
-		if block == nil {
-			break
-		}
-		if block.Type != "CERTIFICATE" {
-			continue
-		}
-		c, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("parsing certificate: %w", err)
-		}
-		certs = append(certs, c)
-	}
-	if len(certs) == 0 {
-		return nil, errors.New("no PEM certificate found")
-	}
-	return certs, nil
+	return pemcerts.Parse(data)
 }
 
 func readLimited(r io.Reader) ([]byte, error) {

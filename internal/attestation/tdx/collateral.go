@@ -12,6 +12,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/berth-k8s/berth/internal/pemcerts"
 )
 
 // Collateral is the signed material Intel publishes for verifying the quotes of one platform family: the PCK CRL
@@ -207,7 +209,7 @@ func (c *Collateral) parse() (*parsedCollateral, error) {
 	if p.pckCRL, err = parseCRL(c.PCKCRL); err != nil {
 		return nil, fmt.Errorf("parsing PCK CRL: %w", err)
 	}
-	if p.pckCRLChain, err = parsePEMCertificates(c.PCKCRLIssuerChain); err != nil {
+	if p.pckCRLChain, err = pemcerts.Parse(c.PCKCRLIssuerChain); err != nil {
 		return nil, fmt.Errorf("parsing PCK CRL issuer chain: %w", err)
 	}
 	if len(c.RootCACRL) > 0 {
@@ -221,7 +223,7 @@ func (c *Collateral) parse() (*parsedCollateral, error) {
 	if err := json.Unmarshal(p.tcbInfoSigned.raw, &p.tcbInfo); err != nil {
 		return nil, fmt.Errorf("parsing TCB info: %w", err)
 	}
-	if p.tcbInfoChain, err = parsePEMCertificates(c.TCBInfoIssuerChain); err != nil {
+	if p.tcbInfoChain, err = pemcerts.Parse(c.TCBInfoIssuerChain); err != nil {
 		return nil, fmt.Errorf("parsing TCB info issuer chain: %w", err)
 	}
 	if p.qeIdentitySigned, err = splitSigned(c.QEIdentity, "enclaveIdentity"); err != nil {
@@ -230,7 +232,7 @@ func (c *Collateral) parse() (*parsedCollateral, error) {
 	if err := json.Unmarshal(p.qeIdentitySigned.raw, &p.qeIdentity); err != nil {
 		return nil, fmt.Errorf("parsing QE identity: %w", err)
 	}
-	if p.qeIdentityChain, err = parsePEMCertificates(c.QEIdentityIssuerChain); err != nil {
+	if p.qeIdentityChain, err = pemcerts.Parse(c.QEIdentityIssuerChain); err != nil {
 		return nil, fmt.Errorf("parsing QE identity issuer chain: %w", err)
 	}
 	return p, nil

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/edgelesssys/go-tdx-qpl/blobs"
+
+	"github.com/berth-k8s/berth/internal/pemcerts"
 )
 
 func TestDocumentRoundTrip(t *testing.T) {
@@ -101,7 +103,7 @@ func FuzzParseDocument(f *testing.F) {
 			return
 		}
 		_ = q.Measurements()
-		certs, err := parsePEMCertificates(q.PCKChainPEM)
+		certs, err := pemcerts.Parse(q.PCKChainPEM)
 		if err != nil {
 			return
 		}
@@ -121,7 +123,7 @@ func FuzzParseQuote(f *testing.F) {
 		if len(q.SignedBytes) != signedQuoteSize || len(q.RawQEReport) != enclaveReportSize {
 			t.Fatalf("parsed quote with %d signed bytes and a %d-byte QE report", len(q.SignedBytes), len(q.RawQEReport))
 		}
-		if certs, err := parsePEMCertificates(q.PCKChainPEM); err == nil {
+		if certs, err := pemcerts.Parse(q.PCKChainPEM); err == nil {
 			_, _ = parsePCKExtensions(certs[0])
 		}
 	})

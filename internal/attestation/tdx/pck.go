@@ -3,7 +3,6 @@ package tdx
 import (
 	"crypto/x509"
 	"encoding/asn1"
-	"encoding/pem"
 	"errors"
 	"fmt"
 )
@@ -135,29 +134,4 @@ func parseTCBEntry(der []byte, out *pckExtensions) error {
 		return fmt.Errorf("decoding SGX TCB: %d of 17 entries present", seen)
 	}
 	return nil
-}
-
-// parsePEMCertificates decodes every CERTIFICATE block in data, in order. Trailing NUL bytes and other non-PEM
-// text between blocks are ignored, as quote generators pad the chain.
-func parsePEMCertificates(data []byte) ([]*x509.Certificate, error) {
-	var certs []*x509.Certificate
-	for {
-		var block *pem.Block
-		block, data = pem.Decode(data)
-		if block == nil {
-			break
-		}
-		if block.Type != "CERTIFICATE" {
-			continue
-		}
-		cert, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("parsing certificate %d: %w", len(certs), err)
-		}
-		certs = append(certs, cert)
-	}
-	if len(certs) == 0 {
-		return nil, errors.New("no certificate found")
-	}
-	return certs, nil
 }

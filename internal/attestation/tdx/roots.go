@@ -2,8 +2,9 @@ package tdx
 
 import (
 	"crypto/x509"
-	"encoding/pem"
 	"fmt"
+
+	"github.com/berth-k8s/berth/internal/pemcerts"
 )
 
 // IntelSGXRootCAPEM is Intel's SGX Root CA certificate (CN "Intel SGX Root CA", P-256, valid 2018-05-21 to
@@ -38,26 +39,13 @@ func IntelSGXRootCA() *x509.CertPool {
 
 // CertPoolFromPEM builds a pool of trusted roots from PEM certificates, for configured trust roots.
 func CertPoolFromPEM(data []byte) (*x509.CertPool, error) {
-	pool := x509.NewCertPool()
-	n := 0
-	for {
-		var block *pem.Block
-		block, data = pem.Decode(data)
-		if block == nil {
-			break
-		}
-		if block.Type != "CERTIFICATE" {
-			continue
-		}
-		cert, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("parsing trust root %d: %w", n, err)
-		}
-		pool.AddCert(cert)
-		n++
+	certs, err := pemcerts.Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("parsing trust roots: %w", err)
 	}
-	if n == 0 {
-		return nil, fmt.Errorf("parsing trust roots: no certificate found")
+	pool := x509.NewCertPool()
+	for _, c := range certs {
+		pool.AddCert(c)
 	}
 	return pool, nil
 }

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/berth-k8s/berth/internal/attestation"
+	"github.com/berth-k8s/berth/internal/pemcerts"
 )
 
 // Named failures specific to TDX. Each wraps the nearest shared sentinel of package attestation, so callers that
@@ -220,7 +221,7 @@ func (v *Verifier) checkPCKChain(chainPEM []byte, now time.Time) (*checkedPCK, e
 		return c, nil
 	}
 
-	certs, err := parsePEMCertificates(chainPEM)
+	certs, err := pemcerts.Parse(chainPEM)
 	if err != nil {
 		return nil, fmt.Errorf("parsing PCK certificate chain: %w: %w", err, attestation.ErrMalformed)
 	}
