@@ -182,6 +182,8 @@ type WebhookInstaller struct {
 	applier
 	out    io.Writer
 	result WebhookResult
+	// started is when the running Install began; progress lines say how long ago.
+	started time.Time
 }
 
 // NewWebhookInstaller returns an installer using the given clients; progress goes to out.
@@ -216,7 +218,11 @@ func (i *Installer) installWebhook(ctx context.Context, kubeconfigPath string, j
 }
 
 func (w *WebhookInstaller) say(format string, args ...any) {
-	fmt.Fprintf(w.out, "[berth] webhook: "+format+"\n", args...)
+	elapsed := ""
+	if !w.started.IsZero() {
+		elapsed = fmt.Sprintf(" (+%.1fs)", time.Since(w.started).Seconds())
+	}
+	fmt.Fprintf(w.out, "[berth] webhook%s: "+format+"\n", append([]any{elapsed}, args...)...)
 }
 
 // Install runs B1–B10: API ready, backend applied (only what differs), Deployment available, every
@@ -225,6 +231,7 @@ func (w *WebhookInstaller) say(format string, args ...any) {
 // widened. A re-run on a healthy cluster writes nothing. Every error wraps an ErrWebhook* category.
 func (w *WebhookInstaller) Install(ctx context.Context) (WebhookResult, error) {
 	w.result = WebhookResult{}
+	w.started = time.Now()
 	if w.cfg.Image == "" {
 		return w.result, failure(ErrWebhookInvalidConfiguration, "name the berth-webhook image", "no image")
 	}
