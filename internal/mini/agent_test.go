@@ -14,7 +14,6 @@ import (
 	"go.uber.org/zap/zaptest"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
 )
 
 // TestAgentServesMetadata runs the agent on a loopback listener. The metadata server tells callers
@@ -127,15 +126,6 @@ func TestPolicyAndBootMeasurement(t *testing.T) {
 	if len(ExpectedBootPCR()) != 64 {
 		t.Errorf("expected PCR = %s", ExpectedBootPCR())
 	}
-}
-
-func mustYAMLToJSON(t *testing.T, y string) []byte {
-	t.Helper()
-	b, err := yaml.YAMLToJSON([]byte(y))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 func TestSeedContainerdRoot(t *testing.T) {
