@@ -133,7 +133,7 @@ func InitConfig(p InitParams) ([]byte, error) {
 		// signs a kubelet certificate per join, and an RSA-2048 signature is about 0.8 ms of CPU
 		// (make bench-join: about 2,000 joins/s on 2 cores with RSA, 7,500/s with ECDSA P-256).
 		EncryptionAlgorithm: v1beta4.EncryptionAlgorithmECDSAP256,
-		Networking:           v1beta4.Networking{ServiceSubnet: p.ServiceCIDR, PodSubnet: p.PodCIDR},
+		Networking:          v1beta4.Networking{ServiceSubnet: p.ServiceCIDR, PodSubnet: p.PodCIDR},
 		APIServer: v1beta4.APIServer{
 			CertSANs: p.CertSANs,
 			// Webhooks and aggregated APIs are dialled at an endpoint IP, so admission keeps working
