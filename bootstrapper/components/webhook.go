@@ -259,9 +259,17 @@ func (w *WebhookInstaller) Install(ctx context.Context) (WebhookResult, error) {
 	return w.result, nil
 }
 
-// retry calls f with exponential, jittered backoff until it returns done or ctx ends; it returns
-// f's last error.
+// retry calls f with exponential, jittered backoff capped at MaxBackoff until it returns done or ctx
+// ends; it returns f's last error.
 func (w *WebhookInstaller) retry(ctx context.Context, f func() (done bool, err error)) error {
+	return w.retryCapped(ctx, w.cfg.MaxBackoff, f)
+}
+
+// readyPoll caps the backoff while waiting for the webhook's own pods: the checks are two GETs and a
+// list, and a long sleep right when the pods turn ready is what the operator would wait for.
+const readyPoll = 2 * time.Second
+
+func (w *WebhookInstaller) retryCapped(ctx context.Context, maxWait time.Duration, f func() (done bool, err error)) error {
 	wait := 200 * time.Millisecond
 	for {
 		done, err := f()
@@ -277,7 +285,7 @@ func (w *WebhookInstaller) retry(ctx context.Context, f func() (done bool, err e
 			return err
 		case <-time.After(jittered):
 		}
-		wait = min(wait*2, w.cfg.MaxBackoff)
+		wait = min(wait*2, maxWait)
 	}
 }
 
@@ -741,27 +749,31 @@ func newLeaf(ca *x509.Certificate, caKey *ecdsa.PrivateKey, now time.Time) ([]by
 func (w *WebhookInstaller) waitServing(ctx context.Context, caPEM []byte) ([]string, error) {
 	var last *WebhookError
 	var endpoints []string
-	passes := 0
-	err := w.retry(ctx, func() (bool, error) {
-		var err *WebhookError
-		endpoints, err = w.readyEndpoints(ctx)
-		if err == nil {
-			err = w.probeAll(ctx, caPEM, endpoints)
+	// One attempt is a whole streak of StablePasses rounds, StableInterval apart; a failed round ends
+	// the attempt, and only then does the backoff apply.
+	err := w.retryCapped(ctx, min(w.cfg.MaxBackoff, readyPoll), func() (bool, error) {
+		for passes := 0; ; {
+			var err *WebhookError
+			endpoints, err = w.readyEndpoints(ctx)
+			if err == nil {
+				err = w.probeAll(ctx, caPEM, endpoints)
+			}
+			if err != nil {
+				if last == nil || last.Error() != err.Error() {
+					w.say("waiting: %v", err)
+				}
+				last = err
+				return false, err
+			}
+			if passes++; passes >= w.cfg.StablePasses {
+				return true, nil
+			}
+			select {
+			case <-ctx.Done():
+				return true, ctx.Err()
+			case <-time.After(w.cfg.StableInterval):
+			}
 		}
-		if err != nil {
-			last, passes = err, 0
-			return false, err
-		}
-		passes++
-		if passes >= w.cfg.StablePasses {
-			return true, nil
-		}
-		select {
-		case <-ctx.Done():
-			return true, ctx.Err()
-		case <-time.After(w.cfg.StableInterval):
-		}
-		return false, nil
 	})
 	if err != nil {
 		if last == nil {
