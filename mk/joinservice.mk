@@ -14,14 +14,14 @@ test-joinservice: ## joinservice tests with the race detector, including those a
 
 # Load harness (joinservice/loadtest, see its package doc for exactly what it measures). Knobs:
 # BENCH_JOIN_API=apiserver|fake (where the ledger writes), BENCH_JOIN_DURATION (accepted phase; the
-# rejected phase runs half), BENCH_JOIN_CLIENTS, BENCH_JOIN_CA=rsa|ecdsa (the cluster CA key; kubeadm's
-# default and today's cluster: rsa), BENCH_JOIN_CPUPROFILE=/abs/FILE (CPU profile of the accepted phase).
+# rejected phase runs half), BENCH_JOIN_CLIENTS, BENCH_JOIN_CA=ecdsa|rsa (the cluster CA key; berth init
+# makes it ECDSA P-256, kubeadm's own default is RSA-2048), BENCH_JOIN_CPUPROFILE=/abs/FILE (CPU profile of the accepted phase).
 # Worker tickets carry no bootstrap token, so the production configuration writes only the batched
 # ledger to the API server. The last line is `joins/s=<n> p50_ms=<n> p99_ms=<n> reject_cost_ratio=<n>`.
 BENCH_JOIN_API ?= apiserver
 BENCH_JOIN_DURATION ?= 10s
 BENCH_JOIN_CLIENTS ?= 16
-BENCH_JOIN_CA ?= rsa
+BENCH_JOIN_CA ?= ecdsa
 BENCH_JOIN_CPUPROFILE ?=
 
 .PHONY: bench-join

@@ -192,7 +192,11 @@ func (w *Writer) Run(ctx context.Context) error {
 			}
 			return nil
 		case e := <-w.queue:
-			pending = w.keep(append(pending, e))
+			// Trimmed only when twice over capacity: a flood of entries costs amortized O(1) each,
+			// not a copy of Capacity entries each (drain trims exactly before a write).
+			if pending = append(pending, e); len(pending) >= 2*Capacity {
+				pending = w.keep(pending)
+			}
 			continue
 		case <-ticker.C:
 		}

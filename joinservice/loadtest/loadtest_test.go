@@ -1,6 +1,7 @@
 package loadtest
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto"
@@ -11,11 +12,14 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/hex"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
@@ -29,6 +33,7 @@ import (
 
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/peer"
@@ -72,8 +77,8 @@ type instances []metadata.Instance
 
 func (i instances) Peers(context.Context) ([]metadata.Instance, error) { return i, nil }
 
-// writePKI writes the cluster CA: RSA-2048 (kubeadm's default encryptionAlgorithm) or ECDSA P-256
-// (kubeadm's ECDSA-P256).
+// writePKI writes the cluster CA: ECDSA P-256 (kubeadm's ECDSA-P256, which berth init uses) or
+// RSA-2048 (kubeadm's default encryptionAlgorithm).
 func writePKI(t *testing.T, alg string) string {
 	dir := t.TempDir()
 	var signer crypto.Signer
@@ -134,9 +139,11 @@ func heapMB() float64 {
 	return float64(ms.HeapInuse) / (1 << 20)
 }
 
+// phaseResult is one phase: counts and latency from the client process, CPU of the server side.
 type phaseResult struct {
-	ok, rejected, failed int
-	lat                  *histogram
+	OK, Rejected, Failed int
+	P50ms, P99ms         float64
+	ClientCPU            float64
 	elapsed              time.Duration
 	cpu                  float64
 }
@@ -184,7 +191,7 @@ func TestJoinLoad(t *testing.T) {
 	var insts instances
 	addrs := make([]string, clients)
 	for i := range clients {
-		addrs[i] = fmt.Sprintf("127.0.%d.%d", 1+i/250, 1+i%250)
+		addrs[i] = addrFor(i)
 		insts = append(insts, metadata.Instance{Name: fmt.Sprintf("worker-%d", i), Role: metadata.RoleWorker, IPs: []string{addrs[i]}})
 	}
 	setMeasurements := func(pcr4 string) {
@@ -196,7 +203,7 @@ func TestJoinLoad(t *testing.T) {
 		}
 	}
 
-	caAlg := envOr("BENCH_JOIN_CA", "rsa")
+	caAlg := envOr("BENCH_JOIN_CA", "ecdsa")
 	authority, err := ca.Load(writePKI(t, caAlg))
 	if err != nil {
 		t.Fatal(err)
@@ -204,7 +211,7 @@ func TestJoinLoad(t *testing.T) {
 	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
 	journal := ledger.NewWriter(kube, "berth-system", "bench", zap.NewNop())
 	m := metrics.New(journal)
-	srv := server.New(server.Config{APIServerEndpoint: "198.51.100.10:6443", KubernetesVersion: "v1.34.2"}, zap.NewNop(), keys,
+	srv := server.New(server.Config{APIServerEndpoint: "198.51.100.10:6443", KubernetesVersion: "v1.34.2"}, productionLogger(), keys,
 		bytes.Repeat([]byte{2}, 32), authority, tok, insts, check,
 		server.WithJournal(journal), server.WithObserver(m),
 		server.WithLimits(atlsLimitsOff()))
@@ -217,66 +224,23 @@ func TestJoinLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer()
+	g := grpc.NewServer(server.GRPCServerOptions()...)
 	joinproto.RegisterJoinServiceServer(g, srv)
 	served := make(chan struct{})
 	go func() { defer close(served); _ = g.Serve(lis) }()
 	defer func() { g.Stop(); <-served }()
 
-	conns := make([]joinproto.JoinServiceClient, clients)
-	csrs := make([][]byte, clients)
-	for i := range clients {
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(addrs[i])}}
-		conn, err := grpc.NewClient("passthrough:///"+lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		conns[i] = joinproto.NewJoinServiceClient(conn)
-		// The bootstrapper's kubelet key: ECDSA P-256 (bootstrapper/joinclient).
-		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if csrs[i], err = x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: "x"}}, key); err != nil {
-			t.Fatal(err)
-		}
-	}
-
+	// The clients run in a child process (TestJoinLoadClients), so that this process's CPU time is
+	// the server's (and its ledger's and metrics') alone.
 	run := func(d time.Duration) phaseResult {
-		var mu sync.Mutex
-		res := phaseResult{lat: newHistogram()}
+		child := startClients(t, lis.Addr().String(), clients, d)
 		cpu0, start := cpuSeconds(pids), time.Now()
-		deadline := start.Add(d)
-		var wg sync.WaitGroup
-		for i := range clients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				ok, rej, failed := 0, 0, 0
-				for time.Now().Before(deadline) {
-					t0 := time.Now()
-					_, err := conns[i].IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csrs[i], Role: joinproto.Role_ROLE_WORKER})
-					switch {
-					case err == nil:
-						ok++
-						res.lat.add(time.Since(t0))
-					case strings.Contains(err.Error(), "index 4"):
-						rej++
-					default:
-						failed++
-					}
-				}
-				mu.Lock()
-				res.ok, res.rejected, res.failed = res.ok+ok, res.rejected+rej, res.failed+failed
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
+		res := child.wait(t)
 		res.elapsed, res.cpu = time.Since(start), cpuSeconds(pids)-cpu0
 		return res
 	}
 
 	setMeasurements(zero)
-	_ = run(time.Second) // warm-up: connections, caches
 	heap0 := heapMB()
 	// Long runs sample the heap every 30 s to show whether memory stays flat.
 	sampleCtx, stopSampling := context.WithCancel(context.Background())
@@ -311,18 +275,162 @@ func TestJoinLoad(t *testing.T) {
 	<-sampled
 	heap1 := heapMB()
 	setMeasurements(ones)
+	stopProfile = func() {}
+	if path := os.Getenv("BENCH_JOIN_CPUPROFILE"); path != "" {
+		stopProfile = startCPUProfile(t, path+".rejected")
+	}
 	rej := run(duration / 2)
+	stopProfile()
 
-	pct := func(p float64) float64 { return float64(acc.lat.quantile(p).Microseconds()) / 1000 }
-	joinsPerSec := float64(acc.ok) / acc.elapsed.Seconds()
-	cpuAcc, cpuRej := acc.cpu/float64(max(acc.ok, 1)), rej.cpu/float64(max(rej.rejected, 1))
+	joinsPerSec := float64(acc.OK) / acc.elapsed.Seconds()
+	cpuAcc, cpuRej := acc.cpu/float64(max(acc.OK, 1)), rej.cpu/float64(max(rej.Rejected, 1))
 	fmt.Printf("api=%s ca=%s clients=%d duration=%s cpus=%d bootstrap tokens written=%d\n", mode, caAlg, clients, duration, runtime.NumCPU(), countTokens(t, kube, mode))
-	fmt.Printf("accepted phase: %d tickets, %d failed, %.0f/s, cpu %.2f ms/ticket; heap in use %.1f MB before, %.1f MB after\n",
-		acc.ok, acc.failed, joinsPerSec, cpuAcc*1000, heap0, heap1)
-	fmt.Printf("rejected phase: %d MEASUREMENT_MISMATCH, %d other, %.0f/s, cpu %.3f ms/rejection\n",
-		rej.rejected, rej.failed+rej.ok, float64(rej.rejected)/rej.elapsed.Seconds(), cpuRej*1000)
+	fmt.Printf("accepted phase: %d tickets, %d failed, %.0f/s, server cpu %.3f ms/ticket (clients %.3f); heap in use %.1f MB before, %.1f MB after\n",
+		acc.OK, acc.Failed, joinsPerSec, cpuAcc*1000, acc.ClientCPU/float64(max(acc.OK, 1))*1000, heap0, heap1)
+	fmt.Printf("rejected phase: %d MEASUREMENT_MISMATCH, %d other, %.0f/s, server cpu %.3f ms/rejection (clients %.3f)\n",
+		rej.Rejected, rej.Failed+rej.OK, float64(rej.Rejected)/rej.elapsed.Seconds(), cpuRej*1000, rej.ClientCPU/float64(max(rej.Rejected, 1))*1000)
 	fmt.Printf("ledger: %d entries dropped (queue full), %d superseded (more than %d per write interval)\n", journal.Dropped(), journal.Superseded(), ledger.Capacity)
-	fmt.Printf("joins/s=%.0f p50_ms=%.2f p99_ms=%.2f reject_cost_ratio=%.3f\n", joinsPerSec, pct(0.50), pct(0.99), cpuRej/cpuAcc)
+	fmt.Printf("joins/s=%.0f p50_ms=%.2f p99_ms=%.2f reject_cost_ratio=%.3f\n", joinsPerSec, acc.P50ms, acc.P99ms, cpuRej/cpuAcc)
+}
+
+// productionLogger logs like the joinservice binary (zap.NewProduction: JSON, info level, sampled to
+// 100 lines per second per message and every 100th beyond) into io.Discard, so that the server pays
+// for encoding what it logs, as in production.
+func productionLogger() *zap.Logger {
+	core := zapcore.NewCore(zapcore.NewJSONEncoder(zap.NewProductionEncoderConfig()), zapcore.AddSync(io.Discard), zapcore.InfoLevel)
+	return zap.New(zapcore.NewSamplerWithOptions(core, time.Second, 100, 100))
+}
+
+// addrFor is client i's loopback address: each client is a distinct peer.
+func addrFor(i int) string { return fmt.Sprintf("127.0.%d.%d", 1+i/250, 1+i%250) }
+
+// clientProcess is a running TestJoinLoadClients child.
+type clientProcess struct {
+	cmd *exec.Cmd
+	out *bufio.Scanner
+	in  io.WriteCloser
+}
+
+const resultPrefix = "BENCH_CLIENT_RESULT "
+
+// startClients starts the client process for one phase of d against target and returns once its
+// clients are connected and warmed up; the phase starts with wait.
+func startClients(t *testing.T, target string, clients int, d time.Duration) *clientProcess {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestJoinLoadClients$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "BERTH_BENCH_JOIN_CLIENT=1", "BENCH_JOIN_TARGET="+target,
+		"BENCH_JOIN_CLIENTS="+strconv.Itoa(clients), "BENCH_JOIN_PHASE="+d.String())
+	cmd.Stderr = os.Stderr
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &clientProcess{cmd: cmd, out: bufio.NewScanner(stdout), in: stdin}
+	for p.out.Scan() {
+		if p.out.Text() == "READY" {
+			return p
+		}
+	}
+	_ = cmd.Wait()
+	t.Fatal("the client process ended before it was ready")
+	return nil
+}
+
+// wait starts the phase and returns the client process's result.
+func (p *clientProcess) wait(t *testing.T) phaseResult {
+	if _, err := io.WriteString(p.in, "GO\n"); err != nil {
+		t.Fatal(err)
+	}
+	var res phaseResult
+	found := false
+	for p.out.Scan() {
+		if line, ok := strings.CutPrefix(p.out.Text(), resultPrefix); ok {
+			if err := json.Unmarshal([]byte(line), &res); err != nil {
+				t.Fatal(err)
+			}
+			found = true
+		}
+	}
+	_ = p.in.Close()
+	if err := p.cmd.Wait(); err != nil || !found {
+		t.Fatalf("client process: %v (result found: %v)", err, found)
+	}
+	return res
+}
+
+// TestJoinLoadClients is the client side of TestJoinLoad, run by it as a child process: it connects
+// its clients, warms up for a second, says READY, waits for GO on stdin, runs the phase and prints
+// its result as JSON.
+func TestJoinLoadClients(t *testing.T) {
+	if os.Getenv("BERTH_BENCH_JOIN_CLIENT") != "1" {
+		t.Skip("client process of TestJoinLoad")
+	}
+	clients, _ := strconv.Atoi(os.Getenv("BENCH_JOIN_CLIENTS"))
+	phase, _ := time.ParseDuration(os.Getenv("BENCH_JOIN_PHASE"))
+	conns := make([]joinproto.JoinServiceClient, clients)
+	csrs := make([][]byte, clients)
+	for i := range clients {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(addrFor(i))}}
+		conn, err := grpc.NewClient("passthrough:///"+os.Getenv("BENCH_JOIN_TARGET"), grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conns[i] = joinproto.NewJoinServiceClient(conn)
+		// The bootstrapper's kubelet key: ECDSA P-256 (bootstrapper/joinclient).
+		key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if csrs[i], err = x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: "x"}}, key); err != nil {
+			t.Fatal(err)
+		}
+	}
+	drive := func(d time.Duration) (ok, rejected, failed int, lat *histogram) {
+		lat = newHistogram()
+		var mu sync.Mutex
+		deadline := time.Now().Add(d)
+		var wg sync.WaitGroup
+		for i := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				o, r, f := 0, 0, 0
+				for time.Now().Before(deadline) {
+					t0 := time.Now()
+					_, err := conns[i].IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csrs[i], Role: joinproto.Role_ROLE_WORKER})
+					switch {
+					case err == nil:
+						o++
+						lat.add(time.Since(t0))
+					case strings.Contains(err.Error(), "index 4"):
+						r++
+					default:
+						f++
+					}
+				}
+				mu.Lock()
+				ok, rejected, failed = ok+o, rejected+r, failed+f
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		return ok, rejected, failed, lat
+	}
+	_, _, _, _ = drive(time.Second) // warm-up: connections, caches
+	fmt.Println("READY")
+	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	cpu0 := cpuSeconds(nil)
+	ok, rejected, failed, lat := drive(phase)
+	ms := func(q float64) float64 { return float64(lat.quantile(q).Microseconds()) / 1000 }
+	out, _ := json.Marshal(phaseResult{OK: ok, Rejected: rejected, Failed: failed, P50ms: ms(0.50), P99ms: ms(0.99), ClientCPU: cpuSeconds(nil) - cpu0})
+	fmt.Println(resultPrefix + string(out))
 }
 
 // startCPUProfile profiles the process into path (empty: no profile) until the returned func runs.

@@ -1,6 +1,7 @@
 // Package tokens creates short-lived kubeadm bootstrap tokens: Secrets of type
 // bootstrap.kubernetes.io/token in kube-system, which the API server accepts for TLS bootstrap and
-// kubeadm join's discovery, and which the token cleaner deletes once they expire.
+// kubeadm join's discovery, and which the token cleaner deletes once they expire. The joinservice
+// needs them only for control-plane joins: worker tickets carry no token (see joinservice/server).
 package tokens
 
 import (

@@ -220,7 +220,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return fmt.Errorf("listening: %w", err)
 	}
-	g := grpc.NewServer(grpc.Creds(creds))
+	g := grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(creds))...)
 	joinproto.RegisterJoinServiceServer(g, srv)
 	errc := make(chan error, 1)
 	go func() { errc <- g.Serve(lis) }()
