@@ -13,13 +13,13 @@ test-webhook-apiserver: ## installer + webhook against a real API server: fail-c
 	BERTH_KUBE_BIN=$$(./scripts/build-k8s.sh k8s) BERTH_ETCD_BIN=$$(./scripts/build-k8s.sh etcd) \
 	  $(GO) test $(GOTEST_FLAGS) -v -timeout 10m ./internal/webhook/clustertest/
 
-test-webhook-load: ## T1 analogue (>=10 rolling restarts under >=5000 dry-run creates, 0 failures), T4 leaf rotation under load, resume after interrupted installs (root)
+test-webhook-load: ## T1 analogue (>=10 rolling restarts under >=5000 dry-run creates, 0 failures), T4 leaf and CA rotation under load, resume after interrupted installs (root)
 	BERTH_KUBE_BIN=$$(./scripts/build-k8s.sh k8s) BERTH_ETCD_BIN=$$(./scripts/build-k8s.sh etcd) BERTH_WEBHOOK_LOAD=1 \
-	  $(GO) test -count=1 -v -timeout 20m -run 'TestRollingRestartsUnderLoad|TestLeafRotationUnderLoad|TestResumeAfterInterruption' ./internal/webhook/clustertest/
+	  $(GO) test -count=1 -v -timeout 20m -run 'TestRollingRestartsUnderLoad|TestLeafRotationUnderLoad|TestCARotationUnderLoad|TestResumeAfterInterruption' ./internal/webhook/clustertest/
 
 test-webhook-load-nodrain: ## negative control of test-webhook-load: backends without the drain; expected to FAIL
 	BERTH_KUBE_BIN=$$(./scripts/build-k8s.sh k8s) BERTH_ETCD_BIN=$$(./scripts/build-k8s.sh etcd) BERTH_WEBHOOK_LOAD=1 BERTH_WEBHOOK_NO_DRAIN=1 \
-	  $(GO) test -count=1 -v -timeout 20m -run 'TestRollingRestartsUnderLoad|TestLeafRotationUnderLoad' ./internal/webhook/clustertest/
+	  $(GO) test -count=1 -v -timeout 20m -run 'TestRollingRestartsUnderLoad|TestLeafRotationUnderLoad|TestCARotationUnderLoad' ./internal/webhook/clustertest/
 
 bench-webhook: ## admission latency at 500 req/s: the webhook alone over TLS loopback, then through a real API server (root)
 	$(GO) test -count=1 -run '^$$' -bench 'Admission|Decide' -benchtime 5000x ./internal/webhook/

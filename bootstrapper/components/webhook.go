@@ -41,6 +41,7 @@ import (
 
 	"github.com/berth-k8s/berth/bootstrapper/initcluster"
 	"github.com/berth-k8s/berth/internal/apply"
+	"github.com/berth-k8s/berth/internal/pemcerts"
 	"github.com/berth-k8s/berth/internal/webhook"
 )
 
@@ -126,6 +127,9 @@ type WebhookConfig struct {
 	// ProbeServiceIP also probes the Service's ClusterIP (needs kube-proxy on this host; without
 	// --enable-aggregator-routing that is the path the API server takes).
 	ProbeServiceIP bool
+	// CARenewBefore starts a CA rotation when the CA has less than this left (default: a leaf's
+	// lifetime plus 90 days, so the last leaf of the old CA never outlives it).
+	CARenewBefore time.Duration
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
@@ -160,6 +164,9 @@ func (c *WebhookConfig) defaults() {
 	}
 	if c.EndToEndWindow == 0 {
 		c.EndToEndWindow = 15 * time.Second
+	}
+	if c.CARenewBefore == 0 {
+		c.CARenewBefore = leafLifetime + 90*24*time.Hour
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -253,6 +260,9 @@ func (w *WebhookInstaller) Install(ctx context.Context) (WebhookResult, error) {
 	}
 	w.result.ProbedEndpoints = endpoints
 	if err := w.arm(ctx, caPEM); err != nil {
+		return w.result, err
+	}
+	if err := w.finishCARotation(ctx); err != nil {
 		return w.result, err
 	}
 	w.say("enforcing (%d writes in this run)", len(w.result.Writes))
@@ -601,42 +611,162 @@ func serviceDNSNames() []string {
 
 func serverName() string { return WebhookName + "." + Namespace + ".svc" }
 
-// tlsSecret returns the TLS Secret to apply and the CA bundle: the existing Secret's material when it
-// is still valid (a re-run never regenerates), a new leaf from the same CA when only the leaf is due,
-// a new CA and leaf otherwise.
-func (w *WebhookInstaller) tlsSecret(ctx context.Context) (*unstructured.Unstructured, []byte, error) {
-	now := w.cfg.Now()
-	var caPEM, caKeyPEM, certPEM, keyPEM []byte
-	existing, err := w.kube.CoreV1().Secrets(Namespace).Get(ctx, WebhookTLSSecret, metav1.GetOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return nil, nil, failure(ErrWebhookApply, "check the API server and retry", "reading Secret %s: %v", WebhookTLSSecret, err)
-	}
-	if err == nil {
-		caPEM, caKeyPEM, certPEM, keyPEM = existing.Data["ca.crt"], existing.Data["ca.key"], existing.Data["tls.crt"], existing.Data["tls.key"]
-	}
-	ca, caKey, caOK := parseCA(caPEM, caKeyPEM, now)
-	if !caOK {
-		ca, caKey, caPEM, caKeyPEM, err = newCA(now)
-		if err != nil {
-			return nil, nil, failure(ErrWebhookApply, "retry", "creating the webhook CA: %v", err)
-		}
-		certPEM, keyPEM = nil, nil
-		w.say("created a new webhook CA")
-	}
-	if !leafValid(certPEM, keyPEM, ca, now) {
-		certPEM, keyPEM, err = newLeaf(ca, caKey, now)
-		if err != nil {
-			return nil, nil, failure(ErrWebhookApply, "retry", "issuing the webhook serving certificate: %v", err)
-		}
-		w.say("issued a new webhook serving certificate")
-	}
+// tlsMaterial is what Secret berth-webhook-tls holds: the current CA (it signs the leaf), the
+// serving keypair, and the CA bundle the webhook configuration publishes. The bundle is the CA alone,
+// except during a CA rotation, when it also holds the previous CA.
+type tlsMaterial struct {
+	caPEM, caKeyPEM, certPEM, keyPEM, bundlePEM []byte
+}
+
+func (m tlsMaterial) secret() *unstructured.Unstructured {
 	b64 := base64.StdEncoding.EncodeToString
-	s := obj(map[string]any{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+	return obj(map[string]any{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
 		"metadata": map[string]any{"name": WebhookTLSSecret, "namespace": Namespace, "labels": webhookLabels()},
 		"data": map[string]any{
-			"ca.crt": b64(caPEM), "ca.key": b64(caKeyPEM), "tls.crt": b64(certPEM), "tls.key": b64(keyPEM),
+			"ca.crt": b64(m.caPEM), "ca.key": b64(m.caKeyPEM), "tls.crt": b64(m.certPEM), "tls.key": b64(m.keyPEM),
+			"ca-bundle.crt": b64(m.bundlePEM),
 		}})
-	return s, caPEM, nil
+}
+
+// rotating reports whether the bundle still holds a CA besides the current one.
+func (m tlsMaterial) rotating() bool {
+	cas, err1 := pemcerts.Parse(m.caPEM)
+	bundle, err2 := pemcerts.Parse(m.bundlePEM)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return slices.ContainsFunc(bundle, func(c *x509.Certificate) bool { return !c.Equal(cas[0]) })
+}
+
+func (w *WebhookInstaller) readTLS(ctx context.Context) (tlsMaterial, error) {
+	existing, err := w.kube.CoreV1().Secrets(Namespace).Get(ctx, WebhookTLSSecret, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return tlsMaterial{}, nil
+	}
+	if err != nil {
+		return tlsMaterial{}, failure(ErrWebhookApply, "check the API server and retry", "reading Secret %s: %v", WebhookTLSSecret, err)
+	}
+	d := existing.Data
+	return tlsMaterial{caPEM: d["ca.crt"], caKeyPEM: d["ca.key"], certPEM: d["tls.crt"], keyPEM: d["tls.key"], bundlePEM: d["ca-bundle.crt"]}, nil
+}
+
+// tlsSecret returns the TLS Secret to apply and the CA bundle to publish (B3, W6).
+func (w *WebhookInstaller) tlsSecret(ctx context.Context) (*unstructured.Unstructured, []byte, error) {
+	cur, err := w.readTLS(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	next, err := planTLS(cur, w.cfg.Now(), w.cfg.CARenewBefore, w.say)
+	if err != nil {
+		return nil, nil, failure(ErrWebhookApply, "retry", "%v", err)
+	}
+	return next.secret(), next.bundlePEM, nil
+}
+
+// planTLS decides this run's TLS material from the Secret's (B3, W6). A re-run never regenerates
+// what is still good. The CA and the leaf are never replaced in one step:
+//   - no usable CA: a new CA and leaf, the bundle is the new CA (nothing depends on the old one);
+//   - the CA is due (less than renewBefore left) and no rotation is under way: a new CA joins the
+//     bundle next to the old one, and the leaf stays; it is switched on a later step, once the
+//     bundle is published;
+//   - the leaf is missing, due (2/3 of its life) or not signed by the current CA: a new leaf from
+//     the current CA. The bundle still holds every CA that can have signed a served leaf.
+//
+// Certificates in the bundle that have expired are dropped.
+func planTLS(cur tlsMaterial, now time.Time, renewBefore time.Duration, say func(string, ...any)) (tlsMaterial, error) {
+	next := cur
+	ca, caKey, caOK := parseCA(cur.caPEM, cur.caKeyPEM, now)
+	var bundle []*x509.Certificate
+	if certs, err := pemcerts.Parse(cur.bundlePEM); err == nil {
+		for _, c := range certs {
+			if now.Before(c.NotAfter) {
+				bundle = append(bundle, c)
+			}
+		}
+	}
+	// While the bundle still holds an older CA, the rotation under way is finished before another
+	// can start: the new CA's leaf must be published against a bundle that holds it.
+	inRotation := caOK && slices.ContainsFunc(bundle, func(c *x509.Certificate) bool { return !c.Equal(ca) })
+	switch {
+	case !caOK:
+		var err error
+		if ca, caKey, next.caPEM, next.caKeyPEM, err = newCA(now); err != nil {
+			return tlsMaterial{}, fmt.Errorf("creating the webhook CA: %w", err)
+		}
+		next.certPEM, next.keyPEM = nil, nil
+		bundle = nil
+		say("created a new webhook CA")
+	case !inRotation && now.Add(renewBefore).After(ca.NotAfter):
+		old := ca
+		var err error
+		if ca, caKey, next.caPEM, next.caKeyPEM, err = newCA(now); err != nil {
+			return tlsMaterial{}, fmt.Errorf("creating the webhook CA: %w", err)
+		}
+		if !containsCert(bundle, old) {
+			bundle = append(bundle, old)
+		}
+		say("CA rotation: a new CA joins the bundle; the old one (expires %s) stays until no endpoint serves a certificate it signed", old.NotAfter.Format(time.DateOnly))
+		if leafValid(cur.certPEM, cur.keyPEM, old, now) {
+			// The leaf follows once the bundle with both CAs is in place (finishCARotation).
+			next.bundlePEM = bundlePEM(append(bundle, ca))
+			return next, nil
+		}
+	}
+	if !leafValid(next.certPEM, next.keyPEM, ca, now) {
+		var err error
+		if next.certPEM, next.keyPEM, err = newLeaf(ca, caKey, now); err != nil {
+			return tlsMaterial{}, fmt.Errorf("issuing the webhook serving certificate: %w", err)
+		}
+		say("issued a new webhook serving certificate")
+	}
+	if !containsCert(bundle, ca) {
+		bundle = append(bundle, ca)
+	}
+	next.bundlePEM = bundlePEM(bundle)
+	return next, nil
+}
+
+func containsCert(certs []*x509.Certificate, c *x509.Certificate) bool {
+	return slices.ContainsFunc(certs, func(x *x509.Certificate) bool { return x.Equal(c) })
+}
+
+func bundlePEM(certs []*x509.Certificate) []byte {
+	var out []byte
+	for _, c := range certs {
+		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	return out
+}
+
+// finishCARotation completes a CA rotation that the armed bundle now allows (W6 steps 3 and 4): it
+// switches the leaf to the new CA, waits until every endpoint serves a leaf that the new CA alone
+// verifies (the pods read the Secret's files), and only then drops the old CA from the bundle,
+// checking enforcement end to end. Without a rotation under way it does nothing.
+func (w *WebhookInstaller) finishCARotation(ctx context.Context) error {
+	cur, err := w.readTLS(ctx)
+	if err != nil || !cur.rotating() {
+		return err
+	}
+	next, err := planTLS(cur, w.cfg.Now(), w.cfg.CARenewBefore, w.say)
+	if err != nil {
+		return failure(ErrWebhookApply, "retry", "%v", err)
+	}
+	if err := w.ensure(ctx, next.secret()); err != nil {
+		return err
+	}
+	w.say("CA rotation: waiting for every endpoint to serve the certificate of the new CA")
+	if _, err := w.waitServing(ctx, next.caPEM); err != nil {
+		return err
+	}
+	next.bundlePEM = next.caPEM
+	if err := w.ensure(ctx, next.secret()); err != nil {
+		return err
+	}
+	if err := w.arm(ctx, next.caPEM); err != nil {
+		return err
+	}
+	w.say("CA rotation done: the bundle holds only the new CA")
+	return nil
 }
 
 const (
@@ -658,8 +788,7 @@ func parseCA(certPEM, keyPEM []byte, now time.Time) (*x509.Certificate, *ecdsa.P
 	if err != nil || !key.PublicKey.Equal(ca.PublicKey) {
 		return nil, nil, false
 	}
-	// The CA must outlive a fresh leaf.
-	if now.Before(ca.NotBefore) || now.Add(leafLifetime).After(ca.NotAfter) {
+	if now.Before(ca.NotBefore) || !now.Before(ca.NotAfter) {
 		return nil, nil, false
 	}
 	return ca, key, true
@@ -1039,6 +1168,19 @@ func (w *WebhookInstaller) arm(ctx context.Context, caPEM []byte) error {
 		// Already armed: prove it end to end (dry-run, no write) and stop.
 		return w.endToEnd(ctx)
 	}
+	if live != nil && contains(live.Object, withBundleOf(final, live).Object) {
+		// Armed, and only the CA bundle changes (a rotation step): narrowing to the canary namespace
+		// would stop enforcement elsewhere for a moment, so swap the bundle in place and prove it.
+		if err := w.applyConfig(ctx, final); err != nil {
+			w.rollback(ctx, live)
+			return err
+		}
+		if err := w.endToEnd(ctx); err != nil {
+			w.rollback(ctx, live)
+			return err
+		}
+		return nil
+	}
 	// Stage 1: only the canary namespace.
 	if err := w.applyConfig(ctx, w.ValidatingWebhookConfiguration(caPEM, true)); err != nil {
 		return err
@@ -1057,6 +1199,22 @@ func (w *WebhookInstaller) arm(ctx context.Context, caPEM []byte) error {
 		return err
 	}
 	return nil
+}
+
+// withBundleOf returns a copy of cfg whose webhooks carry the CA bundles of live's.
+func withBundleOf(cfg, live *unstructured.Unstructured) *unstructured.Unstructured {
+	out := cfg.DeepCopy()
+	liveHooks, _, _ := unstructured.NestedSlice(live.Object, "webhooks")
+	hooks, _, _ := unstructured.NestedSlice(out.Object, "webhooks")
+	for n := range hooks {
+		if n >= len(liveHooks) {
+			break
+		}
+		bundle, _, _ := unstructured.NestedString(liveHooks[n].(map[string]any), "clientConfig", "caBundle")
+		_ = unstructured.SetNestedField(hooks[n].(map[string]any), bundle, "clientConfig", "caBundle")
+	}
+	_ = unstructured.SetNestedSlice(out.Object, hooks, "webhooks")
+	return out
 }
 
 func (w *WebhookInstaller) applyConfig(ctx context.Context, cfg *unstructured.Unstructured) error {

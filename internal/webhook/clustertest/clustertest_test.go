@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -602,6 +603,128 @@ func TestLeafRotationUnderLoad(t *testing.T) {
 		t.Errorf("the configuration changed during a leaf rotation")
 	}
 	stats.report(t, fmt.Sprintf("T4 (leaf): installer wrote %v; every pod served the new leaf %s after the load started, no restart", res.Writes, rotated.Round(time.Millisecond)), time.Since(start))
+}
+
+// TestCARotationUnderLoad is T4 for the CA: under T1's load the installer finds the CA due and
+// rotates it in the four W6 steps (new CA added to the bundle, bundle proven, leaf switched on every
+// pod, old CA dropped) with zero failed requests and no pod restart. A kubelet stand-in copies the
+// Secret into the pods' files every 500 ms, as a Secret volume would (only faster).
+func TestCARotationUnderLoad(t *testing.T) {
+	if os.Getenv("BERTH_WEBHOOK_LOAD") != "1" {
+		t.Skip("load test: set BERTH_WEBHOOK_LOAD=1 (make test-webhook-load)")
+	}
+	e := sharedEnv(t)
+	armed(t, e)
+	ensureNamespace(t, e.kube, "rotate-ca")
+	ctx := ctxFor(t, 5*time.Minute)
+	if err := e.runner.waitReadyEndpoints(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	pods := e.runner.livePods()
+	pids := map[string]int{}
+	for _, p := range pods {
+		pids[p.name] = p.cmd.Process.Pid
+	}
+	before, err := e.kube.CoreV1().Secrets(components.Namespace).Get(ctx, components.WebhookTLSSecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldCA := before.Data["ca.crt"]
+
+	kubeletCtx, stopKubelet := context.WithCancel(ctx)
+	kubeletDone := make(chan struct{})
+	go func() {
+		defer close(kubeletDone)
+		for {
+			select {
+			case <-kubeletCtx.Done():
+				return
+			case <-time.After(500 * time.Millisecond):
+			}
+			if _, err := e.runner.refreshTLS(kubeletCtx); err != nil && kubeletCtx.Err() == nil {
+				t.Logf("kubelet stand-in: %v", err)
+			}
+		}
+	}()
+	defer func() { stopKubelet(); <-kubeletDone }()
+
+	// A fresh-connection check, as an API server opening a new connection would do it: every pod's
+	// served leaf verifies against the bundle the configuration publishes at that moment. Pooled
+	// keep-alive connections could hide a gap; this cannot.
+	var fresh, mismatched atomic.Int64
+	var firstMismatch atomic.Pointer[string]
+	checkCtx, stopCheck := context.WithCancel(ctx)
+	checkDone := make(chan struct{})
+	go func() {
+		defer close(checkDone)
+		for checkCtx.Err() == nil {
+			vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(checkCtx, components.WebhookConfigName, metav1.GetOptions{})
+			if err != nil {
+				continue
+			}
+			roots := x509.NewCertPool()
+			roots.AppendCertsFromPEM(vwc.Webhooks[0].ClientConfig.CABundle)
+			for _, p := range e.runner.livePods() {
+				conn, err := tls.Dial("tcp", p.ip+":8443", &tls.Config{RootCAs: roots, ServerName: components.WebhookName + "." + components.Namespace + ".svc"})
+				fresh.Add(1)
+				if err != nil {
+					mismatched.Add(1)
+					msg := fmt.Sprintf("%s: %v", p.name, err)
+					firstMismatch.CompareAndSwap(nil, &msg)
+					continue
+				}
+				conn.Close()
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+
+	stop := make(chan struct{})
+	start := time.Now()
+	stats := startLoad(t, ctx, e, "rotate-ca", stop, 0)
+	time.Sleep(2 * time.Second)
+	inst := components.NewWebhookInstaller(components.WebhookConfig{
+		Image: "berth.local/berth-webhook:test", ImagePullPolicy: "Never",
+		Budget: 2 * time.Minute, StableInterval: 300 * time.Millisecond, MaxBackoff: time.Second, EndToEndWindow: 4 * time.Second,
+		CARenewBefore: 11 * 365 * 24 * time.Hour, // longer than the CA's life: it is due now
+	}, e.kube, e.dyn, logWriter{t})
+	res, err := inst.Install(ctx)
+	if err != nil {
+		t.Fatalf("installer rotating the CA: %v", err)
+	}
+	rotated := time.Since(start)
+	time.Sleep(2 * time.Second)
+	close(stop)
+	stats.wait()
+	stopCheck()
+	<-checkDone
+	t.Logf("fresh TLS connections verified against the published bundle: %d, failed: %d", fresh.Load(), mismatched.Load())
+	if mismatched.Load() != 0 {
+		t.Errorf("%d fresh connections did not verify against the published bundle; first: %s", mismatched.Load(), *firstMismatch.Load())
+	}
+
+	after, err := e.kube.CoreV1().Secrets(components.Namespace).Get(ctx, components.WebhookTLSSecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(after.Data["ca.crt"], oldCA) {
+		t.Fatal("the CA was not rotated")
+	}
+	vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, components.WebhookConfigName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range vwc.Webhooks {
+		if !bytes.Equal(h.ClientConfig.CABundle, after.Data["ca.crt"]) {
+			t.Errorf("webhook %s publishes a bundle other than the new CA alone", h.Name)
+		}
+	}
+	for _, p := range e.runner.livePods() {
+		if pids[p.name] != p.cmd.Process.Pid {
+			t.Errorf("pod %s was restarted", p.name)
+		}
+	}
+	stats.report(t, fmt.Sprintf("T4 (CA): installer wrote %v; rotation done %s after the load started, no restart", res.Writes, rotated.Round(time.Millisecond)), time.Since(start))
 }
 
 // BenchmarkAdmissionViaAPIServer sends server-side dry-run pod creates through the API server at a
