@@ -209,10 +209,10 @@ type IssueJoinTicketResponse struct {
 	NodeName string `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
 	// api_server_endpoint is HOST:PORT of the Kubernetes API server.
 	ApiServerEndpoint string `protobuf:"bytes,2,opt,name=api_server_endpoint,json=apiServerEndpoint,proto3" json:"api_server_endpoint,omitempty"`
-	// bootstrap_token says how the node joins. Empty (every worker ticket): with a kubeadm discovery file,
-	// a kubeconfig the node builds from cluster_ca_cert, api_server_endpoint, kubelet_cert and its own
-	// key; no bootstrap token exists. Set (control-plane tickets): a short-lived kubeadm bootstrap token
-	// ("abcdef.0123456789abcdef") for token discovery and the TLS bootstrap.
+	// bootstrap_token says how the node joins. Empty (every ticket this joinservice issues, worker or
+	// control plane): with a kubeadm discovery file, a kubeconfig the node builds from cluster_ca_cert,
+	// api_server_endpoint, kubelet_cert and its own key; no bootstrap token exists. Set: a short-lived
+	// kubeadm bootstrap token ("abcdef.0123456789abcdef") for token discovery and the TLS bootstrap.
 	BootstrapToken string `protobuf:"bytes,3,opt,name=bootstrap_token,json=bootstrapToken,proto3" json:"bootstrap_token,omitempty"`
 	// bootstrap_token_expiry is when bootstrap_token expires; unset when there is none.
 	BootstrapTokenExpiry *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=bootstrap_token_expiry,json=bootstrapTokenExpiry,proto3" json:"bootstrap_token_expiry,omitempty"`

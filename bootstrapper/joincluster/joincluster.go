@@ -6,14 +6,15 @@
 // metadata reports for this attested node; it is placed where the kubelet looks for its current
 // client certificate, so the kubelet uses it instead of requesting one for a name of its choosing.
 //
-// A ticket without a bootstrap token (every worker ticket) is joined with a discovery file: a
-// kubeconfig, owner-only in the state directory and removed when the join ends, that pins the
-// cluster CA from the ticket (received over mutually attested TLS, and checked against the ticket's
-// CA pin) and authenticates with the ticket's kubelet certificate and this node's own key. kubeadm
-// uses those credentials for everything it reads before the kubelet takes over (the Node authorizer
-// and kubeadm's RBAC for group system:nodes allow it), so no bearer token that could request any
-// node's certificate exists for the join, and the joinservice writes nothing to the API for it. A
-// ticket with a bootstrap token (control-plane joins) is joined with token discovery as before.
+// A ticket without a bootstrap token (every ticket the joinservice issues, for workers and control
+// planes) is joined with a discovery file: a kubeconfig, owner-only in the state directory and
+// removed when the join ends, that pins the cluster CA from the ticket (received over mutually
+// attested TLS, and checked against the ticket's CA pin) and authenticates with the ticket's kubelet
+// certificate and this node's own key. kubeadm uses those credentials for everything it reads before
+// the kubelet takes over (the Node authorizer and kubeadm's RBAC for group system:nodes allow it; a
+// control plane then uses the admin.conf it makes with the ticket's CA key), so no bearer token that
+// could request any node's certificate exists for the join, and the joinservice writes nothing to
+// the API for it. A ticket that does carry a bootstrap token is joined with token discovery.
 package joincluster
 
 import (

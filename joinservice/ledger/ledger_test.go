@@ -189,3 +189,44 @@ func TestConcurrentReplicasOnAPIServer(t *testing.T) {
 	}
 	t.Logf("%d entries, %d JoinRejected events; example: %s", len(es), len(evs.Items), evs.Items[0].Message)
 }
+
+// TestFloodSlowsConfigMapWrites: after a full batch the writer waits FloodInterval before it writes
+// the ConfigMap again, and then writes what came meanwhile.
+func TestFloodSlowsConfigMapWrites(t *testing.T) {
+	c := fake.NewClientset()
+	var mu sync.Mutex
+	writes := 0
+	c.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetVerb() == "create" || a.GetVerb() == "update" {
+			mu.Lock()
+			writes++
+			mu.Unlock()
+		}
+		return false, nil, nil
+	})
+	count := func() int { mu.Lock(); defer mu.Unlock(); return writes }
+	w := NewWriter(c, ns, "cp-0", zap.NewNop())
+	w.floodInterval = 3 * time.Second
+	for i := range Capacity + 10 {
+		w.Record(entry(i, OutcomeAccepted))
+	}
+	runWriter(t, w)
+	waitEntries(t, c, Capacity)
+	first := count()
+	w.Record(entry(100000, OutcomeRejected))
+	time.Sleep(4 * FlushInterval)
+	if got := count(); got != first {
+		t.Fatalf("ConfigMap written %d times within the flood interval, want %d", got, first)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		es, _ := Read(context.Background(), c, ns)
+		if len(es) > 0 && es[len(es)-1].Node == "worker-100000" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the entry recorded during the flood interval was never written")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -53,7 +53,6 @@ import (
 	"github.com/berth-k8s/berth/joinservice/ledger"
 	"github.com/berth-k8s/berth/joinservice/metrics"
 	"github.com/berth-k8s/berth/joinservice/server"
-	"github.com/berth-k8s/berth/joinservice/tokens"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(apiservertest.StoppingShared(m)) }
@@ -63,14 +62,6 @@ func envOr(key, def string) string {
 		return v
 	}
 	return def
-}
-
-// memTokens is the in-memory token creator of BENCH_JOIN_TOKENS=fake.
-type memTokens struct{ n atomic.Int64 }
-
-func (m *memTokens) Create(context.Context, time.Duration, string) (tokens.Token, error) {
-	m.n.Add(1)
-	return tokens.Token{Value: "abcdef.0123456789abcdef", Expires: time.Now().Add(15 * time.Minute)}, nil
 }
 
 type instances []metadata.Instance
@@ -158,9 +149,6 @@ func TestJoinLoad(t *testing.T) {
 
 	fakeKube := fake.NewClientset()
 	var kube kubernetes.Interface = fakeKube
-	var tok interface {
-		Create(context.Context, time.Duration, string) (tokens.Token, error)
-	} = &memTokens{}
 	var pids []int
 	if mode == "apiserver" {
 		env := apiservertest.Shared(t)
@@ -168,7 +156,6 @@ func TestJoinLoad(t *testing.T) {
 		if _, err := kube.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "berth-system"}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		tok = tokens.New(kube)
 		pids = env.PIDs()
 	}
 
@@ -212,7 +199,7 @@ func TestJoinLoad(t *testing.T) {
 	journal := ledger.NewWriter(kube, "berth-system", "bench", zap.NewNop())
 	m := metrics.New(journal)
 	srv := server.New(server.Config{APIServerEndpoint: "198.51.100.10:6443", KubernetesVersion: "v1.34.2"}, productionLogger(), keys,
-		bytes.Repeat([]byte{2}, 32), authority, tok, insts, check,
+		bytes.Repeat([]byte{2}, 32), authority, insts, check,
 		server.WithJournal(journal), server.WithObserver(m),
 		server.WithLimits(atlsLimitsOff()))
 	ctx, cancel := context.WithCancel(context.Background())

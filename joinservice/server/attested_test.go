@@ -62,7 +62,7 @@ func TestAttestedJoin(t *testing.T) {
 			t.Fatal(err)
 		}
 		srv := New(Config{APIServerEndpoint: "198.51.100.10:6443", PKIDir: pki}, zap.NewNop(), keys, bytes.Repeat([]byte{2}, 32),
-			authority, &fakeTokens{}, peers{{Name: "worker-0", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, PolicyCheck(clusterPolicy), WithJournal(j))
+			authority, peers{{Name: "worker-0", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, PolicyCheck(clusterPolicy), WithJournal(j))
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)

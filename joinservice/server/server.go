@@ -5,12 +5,11 @@
 // in metadata, the role it asks for must be the role metadata gives it, and its kubelet certificate
 // is issued for the instance name metadata reports.
 //
-// A worker ticket carries no bootstrap token: the node joins with kubeadm's discovery file, built
-// from the ticket's cluster CA and kubelet certificate and its own key (see bootstrapper/joincluster),
-// so the joinservice writes nothing to the API server per worker join but its batched ledger, and no
-// bearer token exists that anyone could use to request a certificate for any node name. A
-// control-plane ticket still carries a bootstrap token valid for 15 minutes (tokenTTL): control-plane
-// joins are rare and serialized by a Lease, and the tokenless path was proven for workers only.
+// A ticket carries no bootstrap token: the node joins with kubeadm's discovery file, built from the
+// ticket's cluster CA and kubelet certificate and its own key (see bootstrapper/joincluster), workers
+// and control planes alike. So the joinservice writes nothing to the API server per join but its
+// batched ledger (and, for a control plane, the Lease that serializes control-plane joins), and no
+// bearer token exists that anyone could use to request a certificate for any node name.
 //
 // Every rejection is a gRPC status whose message
 // states the reason and whose ErrorInfo detail carries a stable reason code (see the Reason* constants).
@@ -23,9 +22,8 @@
 // tracked. A node needs one ticket per join and its JoinClient retries with a backoff of about a
 // second, so 1/s with burst 5 never slows a genuine node but stops one address from hammering the
 // service over one connection (an attested handshake is paid once per connection, not per call). The
-// global limit bounds what the tickets cost the control plane: a worker ticket is a CA signature and
-// a ledger entry (written in batches), a control-plane ticket also a Secret write (a bootstrap token);
-// 100/s lets a 200-node scale-up through in about 2 s. An excess call gets
+// global limit bounds what the tickets cost the control plane: a ticket is a CA signature and a ledger
+// entry (written in batches); 100/s lets a 200-node scale-up through in about 2 s. An excess call gets
 // ResourceExhausted with reason RATE_LIMITED before any cryptography, metadata lookup or API call:
 // its cost is one map lookup under a mutex. The limits are flags of the joinservice binary.
 package server
@@ -50,7 +48,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
@@ -58,7 +55,6 @@ import (
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
 	"github.com/berth-k8s/berth/joinservice/ledger"
-	"github.com/berth-k8s/berth/joinservice/tokens"
 )
 
 // Reason codes of rejections.
@@ -73,7 +69,6 @@ const (
 	ReasonInternal         = "INTERNAL"
 	reasonDomain           = "berth.joinservice"
 	kubeletCertValidity    = 365 * 24 * time.Hour
-	tokenTTL               = 15 * time.Minute
 )
 
 // GRPCServerOptions are the gRPC server options the joinservice serves with (besides its transport
@@ -107,13 +102,12 @@ type Config struct {
 type Server struct {
 	joinproto.UnimplementedJoinServiceServer
 
-	cfg    Config
-	log    *zap.Logger
-	keys   *clusterkeys.Keys
-	salt   []byte
-	ca     *ca.Authority
-	tokens tokenCreator
-	meta   peerLister
+	cfg  Config
+	log  *zap.Logger
+	keys *clusterkeys.Keys
+	salt []byte
+	ca   *ca.Authority
+	meta peerLister
 	// attest judges the peer's attestation; nil accepts every peer (insecure-none).
 	attest AttestationCheck
 	// cpLock serializes control-plane joins: etcd grows one member at a time.
@@ -174,8 +168,8 @@ func WithLimits(l atls.Limits) Option { return func(s *Server) { s.limiter = atl
 func WithControlPlaneLock(l ControlPlaneLock) Option { return func(s *Server) { s.cpLock = l } }
 
 // New returns a Server. attest may be nil only when the service runs without attestation.
-func New(cfg Config, log *zap.Logger, keys *clusterkeys.Keys, salt []byte, authority *ca.Authority, tok tokenCreator, meta peerLister, attest AttestationCheck, opts ...Option) *Server {
-	s := &Server{cfg: cfg, log: log, keys: keys, salt: salt, ca: authority, tokens: tok, meta: meta, attest: attest}
+func New(cfg Config, log *zap.Logger, keys *clusterkeys.Keys, salt []byte, authority *ca.Authority, meta peerLister, attest AttestationCheck, opts ...Option) *Server {
+	s := &Server{cfg: cfg, log: log, keys: keys, salt: salt, ca: authority, meta: meta, attest: attest}
 	for _, o := range opts {
 		o(s)
 	}
@@ -381,7 +375,10 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 			return nil, reject(codes.Unavailable, ReasonInternal, "the joinservice cannot read the control-plane files")
 		}
 	}
-	resp = &joinproto.IssueJoinTicketResponse{
+	// No bootstrap token (see the package documentation): the node joins with the CA and certificate.
+	s.obs.Latency("join", "issue", time.Since(issueStart))
+	log.Info("join ticket issued")
+	return &joinproto.IssueJoinTicketResponse{
 		NodeName:                   inst.Name,
 		ApiServerEndpoint:          s.cfg.APIServerEndpoint,
 		DiscoveryTokenCaCertHashes: []string{s.ca.Pin()},
@@ -392,21 +389,7 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 		ClusterId:                  s.keys.ClusterID(),
 		DiskKey:                    s.keys.DiskKey(req.GetDiskUuid()),
 		MeasurementSalt:            s.salt,
-	}
-	// A worker joins with the ticket's certificate and the CA alone (kubeadm's discovery file): no
-	// bootstrap token, no API write. A control plane still gets a short-lived token (see the package
-	// documentation); its joins are rare and serialized.
-	if wantRole == joinproto.Role_ROLE_CONTROL_PLANE {
-		tok, err := s.tokens.Create(ctx, tokenTTL, "join of "+inst.Name)
-		if err != nil {
-			log.Error("creating bootstrap token", zap.Error(err))
-			return nil, reject(codes.Unavailable, ReasonInternal, "the joinservice cannot create a bootstrap token")
-		}
-		resp.BootstrapToken, resp.BootstrapTokenExpiry = tok.Value, timestamppb.New(tok.Expires)
-	}
-	s.obs.Latency("join", "issue", time.Since(issueStart))
-	log.Info("join ticket issued")
-	return resp, nil
+	}, nil
 }
 
 // IssueRejoinTicket implements the RPC.
@@ -471,11 +454,6 @@ func peerIP(ctx context.Context) net.IP {
 		return nil
 	}
 	return net.ParseIP(host)
-}
-
-// tokenCreator creates bootstrap tokens.
-type tokenCreator interface {
-	Create(ctx context.Context, ttl time.Duration, description string) (tokens.Token, error)
 }
 
 // peerLister lists the cluster's instances.

@@ -33,22 +33,9 @@ import (
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
 	"github.com/berth-k8s/berth/joinservice/ledger"
-	"github.com/berth-k8s/berth/joinservice/tokens"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
-
-type fakeTokens struct {
-	mu sync.Mutex
-	n  int
-}
-
-func (f *fakeTokens) Create(context.Context, time.Duration, string) (tokens.Token, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.n++
-	return tokens.Token{Value: "abcdef.0123456789abcdef", Expires: time.Now().Add(time.Minute)}, nil
-}
 
 type peers []metadata.Instance
 
@@ -83,7 +70,7 @@ func writePKI(t *testing.T) string {
 	return dir
 }
 
-func start(t *testing.T, meta peers, tok *fakeTokens, opts ...Option) joinproto.JoinServiceClient {
+func start(t *testing.T, meta peers, opts ...Option) joinproto.JoinServiceClient {
 	t.Helper()
 	pki := writePKI(t)
 	authority, err := ca.Load(pki)
@@ -92,7 +79,7 @@ func start(t *testing.T, meta peers, tok *fakeTokens, opts ...Option) joinproto.
 	}
 	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
 	srv := New(Config{APIServerEndpoint: "198.51.100.10:6443", KubernetesVersion: "v1.34.2", PKIDir: pki},
-		zap.NewNop(), keys, bytes.Repeat([]byte{2}, 32), authority, tok, meta, nil, opts...)
+		zap.NewNop(), keys, bytes.Repeat([]byte{2}, 32), authority, meta, nil, opts...)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -128,8 +115,7 @@ func reason(err error) string {
 }
 
 func TestWorkerTicketBindsAttestedName(t *testing.T) {
-	tok := &fakeTokens{}
-	c := start(t, peers{{Name: "worker-7", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, tok)
+	c := start(t, peers{{Name: "worker-7", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}})
 	resp, err := c.IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{
 		KubeletCsr: csr(t, "system:node:control-plane-0"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: "d1",
 	})
@@ -151,14 +137,13 @@ func TestWorkerTicketBindsAttestedName(t *testing.T) {
 		t.Fatalf("ticket incomplete: %v", resp)
 	}
 	// A worker joins with its certificate (kubeadm discovery file): no bootstrap token, no API write.
-	if tok.n != 0 || resp.GetBootstrapToken() != "" || resp.GetBootstrapTokenExpiry() != nil {
-		t.Fatalf("worker ticket carries a bootstrap token (%d created)", tok.n)
+	if resp.GetBootstrapToken() != "" || resp.GetBootstrapTokenExpiry() != nil {
+		t.Fatal("worker ticket carries a bootstrap token")
 	}
 }
 
 func TestControlPlaneTicketCarriesFiles(t *testing.T) {
-	tok := &fakeTokens{}
-	c := start(t, peers{{Name: "cp-1", Role: metadata.RoleControlPlane, IPs: []string{"127.0.0.1"}}}, tok)
+	c := start(t, peers{{Name: "cp-1", Role: metadata.RoleControlPlane, IPs: []string{"127.0.0.1"}}})
 	resp, err := c.IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE})
 	if err != nil {
 		t.Fatal(err)
@@ -166,8 +151,8 @@ func TestControlPlaneTicketCarriesFiles(t *testing.T) {
 	if got := len(resp.GetControlPlaneFiles()); got != len(controlPlaneFiles) {
 		t.Fatalf("got %d control-plane files, want %d", got, len(controlPlaneFiles))
 	}
-	if tok.n != 1 || resp.GetBootstrapToken() == "" || resp.GetBootstrapTokenExpiry() == nil {
-		t.Fatalf("control-plane ticket without its bootstrap token (%d created)", tok.n)
+	if resp.GetBootstrapToken() != "" || len(resp.GetClusterCaCert()) == 0 || len(resp.GetKubeletCert()) == 0 {
+		t.Fatal("control-plane ticket is not for a tokenless join")
 	}
 }
 
@@ -195,13 +180,9 @@ func TestRejections(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			tok := &fakeTokens{}
-			_, err := start(t, tc.meta, tok).IssueJoinTicket(context.Background(), tc.req)
+			_, err := start(t, tc.meta).IssueJoinTicket(context.Background(), tc.req)
 			if status.Code(err) != tc.code || reason(err) != tc.reason {
 				t.Fatalf("IssueJoinTicket() = %v (reason %q), want %s %s", err, reason(err), tc.code, tc.reason)
-			}
-			if tok.n != 0 {
-				t.Fatal("a bootstrap token was created for a rejected node")
 			}
 		})
 	}
@@ -258,8 +239,7 @@ func (c *counter) InFlight(d int) { c.mu.Lock(); defer c.mu.Unlock(); c.inFlight
 
 func TestLedgerAndMetricsSeeEveryAttempt(t *testing.T) {
 	j, m := &journal{}, &counter{attempts: map[string]int{}, stages: map[string]int{}}
-	tok := &fakeTokens{}
-	c := start(t, peers{{Name: "worker-7", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, tok, WithJournal(j), WithObserver(m))
+	c := start(t, peers{{Name: "worker-7", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, WithJournal(j), WithObserver(m))
 	ctx := context.Background()
 	if _, err := c.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER}); err != nil {
 		t.Fatal(err)
@@ -293,8 +273,7 @@ func TestLedgerAndMetricsSeeEveryAttempt(t *testing.T) {
 
 func TestRateLimitIsCheapAndNamed(t *testing.T) {
 	j := &journal{}
-	tok := &fakeTokens{}
-	c := start(t, peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, tok, WithJournal(j),
+	c := start(t, peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, WithJournal(j),
 		WithLimits(atls.Limits{PerPeer: 0.001, PerPeerBurst: 3, Global: 1000, GlobalBurst: 1000}))
 	req := &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER}
 	for i := range 3 {
@@ -306,11 +285,11 @@ func TestRateLimitIsCheapAndNamed(t *testing.T) {
 	if status.Code(err) != codes.ResourceExhausted || reason(err) != ReasonRateLimited {
 		t.Fatalf("IssueJoinTicket() = %v, want ResourceExhausted %s", err, ReasonRateLimited)
 	}
-	if tok.n != 0 || len(j.all()) != 3 || j.rateLimited["127.0.0.1"] != 1 {
-		t.Fatalf("tokens %d, ledger %d entries, rate-limited %v", tok.n, len(j.all()), j.rateLimited)
+	if len(j.all()) != 3 || j.rateLimited["127.0.0.1"] != 1 {
+		t.Fatalf("ledger %d entries, rate-limited %v", len(j.all()), j.rateLimited)
 	}
 	// The global limit applies across peers.
-	c = start(t, peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, tok,
+	c = start(t, peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}},
 		WithLimits(atls.Limits{PerPeer: 1000, PerPeerBurst: 1000, Global: 0.001, GlobalBurst: 1}))
 	if _, err := c.IssueRejoinTicket(context.Background(), &joinproto.IssueRejoinTicketRequest{}); err != nil {
 		t.Fatal(err)
@@ -335,7 +314,7 @@ func (l *recordingLock) Lock(_ context.Context, holder string) (func(), error) {
 
 func TestControlPlaneJoinTakesTheLock(t *testing.T) {
 	l := &recordingLock{}
-	c := start(t, peers{{Name: "cp-1", Role: metadata.RoleControlPlane, IPs: []string{"127.0.0.1"}}}, &fakeTokens{}, WithControlPlaneLock(l))
+	c := start(t, peers{{Name: "cp-1", Role: metadata.RoleControlPlane, IPs: []string{"127.0.0.1"}}}, WithControlPlaneLock(l))
 	if _, err := c.IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE}); err != nil {
 		t.Fatal(err)
 	}

@@ -39,7 +39,6 @@ import (
 	"github.com/berth-k8s/berth/joinservice/metrics"
 	"github.com/berth-k8s/berth/joinservice/policywatch"
 	"github.com/berth-k8s/berth/joinservice/server"
-	"github.com/berth-k8s/berth/joinservice/tokens"
 )
 
 type options struct {
@@ -182,7 +181,7 @@ func run(ctx context.Context, o options) error {
 		APIServerEndpoint: cm.Data["apiServerEndpoint"],
 		KubernetesVersion: cm.Data["kubernetesVersion"],
 		PKIDir:            o.pkiDir,
-	}, log.Named("joinservice"), keys, salt, authority, tokens.New(client), meta, check,
+	}, log.Named("joinservice"), keys, salt, authority, meta, check,
 		server.WithJournal(journal), server.WithLimits(o.limits), server.WithObserver(m),
 		server.WithControlPlaneLock(cplease.New(client, o.namespace, o.replica, log.Named("lease"))))
 
