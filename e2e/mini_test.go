@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -68,6 +69,23 @@ func (c *cluster) must(timeout time.Duration, name string, args ...string) strin
 func (c *cluster) kube(args ...string) string {
 	c.t.Helper()
 	return c.must(2*time.Minute, c.kubectl, append([]string{"--kubeconfig", filepath.Join(c.dir, "admin.conf")}, args...)...)
+}
+
+// kubeEventually runs kubectl until its output contains want or timeout passes; it returns the last
+// output and whether want appeared.
+func (c *cluster) kubeEventually(timeout time.Duration, want string, args ...string) (string, bool) {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		out, err := c.run(time.Minute, c.kubectl, append([]string{"--kubeconfig", filepath.Join(c.dir, "admin.conf")}, args...)...)
+		if err == nil && strings.Contains(out, want) {
+			return out, true
+		}
+		if time.Now().After(deadline) {
+			return fmt.Sprintf("%s (%v)", out, err), false
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // TestMiniCluster brings up 1 control plane and 2 workers with berth mini up (berth init on the
@@ -134,17 +152,19 @@ func TestMiniCluster(t *testing.T) {
 	if got := c.kube("exec", pods["w1"].name, "--", "/testapp", "echo", "exec works"); strings.TrimSpace(got) != "exec works" {
 		t.Errorf("exec = %q", got)
 	}
-	// Pod to pod across nodes, and a Service by DNS name (CoreDNS + kube-proxy nftables).
-	if got := c.kube("exec", pods["w1"].name, "--", "/testapp", "get", "http://"+pods["w2"].ip+":8080/"); !strings.Contains(got, pods["w2"].name) {
+	// Pod to pod across nodes, and a Service by DNS name (CoreDNS + kube-proxy nftables). The data
+	// path converges after the pods run (endpoints, kube-proxy's rules, CoreDNS), so each check may
+	// take up to a minute to pass; a path that never works fails.
+	if got, ok := c.kubeEventually(time.Minute, pods["w2"].name, "exec", pods["w1"].name, "--", "/testapp", "get", "http://"+pods["w2"].ip+":8080/"); !ok {
 		t.Errorf("w1 -> w2 pod = %q", got)
 	}
-	if got := c.kube("exec", pods["w2"].name, "--", "/testapp", "get", "http://testapp.default.svc.cluster.local/"); !strings.Contains(got, "testapp on ") {
+	if got, ok := c.kubeEventually(time.Minute, "testapp on ", "exec", pods["w2"].name, "--", "/testapp", "get", "http://testapp.default.svc.cluster.local/"); !ok {
 		t.Errorf("service by DNS = %q", got)
 	}
 	// The control plane's host network reaches pods on every node: the API server's pod proxy dials
 	// from the node address, the path it also takes to call webhooks.
 	for _, n := range nodes {
-		if got := c.kube("get", "--raw", "/api/v1/namespaces/default/pods/"+pods[n].name+":8080/proxy/"); !strings.Contains(got, pods[n].name) {
+		if got, ok := c.kubeEventually(time.Minute, pods[n].name, "get", "--raw", "/api/v1/namespaces/default/pods/"+pods[n].name+":8080/proxy/"); !ok {
 			t.Errorf("API server -> pod on %s = %q", n, got)
 		}
 	}
