@@ -2,15 +2,12 @@ package components
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 )
 
 // RestartBudget bounds the webhook check after the daemon restarts on an initialized control plane:
@@ -28,17 +25,9 @@ func (i *Installer) Reconcile(ctx context.Context, kubeconfigPath string, out io
 	if i.cfg.WebhookImage == "" {
 		return nil
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfigPath)
+	kube, dyn, err := clients(kubeconfigPath)
 	if err != nil {
-		return fmt.Errorf("loading kubeconfig: %w", err)
-	}
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("creating client: %w", err)
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("creating client: %w", err)
+		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, RestartBudget)
 	defer cancel()

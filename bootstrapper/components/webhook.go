@@ -199,6 +199,23 @@ func NewWebhookInstaller(cfg WebhookConfig, kube kubernetes.Interface, dyn dynam
 	return &WebhookInstaller{cfg: cfg, kube: kube, dyn: dyn, applier: apply.New(dyn), out: out}
 }
 
+// clients returns the typed and dynamic clients for a kubeconfig.
+func clients(kubeconfigPath string) (kubernetes.Interface, dynamic.Interface, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfigPath)
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading kubeconfig: %w", err)
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating client: %w", err)
+	}
+	return kube, dyn, nil
+}
+
 // installWebhook runs the webhook installer when Config.WebhookImage names an image; the policy
 // comes from the init request.
 func (i *Installer) installWebhook(ctx context.Context, kubeconfigPath string, job *initcluster.Job) error {
@@ -207,17 +224,9 @@ func (i *Installer) installWebhook(ctx context.Context, kubeconfigPath string, j
 		fmt.Fprintln(job.Out, "[berth] image-policy webhook not installed: no webhook image configured (--webhook-image)")
 		return nil
 	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfigPath)
+	kube, dyn, err := clients(kubeconfigPath)
 	if err != nil {
-		return fmt.Errorf("loading kubeconfig: %w", err)
-	}
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("creating client: %w", err)
-	}
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return fmt.Errorf("creating client: %w", err)
+		return err
 	}
 	w := NewWebhookInstaller(WebhookConfig{Image: image, ImagePullPolicy: i.cfg.ImagePullPolicy, Policy: job.Req.ImagePolicy}, kube, dyn, job.Out)
 	_, err = w.Install(ctx)
@@ -1171,26 +1180,19 @@ func (w *WebhookInstaller) arm(ctx context.Context, caPEM []byte) error {
 	if live != nil && contains(live.Object, withBundleOf(final, live).Object) {
 		// Armed, and only the CA bundle changes (a rotation step): narrowing to the canary namespace
 		// would stop enforcement elsewhere for a moment, so swap the bundle in place and prove it.
-		if err := w.applyConfig(ctx, final); err != nil {
-			w.rollback(ctx, live)
-			return err
-		}
-		if err := w.endToEnd(ctx); err != nil {
-			w.rollback(ctx, live)
-			return err
-		}
-		return nil
+		return w.armStage(ctx, final, live)
 	}
-	// Stage 1: only the canary namespace.
-	if err := w.applyConfig(ctx, w.ValidatingWebhookConfiguration(caPEM, true)); err != nil {
+	// Stage 1: only the canary namespace. Stage 2: everything but the exempt namespaces.
+	if err := w.armStage(ctx, w.ValidatingWebhookConfiguration(caPEM, true), live); err != nil {
 		return err
 	}
-	if err := w.endToEnd(ctx); err != nil {
-		w.rollback(ctx, live)
-		return err
-	}
-	// Stage 2: everything but the exempt namespaces.
-	if err := w.applyConfig(ctx, final); err != nil {
+	return w.armStage(ctx, final, live)
+}
+
+// armStage applies cfg and proves it end to end; when either fails it restores live, or deletes the
+// configuration when there was none: never leave a fail-closed configuration the check did not pass.
+func (w *WebhookInstaller) armStage(ctx context.Context, cfg, live *unstructured.Unstructured) error {
+	if err := w.applyConfig(ctx, cfg); err != nil {
 		w.rollback(ctx, live)
 		return err
 	}
@@ -1239,7 +1241,10 @@ func (w *WebhookInstaller) rollback(ctx context.Context, previous *unstructured.
 	defer cancel()
 	if previous == nil {
 		err := w.vwcs().Delete(ctx, WebhookConfigName, metav1.DeleteOptions{})
-		if err != nil && !apierrors.IsNotFound(err) {
+		if apierrors.IsNotFound(err) {
+			return // nothing was created
+		}
+		if err != nil {
 			w.say("rolling back: deleting configuration %s failed: %v; delete it by hand", WebhookConfigName, err)
 			return
 		}

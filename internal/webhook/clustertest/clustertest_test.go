@@ -524,17 +524,13 @@ func startLoad(tb testing.TB, ctx context.Context, e *env, ns string, stop <-cha
 	return s
 }
 
-// TestLeafRotationUnderLoad is T4 for the leaf: under the two-client load the installer issues a new
-// serving certificate from the same CA (the old one was made invalid), the pods' files are updated
-// as the kubelet would, and every pod serves the new leaf without a restart: zero failed requests, the
-// configuration (its CA bundle) untouched. Needs BERTH_WEBHOOK_LOAD=1. CA rotation is not implemented.
-func TestLeafRotationUnderLoad(t *testing.T) {
-	if os.Getenv("BERTH_WEBHOOK_LOAD") != "1" {
-		t.Skip("load test: set BERTH_WEBHOOK_LOAD=1 (make test-webhook-load)")
-	}
+// rotationSetup arms the webhook, creates the load's namespace, waits for both backends and returns
+// them with their PIDs (a rotation must not restart any).
+func rotationSetup(t *testing.T, ns string) (*env, context.Context, []*fakePod, map[string]int) {
+	t.Helper()
 	e := sharedEnv(t)
 	armed(t, e)
-	ensureNamespace(t, e.kube, "rotate")
+	ensureNamespace(t, e.kube, ns)
 	ctx := ctxFor(t, 5*time.Minute)
 	if err := e.runner.waitReadyEndpoints(ctx, 2); err != nil {
 		t.Fatal(err)
@@ -544,6 +540,18 @@ func TestLeafRotationUnderLoad(t *testing.T) {
 	for _, p := range pods {
 		pids[p.name] = p.cmd.Process.Pid
 	}
+	return e, ctx, pods, pids
+}
+
+// TestLeafRotationUnderLoad is T4 for the leaf: under the two-client load the installer issues a new
+// serving certificate from the same CA (the old one was made invalid), the pods' files are updated
+// as the kubelet would, and every pod serves the new leaf without a restart: zero failed requests, the
+// configuration (its CA bundle) untouched. Needs BERTH_WEBHOOK_LOAD=1. CA rotation is not implemented.
+func TestLeafRotationUnderLoad(t *testing.T) {
+	if os.Getenv("BERTH_WEBHOOK_LOAD") != "1" {
+		t.Skip("load test: set BERTH_WEBHOOK_LOAD=1 (make test-webhook-load)")
+	}
+	e, ctx, pods, pids := rotationSetup(t, "rotate")
 	vwcBefore, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, components.WebhookConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -613,18 +621,7 @@ func TestCARotationUnderLoad(t *testing.T) {
 	if os.Getenv("BERTH_WEBHOOK_LOAD") != "1" {
 		t.Skip("load test: set BERTH_WEBHOOK_LOAD=1 (make test-webhook-load)")
 	}
-	e := sharedEnv(t)
-	armed(t, e)
-	ensureNamespace(t, e.kube, "rotate-ca")
-	ctx := ctxFor(t, 5*time.Minute)
-	if err := e.runner.waitReadyEndpoints(ctx, 2); err != nil {
-		t.Fatal(err)
-	}
-	pods := e.runner.livePods()
-	pids := map[string]int{}
-	for _, p := range pods {
-		pids[p.name] = p.cmd.Process.Pid
-	}
+	e, ctx, _, pids := rotationSetup(t, "rotate-ca")
 	before, err := e.kube.CoreV1().Secrets(components.Namespace).Get(ctx, components.WebhookTLSSecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
