@@ -203,10 +203,11 @@ func (i *Installer) objects(job *initcluster.Job) ([]*unstructured.Unstructured,
 			"metadata": map[string]any{"name": joinServiceAccount, "namespace": Namespace},
 		},
 		{
-			"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-			"metadata": map[string]any{"name": "berth:joinservice"},
+			// Everything the joinservice touches is in berth-system: a Role, not a ClusterRole.
+			"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+			"metadata": map[string]any{"name": "berth:joinservice", "namespace": Namespace},
 			"rules": []any{
-				map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "verbs": []any{"create", "get", "delete", "list"}},
+				map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "resourceNames": []any{SecretName}, "verbs": []any{"get"}},
 				map[string]any{"apiGroups": []any{""}, "resources": []any{"configmaps"}, "verbs": []any{"get", "list", "watch", "create"}},
 				// The join ledger is the one ConfigMap the joinservice rewrites.
 				map[string]any{"apiGroups": []any{""}, "resources": []any{"configmaps"}, "resourceNames": []any{JoinLedgerName}, "verbs": []any{"update"}},
@@ -215,9 +216,9 @@ func (i *Installer) objects(job *initcluster.Job) ([]*unstructured.Unstructured,
 			},
 		},
 		{
-			"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-			"metadata": map[string]any{"name": "berth:joinservice"},
-			"roleRef":  map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "berth:joinservice"},
+			"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+			"metadata": map[string]any{"name": "berth:joinservice", "namespace": Namespace},
+			"roleRef":  map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "berth:joinservice"},
 			"subjects": []any{map[string]any{"kind": "ServiceAccount", "name": joinServiceAccount, "namespace": Namespace}},
 		},
 		{

@@ -51,8 +51,8 @@ func TestInstallOrder(t *testing.T) {
 		"Secret berth-system/berth-cluster-secrets",
 		"ConfigMap berth-system/berth-join-config",
 		"ServiceAccount berth-system/berth-joinservice",
-		"ClusterRole berth:joinservice",
-		"ClusterRoleBinding berth:joinservice",
+		"Role berth-system/berth:joinservice",
+		"RoleBinding berth-system/berth:joinservice",
 		"DaemonSet berth-system/berth-joinservice",
 	}, "\n")
 	if got := strings.Join(rec.applied, "\n"); got != want {

@@ -108,3 +108,29 @@ func sleep(ctx context.Context) {
 	case <-time.After(100 * time.Millisecond):
 	}
 }
+
+// TestJoinServiceRBACOnAPIServer: the joinservice's rights end at berth-system, and there at the one
+// Secret it reads.
+func TestJoinServiceRBACOnAPIServer(t *testing.T) {
+	env := apiservertest.Start(t)
+	ctx := context.Background()
+	if err := env.InstallBerth(ctx, "measurements: {}\n"); err != nil {
+		t.Fatal(err)
+	}
+	js := env.Client(t, apiservertest.JoinServiceUser)
+	if _, err := js.CoreV1().Secrets(components.Namespace).Get(ctx, components.SecretName, metav1.GetOptions{}); err != nil {
+		t.Errorf("reading %s: %v", components.SecretName, err)
+	}
+	if _, err := js.CoreV1().ConfigMaps(components.Namespace).List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("listing ConfigMaps in %s (the policy informer): %v", components.Namespace, err)
+	}
+	if _, err := js.CoreV1().Secrets(components.Namespace).List(ctx, metav1.ListOptions{}); err == nil {
+		t.Error("the joinservice may list the Secrets of berth-system")
+	}
+	if _, err := js.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{}); err == nil {
+		t.Error("the joinservice may list Secrets in kube-system")
+	}
+	if _, err := js.CoreV1().Secrets("kube-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "bootstrap-token-abcdef"}}, metav1.CreateOptions{}); err == nil {
+		t.Error("the joinservice may create Secrets in kube-system")
+	}
+}
