@@ -9,10 +9,12 @@ import (
 	"net"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	bootstraptokenv1 "k8s.io/kubernetes/cmd/kubeadm/app/apis/bootstraptoken/v1"
 	"k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm/v1beta4"
 	"sigs.k8s.io/yaml"
 )
@@ -123,6 +125,13 @@ func InitConfig(p InitParams) ([]byte, error) {
 		TypeMeta:         metav1.TypeMeta{APIVersion: v1beta4.SchemeGroupVersion.String(), Kind: "InitConfiguration"},
 		NodeRegistration: p.Node.registration(),
 		LocalAPIEndpoint: v1beta4.APIEndpoint{AdvertiseAddress: p.Node.IP, BindPort: int32(bindPort)},
+		// kubeadm always creates a bootstrap token (24 h by default). Berth's joins never use one
+		// (workers and control planes join with the ticket's certificate), so it expires at once
+		// instead of lingering as a credential that can mint any node's client certificate.
+		BootstrapTokens: []bootstraptokenv1.BootstrapToken{{
+			Description: "kubeadm init's token; Berth joins without bootstrap tokens",
+			TTL:         &metav1.Duration{Duration: time.Minute},
+		}},
 	}
 	clusterCfg := v1beta4.ClusterConfiguration{
 		TypeMeta:             metav1.TypeMeta{APIVersion: v1beta4.SchemeGroupVersion.String(), Kind: "ClusterConfiguration"},

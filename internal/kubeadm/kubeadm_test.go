@@ -60,6 +60,9 @@ func TestInitConfig(t *testing.T) {
 	if a := initCfg.NodeRegistration.KubeletExtraArgs; len(a) != 1 || a[0].Name != "node-ip" || a[0].Value != "198.51.100.10" {
 		t.Errorf("kubeletExtraArgs = %+v", a)
 	}
+	if !strings.Contains(string(out), "ttl: 1m0s") {
+		t.Errorf("kubeadm's bootstrap token does not expire within a minute:\n%s", out)
+	}
 	for _, want := range []string{"kind: ClusterConfiguration", "kubernetesVersion: v1.34.2", "podSubnet: 10.244.0.0/16",
 		"controlPlaneEndpoint: 198.51.100.10:6443", "kind: KubeletConfiguration", "cgroupDriver: cgroupfs",
 		"failCgroupV1: false", "mode: nftables", "maxPerCore: 0", "taints: null", "encryptionAlgorithm: ECDSA-P256"} {
