@@ -147,7 +147,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return fmt.Errorf("creating Kubernetes client: %w", err)
 	}
-	keys, salt, err := loadKeys(ctx, client, o.namespace)
+	keys, salt, err := loadKeysPatiently(ctx, client, o.namespace, startupPatience, log)
 	if err != nil {
 		return err
 	}
@@ -253,6 +253,35 @@ func restConfig(kubeconfig string) (*rest.Config, error) {
 		return nil, fmt.Errorf("loading kubeconfig: %w", err)
 	}
 	return cfg, nil
+}
+
+// startupPatience is how long the joinservice keeps trying to reach the API server at start. Right
+// after init its host-network pod can start before kube-proxy has programmed the API server's
+// Service address; exiting would cost a kubelet restart back-off (10 s and more) on the first joins.
+const startupPatience = 2 * time.Minute
+
+// loadKeysPatiently retries loadKeys with a capped backoff until it succeeds or patience runs out,
+// logging each new reason once.
+func loadKeysPatiently(ctx context.Context, client kubernetes.Interface, ns string, patience time.Duration, log *zap.Logger) (*clusterkeys.Keys, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, patience)
+	defer cancel()
+	wait, last := 200*time.Millisecond, ""
+	for {
+		keys, salt, err := loadKeys(ctx, client, ns)
+		if err == nil {
+			return keys, salt, nil
+		}
+		if msg := err.Error(); msg != last {
+			log.Warn("waiting for the cluster secrets", zap.Error(err))
+			last = msg
+		}
+		select {
+		case <-ctx.Done():
+			return nil, nil, err
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 5*time.Second)
+	}
 }
 
 func loadKeys(ctx context.Context, client kubernetes.Interface, ns string) (*clusterkeys.Keys, []byte, error) {
