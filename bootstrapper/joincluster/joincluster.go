@@ -43,6 +43,7 @@ import (
 	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/internal/nodestate"
+	"github.com/berth-k8s/berth/internal/pemcerts"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/nodelock"
 )
@@ -233,14 +234,11 @@ func validateTicket(self metadata.Instance, t *joinproto.IssueJoinTicketResponse
 // key as client credentials. The certificate must be for this node's name, for this key and signed by
 // that CA: a ticket that fails any of these is refused before anything runs.
 func discoveryKubeconfig(t *joinproto.IssueJoinTicketResponse, key crypto.Signer) ([]byte, error) {
-	caBlock, _ := pem.Decode(t.GetClusterCaCert())
-	if caBlock == nil {
-		return nil, fmt.Errorf("%w: no cluster CA certificate", ErrInvalidTicket)
-	}
-	caCert, err := x509.ParseCertificate(caBlock.Bytes)
+	cas, err := pemcerts.Parse(t.GetClusterCaCert())
 	if err != nil {
-		return nil, fmt.Errorf("%w: parsing cluster CA certificate: %w", ErrInvalidTicket, err)
+		return nil, fmt.Errorf("%w: cluster CA certificate: %w", ErrInvalidTicket, err)
 	}
+	caCert := cas[0]
 	sum := sha256.Sum256(caCert.RawSubjectPublicKeyInfo)
 	pin := "sha256:" + hex.EncodeToString(sum[:])
 	pinned := false
@@ -250,14 +248,11 @@ func discoveryKubeconfig(t *joinproto.IssueJoinTicketResponse, key crypto.Signer
 	if !pinned {
 		return nil, fmt.Errorf("%w: the cluster CA certificate does not match the ticket's CA pin", ErrInvalidTicket)
 	}
-	certBlock, _ := pem.Decode(t.GetKubeletCert())
-	if certBlock == nil {
-		return nil, fmt.Errorf("%w: kubelet certificate is not PEM", ErrInvalidTicket)
-	}
-	cert, err := x509.ParseCertificate(certBlock.Bytes)
+	certs, err := pemcerts.Parse(t.GetKubeletCert())
 	if err != nil {
-		return nil, fmt.Errorf("%w: parsing kubelet certificate: %w", ErrInvalidTicket, err)
+		return nil, fmt.Errorf("%w: kubelet certificate: %w", ErrInvalidTicket, err)
 	}
+	cert := certs[0]
 	switch {
 	case cert.Subject.CommonName != "system:node:"+t.GetNodeName():
 		return nil, fmt.Errorf("%w: kubelet certificate is for %q, not for node %q", ErrInvalidTicket, cert.Subject.CommonName, t.GetNodeName())
