@@ -54,7 +54,7 @@ func TestNamespaceGuardOnAPIServer(t *testing.T) {
 		return err
 	}
 	// Wait until the policy is in force.
-	deadline := 0
+	tries := 0
 	for {
 		_, err := kube.CoreV1().Pods(components.Namespace).Create(ctx, pod(components.Namespace, "probe", "evil.example/app:1"),
 			metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
@@ -65,7 +65,7 @@ func TestNamespaceGuardOnAPIServer(t *testing.T) {
 			t.Logf("refused: %v", err)
 			break
 		}
-		if deadline++; deadline > 100 {
+		if tries++; tries > 100 {
 			t.Fatal("a foreign image in berth-system is still admitted 10 s after the guard was applied")
 		}
 		sleep(ctx)

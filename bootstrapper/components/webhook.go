@@ -717,7 +717,7 @@ func planTLS(cur tlsMaterial, now time.Time, renewBefore time.Duration, say func
 		say("CA rotation: a new CA joins the bundle; the old one (expires %s) stays until no endpoint serves a certificate it signed", old.NotAfter.Format(time.DateOnly))
 		if leafValid(cur.certPEM, cur.keyPEM, old, now) {
 			// The leaf follows once the bundle with both CAs is in place (finishCARotation).
-			next.bundlePEM = bundlePEM(append(bundle, ca))
+			next.bundlePEM = encodeBundle(append(bundle, ca))
 			return next, nil
 		}
 	}
@@ -731,7 +731,7 @@ func planTLS(cur tlsMaterial, now time.Time, renewBefore time.Duration, say func
 	if !containsCert(bundle, ca) {
 		bundle = append(bundle, ca)
 	}
-	next.bundlePEM = bundlePEM(bundle)
+	next.bundlePEM = encodeBundle(bundle)
 	return next, nil
 }
 
@@ -739,7 +739,7 @@ func containsCert(certs []*x509.Certificate, c *x509.Certificate) bool {
 	return slices.ContainsFunc(certs, func(x *x509.Certificate) bool { return x.Equal(c) })
 }
 
-func bundlePEM(certs []*x509.Certificate) []byte {
+func encodeBundle(certs []*x509.Certificate) []byte {
 	var out []byte
 	for _, c := range certs {
 		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)

@@ -134,12 +134,16 @@ func daemon(ctx context.Context, cfg *config) error {
 	if err != nil {
 		return fmt.Errorf("listening for init: %w", err)
 	}
-	err = bootstrapper.Run(ctx, bootstrapper.Deps{
+	deps := bootstrapper.Deps{
 		Log: log, Lock: lock, State: state, InitListener: lis, InitServer: initSrv, JoinClient: joinClient, Kubelet: kube,
-		Reconcile: func(ctx context.Context) error {
+	}
+	if cfg.webhookImage != "" {
+		// Only the webhook has anything to check after a restart; without it there is nothing to log.
+		deps.Reconcile = func(ctx context.Context) error {
 			return installer.Reconcile(ctx, filepath.Join(cfg.kubernetesDir, "admin.conf"), lineLogger{log.Named("components")})
-		},
-	})
+		}
+	}
+	err = bootstrapper.Run(ctx, deps)
 	if err != nil {
 		log.Error("bootstrapper failed", zap.Error(err))
 		return err
