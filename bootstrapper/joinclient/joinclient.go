@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 )
@@ -188,6 +189,11 @@ func asRejection(err error) (rejection, bool) {
 	st, ok := status.FromError(err)
 	if !ok {
 		return rejection{}, false
+	}
+	// A joinservice that refused this node's claimed measurements did so in the handshake, which gRPC
+	// reports as an unavailable connection; the verdict is in the message.
+	if r, ok := atls.ParseRejection(st.Message()); ok {
+		return rejection{code: codes.PermissionDenied, reason: r.Reason, message: r.Message}, true
 	}
 	switch st.Code() {
 	case codes.PermissionDenied, codes.InvalidArgument, codes.FailedPrecondition, codes.ResourceExhausted, codes.Unauthenticated:

@@ -162,3 +162,17 @@ func TestBackoffBounds(t *testing.T) {
 		}
 	}
 }
+
+// A joinservice that refuses the node's claimed measurements does so in the TLS handshake; the node
+// still logs it as a rejection with the joinservice's reason, not as an unreachable endpoint.
+func TestRejectionInHandshake(t *testing.T) {
+	err := status.Error(codes.Unavailable, `connection error: desc = "transport: authentication handshake failed: attested TLS handshake: `+
+		`attestation refused on claimed measurements: MEASUREMENT_MISMATCH: index 4: expected aa.., got bb.."`)
+	r, ok := asRejection(err)
+	if !ok || r.reason != "MEASUREMENT_MISMATCH" || r.message != "index 4: expected aa.., got bb.." || r.code != codes.PermissionDenied {
+		t.Fatalf("asRejection = %+v, %v", r, ok)
+	}
+	if _, ok := asRejection(status.Error(codes.Unavailable, "connection refused")); ok {
+		t.Fatal("an unreachable endpoint counted as a rejection")
+	}
+}

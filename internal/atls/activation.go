@@ -143,12 +143,19 @@ func identityCertificate(ctx context.Context, a Activator, certs *serverCerts) (
 var errProbeDone = errors.New("probe done")
 
 // ProbeIdentity reads the activation identity of the attesting server on conn with a probe handshake
-// and closes conn. It costs the server no quote.
-func ProbeIdentity(ctx context.Context, conn net.Conn) ([]byte, error) {
+// and closes conn. It costs the server no quote. When issuer (may be nil) is a Claimer, the probe
+// volunteers its claims, so that a validating server can refuse this client already here.
+func ProbeIdentity(ctx context.Context, conn net.Conn, issuer Issuer) ([]byte, error) {
 	var id []byte
+	claims, err := claimProtos(ctx, issuer)
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
 	cfg := &tls.Config{
 		MinVersion:         tls.VersionTLS13,
 		ServerName:         probeServerName,
+		NextProtos:         claims,
 		InsecureSkipVerify: true, //nolint:gosec // a probe only reads public identity; nothing is trusted
 		VerifyPeerCertificate: func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
 			if len(rawCerts) == 0 {
@@ -165,13 +172,15 @@ func ProbeIdentity(ctx context.Context, conn net.Conn) ([]byte, error) {
 					return errProbeDone
 				case e.Id.Equal(OIDRefusal):
 					return fmt.Errorf("%w: %s", ErrRateLimited, sanitize(e.Value))
+				case e.Id.Equal(OIDClaimRejection):
+					return parseRejection(e.Value)
 				}
 			}
 			return ErrNotActivated
 		},
 	}
 	tc := tls.Client(conn, cfg)
-	err := tc.HandshakeContext(ctx)
+	err = tc.HandshakeContext(ctx)
 	tc.Close()
 	if id != nil {
 		return id, nil
@@ -187,7 +196,7 @@ func Dial(ctx context.Context, dialer *net.Dialer, addr string, issuer Issuer, v
 		if err != nil {
 			return nil, fmt.Errorf("connecting to %s: %w", addr, err)
 		}
-		id, err := ProbeIdentity(ctx, raw)
+		id, err := ProbeIdentity(ctx, raw, issuer)
 		if err != nil {
 			return nil, err
 		}

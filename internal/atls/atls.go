@@ -223,6 +223,8 @@ func checkPeer(ctx context.Context, chk peerCheck, rawCerts [][]byte) (Evidence,
 		switch {
 		case e.Id.Equal(OIDRefusal):
 			return ev, fmt.Errorf("%w: %s", ErrRateLimited, sanitize(e.Value))
+		case e.Id.Equal(OIDClaimRejection):
+			return ev, parseRejection(e.Value)
 		case e.Id.Equal(OIDAttestation):
 			raw = e.Value
 		}

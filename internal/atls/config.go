@@ -23,6 +23,7 @@ type options struct {
 	observe      func(Evidence, error)
 	log          *zap.Logger
 	peerIdentity []byte
+	claimCheck   ClaimCheck
 }
 
 // WithLimiter sets the handshake rate limiter of an attesting server (default: NewLimiter(DefaultLimits)).
@@ -98,7 +99,7 @@ func serverConfig(issuer Issuer, validator Validator, o options, certs *serverCe
 				cfg.Certificates = []tls.Certificate{*certs.plain}
 			} else {
 				if chi.ServerName == probeServerName {
-					return probeConfig(ctx, issuer, o, certs, peer)
+					return probeConfig(ctx, issuer, validator != nil, o, certs, peer, chi.SupportedProtos)
 				}
 				nonce, err := decodeSNINonce(chi.ServerName)
 				if err != nil {
@@ -109,6 +110,11 @@ func serverConfig(issuer Issuer, validator Validator, o options, certs *serverCe
 					o.log.Info("refusing attestation: rate limit", zap.String("peer", peer))
 					cfg.Certificates = []tls.Certificate{*certs.refusal}
 					return cfg, nil
+				}
+				if validator != nil {
+					if refused, err := claimRefusal(ctx, o, certs, peer, chi.SupportedProtos); refused != nil || err != nil {
+						return refused, err
+					}
 				}
 				if challenge := fromALPN(alpnChallenge, chi.SupportedProtos); challenge != nil {
 					if a, ok := issuer.(Activator); ok {
@@ -172,7 +178,7 @@ func serverConfig(issuer Issuer, validator Validator, o options, certs *serverCe
 
 // probeConfig answers a probe with the issuer's activation identity. Probes count against the rate
 // limit like attestations: the first one per process creates the attestation key.
-func probeConfig(ctx context.Context, issuer Issuer, o options, certs *serverCerts, peer string) (*tls.Config, error) {
+func probeConfig(ctx context.Context, issuer Issuer, validating bool, o options, certs *serverCerts, peer string, protos []string) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS13}
 	a, ok := issuer.(Activator)
 	if !ok {
@@ -183,6 +189,11 @@ func probeConfig(ctx context.Context, issuer Issuer, o options, certs *serverCer
 	if !o.limiter.Allow(peer) {
 		cfg.Certificates = []tls.Certificate{*certs.refusal}
 		return cfg, nil
+	}
+	if validating {
+		if refused, err := claimRefusal(ctx, o, certs, peer, protos); refused != nil || err != nil {
+			return refused, err
+		}
 	}
 	cert, err := identityCertificate(ctx, a, certs)
 	if err != nil {
@@ -235,6 +246,11 @@ func NewClientConfig(ctx context.Context, issuer Issuer, validator Validator, op
 		cfg.VerifyPeerCertificate = func([][]byte, [][]*x509.Certificate) error { return nil }
 	}
 	if issuer != nil {
+		claims, err := claimProtos(ctx, issuer)
+		if err != nil {
+			return nil, err
+		}
+		cfg.NextProtos = append(cfg.NextProtos, claims...)
 		if a, ok := issuer.(Activator); ok {
 			id, err := a.Identity(ctx)
 			if err != nil {
@@ -272,4 +288,19 @@ func peerHost(c net.Conn) string {
 		return host
 	}
 	return addr
+}
+
+// claimRefusal is the config refusing a client on its claimed measurements, or nil to go on.
+func claimRefusal(ctx context.Context, o options, certs *serverCerts, peer string, protos []string) (*tls.Config, error) {
+	ext := judgeClaims(ctx, o, peer, protos)
+	if ext == nil {
+		return nil, nil
+	}
+	o.log.Info("refusing attestation: claimed measurements rejected", zap.String("peer", peer))
+	cert, err := selfSigned(certs.key, *ext)
+	if err != nil {
+		return nil, err
+	}
+	// No ALPN: a probe offers none that a server could pick.
+	return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*cert}}, nil
 }

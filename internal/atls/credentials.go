@@ -99,7 +99,7 @@ func (c *Credentials) ClientHandshake(ctx context.Context, authority string, raw
 		if err != nil {
 			return nil, nil, fmt.Errorf("connecting to %s for the identity probe: %w", authority, err)
 		}
-		if o.peerIdentity, err = ProbeIdentity(ctx, probe); err != nil {
+		if o.peerIdentity, err = ProbeIdentity(ctx, probe, c.issuer); err != nil {
 			return nil, nil, err
 		}
 	}

@@ -39,9 +39,9 @@ func TestAttestedJoin(t *testing.T) {
 
 	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
 
-	// start runs a joinservice whose TPM's lock register holds lockID (nil: not bootstrapped).
+	// startWith runs a joinservice whose TPM's lock register holds lockID (nil: not bootstrapped).
 	j := &journal{}
-	start := func(t *testing.T, lockID []byte) string {
+	startWith := func(t *testing.T, lockID []byte, opts ...atls.Option) string {
 		sw := vtpmtest.StartSwtpm(t, swCA)
 		if lockID != nil {
 			if err := vtpm.NewLockRegister(sw.Open, 15).MarkBootstrapped(ctx, lockID); err != nil {
@@ -52,7 +52,7 @@ func TestAttestedJoin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		creds, err := atls.NewCredentials(vtpm.NewIssuer(sw.Open, zap.NewNop()), validator)
+		creds, err := atls.NewCredentials(vtpm.NewIssuer(sw.Open, zap.NewNop()), validator, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -73,6 +73,10 @@ func TestAttestedJoin(t *testing.T) {
 		go func() { defer close(done); _ = g.Serve(lis) }()
 		t.Cleanup(func() { g.Stop(); <-done })
 		return lis.Addr().String()
+	}
+	// start runs the joinservice as the binary does: it judges claimed measurements first.
+	start := func(t *testing.T, lockID []byte) string {
+		return startWith(t, lockID, atls.WithClaimCheck(ClaimCheck(func() *policy.Policy { return clusterPolicy }, j, nil)))
 	}
 
 	joinWith := func(t *testing.T, addr string, tamper []byte, manufacturer *vtpmtest.SwtpmCA) (*joinproto.IssueJoinTicketResponse, error) {
@@ -112,8 +116,21 @@ func TestAttestedJoin(t *testing.T) {
 			t.Fatalf("ticket for %q", resp.GetNodeName())
 		}
 	})
-	t.Run("tampered node is told which measurement deviated", func(t *testing.T) {
+	t.Run("tampered node is refused on its claims before the joinservice quotes", func(t *testing.T) {
 		_, err := join(t, start(t, keys.ClusterID()), []byte("extra boot component"))
+		rej, ok := atls.ParseRejection(status.Convert(err).Message())
+		if !ok || rej.Reason != ReasonMeasurements || !strings.Contains(rej.Message, "index 4") {
+			t.Fatalf("IssueJoinTicket() = %v, want a refusal in the handshake naming index 4", err)
+		}
+		t.Logf("refusal: %v", err)
+		es := j.all()
+		last := es[len(es)-1]
+		if last.RPC != "handshake" || last.Reason != ReasonMeasurements || len(last.EvidenceSHA256) != 64 || !strings.Contains(last.Message, "index 4") || last.Peer != "127.0.0.1" {
+			t.Fatalf("ledger entry %+v, want %s in the handshake with the claims' digest", last, ReasonMeasurements)
+		}
+	})
+	t.Run("tampered node is told which measurement deviated after full validation", func(t *testing.T) {
+		_, err := join(t, startWith(t, keys.ClusterID()), []byte("extra boot component"))
 		if status.Code(err) != codes.PermissionDenied || reason(err) != ReasonMeasurements || !strings.Contains(status.Convert(err).Message(), "index 4") {
 			t.Fatalf("IssueJoinTicket() = %v (reason %q), want PermissionDenied %s naming index 4", err, reason(err), ReasonMeasurements)
 		}

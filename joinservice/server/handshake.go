@@ -1,14 +1,20 @@
 package server
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"net"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/credentials"
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation"
+	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 )
 
@@ -99,4 +105,42 @@ func (c *recordingCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.Au
 
 func (c *recordingCreds) Clone() credentials.TransportCredentials {
 	return &recordingCreds{TransportCredentials: c.TransportCredentials.Clone(), journal: c.journal, obs: c.obs}
+}
+
+// ClaimCheck judges the measurements a joining node claims in its ClientHello (atls.Claimer) against
+// the policy in force, before this replica quotes or activates for the node or validates its
+// document: a node running the wrong image costs one plain TLS handshake. A refusal reaches the
+// ledger (RPC "handshake", reason MEASUREMENT_MISMATCH, the digest of the claims as evidence) and the
+// metrics, and the node learns what deviated, as from a refusal after full validation. Claims that
+// pass decide nothing: the node still proves its measurements, which the handler judges again.
+func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer) atls.ClaimCheck {
+	if obs == nil {
+		obs = nopObserver{}
+	}
+	return func(_ context.Context, peer string, claims attestation.Measurements) *atls.Rejection {
+		_, err := current().Evaluate(claims)
+		if err == nil {
+			return nil
+		}
+		obs.Attempt("handshake", ledger.OutcomeRejected, ReasonMeasurements)
+		j.Record(ledger.Entry{
+			Time: time.Now().UTC(), Peer: peer, RPC: "handshake", Outcome: ledger.OutcomeRejected, Reason: ReasonMeasurements,
+			Message: "claimed measurements: " + err.Error(), EvidenceSHA256: claimsDigest(claims),
+		})
+		return &atls.Rejection{Reason: ReasonMeasurements, Message: err.Error()}
+	}
+}
+
+// claimsDigest is the hex SHA-256 over "index=value;" of every claimed measurement, ascending.
+func claimsDigest(m attestation.Measurements) string {
+	idx := make([]uint32, 0, len(m))
+	for i := range m {
+		idx = append(idx, i)
+	}
+	slices.Sort(idx)
+	h := sha256.New()
+	for _, i := range idx {
+		fmt.Fprintf(h, "%d=%x;", i, m[i])
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }

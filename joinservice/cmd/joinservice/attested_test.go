@@ -19,6 +19,7 @@ import (
 
 	"github.com/berth-k8s/berth/bootstrapper/components"
 	"github.com/berth-k8s/berth/bootstrapper/joinclient"
+	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/choose"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
@@ -157,16 +158,18 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 
 	setPolicy(clusterPolicy(ones))
 	t.Logf("event: %s", waitEvent("PolicyApplied").Message)
+	// The node claims its PCRs up front (vtpm.Issuer is an atls.Claimer): the new policy refuses it
+	// in the handshake, before the joinservice quotes.
 	_, err = join()
-	if status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), "index 4") {
-		t.Fatalf("join after the policy update = %v, want PermissionDenied naming index 4", err)
+	if rej, ok := atls.ParseRejection(status.Convert(err).Message()); !ok || rej.Reason != "MEASUREMENT_MISMATCH" || !strings.Contains(rej.Message, "index 4") {
+		t.Fatalf("join after the policy update = %v, want a refusal naming index 4", err)
 	}
 
 	setPolicy("variant: tpm\nmeasurements: {4: [")
 	t.Logf("event: %s", waitEvent("PolicyRejected").Message)
 	_, err = join()
-	if status.Code(err) != codes.PermissionDenied || !strings.Contains(status.Convert(err).Message(), "index 4") {
-		t.Fatalf("join after a malformed update = %v, want the previous policy's PermissionDenied naming index 4", err)
+	if rej, ok := atls.ParseRejection(status.Convert(err).Message()); !ok || rej.Reason != "MEASUREMENT_MISMATCH" || !strings.Contains(rej.Message, "index 4") {
+		t.Fatalf("join after a malformed update = %v, want the previous policy's refusal naming index 4", err)
 	}
 
 	var mine []ledger.Entry
@@ -174,12 +177,13 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 		entries, _ := ledger.Read(ctx, admin, components.Namespace)
 		mine = mine[:0]
 		for _, e := range entries {
-			if e.Peer == "127.0.0.1" && e.RPC == "join" && e.Time.After(started) { // a rejected node is not attested: no name
+			if e.Peer == "127.0.0.1" && (e.RPC == "join" || e.RPC == "handshake") && e.Time.After(started) { // a rejected node is not attested: no name
 				mine = append(mine, e)
 			}
 		}
 	}
-	if len(mine) != 3 || mine[0].Outcome != ledger.OutcomeAccepted || mine[1].Reason != "MEASUREMENT_MISMATCH" || mine[2].Reason != "MEASUREMENT_MISMATCH" {
+	if len(mine) != 3 || mine[0].Outcome != ledger.OutcomeAccepted || mine[1].Reason != "MEASUREMENT_MISMATCH" || mine[2].Reason != "MEASUREMENT_MISMATCH" ||
+		mine[1].RPC != "handshake" || !strings.Contains(mine[1].Message, "claimed") {
 		t.Fatalf("ledger entries from the node: %+v", mine)
 	}
 	for _, e := range mine {

@@ -54,12 +54,13 @@ type options struct {
 	tpm          string
 	replica      string
 	limits       atls.Limits
+	attestLimits atls.Limits
 }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	o := options{listen: ":30090", metricsAddr: ":30091", pkiDir: "/etc/kubernetes/pki", namespace: components.Namespace, limits: server.DefaultLimits}
+	o := options{listen: ":30090", metricsAddr: ":30091", pkiDir: "/etc/kubernetes/pki", namespace: components.Namespace, limits: server.DefaultLimits, attestLimits: atls.DefaultLimits}
 	cmd := &cobra.Command{
 		Use:   "joinservice",
 		Short: "Issue join tickets to nodes that may join the cluster",
@@ -71,10 +72,13 @@ platform's metadata.
 With attestation, every connection is mutual attested TLS: this node proves it runs the cluster's
 image and is bootstrapped, the joining node proves what it runs, and the cluster's attestation
 policy (ConfigMap berth-join-config, reloaded on every change; a bad update is refused with an
-Event and the old policy stays) decides; a rejected node is told which measurement deviated.
+Event and the old policy stays) decides; a rejected node is told which measurement deviated. A node
+that claims its measurements up front (TPM nodes do) and claims wrong ones is refused before this
+node quotes or activates anything for it.
 
 Every attempt goes to the join ledger (ConfigMap berth-join-ledger and Events on it; berth status
-prints it). Calls are rate-limited per peer address and overall (--rate-*); control-plane joins are
+prints it). Calls are rate-limited per peer address and overall (--rate-*), and so are attested
+handshakes, each of which costs this node's TPM a quote (--attest-rate-*); control-plane joins are
 serialized across replicas with Lease berth-control-plane-join. Prometheus metrics and /healthz are
 served on --metrics-listen.
 
@@ -103,6 +107,10 @@ BERTH_METADATA_URL, BERTH_METADATA_FILE, BERTH_ATTESTATION and BERTH_TPM.`,
 	f.IntVar(&o.limits.PerPeerBurst, "rate-per-peer-burst", o.limits.PerPeerBurst, "burst of --rate-per-peer")
 	f.Float64Var((*float64)(&o.limits.Global), "rate-global", float64(o.limits.Global), "join tickets per second over all peers")
 	f.IntVar(&o.limits.GlobalBurst, "rate-global-burst", o.limits.GlobalBurst, "burst of --rate-global")
+	f.Float64Var((*float64)(&o.attestLimits.PerPeer), "attest-rate-per-peer", float64(o.attestLimits.PerPeer), "attested handshakes (each costs this node's TPM a quote) per second per peer address")
+	f.IntVar(&o.attestLimits.PerPeerBurst, "attest-rate-per-peer-burst", o.attestLimits.PerPeerBurst, "burst of --attest-rate-per-peer")
+	f.Float64Var((*float64)(&o.attestLimits.Global), "attest-rate-global", float64(o.attestLimits.Global), "attested handshakes per second over all peers; size it to this node's TPM")
+	f.IntVar(&o.attestLimits.GlobalBurst, "attest-rate-global-burst", o.attestLimits.GlobalBurst, "burst of --attest-rate-global")
 	cmd.SetArgs(os.Args[1:])
 	if err := cmd.ExecuteContext(ctx); err != nil {
 		fmt.Fprintf(os.Stderr, "joinservice: %v\n", err)
@@ -159,14 +167,6 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	creds, holder, err := attestationFor(o, cm.Data[policywatch.PolicyKey], log)
-	if err != nil {
-		return err
-	}
-	var check server.AttestationCheck
-	if holder != nil {
-		check = holder.Check
-	}
 	if o.replica == "" {
 		if o.replica, err = os.Hostname(); err != nil {
 			return fmt.Errorf("naming this replica: %w", err)
@@ -174,6 +174,14 @@ func run(ctx context.Context, o options) error {
 	}
 	journal := ledger.NewWriter(client, o.namespace, o.replica, log.Named("ledger"))
 	m := metrics.New(journal)
+	creds, holder, err := attestationFor(o, cm.Data[policywatch.PolicyKey], journal, m, log)
+	if err != nil {
+		return err
+	}
+	var check server.AttestationCheck
+	if holder != nil {
+		check = holder.Check
+	}
 	if holder != nil {
 		creds = server.RecordHandshakes(creds, journal, m)
 	}
@@ -300,7 +308,7 @@ func loadKeys(ctx context.Context, client kubernetes.Interface, ns string) (*clu
 // attestationFor builds the server's transport credentials and the hot-reloadable policy from the
 // cluster's attestation policy (self-contained YAML from the join config). The holder is nil without
 // attestation.
-func attestationFor(o options, policyYAML string, log *zap.Logger) (credentials.TransportCredentials, *policywatch.Holder, error) {
+func attestationFor(o options, policyYAML string, journal server.HandshakeJournal, obs server.Observer, log *zap.Logger) (credentials.TransportCredentials, *policywatch.Holder, error) {
 	if o.attestation == "insecure-none" {
 		log.Warn("attestation is disabled: tickets go to any node metadata knows, over plaintext gRPC; development only")
 		return insecure.NewCredentials(), nil, nil
@@ -323,7 +331,8 @@ func attestationFor(o options, policyYAML string, log *zap.Logger) (credentials.
 	case "tdx":
 		issuer = tdx.NewIssuer(tdx.OpenAuto(), log.Named("tdx"))
 	}
-	creds, err := atls.NewCredentials(issuer, holder.Validator(), atls.WithLimiter(atls.NewLimiter(atls.DefaultLimits)), atls.WithLogger(log.Named("atls")))
+	creds, err := atls.NewCredentials(issuer, holder.Validator(), atls.WithLimiter(atls.NewLimiter(o.attestLimits)),
+		atls.WithClaimCheck(server.ClaimCheck(holder.Policy, journal, obs)), atls.WithLogger(log.Named("atls")))
 	if err != nil {
 		return nil, nil, fmt.Errorf("creating attested TLS credentials: %w", err)
 	}

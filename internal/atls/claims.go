@@ -1,0 +1,206 @@
+package atls
+
+import (
+	"context"
+	"crypto/x509/pkix"
+	"encoding/asn1"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/berth-k8s/berth/internal/attestation"
+)
+
+// Claimed measurements make a rejection cheap. An attesting client that is a Claimer volunteers, in
+// its ClientHello (ALPN entries "berth-m:..."), the measurements its document will carry. A validating
+// server with a ClaimCheck judges them before it spends anything on the handshake: no quote of its
+// own, no key activation, no challenge, no validation. A client whose claims the check refuses gets a
+// certificate carrying the verdict (OIDClaimRejection) instead of an attestation and fails the
+// handshake with a *Rejection.
+//
+// Claims are unauthenticated, and that is safe because they can only lead to a refusal: a client that
+// lies about measurements it does not have only refuses itself, and a client whose claims pass still
+// has to prove its measurements with a verified document, which the server judges in full. Identity
+// probes carry the claims too, so a refused client costs the server one plain TLS handshake.
+
+// Claimer is an Issuer that can state the measurements its documents will carry without quoting
+// (vtpm.Issuer reads its PCRs).
+type Claimer interface {
+	// Claims returns the measurements the next document will carry.
+	Claims(ctx context.Context) (attestation.Measurements, error)
+}
+
+// ClaimCheck judges the measurements a client at peer (its IP address) claims; a non-nil Rejection
+// refuses the handshake with it.
+type ClaimCheck func(ctx context.Context, peer string, claims attestation.Measurements) *Rejection
+
+// WithClaimCheck makes a validating server judge the measurements clients claim before it attests,
+// activates or validates (see Claimer).
+func WithClaimCheck(c ClaimCheck) Option { return func(o *options) { o.claimCheck = c } }
+
+// OIDClaimRejection marks a certificate that refuses a handshake on the client's claimed
+// measurements; its value is the DER of rejectionValue.
+var OIDClaimRejection = asn1.ObjectIdentifier{1, 3, 9901, 1, 4}
+
+// ErrClaimsRejected means the server refused the handshake on the measurements this side claimed.
+var ErrClaimsRejected = errors.New("attestation refused on claimed measurements")
+
+// Rejection is a server's verdict on claimed measurements. Reason is a short code
+// (e.g. MEASUREMENT_MISMATCH), Message says what deviated.
+type Rejection struct {
+	Reason  string
+	Message string
+}
+
+const rejectionMarker = "attestation refused on claimed measurements: "
+
+// Error names the verdict in a form ParseRejection finds again in flattened error text.
+func (r *Rejection) Error() string { return rejectionMarker + r.Reason + ": " + r.Message }
+
+// Is makes errors.Is(err, ErrClaimsRejected) hold.
+func (r *Rejection) Is(target error) bool { return target == ErrClaimsRejected }
+
+// ParseRejection finds a Rejection in the text of an error that lost its type on the way (gRPC
+// reports a failed handshake as a status message).
+func ParseRejection(text string) (*Rejection, bool) {
+	_, rest, ok := strings.Cut(text, rejectionMarker)
+	if !ok {
+		return nil, false
+	}
+	reason, msg, ok := strings.Cut(rest, ": ")
+	if !ok || reason == "" || strings.Trim(reason, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") != "" {
+		return nil, false
+	}
+	// gRPC quotes the handshake error; drop what it appended after it.
+	msg = strings.TrimRight(msg, `"\`)
+	return &Rejection{Reason: reason, Message: msg}, true
+}
+
+// rejectionValue is the ASN.1 value of OIDClaimRejection.
+type rejectionValue struct {
+	Reason  string `asn1:"utf8"`
+	Message string `asn1:"utf8"`
+}
+
+const (
+	alpnClaims      = "berth-m:"
+	maxReasonLen    = 64
+	maxRejectionMsg = 512
+)
+
+// encodeClaims serializes measurements as (index, length, value) triples in ascending index order.
+func encodeClaims(m attestation.Measurements) ([]byte, error) {
+	idx := make([]uint32, 0, len(m))
+	for i := range m {
+		idx = append(idx, i)
+	}
+	slices.Sort(idx)
+	var out []byte
+	for _, i := range idx {
+		v := m[i]
+		if i > 255 || len(v) > 255 {
+			return nil, fmt.Errorf("claiming measurement %d of %d bytes: beyond what a claim carries", i, len(v))
+		}
+		out = append(out, byte(i), byte(len(v)))
+		out = append(out, v...)
+	}
+	if len(out) > maxActivationBlob {
+		return nil, fmt.Errorf("claiming %d bytes of measurements: more than %d", len(out), maxActivationBlob)
+	}
+	return out, nil
+}
+
+// decodeClaims parses encodeClaims's output; every index at most once.
+func decodeClaims(b []byte) (attestation.Measurements, error) {
+	m := attestation.Measurements{}
+	for len(b) > 0 {
+		if len(b) < 2 || len(b) < 2+int(b[1]) {
+			return nil, fmt.Errorf("%w: truncated claim", attestation.ErrMalformed)
+		}
+		i, n := uint32(b[0]), int(b[1])
+		if _, dup := m[i]; dup {
+			return nil, fmt.Errorf("%w: measurement %d claimed twice", attestation.ErrMalformed, i)
+		}
+		m[i] = append([]byte(nil), b[2:2+n]...)
+		b = b[2+n:]
+	}
+	return m, nil
+}
+
+// claimProtos returns the ALPN entries that volunteer issuer's claims; none when issuer makes none.
+func claimProtos(ctx context.Context, issuer Issuer) ([]string, error) {
+	c, ok := issuer.(Claimer)
+	if !ok {
+		return nil, nil
+	}
+	m, err := c.Claims(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading claimed measurements: %w", err)
+	}
+	b, err := encodeClaims(m)
+	if err != nil || len(b) == 0 {
+		return nil, err
+	}
+	return toALPN(alpnClaims, b), nil
+}
+
+// judgeClaims applies the server's ClaimCheck to what the client claims in protos. It returns the
+// refusal certificate's extension when the check refuses, nil to go on. Malformed claims are refused
+// too: a client that sends claims sends well-formed ones.
+func judgeClaims(ctx context.Context, o options, peer string, protos []string) *pkix.Extension {
+	if o.claimCheck == nil {
+		return nil
+	}
+	raw := fromALPN(alpnClaims, protos)
+	if raw == nil {
+		return nil
+	}
+	m, err := decodeClaims(raw)
+	var rej *Rejection
+	if err != nil {
+		rej = &Rejection{Reason: "MALFORMED_EVIDENCE", Message: "claimed measurements: " + err.Error()}
+	} else if rej = o.claimCheck(ctx, peer, m); rej == nil {
+		return nil
+	}
+	val, err := asn1.Marshal(rejectionValue{Reason: truncate(rej.Reason, maxReasonLen), Message: truncate(rej.Message, maxRejectionMsg)})
+	if err != nil {
+		val, _ = asn1.Marshal(rejectionValue{Reason: "REJECTED", Message: "claimed measurements refused"})
+	}
+	return &pkix.Extension{Id: OIDClaimRejection, Value: val}
+}
+
+// parseRejection turns a peer's OIDClaimRejection value into the error its side reports.
+func parseRejection(value []byte) error {
+	var v rejectionValue
+	if rest, err := asn1.Unmarshal(value, &v); err != nil || len(rest) != 0 {
+		return fmt.Errorf("%w: (unreadable verdict)", ErrClaimsRejected)
+	}
+	reason := strings.Map(func(r rune) rune {
+		if r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' {
+			return r
+		}
+		return -1
+	}, truncate(v.Reason, maxReasonLen))
+	if reason == "" {
+		reason = "REJECTED"
+	}
+	return &Rejection{Reason: reason, Message: printable(truncate(v.Message, maxRejectionMsg))}
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// printable replaces control and non-ASCII characters of untrusted text.
+func printable(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r < 0x20 || r > 0x7e {
+			return '?'
+		}
+		return r
+	}, s)
+}

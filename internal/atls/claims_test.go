@@ -1,0 +1,172 @@
+package atls_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/status"
+
+	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/atls/atlstest"
+	"github.com/berth-k8s/berth/internal/attestation"
+)
+
+// claimingIssuer is the fake issuer with claims and an activation identity; it counts what it is
+// asked to do, so tests see what a refusal cost.
+type claimingIssuer struct {
+	atlstest.Issuer
+	claims            attestation.Measurements
+	issued, activated atomic.Int32
+}
+
+func (c *claimingIssuer) Issue(ctx context.Context, userData, nonce []byte) ([]byte, error) {
+	c.issued.Add(1)
+	return c.Issuer.Issue(ctx, userData, nonce)
+}
+
+func (c *claimingIssuer) Claims(context.Context) (attestation.Measurements, error) {
+	return c.claims, nil
+}
+
+func (c *claimingIssuer) Identity(context.Context) ([]byte, error) { return []byte("identity"), nil }
+
+func (c *claimingIssuer) Activate(context.Context, []byte) ([]byte, error) {
+	c.activated.Add(1)
+	return []byte("secret"), nil
+}
+
+// pcr4Check refuses unless PCR 4 is all zeros, recording who it judged.
+func pcr4Check(judged *atomic.Int32) atls.ClaimCheck {
+	return func(_ context.Context, peer string, m attestation.Measurements) *atls.Rejection {
+		judged.Add(1)
+		if peer != "127.0.0.1" {
+			return &atls.Rejection{Reason: "WRONG_PEER", Message: peer}
+		}
+		if !bytes.Equal(m[4], make([]byte, 32)) {
+			return &atls.Rejection{Reason: "MEASUREMENT_MISMATCH", Message: fmt.Sprintf("index 4: expected 0000.., got %x..", m[4][:2])}
+		}
+		return nil
+	}
+}
+
+func TestClaimsRejectedBeforeAttesting(t *testing.T) {
+	good := attestation.Measurements{4: make([]byte, 32), 15: bytes.Repeat([]byte{7}, 32)}
+	bad := attestation.Measurements{4: bytes.Repeat([]byte{0x9d}, 32), 15: bytes.Repeat([]byte{7}, 32)}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	var judged atomic.Int32
+	server := &claimingIssuer{}
+	addr, seen := serveGRPC(t, mustCreds(t, server, atlstest.Validator{}, atls.WithClaimCheck(pcr4Check(&judged))))
+
+	// Refused: the server attests nothing; over gRPC the verdict survives as text.
+	err := check(ctx, addr, mustCreds(t, &claimingIssuer{claims: bad}, atlstest.Validator{}))
+	if err == nil {
+		t.Fatal("a client claiming a wrong PCR 4 got through")
+	}
+	st, _ := status.FromError(err)
+	rej, ok := atls.ParseRejection(st.Message())
+	if !ok || rej.Reason != "MEASUREMENT_MISMATCH" || !strings.HasPrefix(rej.Message, "index 4: expected 0000.., got 9d9d..") {
+		t.Fatalf("rejection = %+v, %v from %q", rej, ok, st.Message())
+	}
+	if n := server.issued.Load(); n != 0 {
+		t.Errorf("the server quoted %d times for a client it refused on its claims", n)
+	}
+
+	// Directly (no gRPC) the error has its type.
+	var d net.Dialer
+	_, err = atls.Dial(ctx, &d, addr, &claimingIssuer{claims: bad}, atlstest.Validator{})
+	var r *atls.Rejection
+	if !errors.As(err, &r) || !errors.Is(err, atls.ErrClaimsRejected) || r.Reason != "MEASUREMENT_MISMATCH" {
+		t.Fatalf("Dial error = %v, want a *Rejection", err)
+	}
+
+	// Accepted claims change nothing: the handshake attests and validates in full.
+	if err := check(ctx, addr, mustCreds(t, &claimingIssuer{claims: good}, atlstest.Validator{})); err != nil {
+		t.Fatalf("a client with good claims: %v", err)
+	}
+	if server.issued.Load() != 1 || seen() == nil {
+		t.Errorf("after an accepted handshake: %d quotes, evidence %v", server.issued.Load(), seen())
+	}
+	// A client without claims is not judged early.
+	before := judged.Load()
+	if err := check(ctx, addr, mustCreds(t, atlstest.Issuer{}, atlstest.Validator{})); err != nil {
+		t.Fatalf("a client without claims: %v", err)
+	}
+	if judged.Load() != before {
+		t.Error("claims were judged for a client that made none")
+	}
+}
+
+func TestProbeCarriesClaims(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var judged atomic.Int32
+	server := &claimingIssuer{}
+	cfg, err := atls.NewServerConfig(server, atlstest.Validator{}, atls.WithClaimCheck(pcr4Check(&judged)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsLis := tls.NewListener(lis, cfg)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := tlsLis.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.(*tls.Conn).HandshakeContext(ctx)
+			c.Close()
+		}
+	}()
+	defer func() { lis.Close(); <-done }()
+
+	probe := func(claims attestation.Measurements) ([]byte, error) {
+		conn, err := net.Dial("tcp", lis.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return atls.ProbeIdentity(ctx, conn, &claimingIssuer{claims: claims})
+	}
+	if _, err := probe(attestation.Measurements{4: bytes.Repeat([]byte{1}, 32)}); !errors.Is(err, atls.ErrClaimsRejected) {
+		t.Fatalf("probe with wrong claims: %v, want ErrClaimsRejected", err)
+	}
+	if id, err := probe(attestation.Measurements{4: make([]byte, 32)}); err != nil || string(id) != "identity" {
+		t.Fatalf("probe with good claims: %q, %v", id, err)
+	}
+	if id, err := probe(nil); err != nil || string(id) != "identity" {
+		t.Fatalf("probe without claims: %q, %v", id, err)
+	}
+	if n := judged.Load(); n != 2 {
+		t.Errorf("claims judged %d times, want 2", n)
+	}
+	if server.issued.Load() != 0 || server.activated.Load() != 0 {
+		t.Error("a probe quoted or activated")
+	}
+}
+
+func TestParseRejection(t *testing.T) {
+	grpcText := `connection error: desc = "transport: authentication handshake failed: attested TLS handshake: attestation refused on claimed measurements: MEASUREMENT_MISMATCH: index 4: expected aa, got bb"`
+	r, ok := atls.ParseRejection(grpcText)
+	if !ok || r.Reason != "MEASUREMENT_MISMATCH" || r.Message != "index 4: expected aa, got bb" {
+		t.Errorf("ParseRejection = %+v, %v", r, ok)
+	}
+	for _, text := range []string{"", "handshake failed", "attestation refused on claimed measurements: lower: x", "attestation refused on claimed measurements: NOCOLON"} {
+		if r, ok := atls.ParseRejection(text); ok {
+			t.Errorf("ParseRejection(%q) = %+v", text, r)
+		}
+	}
+}
