@@ -41,6 +41,27 @@ func (id identity) marshal() []byte {
 	return appendSized(appendSized(nil, id.ekPublic), id.akName)
 }
 
+// MarshalIdentity encodes an attester identity as Issuer.Identity returns it and Validator.Challenge
+// takes it: the EK's public area (TPMT_PUBLIC) and the AK's name.
+func MarshalIdentity(ekPublic, akName []byte) []byte {
+	return identity{ekPublic: ekPublic, akName: akName}.marshal()
+}
+
+// ParseChallenge splits an activation challenge from Validator.Challenge into the credential blob
+// (TPM2B_ID_OBJECT contents) and the encrypted seed (TPM2B_ENCRYPTED_SECRET contents), the inputs of
+// TPM2_ActivateCredential.
+func ParseChallenge(challenge []byte) (credentialBlob, encryptedSecret []byte, err error) {
+	if len(challenge) > maxIdentity {
+		return nil, nil, fmt.Errorf("%w: challenge of %d bytes", attestation.ErrMalformed, len(challenge))
+	}
+	idObject, rest, ok := cutSized(challenge)
+	encSecret, rest2, ok2 := cutSized(rest)
+	if !ok || !ok2 || len(rest2) != 0 {
+		return nil, nil, fmt.Errorf("%w: activation challenge", attestation.ErrMalformed)
+	}
+	return idObject, encSecret, nil
+}
+
 func parseIdentity(b []byte) (identity, error) {
 	if len(b) > maxIdentity {
 		return identity{}, fmt.Errorf("%w: identity of %d bytes", attestation.ErrMalformed, len(b))
@@ -88,13 +109,9 @@ func (i *Issuer) Identity(ctx context.Context) ([]byte, error) {
 
 // Activate answers an activation challenge with TPM2_ActivateCredential and returns the secret.
 func (i *Issuer) Activate(ctx context.Context, challenge []byte) ([]byte, error) {
-	if len(challenge) > maxIdentity {
-		return nil, fmt.Errorf("%w: challenge of %d bytes", attestation.ErrMalformed, len(challenge))
-	}
-	idObject, rest, ok := cutSized(challenge)
-	encSecret, rest2, ok2 := cutSized(rest)
-	if !ok || !ok2 || len(rest2) != 0 {
-		return nil, fmt.Errorf("%w: activation challenge", attestation.ErrMalformed)
+	idObject, encSecret, err := ParseChallenge(challenge)
+	if err != nil {
+		return nil, err
 	}
 	i.mu.Lock()
 	defer i.mu.Unlock()

@@ -76,6 +76,11 @@ func ParseDocument(data []byte) (*Document, error) {
 	return &doc, nil
 }
 
+// QualifyingData returns the qualifying data (TPMS_ATTEST extraData) a quote over nonce for userData
+// must carry to pass Validator.Validate. Software attesters in tests use it; the Issuer passes the
+// same value to TPM2_Quote.
+func QualifyingData(userData, nonce []byte) []byte { return extraData(userData, nonce) }
+
 // extraData is what the quote's qualifying data must be: it binds the verifier's nonce and the user
 // data. Both are length-prefixed so no two (userData, nonce) pairs hash alike.
 func extraData(userData, nonce []byte) []byte {
