@@ -12,24 +12,31 @@ test-joinservice: ## joinservice tests with the race detector, including those a
 	BERTH_KUBE_BIN=$$(echo "$$BINS" | sed -n 1p) BERTH_ETCD_BIN=$$(echo "$$BINS" | sed -n 2p) \
 		$(GO) test $(GOTEST_FLAGS) $(JOINSERVICE_PKGS)
 
-# Load harness (joinservice/loadtest, see its package doc for exactly what it measures). Knobs:
-# BENCH_JOIN_API=apiserver|fake (where the ledger writes), BENCH_JOIN_DURATION (accepted phase; the
-# rejected phase runs half), BENCH_JOIN_CLIENTS, BENCH_JOIN_CA=ecdsa|rsa (the cluster CA key; berth init
-# makes it ECDSA P-256, kubeadm's own default is RSA-2048), BENCH_JOIN_CPUPROFILE=/abs/FILE (CPU profile of the accepted phase).
-# Worker tickets carry no bootstrap token, so the production configuration writes only the batched
-# ledger to the API server. The last line is `joins/s=<n> p50_ms=<n> p99_ms=<n> reject_cost_ratio=<n>`.
+# Load harness (joinservice/loadtest, see its package doc for exactly what it measures).
+# BENCH_JOIN_MODE=attested (default): the real joinservice binary attesting with swtpm, a real
+# kube-apiserver + etcd, and nodes that attest with software TPMs (TPM-format evidence under a test EK
+# CA) over mutual attested TLS, one new connection per join. BENCH_JOIN_MODE=inprocess: the server
+# code alone in the test process over plain gRPC (the ticket path without the handshake; knobs
+# BENCH_JOIN_API=apiserver|fake, BENCH_JOIN_CA=ecdsa|rsa, BENCH_JOIN_CPUPROFILE=/abs/FILE).
+# Both: BENCH_JOIN_DURATION (accepted phase; each rejected phase runs half), BENCH_JOIN_CLIENTS.
+# Attested: BENCH_JOIN_IDENTITIES (software TPMs per client, used in turn).
+# The last line is `joins/s=<n> p50_ms=<n> p99_ms=<n> reject_cost_ratio=<n>`.
+BENCH_JOIN_MODE ?= attested
 BENCH_JOIN_API ?= apiserver
 BENCH_JOIN_DURATION ?= 10s
 BENCH_JOIN_CLIENTS ?= 16
+BENCH_JOIN_IDENTITIES ?= 4
 BENCH_JOIN_CA ?= ecdsa
 BENCH_JOIN_CPUPROFILE ?=
+BENCH_JOIN_TEST = $(if $(filter inprocess,$(BENCH_JOIN_MODE)),TestJoinLoad,TestJoinLoadAttested)
 
 .PHONY: bench-join
-bench-join: ## join load harness: the real server over loopback gRPC, the ledger in a real API server (see joinservice/loadtest)
+bench-join: ## join load harness: real joinservice binary + swtpm + API server, software-TPM nodes over mutual aTLS (see joinservice/loadtest)
+	@test "$(BENCH_JOIN_MODE)" = attested || test "$(BENCH_JOIN_MODE)" = inprocess || { echo "BENCH_JOIN_MODE=$(BENCH_JOIN_MODE): want attested or inprocess" >&2; exit 2; }
 	@BINS=$$(./scripts/build-k8s.sh k8s etcd) && out=$$(mktemp) && \
 	BERTH_KUBE_BIN=$$(echo "$$BINS" | sed -n 1p) BERTH_ETCD_BIN=$$(echo "$$BINS" | sed -n 2p) BERTH_BENCH_JOIN=1 \
 	BENCH_JOIN_API=$(BENCH_JOIN_API) BENCH_JOIN_DURATION=$(BENCH_JOIN_DURATION) BENCH_JOIN_CLIENTS=$(BENCH_JOIN_CLIENTS) BENCH_JOIN_CA=$(BENCH_JOIN_CA) \
-	BENCH_JOIN_CPUPROFILE=$(BENCH_JOIN_CPUPROFILE) \
-		$(GO) test -count=1 -timeout 60m -run '^TestJoinLoad$$' -v ./joinservice/loadtest/ > $$out 2>&1; rc=$$?; \
+	BENCH_JOIN_CPUPROFILE=$(BENCH_JOIN_CPUPROFILE) BENCH_JOIN_IDENTITIES=$(BENCH_JOIN_IDENTITIES) \
+		$(GO) test -count=1 -timeout 60m -run '^$(BENCH_JOIN_TEST)$$' -v ./joinservice/loadtest/ > $$out 2>&1; rc=$$?; \
 	grep -v '^joins/s=' $$out; line=$$(grep '^joins/s=' $$out | tail -1); rm -f $$out; \
 	test $$rc -eq 0 && test -n "$$line" && echo "$$line"

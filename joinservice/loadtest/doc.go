@@ -1,34 +1,56 @@
-// Package loadtest holds the join load harness (make bench-join), in its test file; it is skipped
-// unless BERTH_BENCH_JOIN=1.
+// Package loadtest holds the join load harnesses (make bench-join), in its test files; they are
+// skipped unless BERTH_BENCH_JOIN=1.
 //
-// What it measures, honestly: the real joinservice server (package server: rate limiter, policy
-// evaluation, metadata lookup, role check, kubelet certificate signed by the cluster CA, join ledger,
-// Prometheus metrics) in the test process, driven over loopback gRPC by concurrent clients in a
-// child process (TestJoinLoadClients, so that the server's CPU time is measured without theirs),
-// each from its own loopback address (127.0.x.y, a distinct peer) and each with an ECDSA P-256
-// kubelet key as the bootstrapper makes. Every client is a worker, so, as in production, a ticket needs no bootstrap
-// token: the API writes are the ledger's batched ConfigMap updates and rate-limited Events only.
-// Transport is plain gRPC: no attested TLS handshake, no quote. The attestation check evaluates the
-// real cluster policy (PCR 4 and the lock PCR 15) against measurements the harness assigns to each
-// client address (genuine or tampered) instead of measurements from a verified quote; see
-// internal/atls benchmarks for the handshake cost that a real join adds per connection.
+// # Attested (TestJoinLoadAttested, the default of make bench-join)
+//
+// What runs: the real joinservice binary (built by the test) with --attestation=tpm on its own swtpm
+// process, whose lock register is set to the cluster's ID; a real kube-apiserver + etcd as processes
+// (joinservice/apiservertest) holding what berth init installs (berth-system, cluster secrets, the
+// join configuration with the cluster policy, RBAC); the binary's own rate limits lifted (--rate-*,
+// --attest-rate-*), because the harness measures capacity.
+//
+// The nodes: a child process (TestJoinLoadAttestedClients) runs BENCH_JOIN_CLIENTS concurrent nodes,
+// each from its own loopback address (127.0.x.y, listed in the static metadata as a worker), each
+// with BENCH_JOIN_IDENTITIES software TPMs (vtpmtest.SoftTPM: RSA EK certified by a test EK CA that
+// the cluster policy trusts, ECDSA AK with a creation certificate, TPM-format quotes over 24 PCRs,
+// credential activation in software) used in turn. Every join is what the bootstrapper's JoinClient
+// does: a new gRPC connection with a new validator for the join policy (a new node has never seen
+// the joinservice), so an identity probe plus a mutual attested TLS handshake in which the joinservice
+// activates its TPM key for the node's challenge and quotes, and challenges the node (once per
+// identity; it remembers activated keys) and validates its document; then IssueJoinTicket, and the
+// node's check that the joinservice's lock register holds the ticket's cluster ID.
+//
+// Phases: accepted (genuine PCRs, BENCH_JOIN_DURATION), rejected on claims (PCR 4 deviates; the nodes
+// claim their PCRs in the ClientHello as vtpm.Issuer does, half the duration), rejected after full
+// validation (the same nodes without claims, as a TDX node, half the duration).
+//
+// Output: per phase the count and rate, and the CPU milliseconds per attempt of the joinservice
+// process, of swtpm (the TPM's work) and of kube-apiserver + etcd, with the clients' CPU beside it;
+// every 30 s of the accepted phase the joinservice's heap, goroutines and resident memory (from its
+// /metrics), swtpm's and the API server's. Last line: joins/s=<accepted tickets per second>
+// p50_ms=<n> p99_ms=<n> (client-observed latency of a whole join: probe, handshake, ticket)
+// reject_cost_ratio=<server CPU per rejection on claims / server CPU per accepted join>, server
+// meaning joinservice + swtpm + API server.
+//
+// The clients share the machine's CPUs with the server: on a 2-core machine each accepted join costs
+// the clients about 4 ms of CPU (software TPM quotes and activations, their own handshakes and
+// validation of the joinservice), which bounds what the harness can drive.
+//
+// # In process (TestJoinLoad, BENCH_JOIN_MODE=inprocess)
+//
+// The real joinservice server code (package server: rate limiter, policy evaluation, metadata lookup,
+// role check, kubelet certificate signed by the cluster CA, join ledger, Prometheus metrics) in the
+// test process, driven over loopback plain gRPC by clients in a child process (TestJoinLoadClients),
+// each from its own loopback address and each with an ECDSA P-256 kubelet key. No handshake, no
+// quote: the attestation check evaluates the real cluster policy (PCR 4 and the lock PCR 15) against
+// measurements the harness assigns to each client address (genuine or tampered). This is the cost of
+// the ticket path alone.
 //
 // API: BENCH_JOIN_API=apiserver (default) writes the ledger's ConfigMap and Events into a real
-// kube-apiserver + etcd run as processes (joinservice/apiservertest); =fake keeps them in memory (the
-// joinservice's own cost).
-//
-// CA: BENCH_JOIN_CA=ecdsa (default; P-256, what berth init's kubeadm configuration gives the cluster:
-// encryptionAlgorithm ECDSA-P256) or rsa (RSA-2048, kubeadm's own default).
-//
-// Clients: BENCH_JOIN_CLIENTS (default 16), each issuing its next request when the previous one
-// returns (closed loop: p50 ≈ clients / rate).
-//
-// Output: every 30 s of the accepted phase the heap in use (no forced GC), goroutines and resident
-// memory of this process and of etcd and kube-apiserver; BENCH_JOIN_CPUPROFILE=FILE writes CPU
-// profiles of the server process in the accepted phase (FILE) and the rejected phase
-// (FILE.rejected). Last line: joins/s=<accepted tickets per second> p50_ms=<n> p99_ms=<n>
-// (client-observed latency of accepted joins) reject_cost_ratio=<CPU per rejected attempt / CPU per
-// accepted attempt>, where CPU is the user+system time of the server process and, with the API
-// server, of kube-apiserver and etcd, over a phase of only accepted and a phase of only rejected
-// (MEASUREMENT_MISMATCH) attempts. The clients' CPU is printed beside it, not counted.
+// kube-apiserver + etcd; =fake keeps them in memory (the joinservice's own cost). CA:
+// BENCH_JOIN_CA=ecdsa (default; P-256, what berth init's kubeadm configuration gives the cluster) or
+// rsa (RSA-2048, kubeadm's own default). BENCH_JOIN_CPUPROFILE=FILE writes CPU profiles of the
+// accepted (FILE) and rejected (FILE.rejected) phases. Its reject_cost_ratio is CPU per rejected
+// attempt / CPU per accepted attempt of the server process and, with the API server, kube-apiserver
+// and etcd.
 package loadtest

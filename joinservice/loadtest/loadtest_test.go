@@ -110,15 +110,7 @@ func cpuSeconds(pids []int) float64 {
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	total := float64(ru.Utime.Sec+ru.Stime.Sec) + float64(ru.Utime.Usec+ru.Stime.Usec)/1e6
 	for _, pid := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-		if err != nil {
-			continue
-		}
-		s := string(b)
-		fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
-		ut, _ := strconv.ParseFloat(fields[11], 64)
-		st, _ := strconv.ParseFloat(fields[12], 64)
-		total += (ut + st) / 100 // USER_HZ
+		total += procCPU(pid)
 	}
 	return total
 }
@@ -303,9 +295,14 @@ const resultPrefix = "BENCH_CLIENT_RESULT "
 // startClients starts the client process for one phase of d against target and returns once its
 // clients are connected and warmed up; the phase starts with wait.
 func startClients(t *testing.T, target string, clients int, d time.Duration) *clientProcess {
-	cmd := exec.Command(os.Args[0], "-test.run=^TestJoinLoadClients$", "-test.count=1")
-	cmd.Env = append(os.Environ(), "BERTH_BENCH_JOIN_CLIENT=1", "BENCH_JOIN_TARGET="+target,
-		"BENCH_JOIN_CLIENTS="+strconv.Itoa(clients), "BENCH_JOIN_PHASE="+d.String())
+	return startClientProcess(t, "TestJoinLoadClients", target, clients, d)
+}
+
+// startClientProcess runs test (a client side) as a child process with the phase's settings and env.
+func startClientProcess(t *testing.T, test, target string, clients int, d time.Duration, env ...string) *clientProcess {
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.count=1")
+	cmd.Env = append(append(os.Environ(), "BERTH_BENCH_JOIN_CLIENT=1", "BENCH_JOIN_TARGET="+target,
+		"BENCH_JOIN_CLIENTS="+strconv.Itoa(clients), "BENCH_JOIN_PHASE="+d.String()), env...)
 	cmd.Stderr = os.Stderr
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

@@ -119,3 +119,6 @@ func StartSwtpm(t testing.TB, ca *SwtpmCA) *Swtpm {
 	}
 	return &Swtpm{Spec: "unix:" + sock, Open: open, cmd: cmd}
 }
+
+// PID is the swtpm process's ID, for harnesses that account the TPM's CPU time.
+func (s *Swtpm) PID() int { return s.cmd.Process.Pid }
