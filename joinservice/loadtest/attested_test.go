@@ -45,8 +45,8 @@ import (
 
 // Phase kinds of the attested harness.
 const (
-	kindGenuine   = "genuine"           // accepted joins
-	kindTampered  = "tampered"          // PCR 4 deviates; the node claims its PCRs up front
+	kindGenuine   = "genuine"            // accepted joins
+	kindTampered  = "tampered"           // PCR 4 deviates; the node claims its PCRs up front
 	kindUnclaimed = "tampered-unclaimed" // PCR 4 deviates; the node makes no claims (full handshake)
 )
 
