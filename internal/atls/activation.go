@@ -139,6 +139,11 @@ func identityCertificate(ctx context.Context, a Activator, certs *serverCerts) (
 	return selfSigned(certs.key, pkix.Extension{Id: OIDIdentity, Value: id})
 }
 
+// probeCurves is the key exchange of identity probes and refusals: X25519 alone. What they carry is
+// public (the server's identity, the client's claims, a verdict), so they skip the post-quantum hybrid
+// that Go prefers and that costs both sides an ML-KEM operation; the attested connection keeps it.
+var probeCurves = []tls.CurveID{tls.X25519}
+
 // errProbeDone ends a probe handshake once the identity is read.
 var errProbeDone = errors.New("probe done")
 
@@ -154,6 +159,7 @@ func ProbeIdentity(ctx context.Context, conn net.Conn, issuer Issuer) ([]byte, e
 	}
 	cfg := &tls.Config{
 		MinVersion:         tls.VersionTLS13,
+		CurvePreferences:   probeCurves,
 		ServerName:         probeServerName,
 		NextProtos:         claims,
 		InsecureSkipVerify: true, //nolint:gosec // a probe only reads public identity; nothing is trusted

@@ -179,7 +179,7 @@ func serverConfig(issuer Issuer, validator Validator, o options, certs *serverCe
 // probeConfig answers a probe with the issuer's activation identity. Probes count against the rate
 // limit like attestations: the first one per process creates the attestation key.
 func probeConfig(ctx context.Context, issuer Issuer, validating bool, o options, certs *serverCerts, peer string, protos []string) (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS13}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS13, CurvePreferences: probeCurves}
 	a, ok := issuer.(Activator)
 	if !ok {
 		// Nothing to activate: a certificate without identity tells the client so.
@@ -301,6 +301,6 @@ func claimRefusal(ctx context.Context, o options, certs *serverCerts, peer strin
 	if err != nil {
 		return nil, err
 	}
-	// No ALPN: a probe offers none that a server could pick.
-	return &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{*cert}}, nil
+	// No ALPN: a probe offers none that a server could pick. A refusal carries nothing secret either.
+	return &tls.Config{MinVersion: tls.VersionTLS13, CurvePreferences: probeCurves, Certificates: []tls.Certificate{*cert}}, nil
 }

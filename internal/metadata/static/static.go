@@ -3,9 +3,11 @@
 package static
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"fmt"
+	"sync"
 
 	"github.com/spf13/afero"
 	"sigs.k8s.io/yaml"
@@ -23,10 +25,15 @@ type File struct {
 }
 
 // Provider answers metadata queries from a File. The file is re-read on every call, so an operator
-// may fill in the control-plane endpoint while the daemon runs.
+// may fill in the control-plane endpoint while the daemon runs; it is parsed again only when its
+// content changed (the joinservice asks on every join).
 type Provider struct {
 	fs   afero.Fs
 	path string
+
+	mu      sync.Mutex
+	lastRaw []byte
+	last    File
 }
 
 // New returns a provider reading path on fsys.
@@ -37,6 +44,11 @@ func (p *Provider) load() (File, error) {
 	if err != nil {
 		return File{}, fmt.Errorf("reading metadata file: %w", err)
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.lastRaw != nil && bytes.Equal(data, p.lastRaw) {
+		return p.last, nil
+	}
 	var f File
 	if err := yaml.UnmarshalStrict(data, &f); err != nil {
 		return File{}, fmt.Errorf("parsing metadata file %s: %w", p.path, err)
@@ -44,6 +56,7 @@ func (p *Provider) load() (File, error) {
 	if err := f.Self.Validate(); err != nil {
 		return File{}, fmt.Errorf("metadata file %s: self: %w", p.path, err)
 	}
+	p.lastRaw, p.last = data, f
 	return f, nil
 }
 
