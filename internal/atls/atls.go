@@ -13,6 +13,10 @@
 //
 // Modes: server attests (berth init: the node attests to the CLI), client attests, and mutual (join).
 //
+// An attesting client that is a Claimer also states its measurements in its ClientHello, and a
+// validating server with WithClaimCheck refuses a client whose claims fail before it quotes,
+// activates or validates anything (claims.go): a rejected node costs a plain TLS handshake.
+//
 // Validators that are Challengers (TPM) also require key activation inside the handshake; see
 // activation.go. A client validating such a server first probes the server's identity over a separate
 // connection (Dial and Credentials do this), so its handshake costs one extra TLS round trip but no
