@@ -7,7 +7,7 @@ ATTESTATION_PKGS := ./internal/atls/... ./internal/attestation/policy/... ./inte
 ATTESTATION_FUZZTIME ?= 60s
 # package:target pairs
 ATTESTATION_FUZZ := internal/attestation/policy:FuzzParse internal/attestation/vtpm:FuzzParseDocument \
-	internal/attestation/vtpm:FuzzParseEventLog internal/attestation/vtpm:FuzzChallenge internal/atls:FuzzCheckPeer internal/atls:FuzzNonceCarriers
+	internal/attestation/vtpm:FuzzParseEventLog internal/attestation/vtpm:FuzzChallenge internal/atls:FuzzCheckPeer internal/atls:FuzzNonceCarriers internal/atls:FuzzClaims
 
 .PHONY: test-attestation fuzz-attestation bench-attestation
 

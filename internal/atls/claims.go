@@ -113,6 +113,9 @@ func encodeClaims(m attestation.Measurements) ([]byte, error) {
 
 // decodeClaims parses encodeClaims's output; every index at most once.
 func decodeClaims(b []byte) (attestation.Measurements, error) {
+	if len(b) > maxActivationBlob {
+		return nil, fmt.Errorf("%w: %d bytes of claims", attestation.ErrMalformed, len(b))
+	}
 	m := attestation.Measurements{}
 	for len(b) > 0 {
 		if len(b) < 2 || len(b) < 2+int(b[1]) {
