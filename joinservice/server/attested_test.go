@@ -119,13 +119,16 @@ func TestAttestedJoin(t *testing.T) {
 	t.Run("tampered node is refused on its claims before the joinservice quotes", func(t *testing.T) {
 		_, err := join(t, start(t, keys.ClusterID()), []byte("extra boot component"))
 		rej, ok := atls.ParseRejection(status.Convert(err).Message())
-		if !ok || rej.Reason != ReasonMeasurements || !strings.Contains(rej.Message, "index 4") {
+		if !ok || rej.Reason != ReasonMeasurements || !strings.Contains(rej.Message, "index 4: claimed ") {
 			t.Fatalf("IssueJoinTicket() = %v, want a refusal in the handshake naming index 4", err)
+		}
+		if strings.Contains(rej.Message, zero) || strings.Contains(rej.Message, "test policy") {
+			t.Fatalf("an unauthenticated node learned the policy's expected value or its source: %q", rej.Message)
 		}
 		t.Logf("refusal: %v", err)
 		es := j.all()
 		last := es[len(es)-1]
-		if last.RPC != "handshake" || last.Reason != ReasonMeasurements || len(last.EvidenceSHA256) != 64 || !strings.Contains(last.Message, "index 4") || last.Peer != "127.0.0.1" {
+		if last.RPC != "handshake" || last.Reason != ReasonMeasurements || len(last.EvidenceSHA256) != 64 || !strings.Contains(last.Message, "index 4: expected "+zero) || last.Peer != "127.0.0.1" {
 			t.Fatalf("ledger entry %+v, want %s in the handshake with the claims' digest", last, ReasonMeasurements)
 		}
 	})

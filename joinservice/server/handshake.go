@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/credentials"
@@ -111,8 +112,9 @@ func (c *recordingCreds) Clone() credentials.TransportCredentials {
 // the policy in force, before this replica quotes or activates for the node or validates its
 // document: a node running the wrong image costs one plain TLS handshake. A refusal reaches the
 // ledger (RPC "handshake", reason MEASUREMENT_MISMATCH, the digest of the claims as evidence) and the
-// metrics, and the node learns what deviated, as from a refusal after full validation. Claims that
-// pass decide nothing: the node still proves its measurements, which the handler judges again.
+// metrics. The node, not authenticated yet, learns which indices deviate but not the expected values.
+// Claims that pass decide nothing: the node still proves its measurements, which the handler judges
+// again.
 func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer) atls.ClaimCheck {
 	if obs == nil {
 		obs = nopObserver{}
@@ -127,8 +129,24 @@ func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer)
 			Time: time.Now().UTC(), Peer: peer, RPC: "handshake", Outcome: ledger.OutcomeRejected, Reason: ReasonMeasurements,
 			Message: "claimed measurements: " + err.Error(), EvidenceSHA256: claimsDigest(claims),
 		})
-		return &atls.Rejection{Reason: ReasonMeasurements, Message: err.Error()}
+		return &atls.Rejection{Reason: ReasonMeasurements, Message: claimVerdict(err)}
 	}
+}
+
+// claimVerdict is what an unauthenticated node learns from a refusal on its claims: which indices
+// deviate and what it claimed there, never the policy's expected values or where they come from
+// (the ledger has those; berth status shows them to the cluster's operator).
+func claimVerdict(err error) string {
+	var mm *policy.MismatchError
+	if !errors.As(err, &mm) || len(mm.Violations) == 0 {
+		return "claimed measurements do not satisfy the cluster policy"
+	}
+	parts := make([]string, len(mm.Violations))
+	for i, v := range mm.Violations {
+		parts[i] = fmt.Sprintf("index %d: claimed %s", v.Index, v.Actual)
+	}
+	return "claimed measurements do not satisfy the cluster policy (" + strings.Join(parts, "; ") +
+		"); the expected values are in the cluster's join ledger (berth status)"
 }
 
 // claimsDigest is the hex SHA-256 over "index=value;" of every claimed measurement, ascending.
