@@ -146,7 +146,7 @@ func (v *Validator) Challenge(rawIdentity []byte) (challenge, secret []byte, val
 	}
 	key := string(id.marshal())
 	if v.isActivated(key) {
-		return nil, nil, v.identityBound(id, key), nil
+		return nil, nil, v.identityBound(id, key, false), nil
 	}
 	ekPub, err := tpm2.Unmarshal[tpm2.TPMTPublic](id.ekPublic)
 	if err != nil {
@@ -165,12 +165,13 @@ func (v *Validator) Challenge(rawIdentity []byte) (challenge, secret []byte, val
 		return nil, nil, nil, fmt.Errorf("%w: making credential: %w", attestation.ErrMalformed, err)
 	}
 	challenge = appendSized(appendSized(nil, idObject), encSecret)
-	return challenge, secret, v.identityBound(id, key), nil
+	return challenge, secret, v.identityBound(id, key, true), nil
 }
 
 // identityBound validates a document that must come from id's EK and AK, and remembers the pair as
-// activated when it passes.
-func (v *Validator) identityBound(id identity, key string) func(ctx context.Context, doc, nonce []byte) (attestation.Result, error) {
+// activated when it passes. challenged says whether this handshake carried a challenge: only then can
+// a nonce mismatch mean a failed activation; for a remembered pair it is a replay.
+func (v *Validator) identityBound(id identity, key string, challenged bool) func(ctx context.Context, doc, nonce []byte) (attestation.Result, error) {
 	return func(ctx context.Context, raw, nonce []byte) (attestation.Result, error) {
 		doc, err := ParseDocument(raw)
 		if err != nil {
@@ -188,7 +189,7 @@ func (v *Validator) identityBound(id identity, key string) func(ctx context.Cont
 			return attestation.Result{}, fmt.Errorf("%w: document is not from the challenged EK and AK", attestation.ErrUntrustedRoot)
 		}
 		res, err := v.Validate(ctx, raw, nonce)
-		if errors.Is(err, attestation.ErrNonceMismatch) {
+		if challenged && errors.Is(err, attestation.ErrNonceMismatch) {
 			// Either a replay, or the attester could not recover the secret: its AK does not live with the EK.
 			return res, fmt.Errorf("%w: AK activation not proven: %w", attestation.ErrUntrustedRoot, err)
 		}

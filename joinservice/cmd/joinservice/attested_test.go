@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -39,7 +40,8 @@ func indent(s, prefix string) string {
 }
 
 // TestAttestedBinaryPolicyHotReload runs the real joinservice binary with swtpm attestation against
-// a real API server: a genuine node joins; an update of the cluster policy in ConfigMap
+// a real API server: a genuine node joins; a node replaying its evidence and a node whose EK comes
+// from an untrusted manufacturer are refused in the handshake; an update of the cluster policy in ConfigMap
 // berth-join-config takes effect without a restart (the same node is now refused, naming PCR 4); a
 // malformed update is refused with a PolicyRejected Event and the policy in force stays; the ledger
 // holds every attempt with the digest of the node's evidence.
@@ -107,12 +109,12 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 		}
 	}()
 
-	join := func() (*joinproto.IssueJoinTicketResponse, error) {
+	joinAs := func(issuer atls.Issuer) (*joinproto.IssueJoinTicketResponse, error) {
 		validator, err := choose.NewValidator(joinPolicy, zap.NewNop())
 		if err != nil {
 			t.Fatal(err)
 		}
-		dial, err := joinclient.NewAttestedDial(vtpm.NewIssuer(nodeTPM.Open, zap.NewNop()), validator, joinclient.LockRegisterCheck(15, vtpm.ExpectedLockValue))
+		dial, err := joinclient.NewAttestedDial(issuer, validator, joinclient.LockRegisterCheck(15, vtpm.ExpectedLockValue))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -123,6 +125,7 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 		defer closer.Close()
 		return client.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_WORKER})
 	}
+	join := func() (*joinproto.IssueJoinTicketResponse, error) { return joinAs(vtpm.NewIssuer(nodeTPM.Open, zap.NewNop())) }
 	var resp *joinproto.IssueJoinTicketResponse
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		if resp, err = join(); err == nil || status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
@@ -131,6 +134,20 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 	}
 	if err != nil || resp.GetNodeName() != "worker-9" {
 		t.Fatalf("genuine join: %v", err)
+	}
+
+	// Replayed evidence: a node that answers a second handshake with the document of its first.
+	replay := &replayingIssuer{Issuer: vtpm.NewIssuer(nodeTPM.Open, zap.NewNop())}
+	if _, err := joinAs(replay); err != nil {
+		t.Fatalf("join that recorded the document: %v", err)
+	}
+	// The server ends the handshake with an alert; the reason is in its ledger (checked below).
+	if _, err = joinAs(replay); err == nil {
+		t.Fatal("a node replaying its evidence got a ticket")
+	}
+	// An attestation key not rooted in the policy's EK CAs: a TPM from another manufacturer.
+	if _, err = joinAs(vtpm.NewIssuer(vtpmtest.StartSwtpm(t, vtpmtest.NewSwtpmCA(t)).Open, zap.NewNop())); err == nil {
+		t.Fatal("a node whose EK is from an untrusted CA got a ticket")
 	}
 
 	admin := env.Client(t, apiservertest.AdminUser)
@@ -173,7 +190,7 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 	}
 
 	var mine []ledger.Entry
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && len(mine) < 3; time.Sleep(100 * time.Millisecond) {
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && len(mine) < 6; time.Sleep(100 * time.Millisecond) {
 		entries, _ := ledger.Read(ctx, admin, components.Namespace)
 		mine = mine[:0]
 		for _, e := range entries {
@@ -182,16 +199,44 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 			}
 		}
 	}
-	if len(mine) != 3 || mine[0].Outcome != ledger.OutcomeAccepted || mine[1].Reason != "MEASUREMENT_MISMATCH" || mine[2].Reason != "MEASUREMENT_MISMATCH" ||
-		mine[1].RPC != "handshake" || !strings.Contains(mine[1].Message, "claimed") {
-		t.Fatalf("ledger entries from the node: %+v", mine)
+	// Accepted, accepted (the replay's first), the replay, the unrooted key, two refusals on claims.
+	if len(mine) != 6 {
+		t.Fatalf("%d ledger entries from the node, want 6: %+v", len(mine), mine)
 	}
-	for _, e := range mine {
-		if len(e.EvidenceSHA256) != 64 {
-			t.Fatalf("ledger entry without evidence digest: %+v", e)
+	for i, want := range []struct{ rpc, reason, text string }{
+		{"join", "", ""}, {"join", "", ""},
+		{"handshake", "NONCE_MISMATCH", "another nonce"},
+		{"handshake", "UNTRUSTED_ROOT", "EK certificate"},
+		{"handshake", "MEASUREMENT_MISMATCH", "claimed measurements: measurement mismatch: index 4: expected " + ones},
+		{"handshake", "MEASUREMENT_MISMATCH", "index 4"},
+	} {
+		e := mine[i]
+		if e.RPC != want.rpc || e.Reason != want.reason || !strings.Contains(e.Message, want.text) {
+			t.Errorf("ledger entry %d = %+v, want %s %q containing %q", i, e, want.rpc, want.reason, want.text)
+		}
+		if (want.rpc == "join" || want.reason == "MEASUREMENT_MISMATCH") && len(e.EvidenceSHA256) != 64 {
+			t.Errorf("ledger entry %d without evidence digest: %+v", i, e)
 		}
 	}
 	if mine[0].EvidenceSHA256 == mine[1].EvidenceSHA256 {
 		t.Fatal("two handshakes share an evidence digest: evidence is not fresh per connection")
 	}
+}
+
+// replayingIssuer answers every handshake after its first with the first one's document.
+type replayingIssuer struct {
+	*vtpm.Issuer
+	mu  sync.Mutex
+	doc []byte
+}
+
+func (r *replayingIssuer) Issue(ctx context.Context, userData, nonce []byte) ([]byte, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.doc != nil {
+		return r.doc, nil
+	}
+	doc, err := r.Issuer.Issue(ctx, userData, nonce)
+	r.doc = doc
+	return doc, err
 }
