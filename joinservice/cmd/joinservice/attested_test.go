@@ -125,7 +125,9 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 		defer closer.Close()
 		return client.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_WORKER})
 	}
-	join := func() (*joinproto.IssueJoinTicketResponse, error) { return joinAs(vtpm.NewIssuer(nodeTPM.Open, zap.NewNop())) }
+	join := func() (*joinproto.IssueJoinTicketResponse, error) {
+		return joinAs(vtpm.NewIssuer(nodeTPM.Open, zap.NewNop()))
+	}
 	var resp *joinproto.IssueJoinTicketResponse
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		if resp, err = join(); err == nil || status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
