@@ -101,6 +101,16 @@ func (c *Client) Run(ctx context.Context) error {
 			}
 			if r, ok := asRejection(err); ok {
 				rejected = true
+				if r.unverified {
+					// Refused on the measurements this node claimed, before the joinservice proved
+					// itself: the log says so, because anything answering at the endpoint can send
+					// this. It slows the retries like any rejection (an endpoint in the path can
+					// delay a join anyway, by dropping it) and keeps them under the joinservice's
+					// handshake rate limit, so the node keeps seeing the verdict.
+					log.Warn("join refused by a joinservice that has not attested yet", zap.String("endpoint", ep),
+						zap.String("reason", r.reason), zap.String("message", r.message))
+					continue
+				}
 				log.Warn("join ticket rejected", zap.String("endpoint", ep), zap.String("code", r.code.String()),
 					zap.String("reason", r.reason), zap.String("message", r.message))
 				continue
@@ -181,6 +191,8 @@ type rejection struct {
 	code    codes.Code
 	reason  string
 	message string
+	// unverified marks a refusal in the handshake, before the joinservice attested.
+	unverified bool
 }
 
 // asRejection reports whether err is an answer from the joinservice (as opposed to a transport
@@ -193,7 +205,7 @@ func asRejection(err error) (rejection, bool) {
 	// A joinservice that refused this node's claimed measurements did so in the handshake, which gRPC
 	// reports as an unavailable connection; the verdict is in the message.
 	if r, ok := atls.ParseRejection(st.Message()); ok {
-		return rejection{code: codes.PermissionDenied, reason: r.Reason, message: r.Message}, true
+		return rejection{code: codes.PermissionDenied, reason: r.Reason, message: r.Message, unverified: true}, true
 	}
 	switch st.Code() {
 	case codes.PermissionDenied, codes.InvalidArgument, codes.FailedPrecondition, codes.ResourceExhausted, codes.Unauthenticated:

@@ -169,7 +169,7 @@ func TestRejectionInHandshake(t *testing.T) {
 	err := status.Error(codes.Unavailable, `connection error: desc = "transport: authentication handshake failed: attested TLS handshake: `+
 		`attestation refused on claimed measurements: MEASUREMENT_MISMATCH: index 4: expected aa.., got bb.."`)
 	r, ok := asRejection(err)
-	if !ok || r.reason != "MEASUREMENT_MISMATCH" || r.message != "index 4: expected aa.., got bb.." || r.code != codes.PermissionDenied {
+	if !ok || !r.unverified || r.reason != "MEASUREMENT_MISMATCH" || r.message != "index 4: expected aa.., got bb.." || r.code != codes.PermissionDenied {
 		t.Fatalf("asRejection = %+v, %v", r, ok)
 	}
 	if _, ok := asRejection(status.Error(codes.Unavailable, "connection refused")); ok {

@@ -152,11 +152,7 @@ var errProbeDone = errors.New("probe done")
 // volunteers its claims, so that a validating server can refuse this client already here.
 func ProbeIdentity(ctx context.Context, conn net.Conn, issuer Issuer) ([]byte, error) {
 	var id []byte
-	claims, err := claimProtos(ctx, issuer)
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
+	claims, _ := claimProtos(ctx, issuer) // optional: without them the server judges the document later
 	cfg := &tls.Config{
 		MinVersion:         tls.VersionTLS13,
 		CurvePreferences:   probeCurves,
@@ -186,7 +182,7 @@ func ProbeIdentity(ctx context.Context, conn net.Conn, issuer Issuer) ([]byte, e
 		},
 	}
 	tc := tls.Client(conn, cfg)
-	err = tc.HandshakeContext(ctx)
+	err := tc.HandshakeContext(ctx)
 	tc.Close()
 	if id != nil {
 		return id, nil

@@ -20,9 +20,16 @@ import (
 // handshake with a *Rejection.
 //
 // Claims are unauthenticated, and that is safe because they can only lead to a refusal: a client that
-// lies about measurements it does not have only refuses itself, and a client whose claims pass still
-// has to prove its measurements with a verified document, which the server judges in full. Identity
-// probes carry the claims too, so a refused client costs the server one plain TLS handshake.
+// lies about measurements it does not have only refuses itself, and a client whose claims pass (or
+// whose claims cannot be decoded, or who makes none) still has to prove its measurements with a
+// verified document, which the server judges in full. Identity probes carry the claims too, so a
+// refused client costs the server one plain TLS handshake.
+//
+// What it costs the client: the ClientHello is not encrypted, so the claimed values are visible to
+// anyone watching the network between node and server (the document that proves them travels
+// encrypted). They are measurements of the image and the boot, the same for every node of an image.
+// And the verdict comes from a server that has not attested yet; a client treats it as information,
+// never as proof. A server that validates without attesting itself ignores claims.
 
 // Claimer is an Issuer that can state the measurements its documents will carry without quoting
 // (vtpm.Issuer reads its PCRs).
@@ -149,8 +156,9 @@ func claimProtos(ctx context.Context, issuer Issuer) ([]string, error) {
 }
 
 // judgeClaims applies the server's ClaimCheck to what the client claims in protos. It returns the
-// refusal certificate's extension when the check refuses, nil to go on. Malformed claims are refused
-// too: a client that sends claims sends well-formed ones.
+// refusal certificate's extension when the check refuses, nil to go on. Claims whose triples do not
+// decode are refused (MALFORMED_EVIDENCE); entries that are not base64 or exceed 4 KiB together count
+// as no claims (fromALPN), and the handshake runs in full.
 func judgeClaims(ctx context.Context, o options, peer string, protos []string) *pkix.Extension {
 	if o.claimCheck == nil {
 		return nil

@@ -16,6 +16,7 @@ import (
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 )
 
@@ -120,7 +121,13 @@ func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer)
 		obs = nopObserver{}
 	}
 	return func(_ context.Context, peer string, claims attestation.Measurements) *atls.Rejection {
-		_, err := current().Evaluate(claims)
+		p := current()
+		if p.Variant != vtpm.Variant {
+			// Claims are TPM PCRs; a node of another variant than the cluster's is refused by the
+			// handshake with UNKNOWN_VARIANT, not here.
+			return nil
+		}
+		err := claimedViolations(p, claims)
 		if err == nil {
 			return nil
 		}
@@ -131,6 +138,27 @@ func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer)
 		})
 		return &atls.Rejection{Reason: ReasonMeasurements, Message: claimVerdict(err)}
 	}
+}
+
+// claimedViolations judges the indices the node claimed and ignores the ones it did not claim: those
+// are judged after the handshake, and naming them would tell any peer which indices the policy
+// enforces.
+func claimedViolations(p *policy.Policy, claims attestation.Measurements) error {
+	_, err := p.Evaluate(claims)
+	var mm *policy.MismatchError
+	if !errors.As(err, &mm) {
+		return err
+	}
+	var kept []policy.Violation
+	for _, v := range mm.Violations {
+		if _, claimed := claims[v.Index]; claimed {
+			kept = append(kept, v)
+		}
+	}
+	if len(kept) == 0 {
+		return nil
+	}
+	return &policy.MismatchError{Violations: kept}
 }
 
 // claimVerdict is what an unauthenticated node learns from a refusal on its claims: which indices

@@ -107,9 +107,9 @@ BERTH_METADATA_URL, BERTH_METADATA_FILE, BERTH_ATTESTATION and BERTH_TPM.`,
 	f.IntVar(&o.limits.PerPeerBurst, "rate-per-peer-burst", o.limits.PerPeerBurst, "burst of --rate-per-peer")
 	f.Float64Var((*float64)(&o.limits.Global), "rate-global", float64(o.limits.Global), "join tickets per second over all peers")
 	f.IntVar(&o.limits.GlobalBurst, "rate-global-burst", o.limits.GlobalBurst, "burst of --rate-global")
-	f.Float64Var((*float64)(&o.attestLimits.PerPeer), "attest-rate-per-peer", float64(o.attestLimits.PerPeer), "attested handshakes (each costs this node's TPM a quote) per second per peer address")
+	f.Float64Var((*float64)(&o.attestLimits.PerPeer), "attest-rate-per-peer", float64(o.attestLimits.PerPeer), "attested handshakes and identity probes per second per peer address (a join makes one of each; a handshake costs this node's TPM a quote)")
 	f.IntVar(&o.attestLimits.PerPeerBurst, "attest-rate-per-peer-burst", o.attestLimits.PerPeerBurst, "burst of --attest-rate-per-peer")
-	f.Float64Var((*float64)(&o.attestLimits.Global), "attest-rate-global", float64(o.attestLimits.Global), "attested handshakes per second over all peers; size it to this node's TPM")
+	f.Float64Var((*float64)(&o.attestLimits.Global), "attest-rate-global", float64(o.attestLimits.Global), "attested handshakes and identity probes per second over all peers (two per join); size it to this node's TPM")
 	f.IntVar(&o.attestLimits.GlobalBurst, "attest-rate-global-burst", o.attestLimits.GlobalBurst, "burst of --attest-rate-global")
 	cmd.SetArgs(os.Args[1:])
 	if err := cmd.ExecuteContext(ctx); err != nil {
