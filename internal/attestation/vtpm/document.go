@@ -42,6 +42,9 @@ type Document struct {
 	// EventLog is the firmware's TCG event log, when the machine has one; the validator replays it
 	// against the quoted PCRs.
 	EventLog []byte `json:"eventLog,omitempty"`
+	// Batch holds the bindings of every call a shared quote covers (batch.go); empty when the quote
+	// binds this document's user data and nonce alone.
+	Batch [][]byte `json:"batch,omitempty"`
 }
 
 // ParseDocument decodes a document and checks its shape. It never trusts its content.
@@ -66,6 +69,14 @@ func ParseDocument(data []byte) (*Document, error) {
 	} {
 		if len(f) == 0 {
 			return nil, fmt.Errorf("%w: %s is empty", attestation.ErrMalformed, name)
+		}
+	}
+	if len(doc.Batch) > MaxBatch || len(doc.Batch) == 1 {
+		return nil, fmt.Errorf("%w: batch of %d", attestation.ErrMalformed, len(doc.Batch))
+	}
+	for _, leaf := range doc.Batch {
+		if len(leaf) != sha256.Size {
+			return nil, fmt.Errorf("%w: batch entry of %d bytes", attestation.ErrMalformed, len(leaf))
 		}
 	}
 	for idx, v := range doc.PCRs {

@@ -82,6 +82,11 @@ type Issuer struct {
 
 	mu sync.Mutex // serializes TPM use and guards ak
 	ak *akRecord
+
+	batchMu sync.Mutex // guards pending and quoting
+	pending []*quoteRequest
+	quoting bool          // a caller holds the turn to quote (running, or handed over in turn)
+	turn    chan struct{} // the turn, handed to a waiting caller
 }
 
 // akRecord is the AK as created under the EK; the key itself stays persistent in the TPM.
@@ -98,7 +103,8 @@ type akRecord struct {
 
 // NewIssuer returns an Issuer that reaches the TPM through open.
 func NewIssuer(open OpenFunc, log *zap.Logger, opts ...IssuerOption) *Issuer {
-	i := &Issuer{open: open, log: log, pcrs: append([]uint(nil), DefaultPCRs...), ekCertIndex: RSAEKCertIndex, akHandle: DefaultAKHandle}
+	i := &Issuer{open: open, log: log, pcrs: append([]uint(nil), DefaultPCRs...), ekCertIndex: RSAEKCertIndex, akHandle: DefaultAKHandle,
+		turn: make(chan struct{}, 1)}
 	if i.log == nil {
 		i.log = zap.NewNop()
 	}
@@ -113,24 +119,40 @@ func NewIssuer(open OpenFunc, log *zap.Logger, opts ...IssuerOption) *Issuer {
 func (i *Issuer) Variant() string { return Variant }
 
 // Issue quotes the configured PCRs with qualifying data bound to userData and nonce and returns the
-// JSON attestation document.
+// JSON attestation document. Concurrent calls share quotes (batch.go): a call alone gets a quote of
+// its own; calls that arrive while the TPM is quoting are quoted together next.
 func (i *Issuer) Issue(ctx context.Context, userData, nonce []byte) ([]byte, error) {
+	res, err := i.batched(ctx, extraData(userData, nonce))
+	if err != nil {
+		return nil, err
+	}
+	doc := res.doc
+	doc.UserData = userData
+	doc.Batch = res.batch
+	out, err := json.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("encoding attestation document: %w", err)
+	}
+	return out, nil
+}
+
+// quote makes one quote over qualifying data and returns the document without user data.
+func (i *Issuer) quote(ctx context.Context, qualifying []byte) (Document, error) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	c, err := openTPM(ctx, i.open)
 	if err != nil {
-		return nil, err
+		return Document{}, err
 	}
 	defer c.Close()
 
 	if err := i.ensureAK(c); err != nil {
-		return nil, err
+		return Document{}, err
 	}
 	ak := tpm2.NamedHandle{Handle: tpm2.TPMHandle(i.akHandle), Name: i.ak.name}
 
 	doc := Document{
 		Variant:            Variant,
-		UserData:           userData,
 		EKCert:             i.ak.ekCert,
 		EKPublic:           i.ak.ekPublic,
 		AKPublic:           i.ak.public.Bytes(),
@@ -141,48 +163,43 @@ func (i *Issuer) Issue(ctx context.Context, userData, nonce []byte) ([]byte, err
 	if i.eventLog != nil {
 		// Read before the quote: an event appended in between shows as a PCR the log does not explain.
 		if doc.EventLog, err = i.eventLog(); err != nil {
-			return nil, fmt.Errorf("reading event log: %w", err)
+			return Document{}, fmt.Errorf("reading event log: %w", err)
 		}
 	}
 	// The PCRs are read separately from the quote; retry when one changed in between.
 	for attempt := 0; ; attempt++ {
 		pcrs, err := readPCRs(c, i.pcrs)
 		if err != nil {
-			return nil, err
+			return Document{}, err
 		}
 		q, err := tpm2.Quote{
 			SignHandle:     tpm2.AuthHandle{Handle: ak.Handle, Name: ak.Name, Auth: tpm2.PasswordAuth(nil)},
-			QualifyingData: tpm2.TPM2BData{Buffer: extraData(userData, nonce)},
+			QualifyingData: tpm2.TPM2BData{Buffer: qualifying},
 			InScheme:       tpm2.TPMTSigScheme{Scheme: tpm2.TPMAlgNull},
 			PCRSelect:      sha256Selection(i.pcrs),
 		}.Execute(c)
 		if err != nil {
-			return nil, fmt.Errorf("quoting PCRs: %w", err)
+			return Document{}, fmt.Errorf("quoting PCRs: %w", err)
 		}
 		attest, err := q.Quoted.Contents()
 		if err != nil {
-			return nil, fmt.Errorf("decoding quote: %w", err)
+			return Document{}, fmt.Errorf("decoding quote: %w", err)
 		}
 		info, err := attest.Attested.Quote()
 		if err != nil {
-			return nil, fmt.Errorf("decoding quote: %w", err)
+			return Document{}, fmt.Errorf("decoding quote: %w", err)
 		}
 		if string(info.PCRDigest.Buffer) != string(pcrDigest(pcrs, i.pcrs)) {
 			if attempt < 3 {
 				continue
 			}
-			return nil, errors.New("quoting PCRs: PCR values kept changing during the quote")
+			return Document{}, errors.New("quoting PCRs: PCR values kept changing during the quote")
 		}
 		doc.Quote = q.Quoted.Bytes()
 		doc.QuoteSignature = tpm2.Marshal(q.Signature)
 		doc.PCRs = pcrs
-		break
+		return doc, nil
 	}
-	out, err := json.Marshal(doc)
-	if err != nil {
-		return nil, fmt.Errorf("encoding attestation document: %w", err)
-	}
-	return out, nil
 }
 
 // createAK creates the AK under the EK, records its creation with TPM2_CertifyCreation and reads the

@@ -104,7 +104,7 @@ func verifyQuote(doc *Document, nonce []byte) (attestation.Measurements, error) 
 	if attest.Type != tpm2.TPMSTAttestQuote {
 		return nil, fmt.Errorf("%w: quote has type %#x", attestation.ErrMalformed, attest.Type)
 	}
-	if subtle.ConstantTimeCompare(attest.ExtraData.Buffer, extraData(doc.UserData, nonce)) != 1 {
+	if !quoteBinds(doc, attest.ExtraData.Buffer, extraData(doc.UserData, nonce)) {
 		return nil, fmt.Errorf("%w: the quote was made for another nonce or other user data", attestation.ErrNonceMismatch)
 	}
 	akPub, err := attestationKey(doc.AKPublic)
@@ -135,6 +135,19 @@ func verifyQuote(doc *Document, nonce []byte) (attestation.Measurements, error) 
 		m[idx] = val
 	}
 	return m, nil
+}
+
+// quoteBinds reports whether a quote with qualifying data covers leaf: directly, or through the
+// document's batch, which must then hold leaf and hash to the qualifying data.
+func quoteBinds(doc *Document, qualifying, leaf []byte) bool {
+	if len(doc.Batch) == 0 {
+		return subtle.ConstantTimeCompare(qualifying, leaf) == 1
+	}
+	found := false
+	for _, l := range doc.Batch {
+		found = found || subtle.ConstantTimeCompare(l, leaf) == 1
+	}
+	return found && subtle.ConstantTimeCompare(qualifying, batchDigest(doc.Batch)) == 1
 }
 
 // attestationKey parses the AK public area and checks that it is a restricted signing key that never
