@@ -151,8 +151,13 @@ var errProbeDone = errors.New("probe done")
 // and closes conn. It costs the server no quote. When issuer (may be nil) is a Claimer, the probe
 // volunteers its claims, so that a validating server can refuse this client already here.
 func ProbeIdentity(ctx context.Context, conn net.Conn, issuer Issuer) ([]byte, error) {
-	var id []byte
 	claims, _ := claimProtos(ctx, issuer) // optional: without them the server judges the document later
+	return probeIdentity(ctx, conn, claims)
+}
+
+// probeIdentity is ProbeIdentity with the claims already encoded.
+func probeIdentity(ctx context.Context, conn net.Conn, claims []string) ([]byte, error) {
+	var id []byte
 	cfg := &tls.Config{
 		MinVersion:         tls.VersionTLS13,
 		CurvePreferences:   probeCurves,
@@ -198,11 +203,12 @@ func Dial(ctx context.Context, dialer *net.Dialer, addr string, issuer Issuer, v
 		if err != nil {
 			return nil, fmt.Errorf("connecting to %s: %w", addr, err)
 		}
-		id, err := ProbeIdentity(ctx, raw, issuer)
+		claims, _ := claimProtos(ctx, issuer) // read once for both handshakes; optional
+		id, err := probeIdentity(ctx, raw, claims)
 		if err != nil {
 			return nil, err
 		}
-		opts = append(opts, WithPeerIdentity(id))
+		opts = append(opts, WithPeerIdentity(id), withClaims(claims))
 	}
 	cfg, err := NewClientConfig(ctx, issuer, validator, opts...)
 	if err != nil {

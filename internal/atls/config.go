@@ -24,6 +24,13 @@ type options struct {
 	log          *zap.Logger
 	peerIdentity []byte
 	claimCheck   ClaimCheck
+	claims       []string // a client's encoded claims, when claimsRead (read once per dial)
+	claimsRead   bool
+}
+
+// withClaims gives a client config the claims its dial already read for the probe.
+func withClaims(claims []string) Option {
+	return func(o *options) { o.claims, o.claimsRead = claims, true }
 }
 
 // WithLimiter sets the handshake rate limiter of an attesting server (default: NewLimiter(DefaultLimits)).
@@ -248,9 +255,12 @@ func NewClientConfig(ctx context.Context, issuer Issuer, validator Validator, op
 	}
 	if issuer != nil {
 		// Claims are an optimization for the server: without them the handshake runs in full.
-		claims, err := claimProtos(ctx, issuer)
-		if err != nil {
-			o.log.Info("attesting without claimed measurements", zap.Error(err))
+		claims := o.claims
+		if !o.claimsRead {
+			var err error
+			if claims, err = claimProtos(ctx, issuer); err != nil {
+				o.log.Info("attesting without claimed measurements", zap.Error(err))
+			}
 		}
 		cfg.NextProtos = append(cfg.NextProtos, claims...)
 		if a, ok := issuer.(Activator); ok {

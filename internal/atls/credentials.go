@@ -99,9 +99,11 @@ func (c *Credentials) ClientHandshake(ctx context.Context, authority string, raw
 		if err != nil {
 			return nil, nil, fmt.Errorf("connecting to %s for the identity probe: %w", authority, err)
 		}
-		if o.peerIdentity, err = ProbeIdentity(ctx, probe, c.issuer); err != nil {
+		claims, _ := claimProtos(ctx, c.issuer) // read once for both handshakes; optional
+		if o.peerIdentity, err = probeIdentity(ctx, probe, claims); err != nil {
 			return nil, nil, err
 		}
+		o.claims, o.claimsRead = claims, true
 	}
 	cfg, err := NewClientConfig(ctx, c.issuer, c.validator, func(dst *options) { *dst = o })
 	if err != nil {

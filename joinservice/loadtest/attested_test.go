@@ -9,7 +9,6 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -248,25 +247,25 @@ func TestJoinLoadAttestedClients(t *testing.T) {
 	bound := joinclient.LockRegisterCheck(15, vtpm.ExpectedLockValue)
 	var failMu sync.Mutex
 	failures := 0
-	join := func(i, n int) (ok, rejected bool) {
+	join := func(i, n int) outcome {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		validator, err := choose.NewValidator(joinPolicy, zap.NewNop())
 		if err != nil {
 			t.Error(err)
-			return false, false
+			return failed
 		}
 		creds, err := atls.NewCredentials(ids[i][n%len(ids[i])], validator)
 		if err != nil {
 			t.Error(err)
-			return false, false
+			return failed
 		}
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(addrFor(i))}}
 		conn, err := grpc.NewClient("passthrough:///"+target, grpc.WithTransportCredentials(creds),
 			grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
 		if err != nil {
 			t.Error(err)
-			return false, false
+			return failed
 		}
 		defer conn.Close()
 		var p peer.Peer
@@ -283,10 +282,10 @@ func TestJoinLoadAttestedClients(t *testing.T) {
 		}
 		msg := status.Convert(err).Message()
 		if r, isRej := atls.ParseRejection(msg); isRej && r.Reason == "MEASUREMENT_MISMATCH" {
-			return false, true
+			return refused
 		}
 		if status.Code(err) == codes.PermissionDenied && strings.Contains(msg, "index 4") {
-			return false, true
+			return refused
 		}
 		if err != nil {
 			failMu.Lock()
@@ -294,50 +293,11 @@ func TestJoinLoadAttestedClients(t *testing.T) {
 				fmt.Fprintf(os.Stderr, "join failed: %v\n", err)
 			}
 			failMu.Unlock()
-			return false, false
+			return failed
 		}
-		return true, false
+		return accepted
 	}
-	drive := func(d time.Duration) (ok, rejected, failed int, lat *histogram) {
-		lat = newHistogram()
-		var mu sync.Mutex
-		deadline := time.Now().Add(d)
-		var wg sync.WaitGroup
-		for i := range clients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				o, r, f := 0, 0, 0
-				for n := 0; time.Now().Before(deadline); n++ {
-					t0 := time.Now()
-					switch a, rej := join(i, n); {
-					case a:
-						o++
-						lat.add(time.Since(t0))
-					case rej:
-						r++
-					default:
-						f++
-					}
-				}
-				mu.Lock()
-				ok, rejected, failed = ok+o, rejected+r, failed+f
-				mu.Unlock()
-			}()
-		}
-		wg.Wait()
-		return ok, rejected, failed, lat
-	}
-	_, _, _, _ = drive(2 * time.Second) // warm-up: every identity activated once
-	fmt.Println("READY")
-	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
-		t.Fatal(err)
-	}
-	cpu0 := cpuSeconds(nil)
-	ok, rejected, failed, lat := drive(phase)
-	ms := func(q float64) float64 { return float64(lat.quantile(q).Microseconds()) / 1000 }
-	out, _ := json.Marshal(phaseResult{OK: ok, Rejected: rejected, Failed: failed, P50ms: ms(0.50), P99ms: ms(0.99), ClientCPU: cpuSeconds(nil) - cpu0})
-	fmt.Println(resultPrefix + string(out))
+	runClientPhase(t, clients, 2*time.Second, phase, join) // warm-up: every identity activated once
 }
 
 // unclaimed is a software TPM that makes no claims, so its handshake runs in full before the

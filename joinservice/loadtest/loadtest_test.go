@@ -374,7 +374,33 @@ func TestJoinLoadClients(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	drive := func(d time.Duration) (ok, rejected, failed int, lat *histogram) {
+	runClientPhase(t, clients, time.Second, phase, func(i, _ int) outcome {
+		_, err := conns[i].IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csrs[i], Role: joinproto.Role_ROLE_WORKER})
+		switch {
+		case err == nil:
+			return accepted
+		case strings.Contains(err.Error(), "index 4"):
+			return refused
+		default:
+			return failed
+		}
+	})
+}
+
+// outcome is how one attempt of a client process ended.
+type outcome int
+
+const (
+	accepted outcome = iota
+	refused
+	failed
+)
+
+// runClientPhase is the body of a client process: clients goroutines call attempt(client, n) in a
+// closed loop for warmup, then it says READY, waits for GO on stdin, runs the phase and prints the
+// result (counts, latency of accepted attempts, this process's CPU) as JSON.
+func runClientPhase(t *testing.T, clients int, warmup, phase time.Duration, attempt func(client, n int) outcome) {
+	drive := func(d time.Duration) (res phaseResult, lat *histogram) {
 		lat = newHistogram()
 		var mu sync.Mutex
 		deadline := time.Now().Add(d)
@@ -383,37 +409,37 @@ func TestJoinLoadClients(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				o, r, f := 0, 0, 0
-				for time.Now().Before(deadline) {
+				var mine phaseResult
+				for n := 0; time.Now().Before(deadline); n++ {
 					t0 := time.Now()
-					_, err := conns[i].IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csrs[i], Role: joinproto.Role_ROLE_WORKER})
-					switch {
-					case err == nil:
-						o++
+					switch attempt(i, n) {
+					case accepted:
+						mine.OK++
 						lat.add(time.Since(t0))
-					case strings.Contains(err.Error(), "index 4"):
-						r++
+					case refused:
+						mine.Rejected++
 					default:
-						f++
+						mine.Failed++
 					}
 				}
 				mu.Lock()
-				ok, rejected, failed = ok+o, rejected+r, failed+f
+				res.OK, res.Rejected, res.Failed = res.OK+mine.OK, res.Rejected+mine.Rejected, res.Failed+mine.Failed
 				mu.Unlock()
 			}()
 		}
 		wg.Wait()
-		return ok, rejected, failed, lat
+		return res, lat
 	}
-	_, _, _, _ = drive(time.Second) // warm-up: connections, caches
+	_, _ = drive(warmup) // connections, caches, activations
 	fmt.Println("READY")
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 		t.Fatal(err)
 	}
 	cpu0 := cpuSeconds(nil)
-	ok, rejected, failed, lat := drive(phase)
+	res, lat := drive(phase)
 	ms := func(q float64) float64 { return float64(lat.quantile(q).Microseconds()) / 1000 }
-	out, _ := json.Marshal(phaseResult{OK: ok, Rejected: rejected, Failed: failed, P50ms: ms(0.50), P99ms: ms(0.99), ClientCPU: cpuSeconds(nil) - cpu0})
+	res.P50ms, res.P99ms, res.ClientCPU = ms(0.50), ms(0.99), cpuSeconds(nil)-cpu0
+	out, _ := json.Marshal(res)
 	fmt.Println(resultPrefix + string(out))
 }
 

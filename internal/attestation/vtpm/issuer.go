@@ -50,6 +50,10 @@ var akTemplate = tpm2.TPMTPublic{
 	}),
 }
 
+// AKTemplate returns the template of the attestation key the Issuer creates (without its unique
+// point); the validator requires the attributes it sets.
+func AKTemplate() tpm2.TPMTPublic { return akTemplate }
+
 // IssuerOption configures an Issuer.
 type IssuerOption func(*Issuer)
 

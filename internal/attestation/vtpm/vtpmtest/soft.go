@@ -173,30 +173,12 @@ func akPublicArea(ak *ecdsa.PrivateKey) (tpm2.TPMTPublic, error) {
 		return tpm2.TPMTPublic{}, fmt.Errorf("encoding AK point: %w", err)
 	}
 	const coord = 32
-	return tpm2.TPMTPublic{
-		Type:    tpm2.TPMAlgECC,
-		NameAlg: tpm2.TPMAlgSHA256,
-		ObjectAttributes: tpm2.TPMAObject{
-			FixedTPM:            true,
-			FixedParent:         true,
-			SensitiveDataOrigin: true,
-			UserWithAuth:        true,
-			NoDA:                true,
-			Restricted:          true,
-			SignEncrypt:         true,
-		},
-		Parameters: tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
-			Scheme: tpm2.TPMTECCScheme{
-				Scheme:  tpm2.TPMAlgECDSA,
-				Details: tpm2.NewTPMUAsymScheme(tpm2.TPMAlgECDSA, &tpm2.TPMSSigSchemeECDSA{HashAlg: tpm2.TPMAlgSHA256}),
-			},
-			CurveID: tpm2.TPMECCNistP256,
-		}),
-		Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{
-			X: tpm2.TPM2BECCParameter{Buffer: point[1 : 1+coord]},
-			Y: tpm2.TPM2BECCParameter{Buffer: point[1+coord:]},
-		}),
-	}, nil
+	pub := vtpm.AKTemplate()
+	pub.Unique = tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{
+		X: tpm2.TPM2BECCParameter{Buffer: point[1 : 1+coord]},
+		Y: tpm2.TPM2BECCParameter{Buffer: point[1+coord:]},
+	})
+	return pub, nil
 }
 
 // qualifiedName is the SHA-256 qualified name of an object with name under a parent with parentQName.
