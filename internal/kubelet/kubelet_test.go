@@ -5,11 +5,15 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/command/commandtest"
 )
@@ -27,25 +31,35 @@ func TestSystemdStart(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for the child's writer goroutine and the test.
-type syncBuffer struct {
-	mu  chan struct{}
-	buf bytes.Buffer
+// startLog records when (in the bubble's time) each kubelet run wrote its first line.
+type startLog struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	times []time.Time
 }
 
-func newSyncBuffer() *syncBuffer { return &syncBuffer{mu: make(chan struct{}, 1)} }
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu <- struct{}{}
-	defer func() { <-b.mu }()
-	return b.buf.Write(p)
+func (l *startLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.times = append(l.times, time.Now())
+	return l.buf.Write(p)
 }
 
-func (b *syncBuffer) String() string {
-	b.mu <- struct{}{}
-	defer func() { <-b.mu }()
-	return b.buf.String()
+func (l *startLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
 
+func (l *startLog) Times() []time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.times)
+}
+
+// The supervisor runs in a synctest bubble: its poll and restart waits pass in the bubble's time,
+// which stands still while a stand-in kubelet process runs, so the gaps between starts are exactly
+// the restart backoff.
 func TestSupervisorWaitsForConfigAndRestarts(t *testing.T) {
 	dir := t.TempDir()
 	kubeletDir := filepath.Join(dir, "var-lib-kubelet")
@@ -60,45 +74,66 @@ func TestSupervisorWaitsForConfigAndRestarts(t *testing.T) {
 	if err := os.WriteFile(fake, []byte("#!/bin/sh\necho \"kubelet $*\"\nexit 1\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	out := newSyncBuffer()
-	s := &Supervisor{Path: fake, KubeletDir: kubeletDir, KubernetesDir: k8sDir, Output: out,
-		PollInterval: 10 * time.Millisecond, ExtraArgs: []string{"--cgroup-root=/node1"}}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
+	synctest.Test(t, func(t *testing.T) {
+		out := &startLog{}
+		s := &Supervisor{Path: fake, KubeletDir: kubeletDir, KubernetesDir: k8sDir, Output: out,
+			PollInterval: 10 * time.Millisecond, ExtraArgs: []string{"--cgroup-root=/node1"}}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- s.Run(ctx) }()
 
-	if err := s.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(50 * time.Millisecond)
-	if n := s.Starts(); n != 0 {
-		t.Fatalf("kubelet started %d times before kubeadm wrote its config", n)
-	}
-	write := func(path, data string) {
-		if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+		if err := s.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
-	}
-	write(filepath.Join(kubeletDir, "kubeadm-flags.env"), `KUBELET_KUBEADM_ARGS="--node-ip=198.51.100.10 --container-runtime-endpoint=unix:///run/c.sock"`+"\n")
-	write(filepath.Join(kubeletDir, "config.yaml"), "kind: KubeletConfiguration\n")
-	write(filepath.Join(k8sDir, "bootstrap-kubelet.conf"), "kind: Config\n")
+		// Let the supervisor poll for kubeadm's files for a while (in the bubble's time).
+		time.Sleep(time.Second)
+		if n := s.Starts(); n != 0 {
+			t.Fatalf("kubelet started %d times before kubeadm wrote its config", n)
+		}
+		write := func(path, data string) {
+			if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		write(filepath.Join(kubeletDir, "kubeadm-flags.env"), `KUBELET_KUBEADM_ARGS="--node-ip=198.51.100.10 --container-runtime-endpoint=unix:///run/c.sock"`+"\n")
+		write(filepath.Join(kubeletDir, "config.yaml"), "kind: KubeletConfiguration\n")
+		write(filepath.Join(k8sDir, "bootstrap-kubelet.conf"), "kind: Config\n")
 
-	deadline := time.Now().Add(10 * time.Second)
-	for s.Starts() < 2 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
+		err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+			return len(out.Times()) >= 3, nil
+		})
+		cancel()
+		if err != nil {
+			t.Fatalf("waiting for two restarts: %v (starts: %d)", err, s.Starts())
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("Run() = %v", err)
+		}
+		times := out.Times()
+		// Restarted after 1 s, then after 2 s (up to one poll interval later).
+		for i, want := range []time.Duration{restartInitial, 2 * restartInitial} {
+			if gap := times[i+1].Sub(times[i]); gap < want || gap > want+s.PollInterval {
+				t.Errorf("restart %d came %s after the previous start, want %s", i+1, gap, want)
+			}
+		}
+		first, _, _ := strings.Cut(out.String(), "\n")
+		want := "kubelet --config=" + kubeletDir + "/config.yaml --kubeconfig=" + k8sDir + "/kubelet.conf --bootstrap-kubeconfig=" +
+			k8sDir + "/bootstrap-kubelet.conf --node-ip=198.51.100.10 --container-runtime-endpoint=unix:///run/c.sock --cgroup-root=/node1"
+		if first != want {
+			t.Fatalf("kubelet argv:\n got %s\nwant %s", first, want)
+		}
+	})
+}
+
+func TestRestartBackoff(t *testing.T) {
+	b := restartBackoff()
+	var got []time.Duration
+	for range 6 {
+		got = append(got, b.Step())
 	}
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run() = %v", err)
-	}
-	if n := s.Starts(); n < 2 {
-		t.Fatalf("kubelet started %d times, want a restart", n)
-	}
-	first, _, _ := strings.Cut(out.String(), "\n")
-	want := "kubelet --config=" + kubeletDir + "/config.yaml --kubeconfig=" + k8sDir + "/kubelet.conf --bootstrap-kubeconfig=" +
-		k8sDir + "/bootstrap-kubelet.conf --node-ip=198.51.100.10 --container-runtime-endpoint=unix:///run/c.sock --cgroup-root=/node1"
-	if first != want {
-		t.Fatalf("kubelet argv:\n got %s\nwant %s", first, want)
+	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second}
+	if !slices.Equal(got, want) {
+		t.Fatalf("restart waits = %v, want %v", got, want)
 	}
 }
 

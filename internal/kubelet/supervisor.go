@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Supervisor runs the kubelet as a child process. Start enables it; Run, owned by the daemon's
@@ -79,7 +81,7 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if _, err := exec.LookPath(s.Path); err != nil {
 		return fmt.Errorf("finding kubelet binary: %w", err)
 	}
-	backoff := time.Second
+	backoff := restartBackoff()
 	for {
 		if err := s.waitForConfig(ctx); err != nil {
 			return nil //nolint:nilerr // ctx ended while waiting: a clean stop
@@ -95,17 +97,31 @@ func (s *Supervisor) Run(ctx context.Context) error {
 			log.Info("kubelet stopped")
 			return nil
 		}
-		if time.Since(started) > time.Minute {
-			backoff = time.Second
+		if time.Since(started) > restartResetAfter {
+			backoff = restartBackoff()
 		}
-		log.Warn("kubelet exited, restarting", zap.Error(err), zap.Duration("backoff", backoff))
+		delay := backoff.Step()
+		log.Warn("kubelet exited, restarting", zap.Error(err), zap.Duration("backoff", delay))
+		t := time.NewTimer(delay)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return nil
-		case <-time.After(backoff):
+		case <-t.C:
 		}
-		backoff = min(backoff*2, 10*time.Second)
 	}
+}
+
+// The kubelet is restarted 1 s after it exits, then after 2, 4, 8 and at most 10 s while it keeps
+// exiting; a kubelet that ran for longer than a minute starts the sequence over.
+const (
+	restartInitial    = time.Second
+	restartCap        = 10 * time.Second
+	restartResetAfter = time.Minute
+)
+
+func restartBackoff() wait.Backoff {
+	return wait.Backoff{Duration: restartInitial, Factor: 2, Steps: math.MaxInt32, Cap: restartCap}
 }
 
 func (s *Supervisor) runOnce(ctx context.Context, args []string) error {
@@ -138,17 +154,10 @@ func (s *Supervisor) waitForConfig(ctx context.Context) error {
 	if interval == 0 {
 		interval = 200 * time.Millisecond
 	}
-	for {
-		if exists(filepath.Join(kubeletDir, "config.yaml")) &&
-			(exists(filepath.Join(k8sDir, "kubelet.conf")) || exists(filepath.Join(k8sDir, "bootstrap-kubelet.conf"))) {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(interval):
-		}
-	}
+	return wait.PollUntilContextCancel(ctx, interval, true, func(context.Context) (bool, error) {
+		return exists(filepath.Join(kubeletDir, "config.yaml")) &&
+			(exists(filepath.Join(k8sDir, "kubelet.conf")) || exists(filepath.Join(k8sDir, "bootstrap-kubelet.conf"))), nil
+	})
 }
 
 func (s *Supervisor) args() ([]string, error) {
