@@ -123,6 +123,9 @@ func Spawn(c Cmd) (*Process, error) {
 	return p, nil
 }
 
+// Name is the process's name from its Cmd.
+func (p *Process) Name() string { return p.name }
+
 // PID is the process's ID, for harnesses that account its CPU time.
 func (p *Process) PID() int { return p.proc.Pid }
 
