@@ -30,12 +30,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 )
-
-// DefaultPort is the joinservice's port on control-plane nodes.
-const DefaultPort = 30090
 
 // Backoff bounds.
 const (
@@ -58,10 +56,10 @@ type Client struct {
 
 // New returns a Client. dial opens a joinservice client for HOST:PORT.
 func New(log *zap.Logger, meta metadataAPI, dial dialFunc, joiner clusterJoiner, diskUUID string) *Client {
-	return &Client{log: log, meta: meta, dial: dial, joiner: joiner, port: DefaultPort, diskUUID: diskUUID, sleep: sleepCtx}
+	return &Client{log: log, meta: meta, dial: dial, joiner: joiner, port: joinconfig.JoinPort, diskUUID: diskUUID, sleep: sleepCtx}
 }
 
-// WithPort sets the joinservice port (default DefaultPort).
+// WithPort sets the joinservice port (default joinconfig.JoinPort).
 func (c *Client) WithPort(port int) *Client {
 	c.port = port
 	return c

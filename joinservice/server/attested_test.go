@@ -13,13 +13,13 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/berth-k8s/berth/bootstrapper/joinclient"
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/choose"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/joindial"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
@@ -90,8 +90,8 @@ func TestAttestedJoin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		dial, err := joinclient.NewAttestedDial(vtpm.NewIssuer(sw.Open, zap.NewNop()), validator,
-			joinclient.LockRegisterCheck(15, vtpm.ExpectedLockValue))
+		dial, err := joindial.New(vtpm.NewIssuer(sw.Open, zap.NewNop()), validator,
+			joindial.LockRegisterCheck(15, vtpm.ExpectedLockValue))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,8 +169,8 @@ func TestAttestedJoin(t *testing.T) {
 	})
 	t.Run("joinservice locked to another cluster is refused", func(t *testing.T) {
 		_, err := join(t, start(t, []byte("some other cluster")), nil)
-		if reason(err) != joinclient.ReasonNotBound {
-			t.Fatalf("IssueJoinTicket() = %v (reason %q), want %s", err, reason(err), joinclient.ReasonNotBound)
+		if reason(err) != joindial.ReasonNotBound {
+			t.Fatalf("IssueJoinTicket() = %v (reason %q), want %s", err, reason(err), joindial.ReasonNotBound)
 		}
 	})
 	t.Run("joinservice on a fresh node is refused in the handshake", func(t *testing.T) {

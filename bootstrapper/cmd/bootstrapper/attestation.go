@@ -11,12 +11,12 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
-	"github.com/berth-k8s/berth/bootstrapper/joinclient"
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/choose"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+	"github.com/berth-k8s/berth/internal/joindial"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/nodelock"
 )
@@ -81,7 +81,7 @@ func newAttestation(cfg *config, log *zap.Logger) (*attestationSetup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--join-policy: %w", err)
 	}
-	setup.dialJoin, err = joinclient.NewAttestedDial(issuer, validator, lockCheck(cfg), atls.WithLogger(log.Named("atls")))
+	setup.dialJoin, err = joindial.New(issuer, validator, lockCheck(cfg), atls.WithLogger(log.Named("atls")))
 	if err != nil {
 		return nil, err
 	}
@@ -89,11 +89,11 @@ func newAttestation(cfg *config, log *zap.Logger) (*attestationSetup, error) {
 }
 
 // lockCheck verifies that the joinservice's lock register holds the cluster ID of its ticket.
-func lockCheck(cfg *config) joinclient.LockCheck {
+func lockCheck(cfg *config) joindial.LockCheck {
 	if cfg.attestation == "tdx" {
-		return joinclient.LockRegisterCheck(uint32(1+tdx.DefaultLockRTMR), tdx.ExpectedLockRTMR)
+		return joindial.LockRegisterCheck(uint32(1+tdx.DefaultLockRTMR), tdx.ExpectedLockRTMR)
 	}
-	return joinclient.LockRegisterCheck(uint32(cfg.lockPCR), vtpm.ExpectedLockValue)
+	return joindial.LockRegisterCheck(uint32(cfg.lockPCR), vtpm.ExpectedLockValue)
 }
 
 // dialInsecure opens a plaintext joinservice client; only for --attestation=insecure-none.

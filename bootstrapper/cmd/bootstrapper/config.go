@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/version"
 )
 
@@ -54,7 +55,7 @@ func defaultConfig() *config {
 		kubeletDir:    "/var/lib/kubelet",
 		criSocket:     "unix:///run/containerd/containerd.sock",
 		joinImage:     "berth.local/joinservice:" + version.Version,
-		joinPort:      30090,
+		joinPort:      joinconfig.JoinPort,
 		logLevel:      "info",
 		lockPCR:       15,
 		conntrackMax:  -1,

@@ -1,24 +1,26 @@
-package components
+package berthsystem
 
 import (
 	"fmt"
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/berth-k8s/berth/internal/joinconfig"
 )
 
-// NamespaceGuardName names the ValidatingAdmissionPolicy (and its binding) that keeps berth-system to
-// Berth's own images.
-const NamespaceGuardName = "berth-system-images"
+// GuardName names the ValidatingAdmissionPolicy (and its binding) that keeps berth-system to Berth's
+// own images.
+const GuardName = "berth-system-images"
 
-// namespaceGuard returns the policy and binding that lock berth-system down (B2). The image-policy
+// Guard returns the policy and binding that lock berth-system down to images. The image-policy
 // webhook exempts that namespace so that its own pods can always start; without a guard, anyone
 // allowed to create a pod there could run any image past the webhook. The guard is a
 // ValidatingAdmissionPolicy: the API server evaluates its CEL itself, so it needs no backend and can
 // never hold up a restart. A pod may only bring in images from the list; images a pod already runs
 // stay allowed on UPDATE, so finalizers and labels of older pods can always be changed. Deleting the
 // binding is the documented break-glass.
-func namespaceGuard(images []string) []map[string]any {
+func Guard(images []string) []map[string]any {
 	images = slices.Compact(slices.Sorted(slices.Values(images)))
 	quoted := make([]string, len(images))
 	for n, img := range images {
@@ -33,11 +35,11 @@ func namespaceGuard(images []string) []map[string]any {
 	return []map[string]any{
 		{
 			"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-			"metadata": map[string]any{"name": NamespaceGuardName, "labels": labels},
+			"metadata": map[string]any{"name": GuardName, "labels": labels},
 			"spec": map[string]any{
 				"failurePolicy": "Fail",
 				"matchConstraints": map[string]any{
-					"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": Namespace}},
+					"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": joinconfig.Namespace}},
 					"resourceRules": []any{map[string]any{
 						"apiGroups": []any{""}, "apiVersions": []any{"v1"},
 						"operations": []any{"CREATE", "UPDATE"},
@@ -52,16 +54,16 @@ func namespaceGuard(images []string) []map[string]any {
 				"validations": []any{map[string]any{
 					"expression": "variables.images.all(i, i in variables.allowed || i in variables.running)",
 					"message": fmt.Sprintf("namespace %s is exempt from the image policy, so it runs only Berth's own images (%s); "+
-						"policy %s enforces this", Namespace, strings.Join(images, ", "), NamespaceGuardName),
+						"policy %s enforces this", joinconfig.Namespace, strings.Join(images, ", "), GuardName),
 					"reason": "Forbidden",
 				}},
 			},
 		},
 		{
 			"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-			"metadata": map[string]any{"name": NamespaceGuardName, "labels": labels},
+			"metadata": map[string]any{"name": GuardName, "labels": labels},
 			"spec": map[string]any{
-				"policyName":        NamespaceGuardName,
+				"policyName":        GuardName,
 				"validationActions": []any{"Deny"},
 			},
 		},

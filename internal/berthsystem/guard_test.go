@@ -1,4 +1,4 @@
-package components_test
+package berthsystem_test
 
 import (
 	"context"
@@ -11,11 +11,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/berth-k8s/berth/bootstrapper/components"
+	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/apply"
-	"github.com/berth-k8s/berth/joinservice/apiservertest"
+	"github.com/berth-k8s/berth/internal/berthsystem"
+	"github.com/berth-k8s/berth/internal/joinconfig"
 )
 
 // TestNamespaceGuardOnAPIServer runs the berth-system guard in a real kube-apiserver: foreign images
@@ -29,13 +31,13 @@ func TestNamespaceGuardOnAPIServer(t *testing.T) {
 	a := apply.New(dyn)
 	guard := func(images ...string) {
 		t.Helper()
-		for _, o := range components.NamespaceGuardForTest(images) {
+		for _, o := range berthsystem.Guard(images) {
 			if err := a.Apply(ctx, &unstructured.Unstructured{Object: o}); err != nil {
 				t.Fatalf("applying the guard: %v", err)
 			}
 		}
 	}
-	for _, ns := range []string{components.Namespace, "apps"} {
+	for _, ns := range []string{joinconfig.Namespace, "apps"} {
 		if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -53,61 +55,53 @@ func TestNamespaceGuardOnAPIServer(t *testing.T) {
 		_, err := kube.CoreV1().Pods(ns).Create(ctx, pod(ns, name, image), metav1.CreateOptions{})
 		return err
 	}
-	// Wait until the policy is in force.
-	tries := 0
-	for {
-		_, err := kube.CoreV1().Pods(components.Namespace).Create(ctx, pod(components.Namespace, "probe", "evil.example/app:1"),
+	// Wait until the policy is in force: the API server loads it asynchronously.
+	var refusal error
+	if err := wait.PollUntilContextTimeout(ctx, policyPoll, policyLoad, true, func(ctx context.Context) (bool, error) {
+		_, refusal = kube.CoreV1().Pods(joinconfig.Namespace).Create(ctx, pod(joinconfig.Namespace, "probe", "evil.example/app:1"),
 			metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if err != nil {
-			if !strings.Contains(err.Error(), components.NamespaceGuardName) {
-				t.Fatalf("foreign image refused, but not by the guard: %v", err)
-			}
-			t.Logf("refused: %v", err)
-			break
-		}
-		if tries++; tries > 100 {
-			t.Fatal("a foreign image in berth-system is still admitted 10 s after the guard was applied")
-		}
-		sleep(ctx)
+		return refusal != nil, nil
+	}); err != nil {
+		t.Fatalf("a foreign image in berth-system is still admitted %s after the guard was applied", policyLoad)
 	}
-	if err := create(components.Namespace, "js", "berth.local/joinservice:v1"); err != nil {
+	if !strings.Contains(refusal.Error(), berthsystem.GuardName) {
+		t.Fatalf("foreign image refused, but not by the guard: %v", refusal)
+	}
+	t.Logf("refused: %v", refusal)
+	if err := create(joinconfig.Namespace, "js", "berth.local/joinservice:v1"); err != nil {
 		t.Fatalf("Berth's own image refused: %v", err)
 	}
 	if err := create("apps", "other", "evil.example/app:1"); err != nil {
 		t.Fatalf("another namespace is affected: %v", err)
 	}
 	// An ephemeral debug container with a foreign image is refused.
-	p, err := kube.CoreV1().Pods(components.Namespace).Get(ctx, "js", metav1.GetOptions{})
+	p, err := kube.CoreV1().Pods(joinconfig.Namespace).Get(ctx, "js", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	p.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debug", Image: "evil.example/shell:1"}}}
-	if _, err := kube.CoreV1().Pods(components.Namespace).UpdateEphemeralContainers(ctx, "js", p, metav1.UpdateOptions{}); err == nil || !strings.Contains(err.Error(), components.NamespaceGuardName) {
+	if _, err := kube.CoreV1().Pods(joinconfig.Namespace).UpdateEphemeralContainers(ctx, "js", p, metav1.UpdateOptions{}); err == nil || !strings.Contains(err.Error(), berthsystem.GuardName) {
 		t.Errorf("ephemeral container with a foreign image: %v, want refused by the guard", err)
 	}
 	// The allowed list changes (an upgrade): the running pod's metadata can still be changed.
 	guard("berth.local/joinservice:v2", "berth.local/berth-webhook:v2")
-	for n := 0; ; n++ {
-		err := create(components.Namespace, fmt.Sprintf("old-image-%d", n), "berth.local/joinservice:v1")
-		if err != nil {
-			break
-		}
-		if n == 100 {
-			t.Fatal("the formerly allowed image is still admitted for new pods 10 s after the list changed")
-		}
-		sleep(ctx)
+	n := 0
+	if err := wait.PollUntilContextTimeout(ctx, policyPoll, policyLoad, true, func(context.Context) (bool, error) {
+		n++
+		return create(joinconfig.Namespace, fmt.Sprintf("old-image-%d", n), "berth.local/joinservice:v1") != nil, nil
+	}); err != nil {
+		t.Fatalf("the formerly allowed image is still admitted for new pods %s after the list changed", policyLoad)
 	}
-	if _, err := kube.CoreV1().Pods(components.Namespace).Patch(ctx, "js", types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{}); err != nil {
+	if _, err := kube.CoreV1().Pods(joinconfig.Namespace).Patch(ctx, "js", types.MergePatchType, []byte(`{"metadata":{"labels":{"x":"y"}}}`), metav1.PatchOptions{}); err != nil {
 		t.Errorf("label change of a pod running a formerly allowed image: %v", err)
 	}
 }
 
-func sleep(ctx context.Context) {
-	select {
-	case <-ctx.Done():
-	case <-time.After(100 * time.Millisecond):
-	}
-}
+// The API server loads a changed ValidatingAdmissionPolicy asynchronously; the tests poll for it.
+const (
+	policyPoll = 100 * time.Millisecond
+	policyLoad = 10 * time.Second
+)
 
 // TestJoinServiceRBACOnAPIServer: the joinservice's rights end at berth-system, and there at the one
 // Secret it reads.
@@ -118,13 +112,13 @@ func TestJoinServiceRBACOnAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	js := env.Client(t, apiservertest.JoinServiceUser)
-	if _, err := js.CoreV1().Secrets(components.Namespace).Get(ctx, components.SecretName, metav1.GetOptions{}); err != nil {
-		t.Errorf("reading %s: %v", components.SecretName, err)
+	if _, err := js.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, joinconfig.SecretName, metav1.GetOptions{}); err != nil {
+		t.Errorf("reading %s: %v", joinconfig.SecretName, err)
 	}
-	if _, err := js.CoreV1().ConfigMaps(components.Namespace).List(ctx, metav1.ListOptions{}); err != nil {
-		t.Errorf("listing ConfigMaps in %s (the policy informer): %v", components.Namespace, err)
+	if _, err := js.CoreV1().ConfigMaps(joinconfig.Namespace).List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("listing ConfigMaps in %s (the policy informer): %v", joinconfig.Namespace, err)
 	}
-	if _, err := js.CoreV1().Secrets(components.Namespace).List(ctx, metav1.ListOptions{}); err == nil {
+	if _, err := js.CoreV1().Secrets(joinconfig.Namespace).List(ctx, metav1.ListOptions{}); err == nil {
 		t.Error("the joinservice may list the Secrets of berth-system")
 	}
 	if _, err := js.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{}); err == nil {

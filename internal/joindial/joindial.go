@@ -1,4 +1,8 @@
-package joinclient
+// Package joindial is the client side of the join protocol: it dials a joinservice over mutual
+// attested TLS (the node attests, the joinservice must satisfy the node's policy) and accepts a
+// ticket only from a joinservice whose lock register holds the ticket's cluster ID. The bootstrapper's
+// JoinClient joins through it, and the joinservice's tests use it as the reference node.
+package joindial
 
 import (
 	"bytes"
@@ -38,10 +42,10 @@ func LockRegisterCheck(index uint32, expected func(clusterID []byte) []byte) Loc
 	}
 }
 
-// NewAttestedDial returns a dial function for mutual attested TLS: this node attests with issuer,
+// New returns a dial function for mutual attested TLS: this node attests with issuer,
 // the joinservice must satisfy validator (same image, bootstrapped), and a ticket is only accepted
 // if the joinservice's lock register holds the ticket's cluster ID (bound).
-func NewAttestedDial(issuer atls.Issuer, validator atls.Validator, bound LockCheck, opts ...atls.Option) (func(ctx context.Context, endpoint string) (joinproto.JoinServiceClient, io.Closer, error), error) {
+func New(issuer atls.Issuer, validator atls.Validator, bound LockCheck, opts ...atls.Option) (func(ctx context.Context, endpoint string) (joinproto.JoinServiceClient, io.Closer, error), error) {
 	creds, err := atls.NewCredentials(issuer, validator, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("creating attested TLS credentials: %w", err)

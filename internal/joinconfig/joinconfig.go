@@ -1,0 +1,129 @@
+// Package joinconfig is the contract between Berth's binaries about what they share through the
+// Kubernetes API and the network: the names of the objects in berth-system, the joinservice's ports,
+// and the keys and encodings of the join ConfigMap and the cluster Secret.
+//
+// The bootstrapper writes these objects at init, the joinservice reads them on every start and watch,
+// and the CLI reads the join ledger. All of them import this package and none imports another's, so
+// a change to the contract is a change here, seen by every side at compile time.
+package joinconfig
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+)
+
+// Names of the objects Berth keeps in the cluster.
+const (
+	// Namespace holds every object Berth installs.
+	Namespace = "berth-system"
+	// SecretName is the Secret with the cluster secrets the joinservice derives join keys from.
+	SecretName = "berth-cluster-secrets"
+	// JoinConfigName is the ConfigMap with the join configuration (Config).
+	JoinConfigName = "berth-join-config"
+	// JoinLedgerName is the ConfigMap the joinservice records every join attempt in.
+	JoinLedgerName = "berth-join-ledger"
+	// JoinServiceName names the joinservice's DaemonSet and its pods' app label.
+	JoinServiceName = "berth-joinservice"
+	// ServiceAccountName is the joinservice's ServiceAccount.
+	ServiceAccountName = "berth-joinservice"
+)
+
+// Ports of the joinservice on the host network of every control plane.
+const (
+	// JoinPort serves the JoinService gRPC API over mutual attested TLS.
+	JoinPort = 30090
+	// MetricsPort serves /metrics and /healthz.
+	MetricsPort = 30091
+)
+
+// Keys of the join ConfigMap.
+const (
+	KeyAttestationPolicy = "attestationPolicy"
+	KeyMeasurementSalt   = "measurementSalt"
+	KeyClusterID         = "clusterID"
+	KeyKubernetesVersion = "kubernetesVersion"
+	KeyAPIServerEndpoint = "apiServerEndpoint"
+)
+
+// Keys of the cluster Secret.
+const (
+	KeyMasterSecret = "masterSecret"
+	KeySalt         = "salt"
+)
+
+// ErrMissingKey is returned when a required key is absent or empty.
+var ErrMissingKey = errors.New("missing key")
+
+// ErrMalformed is returned when a value does not decode.
+var ErrMalformed = errors.New("malformed value")
+
+// Config is the join configuration: what a joining node needs to know about the cluster, and the
+// policy it is judged by. It is public to anyone who can read berth-system.
+type Config struct {
+	// AttestationPolicy is the cluster's attestation policy (self-contained YAML).
+	AttestationPolicy []byte
+	// MeasurementSalt salts the measurements of the cluster (the init request's salt).
+	MeasurementSalt []byte
+	// ClusterID is the ID extended into every node's lock register.
+	ClusterID []byte
+	// KubernetesVersion is the version the cluster was initialized with.
+	KubernetesVersion string
+	// APIServerEndpoint is the control-plane endpoint (host:port) joining nodes use.
+	APIServerEndpoint string
+}
+
+// Data encodes c as the ConfigMap's data.
+func (c Config) Data() map[string]string {
+	return map[string]string{
+		KeyAttestationPolicy: string(c.AttestationPolicy),
+		KeyMeasurementSalt:   hex.EncodeToString(c.MeasurementSalt),
+		KeyClusterID:         hex.EncodeToString(c.ClusterID),
+		KeyKubernetesVersion: c.KubernetesVersion,
+		KeyAPIServerEndpoint: c.APIServerEndpoint,
+	}
+}
+
+// DecodeConfig decodes the ConfigMap's data. Absent keys decode to empty values (the policy is judged
+// by whoever enforces it); values that are present must decode.
+func DecodeConfig(data map[string]string) (Config, error) {
+	c := Config{
+		AttestationPolicy: []byte(data[KeyAttestationPolicy]),
+		KubernetesVersion: data[KeyKubernetesVersion],
+		APIServerEndpoint: data[KeyAPIServerEndpoint],
+	}
+	var err error
+	if c.MeasurementSalt, err = hex.DecodeString(data[KeyMeasurementSalt]); err != nil {
+		return Config{}, fmt.Errorf("decoding %s: %w", KeyMeasurementSalt, ErrMalformed)
+	}
+	if c.ClusterID, err = hex.DecodeString(data[KeyClusterID]); err != nil {
+		return Config{}, fmt.Errorf("decoding %s: %w", KeyClusterID, ErrMalformed)
+	}
+	return c, nil
+}
+
+// ClusterSecrets are the roots of every key in the cluster. They are never logged; a Secret is
+// their only place in the cluster.
+type ClusterSecrets struct {
+	MasterSecret []byte
+	Salt         []byte
+}
+
+// Data encodes s as the Secret's data.
+func (s ClusterSecrets) Data() map[string][]byte {
+	return map[string][]byte{KeyMasterSecret: s.MasterSecret, KeySalt: s.Salt}
+}
+
+// DecodeSecrets decodes the Secret's data. Errors name the key, never the value.
+func DecodeSecrets(data map[string][]byte) (ClusterSecrets, error) {
+	s := ClusterSecrets{MasterSecret: data[KeyMasterSecret], Salt: data[KeySalt]}
+	for _, k := range []struct {
+		name  string
+		value []byte
+	}{{KeyMasterSecret, s.MasterSecret}, {KeySalt, s.Salt}} {
+		if len(k.value) == 0 {
+			return ClusterSecrets{}, fmt.Errorf("reading %s: %w", k.name, ErrMissingKey)
+		}
+	}
+	return s, nil
+}
