@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -67,28 +68,55 @@ func NewFromKubeconfig(path string) (*Applier, error) {
 	return New(client), nil
 }
 
+// ClientsFromKubeconfig returns a typed and a dynamic client for the cluster named by the
+// kubeconfig at path, for callers that read objects as well as apply them.
+func ClientsFromKubeconfig(path string) (kubernetes.Interface, dynamic.Interface, error) {
+	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("loading kubeconfig: %w", err)
+	}
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating client: %w", err)
+	}
+	return kube, dyn, nil
+}
+
 // Apply server-side applies objs in order and stops at the first failure.
 func (a *Applier) Apply(ctx context.Context, objs ...*unstructured.Unstructured) error {
 	for _, obj := range objs {
-		gvk := obj.GroupVersionKind()
-		res, ok := resources[gvk]
-		if !ok {
-			return fmt.Errorf("applying %s %s: %w", gvk.Kind, obj.GetName(), ErrUnknownKind)
-		}
-		gvr := gvk.GroupVersion().WithResource(res.resource)
-		var ri dynamic.ResourceInterface = a.client.Resource(gvr)
-		if res.namespaced {
-			ns := obj.GetNamespace()
-			if ns == "" {
-				return fmt.Errorf("applying %s %s: namespaced object without namespace", gvk.Kind, obj.GetName())
-			}
-			ri = a.client.Resource(gvr).Namespace(ns)
+		ri, err := a.Resource(obj)
+		if err != nil {
+			return fmt.Errorf("applying %s %s: %w", obj.GetKind(), obj.GetName(), err)
 		}
 		if _, err := ri.Apply(ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: FieldManager, Force: true}); err != nil {
-			return fmt.Errorf("applying %s %s: %w", gvk.Kind, obj.GetName(), err)
+			return fmt.Errorf("applying %s %s: %w", obj.GetKind(), obj.GetName(), err)
 		}
 	}
 	return nil
+}
+
+// Resource returns the client for obj's resource (in obj's namespace when the kind is namespaced),
+// to read or delete the live object.
+func (a *Applier) Resource(obj *unstructured.Unstructured) (dynamic.ResourceInterface, error) {
+	gvk := obj.GroupVersionKind()
+	res, ok := resources[gvk]
+	if !ok {
+		return nil, ErrUnknownKind
+	}
+	gvr := gvk.GroupVersion().WithResource(res.resource)
+	if !res.namespaced {
+		return a.client.Resource(gvr), nil
+	}
+	ns := obj.GetNamespace()
+	if ns == "" {
+		return nil, errors.New("namespaced object without namespace")
+	}
+	return a.client.Resource(gvr).Namespace(ns), nil
 }
 
 // Decode parses a multi-document YAML or JSON stream into objects, skipping empty documents.

@@ -30,6 +30,7 @@ import (
 	"github.com/berth-k8s/berth/internal/metadata/static"
 	"github.com/berth-k8s/berth/internal/nodestate"
 	"github.com/berth-k8s/berth/internal/version"
+	"github.com/berth-k8s/berth/internal/webhook/install"
 	"github.com/berth-k8s/berth/nodelock"
 )
 
@@ -139,8 +140,9 @@ func daemon(ctx context.Context, cfg *config) error {
 	}
 	if cfg.webhookImage != "" {
 		// Only the webhook has anything to check after a restart; without it there is nothing to log.
+		webhook := install.Config{Image: cfg.webhookImage, ImagePullPolicy: pullPolicy(cfg.neverPull)}
 		deps.Reconcile = func(ctx context.Context) error {
-			return installer.Reconcile(ctx, filepath.Join(cfg.kubernetesDir, "admin.conf"), lineLogger{log.Named("components")})
+			return install.Reconcile(ctx, webhook, filepath.Join(cfg.kubernetesDir, "admin.conf"), lineLogger{log.Named("components")})
 		}
 	}
 	err = bootstrapper.Run(ctx, deps)

@@ -28,7 +28,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/berth-k8s/berth/bootstrapper/components"
+	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/webhook/install"
 )
 
 const (
@@ -45,8 +46,8 @@ func (w logWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func newInstaller(tb testing.TB, e *env, budget time.Duration) *components.WebhookInstaller {
-	return components.NewWebhookInstaller(components.WebhookConfig{
+func newInstaller(tb testing.TB, e *env, budget time.Duration) *install.Installer {
+	return install.New(install.Config{
 		Image: "berth.local/berth-webhook:test", ImagePullPolicy: "Never",
 		Budget: budget, StableInterval: 300 * time.Millisecond, MaxBackoff: time.Second, EndToEndWindow: 4 * time.Second,
 	}, e.kube, e.dyn, logWriter{tb})
@@ -81,7 +82,7 @@ func pod(ns, name, image string, finalizers ...string) *corev1.Pod {
 
 func configExists(tb testing.TB, e *env) bool {
 	tb.Helper()
-	_, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctxFor(tb, 10*time.Second), components.WebhookConfigName, metav1.GetOptions{})
+	_, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctxFor(tb, 10*time.Second), install.ConfigName, metav1.GetOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		tb.Fatal(err)
 	}
@@ -116,8 +117,8 @@ func TestInstallFailsClosed(t *testing.T) {
 	e.runner.setPaused(true)
 	start := time.Now()
 	_, err := newInstaller(t, e, 3*time.Second).Install(ctxFor(t, time.Minute))
-	if !errors.Is(err, components.ErrWebhookDeploymentNotReady) {
-		t.Fatalf("install with no pods = %v, want ErrWebhookDeploymentNotReady", err)
+	if !errors.Is(err, install.ErrDeploymentNotReady) {
+		t.Fatalf("install with no pods = %v, want ErrDeploymentNotReady", err)
 	}
 	t.Logf("no pods: failed after %s: %v", time.Since(start).Round(time.Millisecond), err)
 	if configExists(t, e) {
@@ -132,8 +133,8 @@ func TestInstallFailsClosed(t *testing.T) {
 	}
 	start = time.Now()
 	_, err = newInstaller(t, e, 5*time.Second).Install(ctxFor(t, time.Minute))
-	if !errors.Is(err, components.ErrWebhookTLSMismatch) {
-		t.Fatalf("install with pods serving a foreign certificate = %v, want ErrWebhookTLSMismatch", err)
+	if !errors.Is(err, install.ErrTLSMismatch) {
+		t.Fatalf("install with pods serving a foreign certificate = %v, want ErrTLSMismatch", err)
 	}
 	t.Logf("foreign certificate: failed after %s: %v", time.Since(start).Round(time.Millisecond), err)
 	if configExists(t, e) {
@@ -151,8 +152,8 @@ func TestInstallFailsClosed(t *testing.T) {
 	e.runner.setPaused(false)
 	start = time.Now()
 	res, err := newInstaller(t, e, time.Minute).Install(ctxFor(t, 2*time.Minute))
-	if !errors.Is(err, components.ErrWebhookCallFailed) {
-		t.Fatalf("install with endpoints the API server cannot route to = %v, want ErrWebhookCallFailed", err)
+	if !errors.Is(err, install.ErrCallFailed) {
+		t.Fatalf("install with endpoints the API server cannot route to = %v, want ErrCallFailed", err)
 	}
 	t.Logf("no route from the API server: failed after %s: %v; writes: %v", time.Since(start).Round(time.Millisecond), err, res.Writes)
 	if configExists(t, e) {
@@ -187,7 +188,7 @@ func TestInstallArmsAndEnforces(t *testing.T) {
 	e := sharedEnv(t)
 	armed(t, e)
 	ctx := ctxFor(t, time.Minute)
-	vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, components.WebhookConfigName, metav1.GetOptions{})
+	vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, install.ConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,30 +232,30 @@ func resourceVersions(tb testing.TB, e *env) map[string]string {
 	tb.Helper()
 	ctx := ctxFor(tb, 30*time.Second)
 	out := map[string]string{}
-	ns := components.Namespace
+	ns := joinconfig.Namespace
 	add := func(kind, name, rv string, err error) {
 		if err != nil {
 			tb.Fatalf("reading %s %s: %v", kind, name, err)
 		}
 		out[kind+" "+name] = rv
 	}
-	d, err := e.kube.AppsV1().Deployments(ns).Get(ctx, components.WebhookName, metav1.GetOptions{})
+	d, err := e.kube.AppsV1().Deployments(ns).Get(ctx, install.Name, metav1.GetOptions{})
 	add("Deployment", d.Name, d.ResourceVersion, err)
-	s, err := e.kube.CoreV1().Services(ns).Get(ctx, components.WebhookName, metav1.GetOptions{})
+	s, err := e.kube.CoreV1().Services(ns).Get(ctx, install.Name, metav1.GetOptions{})
 	add("Service", s.Name, s.ResourceVersion, err)
-	sec, err := e.kube.CoreV1().Secrets(ns).Get(ctx, components.WebhookTLSSecret, metav1.GetOptions{})
+	sec, err := e.kube.CoreV1().Secrets(ns).Get(ctx, install.TLSSecret, metav1.GetOptions{})
 	add("Secret", sec.Name, sec.ResourceVersion, err)
-	cm, err := e.kube.CoreV1().ConfigMaps(ns).Get(ctx, components.WebhookPolicyConfigMap, metav1.GetOptions{})
+	cm, err := e.kube.CoreV1().ConfigMaps(ns).Get(ctx, install.PolicyConfigMap, metav1.GetOptions{})
 	add("ConfigMap", cm.Name, cm.ResourceVersion, err)
-	sa, err := e.kube.CoreV1().ServiceAccounts(ns).Get(ctx, components.WebhookName, metav1.GetOptions{})
+	sa, err := e.kube.CoreV1().ServiceAccounts(ns).Get(ctx, install.Name, metav1.GetOptions{})
 	add("ServiceAccount", sa.Name, sa.ResourceVersion, err)
-	pdb, err := e.kube.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, components.WebhookName, metav1.GetOptions{})
+	pdb, err := e.kube.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, install.Name, metav1.GetOptions{})
 	add("PodDisruptionBudget", pdb.Name, pdb.ResourceVersion, err)
-	cns, err := e.kube.CoreV1().Namespaces().Get(ctx, components.WebhookCanaryNamespace, metav1.GetOptions{})
+	cns, err := e.kube.CoreV1().Namespaces().Get(ctx, install.CanaryNamespace, metav1.GetOptions{})
 	add("Namespace", cns.Name, cns.ResourceVersion, err)
 	own, err := e.kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 	add("Namespace", own.Name, own.ResourceVersion, err)
-	vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, components.WebhookConfigName, metav1.GetOptions{})
+	vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, install.ConfigName, metav1.GetOptions{})
 	add("ValidatingWebhookConfiguration", vwc.Name, vwc.ResourceVersion, err)
 	return out
 }
@@ -366,7 +367,7 @@ func TestControlPlaneRestart(t *testing.T) {
 	armed(t, e)
 	ctx := ctxFor(t, 5*time.Minute)
 	vwcs := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	before, err := vwcs.Get(ctx, components.WebhookConfigName, metav1.GetOptions{})
+	before, err := vwcs.Get(ctx, install.ConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -375,8 +376,8 @@ func TestControlPlaneRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if err := e.restartAPIServer(ctx); err != nil {
-		t.Fatalf("restarting the control plane: %v\n%s", err, e.logTail())
+	if err := e.Restart(ctx); err != nil {
+		t.Fatalf("restarting the control plane: %v", err) // the error ends with the processes' logs
 	}
 	t.Logf("control plane back after %s", time.Since(start).Round(time.Millisecond))
 	e.runner.setPaused(false)
@@ -394,7 +395,7 @@ func TestControlPlaneRestart(t *testing.T) {
 	if _, err := e.kube.CoreV1().Pods("kube-system").Create(ctx, pod("kube-system", "after-restart", deniedImage), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
 		t.Fatalf("kube-system after the restart: %v", err)
 	}
-	after, err := vwcs.Get(ctx, components.WebhookConfigName, metav1.GetOptions{})
+	after, err := vwcs.Get(ctx, install.ConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -552,7 +553,7 @@ func TestLeafRotationUnderLoad(t *testing.T) {
 		t.Skip("load test: set BERTH_WEBHOOK_LOAD=1 (make test-webhook-load)")
 	}
 	e, ctx, pods, pids := rotationSetup(t, "rotate")
-	vwcBefore, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, components.WebhookConfigName, metav1.GetOptions{})
+	vwcBefore, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, install.ConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -562,7 +563,7 @@ func TestLeafRotationUnderLoad(t *testing.T) {
 	time.Sleep(2 * time.Second)
 
 	// Make the current leaf unusable in the Secret, so the installer issues a new one from the same CA.
-	if _, err := e.kube.CoreV1().Secrets(components.Namespace).Patch(ctx, components.WebhookTLSSecret, types.JSONPatchType,
+	if _, err := e.kube.CoreV1().Secrets(joinconfig.Namespace).Patch(ctx, install.TLSSecret, types.JSONPatchType,
 		[]byte(`[{"op":"remove","path":"/data/tls.crt"}]`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -603,7 +604,7 @@ func TestLeafRotationUnderLoad(t *testing.T) {
 	if len(e.runner.livePods()) != len(pods) {
 		t.Errorf("pods changed during the rotation")
 	}
-	vwcAfter, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, components.WebhookConfigName, metav1.GetOptions{})
+	vwcAfter, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, install.ConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -622,7 +623,7 @@ func TestCARotationUnderLoad(t *testing.T) {
 		t.Skip("load test: set BERTH_WEBHOOK_LOAD=1 (make test-webhook-load)")
 	}
 	e, ctx, _, pids := rotationSetup(t, "rotate-ca")
-	before, err := e.kube.CoreV1().Secrets(components.Namespace).Get(ctx, components.WebhookTLSSecret, metav1.GetOptions{})
+	before, err := e.kube.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, install.TLSSecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -655,14 +656,14 @@ func TestCARotationUnderLoad(t *testing.T) {
 	go func() {
 		defer close(checkDone)
 		for checkCtx.Err() == nil {
-			vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(checkCtx, components.WebhookConfigName, metav1.GetOptions{})
+			vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(checkCtx, install.ConfigName, metav1.GetOptions{})
 			if err != nil {
 				continue
 			}
 			roots := x509.NewCertPool()
 			roots.AppendCertsFromPEM(vwc.Webhooks[0].ClientConfig.CABundle)
 			for _, p := range e.runner.livePods() {
-				conn, err := tls.Dial("tcp", p.ip+":8443", &tls.Config{RootCAs: roots, ServerName: components.WebhookName + "." + components.Namespace + ".svc"})
+				conn, err := tls.Dial("tcp", p.ip+":8443", &tls.Config{RootCAs: roots, ServerName: install.Name + "." + joinconfig.Namespace + ".svc"})
 				fresh.Add(1)
 				if err != nil {
 					mismatched.Add(1)
@@ -680,7 +681,7 @@ func TestCARotationUnderLoad(t *testing.T) {
 	start := time.Now()
 	stats := startLoad(t, ctx, e, "rotate-ca", stop, 0)
 	time.Sleep(2 * time.Second)
-	inst := components.NewWebhookInstaller(components.WebhookConfig{
+	inst := install.New(install.Config{
 		Image: "berth.local/berth-webhook:test", ImagePullPolicy: "Never",
 		Budget: 2 * time.Minute, StableInterval: 300 * time.Millisecond, MaxBackoff: time.Second, EndToEndWindow: 4 * time.Second,
 		CARenewBefore: 11 * 365 * 24 * time.Hour, // longer than the CA's life: it is due now
@@ -700,14 +701,14 @@ func TestCARotationUnderLoad(t *testing.T) {
 		t.Errorf("%d fresh connections did not verify against the published bundle; first: %s", mismatched.Load(), *firstMismatch.Load())
 	}
 
-	after, err := e.kube.CoreV1().Secrets(components.Namespace).Get(ctx, components.WebhookTLSSecret, metav1.GetOptions{})
+	after, err := e.kube.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, install.TLSSecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if bytes.Equal(after.Data["ca.crt"], oldCA) {
 		t.Fatal("the CA was not rotated")
 	}
-	vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, components.WebhookConfigName, metav1.GetOptions{})
+	vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, install.ConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -813,7 +814,7 @@ func webhookHistogram(tb testing.TB, e *env) map[string]float64 {
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "apiserver_admission_webhook_admission_duration_seconds_bucket{") || !strings.Contains(line, components.WebhookHookName) {
+		if !strings.HasPrefix(line, "apiserver_admission_webhook_admission_duration_seconds_bucket{") || !strings.Contains(line, install.HookName) {
 			continue
 		}
 		i := strings.Index(line, `le="`)
@@ -837,27 +838,27 @@ func TestPausedConfigurationIsLeftAlone(t *testing.T) {
 	armed(t, e)
 	ctx := ctxFor(t, 2*time.Minute)
 	vwcs := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	paused, err := vwcs.Patch(ctx, components.WebhookConfigName, types.MergePatchType,
-		[]byte(`{"metadata":{"annotations":{"`+components.WebhookPausedAnnotation+`":"true"}}}`), metav1.PatchOptions{})
+	paused, err := vwcs.Patch(ctx, install.ConfigName, types.MergePatchType,
+		[]byte(`{"metadata":{"annotations":{"`+install.PausedAnnotation+`":"true"}}}`), metav1.PatchOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := components.NewWebhookInstaller(components.WebhookConfig{
+	w := install.New(install.Config{
 		Image: "berth.local/berth-webhook:test", ImagePullPolicy: "Never", TimeoutSeconds: 7,
 		Budget: time.Minute, StableInterval: 300 * time.Millisecond, MaxBackoff: time.Second,
 	}, e.kube, e.dyn, logWriter{t})
 	if _, err := w.Install(ctx); err != nil {
 		t.Fatal(err)
 	}
-	after, err := vwcs.Get(ctx, components.WebhookConfigName, metav1.GetOptions{})
+	after, err := vwcs.Get(ctx, install.ConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if after.ResourceVersion != paused.ResourceVersion {
 		t.Fatal("the installer changed a paused configuration")
 	}
-	if _, err := vwcs.Patch(ctx, components.WebhookConfigName, types.JSONPatchType,
-		[]byte(`[{"op":"remove","path":"/metadata/annotations/`+strings.ReplaceAll(components.WebhookPausedAnnotation, "/", "~1")+`"}]`), metav1.PatchOptions{}); err != nil {
+	if _, err := vwcs.Patch(ctx, install.ConfigName, types.JSONPatchType,
+		[]byte(`[{"op":"remove","path":"/metadata/annotations/`+strings.ReplaceAll(install.PausedAnnotation, "/", "~1")+`"}]`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// The Deployment got the other handler deadline; put the default back.
@@ -876,7 +877,7 @@ func TestUninstallOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer vw.Stop()
-	dw, err := e.kube.AppsV1().Deployments(components.Namespace).Watch(ctx, metav1.ListOptions{})
+	dw, err := e.kube.AppsV1().Deployments(joinconfig.Namespace).Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -960,7 +961,7 @@ func TestResumeAfterInterruption(t *testing.T) {
 	ensureNamespace(t, e.kube, "apps")
 	for cut := 200 * time.Millisecond; cut <= 2*time.Second; cut += 300 * time.Millisecond {
 		cctx, cancel := context.WithTimeout(ctx, cut)
-		res, err := components.NewWebhookInstaller(components.WebhookConfig{
+		res, err := install.New(install.Config{
 			Image: "berth.local/berth-webhook:test", ImagePullPolicy: "Never",
 			Budget: time.Minute, StableInterval: 300 * time.Millisecond, MaxBackoff: time.Second, EndToEndWindow: 4 * time.Second,
 		}, e.kube, e.dyn, io.Discard).Install(cctx)
@@ -987,8 +988,8 @@ func TestResumeAfterInterruption(t *testing.T) {
 func finalizeCanary(tb testing.TB, e *env) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_ = e.kube.CoreV1().ServiceAccounts(components.WebhookCanaryNamespace).Delete(ctx, "berth-webhook-canary", metav1.DeleteOptions{})
-	if ns, err := e.kube.CoreV1().Namespaces().Get(ctx, components.WebhookCanaryNamespace, metav1.GetOptions{}); err == nil && ns.DeletionTimestamp != nil {
+	_ = e.kube.CoreV1().ServiceAccounts(install.CanaryNamespace).Delete(ctx, "berth-webhook-canary", metav1.DeleteOptions{})
+	if ns, err := e.kube.CoreV1().Namespaces().Get(ctx, install.CanaryNamespace, metav1.GetOptions{}); err == nil && ns.DeletionTimestamp != nil {
 		ns.Spec.Finalizers = nil
 		if _, err := e.kube.CoreV1().Namespaces().Finalize(ctx, ns, metav1.UpdateOptions{}); err != nil {
 			tb.Error(err)

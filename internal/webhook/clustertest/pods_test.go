@@ -28,28 +28,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
-	"github.com/berth-k8s/berth/bootstrapper/components"
+	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/webhook/install"
 )
-
-func writeServiceAccountKey(dir string) (keyPath, pubPath string, err error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return "", "", err
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return "", "", err
-	}
-	pubDER, err := x509.MarshalPKIXPublicKey(&key.PublicKey)
-	if err != nil {
-		return "", "", err
-	}
-	keyPath, pubPath = filepath.Join(dir, "sa.key"), filepath.Join(dir, "sa.pub")
-	if err := os.WriteFile(keyPath, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		return "", "", err
-	}
-	return keyPath, pubPath, os.WriteFile(pubPath, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER}), 0o600)
-}
 
 // harnessSlice is the EndpointSlice the runner maintains for the webhook Service.
 const harnessSlice = "berth-webhook-harness"
@@ -104,7 +85,7 @@ func (r *podRunner) loop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		dep, err := r.kube.AppsV1().Deployments(components.Namespace).Get(ctx, components.WebhookName, metav1.GetOptions{})
+		dep, err := r.kube.AppsV1().Deployments(joinconfig.Namespace).Get(ctx, install.Name, metav1.GetOptions{})
 		if err != nil {
 			// No Deployment (not applied yet, or uninstalled): keep the endpoints in line only.
 			r.reapExited()
@@ -178,11 +159,11 @@ func (r *podRunner) startPod(ctx context.Context, dep *appsv1.Deployment) (*fake
 	ip := fmt.Sprintf("198.51.100.%d", 10+(seq%240))
 	name := fmt.Sprintf("berth-webhook-%d", seq)
 	podDir := filepath.Join(r.dir, name)
-	secret, err := r.kube.CoreV1().Secrets(components.Namespace).Get(ctx, components.WebhookTLSSecret, metav1.GetOptions{})
+	secret, err := r.kube.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, install.TLSSecret, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
-	cm, err := r.kube.CoreV1().ConfigMaps(components.Namespace).Get(ctx, components.WebhookPolicyConfigMap, metav1.GetOptions{})
+	cm, err := r.kube.CoreV1().ConfigMaps(joinconfig.Namespace).Get(ctx, install.PolicyConfigMap, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -224,7 +205,7 @@ func (r *podRunner) startPod(ctx context.Context, dep *appsv1.Deployment) (*fake
 		return nil, err
 	}
 	cmd := exec.Command(r.bin, args...)
-	cmd.Env = append(os.Environ(), "POD_NAMESPACE="+components.Namespace)
+	cmd.Env = append(os.Environ(), "POD_NAMESPACE="+joinconfig.Namespace)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -245,8 +226,8 @@ func (r *podRunner) sync(ctx context.Context, force bool) error {
 	r.mu.Lock()
 	port, portName, proto := int32(8443), r.portName, corev1.ProtocolTCP
 	slice := &discoveryv1.EndpointSlice{
-		ObjectMeta: metav1.ObjectMeta{Name: harnessSlice, Namespace: components.Namespace, Labels: map[string]string{
-			discoveryv1.LabelServiceName: components.WebhookName, discoveryv1.LabelManagedBy: "berth-webhook-clustertest",
+		ObjectMeta: metav1.ObjectMeta{Name: harnessSlice, Namespace: joinconfig.Namespace, Labels: map[string]string{
+			discoveryv1.LabelServiceName: install.Name, discoveryv1.LabelManagedBy: "berth-webhook-clustertest",
 		}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &port, Protocol: &proto}},
@@ -274,7 +255,7 @@ func (r *podRunner) sync(ctx context.Context, force bool) error {
 	if !changed && !force {
 		return nil
 	}
-	slices := r.kube.DiscoveryV1().EndpointSlices(components.Namespace)
+	slices := r.kube.DiscoveryV1().EndpointSlices(joinconfig.Namespace)
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur, err := slices.Get(ctx, harnessSlice, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -291,9 +272,9 @@ func (r *podRunner) sync(ctx context.Context, force bool) error {
 	if err != nil {
 		return err
 	}
-	deps := r.kube.AppsV1().Deployments(components.Namespace)
+	deps := r.kube.AppsV1().Deployments(joinconfig.Namespace)
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		dep, err := deps.Get(ctx, components.WebhookName, metav1.GetOptions{})
+		dep, err := deps.Get(ctx, install.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
@@ -343,7 +324,7 @@ func (r *podRunner) terminate(p *fakePod, lag time.Duration) {
 // rollingRestart replaces every current pod, one at a time (maxSurge 1, maxUnavailable 0): start a new
 // pod, wait until it is a ready endpoint, then terminate one old pod.
 func (r *podRunner) rollingRestart(ctx context.Context, lag time.Duration) error {
-	dep, err := r.kube.AppsV1().Deployments(components.Namespace).Get(ctx, components.WebhookName, metav1.GetOptions{})
+	dep, err := r.kube.AppsV1().Deployments(joinconfig.Namespace).Get(ctx, install.Name, metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
@@ -414,7 +395,7 @@ func (r *podRunner) setPaused(v bool) {
 // updates a Secret volume (key first, then certificate; the webhook keeps its loaded pair until both
 // match). It returns the certificate written.
 func (r *podRunner) refreshTLS(ctx context.Context) ([]byte, error) {
-	secret, err := r.kube.CoreV1().Secrets(components.Namespace).Get(ctx, components.WebhookTLSSecret, metav1.GetOptions{})
+	secret, err := r.kube.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, install.TLSSecret, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,8 @@
-package components
+package install
 
 import (
+	"bytes"
+	"context"
 	"crypto/x509"
 	"testing"
 	"time"
@@ -99,5 +101,45 @@ func TestPlanTLSDropsExpiredBundleEntries(t *testing.T) {
 	}
 	if next.rotating() || len(certsOf(t, next.bundlePEM)) != 1 {
 		t.Fatalf("bundle keeps %d certificates, want only the current CA", len(certsOf(t, next.bundlePEM)))
+	}
+}
+
+// TestTLSSecretReuse is B3: a valid Secret is reused byte for byte, a leaf past 2/3 of its life is
+// renewed from the same CA, and an unusable CA is replaced.
+func TestTLSSecretReuse(t *testing.T) {
+	now := time.Date(2026, 11, 21, 0, 0, 0, 0, time.UTC)
+	first, ca1, err := installer(t, now).tlsSecret(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	existing := secretFrom(first)
+
+	again, ca2, err := installer(t, now.Add(24*time.Hour), existing).tlsSecret(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(ca1, ca2) || !contains(normalize(first).Object, normalize(again).Object) {
+		t.Fatal("a valid Secret was not reused as is")
+	}
+
+	renewed, ca3, err := installer(t, now.Add(250*24*time.Hour), existing).tlsSecret(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(ca1, ca3) {
+		t.Fatal("renewing the leaf replaced the CA")
+	}
+	if secretFrom(renewed).Data["tls.crt"] == nil || bytes.Equal(secretFrom(renewed).Data["tls.crt"], existing.Data["tls.crt"]) {
+		t.Fatal("a leaf past 2/3 of its life was not renewed")
+	}
+
+	broken := existing.DeepCopy()
+	broken.Data["ca.key"] = []byte("garbage")
+	_, ca4, err := installer(t, now, broken).tlsSecret(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(ca1, ca4) {
+		t.Fatal("a CA without a usable key was kept")
 	}
 }

@@ -1,0 +1,95 @@
+package install
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"net"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/berth-k8s/berth/internal/webhook"
+)
+
+func TestReadyAddresses(t *testing.T) {
+	yes, no := true, false
+	port, name := int32(8443), "https"
+	slices := []discoveryv1.EndpointSlice{{
+		Ports: []discoveryv1.EndpointPort{{Name: &name, Port: &port}},
+		Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"198.51.100.12"}, Conditions: discoveryv1.EndpointConditions{Ready: &yes}},
+			{Addresses: []string{"198.51.100.11"}, Conditions: discoveryv1.EndpointConditions{Ready: &yes, Terminating: &no}},
+			{Addresses: []string{"198.51.100.13"}, Conditions: discoveryv1.EndpointConditions{Ready: &no}},
+			{Addresses: []string{"198.51.100.14"}, Conditions: discoveryv1.EndpointConditions{Ready: &yes, Terminating: &yes}},
+			{Addresses: []string{"198.51.100.15"}},
+		},
+	}}
+	got := strings.Join(readyAddresses(slices), " ")
+	if got != "198.51.100.11:8443 198.51.100.12:8443" {
+		t.Fatalf("readyAddresses = %s", got)
+	}
+}
+
+// serveWebhook runs the real handler over TLS on loopback with the keypair from the Secret.
+func serveWebhook(t *testing.T, secret *corev1.Secret, policy string) string {
+	t.Helper()
+	pair, err := tls.X509KeyPair(secret.Data["tls.crt"], secret.Data["tls.key"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := webhook.NewHandler(zap.NewNop(), []string{"kube-system"}, time.Second, nil)
+	p, err := webhook.ParsePolicy([]byte(policy))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.SetPolicy(p)
+	srv := httptest.NewUnstartedServer(h)
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{pair}}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().String()
+}
+
+// TestProbe is B6 against the real handler over real TLS: the right CA passes, a foreign CA is the
+// x509 category, a policy that allows the denied canary is the wrong-response category.
+func TestProbe(t *testing.T) {
+	now := time.Now()
+	w := installer(t, now)
+	u, caPEM, err := w.tlsSecret(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := secretFrom(u)
+	addr := serveWebhook(t, secret, webhook.DefaultPolicy)
+	if err := w.probeAll(context.Background(), caPEM, []string{addr}); err != nil {
+		t.Fatalf("probe = %v", err)
+	}
+	_, otherCA, err := installer(t, now).tlsSecret(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.probeAll(context.Background(), otherCA, []string{addr}); !errors.Is(err, ErrTLSMismatch) {
+		t.Fatalf("probe with a foreign CA = %v, want ErrTLSMismatch", err)
+	}
+	permissive := serveWebhook(t, secret, "rules: [{name: all, registries: [canary.invalid, registry.k8s.io]}]")
+	if err := w.probeAll(context.Background(), caPEM, []string{permissive}); !errors.Is(err, ErrWrongResponse) {
+		t.Fatalf("probe of a webhook that allows the canary = %v, want ErrWrongResponse", err)
+	}
+	// Nothing listening: not a TLS problem, an endpoint problem.
+	l, _ := net.Listen("tcp", "127.0.0.1:0")
+	dead := l.Addr().String()
+	l.Close()
+	if err := w.probeAll(context.Background(), caPEM, []string{dead}); !errors.Is(err, ErrNoReadyEndpoints) {
+		t.Fatalf("probe of a closed port = %v, want ErrNoReadyEndpoints", err)
+	}
+	var we *Error
+	if !errors.As(w.probeAll(context.Background(), otherCA, []string{addr}), &we) || we.Hint == "" {
+		t.Fatal("failure without a hint")
+	}
+}

@@ -1,0 +1,292 @@
+package install
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"slices"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"github.com/berth-k8s/berth/internal/pemcerts"
+)
+
+// Certificates: the webhook's own CA and serving certificate, kept in Secret berth-webhook-tls,
+// renewed and rotated without a moment in which a served certificate is not in the published bundle.
+
+func serviceDNSNames() []string {
+	return []string{Name, Name + "." + namespace, Name + "." + namespace + ".svc", Name + "." + namespace + ".svc.cluster.local"}
+}
+
+func serverName() string { return Name + "." + namespace + ".svc" }
+
+// tlsMaterial is what Secret berth-webhook-tls holds: the current CA (it signs the leaf), the
+// serving keypair, and the CA bundle the webhook configuration publishes. The bundle is the CA alone,
+// except during a CA rotation, when it also holds the previous CA.
+type tlsMaterial struct {
+	caPEM, caKeyPEM, certPEM, keyPEM, bundlePEM []byte
+}
+
+func (m tlsMaterial) secret() *unstructured.Unstructured {
+	b64 := base64.StdEncoding.EncodeToString
+	return obj(map[string]any{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+		"metadata": map[string]any{"name": TLSSecret, "namespace": namespace, "labels": ownLabels()},
+		"data": map[string]any{
+			"ca.crt": b64(m.caPEM), "ca.key": b64(m.caKeyPEM), "tls.crt": b64(m.certPEM), "tls.key": b64(m.keyPEM),
+			"ca-bundle.crt": b64(m.bundlePEM),
+		}})
+}
+
+// rotating reports whether the bundle still holds a CA besides the current one.
+func (m tlsMaterial) rotating() bool {
+	cas, err1 := pemcerts.Parse(m.caPEM)
+	bundle, err2 := pemcerts.Parse(m.bundlePEM)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return slices.ContainsFunc(bundle, func(c *x509.Certificate) bool { return !c.Equal(cas[0]) })
+}
+
+func (w *Installer) readTLS(ctx context.Context) (tlsMaterial, error) {
+	existing, err := w.kube.CoreV1().Secrets(namespace).Get(ctx, TLSSecret, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return tlsMaterial{}, nil
+	}
+	if err != nil {
+		return tlsMaterial{}, failure(ErrApply, "check the API server and retry", "reading Secret %s: %v", TLSSecret, err)
+	}
+	d := existing.Data
+	return tlsMaterial{caPEM: d["ca.crt"], caKeyPEM: d["ca.key"], certPEM: d["tls.crt"], keyPEM: d["tls.key"], bundlePEM: d["ca-bundle.crt"]}, nil
+}
+
+// tlsSecret returns the TLS Secret to apply and the CA bundle to publish.
+func (w *Installer) tlsSecret(ctx context.Context) (*unstructured.Unstructured, []byte, error) {
+	cur, err := w.readTLS(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	next, err := planTLS(cur, w.cfg.Now(), w.cfg.CARenewBefore, w.say)
+	if err != nil {
+		return nil, nil, failure(ErrApply, "retry", "%v", err)
+	}
+	return next.secret(), next.bundlePEM, nil
+}
+
+// planTLS decides this run's TLS material from the Secret's. A re-run never regenerates
+// what is still good. The CA and the leaf are never replaced in one step:
+//   - no usable CA: a new CA and leaf, the bundle is the new CA (nothing depends on the old one);
+//   - the CA is due (less than renewBefore left) and no rotation is under way: a new CA joins the
+//     bundle next to the old one, and the leaf stays; it is switched on a later step, once the
+//     bundle is published;
+//   - the leaf is missing, due (2/3 of its life) or not signed by the current CA: a new leaf from
+//     the current CA. The bundle still holds every CA that can have signed a served leaf.
+//
+// Certificates in the bundle that have expired are dropped.
+func planTLS(cur tlsMaterial, now time.Time, renewBefore time.Duration, say func(string, ...any)) (tlsMaterial, error) {
+	next := cur
+	ca, caKey, caOK := parseCA(cur.caPEM, cur.caKeyPEM, now)
+	var bundle []*x509.Certificate
+	if certs, err := pemcerts.Parse(cur.bundlePEM); err == nil {
+		for _, c := range certs {
+			if now.Before(c.NotAfter) {
+				bundle = append(bundle, c)
+			}
+		}
+	}
+	// While the bundle still holds an older CA, the rotation under way is finished before another
+	// can start: the new CA's leaf must be published against a bundle that holds it.
+	inRotation := caOK && slices.ContainsFunc(bundle, func(c *x509.Certificate) bool { return !c.Equal(ca) })
+	switch {
+	case !caOK:
+		var err error
+		if ca, caKey, next.caPEM, next.caKeyPEM, err = newCA(now); err != nil {
+			return tlsMaterial{}, fmt.Errorf("creating the webhook CA: %w", err)
+		}
+		next.certPEM, next.keyPEM = nil, nil
+		bundle = nil
+		say("created a new webhook CA")
+	case !inRotation && now.Add(renewBefore).After(ca.NotAfter):
+		old := ca
+		var err error
+		if ca, caKey, next.caPEM, next.caKeyPEM, err = newCA(now); err != nil {
+			return tlsMaterial{}, fmt.Errorf("creating the webhook CA: %w", err)
+		}
+		if !containsCert(bundle, old) {
+			bundle = append(bundle, old)
+		}
+		say("CA rotation: a new CA joins the bundle; the old one (expires %s) stays until no endpoint serves a certificate it signed", old.NotAfter.Format(time.DateOnly))
+		if leafValid(cur.certPEM, cur.keyPEM, old, now) {
+			// The leaf follows once the bundle with both CAs is in place (finishCARotation).
+			next.bundlePEM = encodeBundle(append(bundle, ca))
+			return next, nil
+		}
+	}
+	if !leafValid(next.certPEM, next.keyPEM, ca, now) {
+		var err error
+		if next.certPEM, next.keyPEM, err = newLeaf(ca, caKey, now); err != nil {
+			return tlsMaterial{}, fmt.Errorf("issuing the webhook serving certificate: %w", err)
+		}
+		say("issued a new webhook serving certificate")
+	}
+	if !containsCert(bundle, ca) {
+		bundle = append(bundle, ca)
+	}
+	next.bundlePEM = encodeBundle(bundle)
+	return next, nil
+}
+
+func containsCert(certs []*x509.Certificate, c *x509.Certificate) bool {
+	return slices.ContainsFunc(certs, func(x *x509.Certificate) bool { return x.Equal(c) })
+}
+
+func encodeBundle(certs []*x509.Certificate) []byte {
+	var out []byte
+	for _, c := range certs {
+		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	return out
+}
+
+// finishCARotation completes a CA rotation that the armed bundle now allows (the rotation's last two
+// steps): it switches the leaf to the new CA, waits until every endpoint serves a leaf that the new
+// CA alone verifies (the pods read the Secret's files), and only then drops the old CA from the
+// bundle, checking enforcement end to end. Without a rotation under way it does nothing.
+func (w *Installer) finishCARotation(ctx context.Context) error {
+	cur, err := w.readTLS(ctx)
+	if err != nil || !cur.rotating() {
+		return err
+	}
+	next, err := planTLS(cur, w.cfg.Now(), w.cfg.CARenewBefore, w.say)
+	if err != nil {
+		return failure(ErrApply, "retry", "%v", err)
+	}
+	if err := w.ensure(ctx, next.secret()); err != nil {
+		return err
+	}
+	w.say("CA rotation: waiting for every endpoint to serve the certificate of the new CA")
+	if _, err := w.waitServing(ctx, next.caPEM); err != nil {
+		return err
+	}
+	next.bundlePEM = next.caPEM
+	if err := w.ensure(ctx, next.secret()); err != nil {
+		return err
+	}
+	if err := w.arm(ctx, next.caPEM); err != nil {
+		return err
+	}
+	w.say("CA rotation done: the bundle holds only the new CA")
+	return nil
+}
+
+const (
+	caLifetime   = 10 * 365 * 24 * time.Hour
+	leafLifetime = 365 * 24 * time.Hour
+)
+
+func parseCA(certPEM, keyPEM []byte, now time.Time) (*x509.Certificate, *ecdsa.PrivateKey, bool) {
+	cb, _ := pem.Decode(certPEM)
+	kb, _ := pem.Decode(keyPEM)
+	if cb == nil || kb == nil {
+		return nil, nil, false
+	}
+	ca, err := x509.ParseCertificate(cb.Bytes)
+	if err != nil || !ca.IsCA {
+		return nil, nil, false
+	}
+	key, err := x509.ParseECPrivateKey(kb.Bytes)
+	if err != nil || !key.PublicKey.Equal(ca.PublicKey) {
+		return nil, nil, false
+	}
+	if now.Before(ca.NotBefore) || !now.Before(ca.NotAfter) {
+		return nil, nil, false
+	}
+	return ca, key, true
+}
+
+// leafValid: the pair matches, chains to ca for the service name, and is not past 2/3 of its life.
+func leafValid(certPEM, keyPEM []byte, ca *x509.Certificate, now time.Time) bool {
+	pair, err := tls.X509KeyPair(certPEM, keyPEM)
+	if err != nil {
+		return false
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		return false
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca)
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: serverName(), CurrentTime: now}); err != nil {
+		return false
+	}
+	renewAt := leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) * 2 / 3)
+	return now.Before(renewAt)
+}
+
+func serial() (*big.Int, error) { return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127)) }
+
+func newCA(now time.Time) (*x509.Certificate, *ecdsa.PrivateKey, []byte, []byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	sn, err := serial()
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: sn, Subject: pkix.Name{CommonName: "berth-webhook-ca"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(caLifetime),
+		IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true,
+		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	ca, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, nil, nil, err
+	}
+	return ca, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
+}
+
+func newLeaf(ca *x509.Certificate, caKey *ecdsa.PrivateKey, now time.Time) ([]byte, []byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	sn, err := serial()
+	if err != nil {
+		return nil, nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: sn, Subject: pkix.Name{CommonName: serverName()},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(leafLifetime),
+		DNSNames: serviceDNSNames(), KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return nil, nil, err
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
+}
