@@ -37,6 +37,7 @@ import (
 
 	"github.com/spf13/afero"
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -87,7 +88,6 @@ type Joiner struct {
 	kubeadm kubeadmRunner
 	kubelet kubeletStarter
 	state   stateStore
-	sleep   func(ctx context.Context, d time.Duration) error
 }
 
 // New returns a Joiner.
@@ -104,7 +104,7 @@ func New(cfg Config, log *zap.Logger, fsys afero.Fs, lock locker, kubeadm kubead
 	if cfg.RetryDelay == 0 {
 		cfg.RetryDelay = 5 * time.Second
 	}
-	return &Joiner{cfg: cfg, log: log, fs: fsys, lock: lock, kubeadm: kubeadm, kubelet: kubelet, state: state, sleep: sleepCtx}
+	return &Joiner{cfg: cfg, log: log, fs: fsys, lock: lock, kubeadm: kubeadm, kubelet: kubelet, state: state}
 }
 
 // Join joins with ticket. It returns nil without doing anything if the node lock is already taken
@@ -168,36 +168,45 @@ func (j *Joiner) Join(ctx context.Context, self metadata.Instance, ticket *joinp
 	if err := j.kubelet.Start(ctx); err != nil {
 		return fmt.Errorf("starting kubelet: %w", err)
 	}
-	for attempt := 1; ; attempt++ {
+	// Attempts runs of kubeadm join, RetryDelay apart; the last failure ends the loop with its error.
+	attempt := 0
+	retries := wait.Backoff{Duration: j.cfg.RetryDelay, Steps: j.cfg.Attempts}
+	err = wait.ExponentialBackoffWithContext(ctx, retries, func(ctx context.Context) (bool, error) {
+		attempt++
 		if err := j.writeFiles(ticket, kubeletKey); err != nil {
-			return err
+			return false, err
 		}
 		out := &tail{max: 64 << 10}
 		start := time.Now()
 		err := j.kubeadm.Join(ctx, io.MultiWriter(out, &zapWriter{log: j.log}), configPath)
 		if err == nil {
 			j.log.Info("kubeadm join succeeded", zap.Int("attempt", attempt), zap.Duration("took", time.Since(start)))
-			st.Done = true
-			return j.state.Save(st)
+			return true, nil
 		}
 		if ctx.Err() != nil {
-			return fmt.Errorf("joining: %w", ctx.Err())
+			return false, ctx.Err()
 		}
 		if !Transient(out.String()) {
 			j.log.Error("kubeadm join failed", zap.Int("attempt", attempt), zap.Error(err))
-			return fmt.Errorf("%w: %w", ErrJoinFailed, err)
+			return false, fmt.Errorf("%w: %w", ErrJoinFailed, err)
 		}
 		if attempt >= j.cfg.Attempts {
-			return fmt.Errorf("%w: %d attempts: %w", ErrJoinRetriesExhausted, attempt, err)
+			return false, fmt.Errorf("%w: %d attempts: %w", ErrJoinRetriesExhausted, attempt, err)
 		}
 		j.log.Warn("kubeadm join failed transiently, retrying", zap.Int("attempt", attempt), zap.Error(err))
 		if err := j.kubeadm.Reset(ctx, io.Discard, j.cfg.CRISocket); err != nil {
 			j.log.Warn("kubeadm reset before retry failed", zap.Error(err))
 		}
-		if err := j.sleep(ctx, j.cfg.RetryDelay); err != nil {
-			return fmt.Errorf("joining: %w", err)
-		}
+		return false, nil
+	})
+	if ctxErr := ctx.Err(); ctxErr != nil && errors.Is(err, ctxErr) {
+		return fmt.Errorf("joining: %w", err)
 	}
+	if err != nil {
+		return err
+	}
+	st.Done = true
+	return j.state.Save(st)
 }
 
 // transientPatterns match kubeadm output of failures that a retry can fix.
@@ -354,17 +363,6 @@ type zapWriter struct{ log *zap.Logger }
 func (w *zapWriter) Write(p []byte) (int, error) {
 	w.log.Debug("kubeadm output", zap.ByteString("output", p))
 	return len(p), nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // locker is the node lock.

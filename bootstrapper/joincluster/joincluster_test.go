@@ -14,6 +14,7 @@ import (
 	"math/big"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/spf13/afero"
@@ -60,7 +61,6 @@ func newFixture(script map[string][]commandtest.Result) *fixture {
 	f.state = nodestate.NewStore(f.fs, "/state/node-state.json")
 	f.j = New(Config{StateDir: "/state", CRISocket: "unix:///c.sock"}, zap.NewNop(), f.fs, f.lock,
 		&kubeadm.Runner{Path: "kubeadm", Exec: f.rec}, f.kubelet, f.state)
-	f.j.sleep = func(context.Context, time.Duration) error { return nil }
 	return f
 }
 
@@ -96,27 +96,54 @@ func TestJoinSucceeds(t *testing.T) {
 	}
 }
 
+// Join runs in a synctest bubble, so the retry delay passes in the bubble's time.
 func TestJoinRetriesTransientFailures(t *testing.T) {
-	f := newFixture(map[string][]commandtest.Result{
-		"kubeadm join": {
-			{Output: "error: Get https://198.51.100.10:6443: connection refused", Err: errors.New("exit 1")},
-			{Output: "error: TLS handshake timeout", Err: errors.New("exit 1")},
-			{},
-		},
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(map[string][]commandtest.Result{
+			"kubeadm join": {
+				{Output: "error: Get https://198.51.100.10:6443: connection refused", Err: errors.New("exit 1")},
+				{Output: "error: TLS handshake timeout", Err: errors.New("exit 1")},
+				{},
+			},
+		})
+		start := time.Now()
+		if err := f.j.Join(context.Background(), self, ticket(), key(t)); err != nil {
+			t.Fatalf("Join() = %v", err)
+		}
+		if took, want := time.Since(start), 2*5*time.Second; took != want {
+			t.Fatalf("two retries took %s, want %s (the default retry delay twice)", took, want)
+		}
+		want := strings.Join([]string{
+			"kubeadm join --config /state/kubeadm-join.yaml",
+			"kubeadm reset --force --cri-socket unix:///c.sock",
+			"kubeadm join --config /state/kubeadm-join.yaml",
+			"kubeadm reset --force --cri-socket unix:///c.sock",
+			"kubeadm join --config /state/kubeadm-join.yaml",
+		}, "\n")
+		if got := f.rec.String(); got != want {
+			t.Fatalf("calls:\n%s\nwant:\n%s", got, want)
+		}
+		if st, _ := f.state.Load(); st == nil || !st.Done {
+			t.Fatalf("state after join = %+v, want done", st)
+		}
 	})
-	if err := f.j.Join(context.Background(), self, ticket(), key(t)); err != nil {
-		t.Fatalf("Join() = %v", err)
-	}
-	want := strings.Join([]string{
-		"kubeadm join --config /state/kubeadm-join.yaml",
-		"kubeadm reset --force --cri-socket unix:///c.sock",
-		"kubeadm join --config /state/kubeadm-join.yaml",
-		"kubeadm reset --force --cri-socket unix:///c.sock",
-		"kubeadm join --config /state/kubeadm-join.yaml",
-	}, "\n")
-	if got := f.rec.String(); got != want {
-		t.Fatalf("calls:\n%s\nwant:\n%s", got, want)
-	}
+}
+
+func TestJoinStopsWhileWaitingToRetry(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(map[string][]commandtest.Result{"kubeadm join": {{Output: "dial tcp: i/o timeout", Err: errors.New("exit 1")}}})
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- f.j.Join(ctx, self, ticket(), key(t)) }()
+		synctest.Wait() // Join failed once and waits to retry
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Join() = %v, want context.Canceled", err)
+		}
+		if got, want := f.rec.String(), "kubeadm join --config /state/kubeadm-join.yaml\nkubeadm reset --force --cri-socket unix:///c.sock"; got != want {
+			t.Fatalf("calls:\n%s\nwant:\n%s", got, want)
+		}
+	})
 }
 
 func TestJoinGivesUp(t *testing.T) {
@@ -128,25 +155,28 @@ func TestJoinGivesUp(t *testing.T) {
 		"permanent":         {"error: couldn't validate the identity of the API server: cluster CA found in cluster-info does not match", ErrJoinFailed, 1},
 		"transient forever": {"dial tcp: i/o timeout", ErrJoinRetriesExhausted, 3},
 	} {
+		// In a synctest bubble: the retry delays pass in the bubble's time.
 		t.Run(name, func(t *testing.T) {
-			f := newFixture(map[string][]commandtest.Result{"kubeadm join": {{Output: tc.output, Err: errors.New("exit 1")}}})
-			err := f.j.Join(context.Background(), self, ticket(), key(t))
-			if !errors.Is(err, tc.want) {
-				t.Fatalf("Join() = %v, want %v", err, tc.want)
-			}
-			joins := 0
-			for _, c := range f.rec.Calls() {
-				if strings.HasPrefix(c, "kubeadm join") {
-					joins++
+			synctest.Test(t, func(t *testing.T) {
+				f := newFixture(map[string][]commandtest.Result{"kubeadm join": {{Output: tc.output, Err: errors.New("exit 1")}}})
+				err := f.j.Join(context.Background(), self, ticket(), key(t))
+				if !errors.Is(err, tc.want) {
+					t.Fatalf("Join() = %v, want %v", err, tc.want)
 				}
-			}
-			if joins != tc.calls {
-				t.Fatalf("kubeadm join ran %d times, want %d", joins, tc.calls)
-			}
-			st, _ := f.state.Load()
-			if st == nil || st.Done {
-				t.Fatalf("state after failed join = %+v, want locked, not done", st)
-			}
+				joins := 0
+				for _, c := range f.rec.Calls() {
+					if strings.HasPrefix(c, "kubeadm join") {
+						joins++
+					}
+				}
+				if joins != tc.calls {
+					t.Fatalf("kubeadm join ran %d times, want %d", joins, tc.calls)
+				}
+				st, _ := f.state.Load()
+				if st == nil || st.Done {
+					t.Fatalf("state after failed join = %+v, want locked, not done", st)
+				}
+			})
 		})
 	}
 }
