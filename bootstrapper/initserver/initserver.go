@@ -86,6 +86,10 @@ func New(log *zap.Logger, lock locker, hashes initSecretHasher, init clusterInit
 	return s
 }
 
+// gracefulStopTimeout bounds how long Serve lets a running Init finish after ctx ended before it
+// closes every connection.
+const gracefulStopTimeout = 30 * time.Second
+
 // Serve serves Init on lis until ctx ends, then stops gracefully (a running Init may finish) and
 // closes lis. It returns once every goroutine it started is gone.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
@@ -104,9 +108,11 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		srv.GracefulStop()
 		close(stopped)
 	}()
+	timeout := time.NewTimer(gracefulStopTimeout)
+	defer timeout.Stop()
 	select {
 	case <-stopped:
-	case <-time.After(30 * time.Second):
+	case <-timeout.C:
 		srv.Stop()
 		<-stopped
 	}

@@ -11,7 +11,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/spf13/afero"
 	"go.uber.org/goleak"
@@ -344,7 +343,19 @@ func TestServeStopsAndFreesPort(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, lis) }()
-	time.Sleep(20 * time.Millisecond)
+	// Serving: a request with a wrong secret gets its answer.
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := initproto.NewInitServiceClient(conn).Init(ctx, &initproto.InitRequest{InitSecret: []byte("wrong")})
+	if err == nil {
+		_, err = stream.Recv()
+	}
+	conn.Close()
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("Init with a wrong secret = %v, want PermissionDenied", err)
+	}
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Serve() = %v", err)
