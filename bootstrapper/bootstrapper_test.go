@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/bootstrapper/initcluster"
 	"github.com/berth-k8s/berth/bootstrapper/initserver"
@@ -109,17 +110,18 @@ func (n *node) run(t *testing.T) (cancel func() error) {
 
 func waitPortFree(t *testing.T, addr string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var lastErr error
+	err := wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		lis, err := net.Listen("tcp", addr)
-		if err == nil {
-			lis.Close()
-			return
+		if err != nil {
+			lastErr = err
+			return false, nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("init port %s still taken after join won: %v", addr, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		lis.Close()
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("init port %s still taken after join won: %v", addr, lastErr)
 	}
 }
 
