@@ -23,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // This test runs the real binaries: the bootstrapper daemon with the real InitServer on loopback,
@@ -179,18 +181,20 @@ func startNode(t *testing.T, api *apiServer, secretHex string, failFirstInit boo
 			t.Logf("bootstrapper output:\n%s", n.out.String())
 		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var dialErr error
+	err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
 		c, err := net.DialTimeout("tcp", n.addr, time.Second)
-		if err == nil {
-			c.Close()
-			return n
+		if err != nil {
+			dialErr = err
+			return false, nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("bootstrapper did not listen on %s: %v\n%s", n.addr, err, n.out.String())
-		}
-		time.Sleep(50 * time.Millisecond)
+		c.Close()
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("bootstrapper did not listen on %s: %v\n%s", n.addr, dialErr, n.out.String())
 	}
+	return n
 }
 
 // stop sends SIGTERM and expects a clean exit and no kubelet left behind.
@@ -384,15 +388,11 @@ func TestBinaryInitFailsThenResumes(t *testing.T) {
 	}
 
 	// The kubelet was started by the supervisor once kubeadm had written its config.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		if _, err := os.Stat(filepath.Join(n.dir, "kubelet.pid")); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("kubelet was never started")
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		_, err := os.Stat(filepath.Join(n.dir, "kubelet.pid"))
+		return err == nil, nil
+	}); err != nil {
+		t.Fatal("kubelet was never started")
 	}
 
 	// A finished workspace is never overwritten; a finished node says so.
