@@ -14,6 +14,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -126,18 +127,18 @@ func newClientset(kubeconfig string) (kubernetes.Interface, error) {
 func waitNodesReady(ctx context.Context, client nodeClient, want []Node, since time.Time, status func(string)) error {
 	last := ""
 	var missing []string
-	err := waitFor(ctx, time.Second, func() bool {
+	err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		list, err := client.List(ctx, metav1.ListOptions{})
 		if err != nil {
 			missing = []string{"(API: " + err.Error() + ")"}
-			return false
+			return false, nil
 		}
 		missing = notReady(list.Items, want, since)
 		if s := strings.Join(missing, " "); s != last && status != nil {
 			status("waiting for nodes: " + s)
 			last = s
 		}
-		return len(missing) == 0
+		return len(missing) == 0, nil
 	})
 	if err != nil {
 		return fmt.Errorf("%w: %s: %w", ErrNotReady, strings.Join(missing, " "), err)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // Down removes everything Up created: processes (the recorded daemons and whatever else runs in the
@@ -51,7 +52,7 @@ func (c *Cluster) killAll(ctx context.Context, nodes []Node, withAgent bool) err
 	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	var errs []error
-	err := waitFor(wctx, 100*time.Millisecond, func() bool {
+	err := wait.PollUntilContextCancel(wctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
 		alive := 0
 		for _, p := range procs {
 			if c.run.Alive(p) {
@@ -73,7 +74,7 @@ func (c *Cluster) killAll(ctx context.Context, nodes []Node, withAgent bool) err
 				}
 			}
 		}
-		return alive == 0
+		return alive == 0, nil
 	})
 	if err != nil {
 		errs = append(errs, fmt.Errorf("waiting for processes to exit: %w", err))
@@ -184,18 +185,22 @@ func (c *Cluster) removeCgroupTree(rel string) error {
 }
 
 // rmdirRetry removes an empty cgroup; the kernel may report EBUSY for a moment after the last
-// process exited.
+// process exited, so it tries up to rmdirTries times, rmdirDelay apart.
 func rmdirRetry(rmdir func(string) error, d string) error {
 	var err error
-	for range 50 {
+	if wait.ExponentialBackoff(wait.Backoff{Duration: rmdirDelay, Steps: rmdirTries}, func() (bool, error) {
 		err = rmdir(d)
-		if err == nil || errors.Is(err, fs.ErrNotExist) {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
+		return err == nil || errors.Is(err, fs.ErrNotExist), nil
+	}) == nil {
+		return nil
 	}
 	return fmt.Errorf("removing cgroup %s: %w", d, err)
 }
+
+const (
+	rmdirTries = 50
+	rmdirDelay = 20 * time.Millisecond
+)
 
 // removeFiles unpins the namespace directory and removes the cluster directory (or, when Up did not
 // create it, what Up put there), the registry entry and, when no other cluster is registered, the

@@ -10,7 +10,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 )
 
 // Cmd is one command line to run on the host.
@@ -154,18 +153,4 @@ func parseStat(s string) (string, uint64, error) {
 		return "", 0, fmt.Errorf("parsing stat start time: %w", err)
 	}
 	return f[0], st, nil
-}
-
-// waitFor polls cond every interval until it returns true or ctx ends.
-func waitFor(ctx context.Context, interval time.Duration, cond func() bool) error {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
-	return nil
 }

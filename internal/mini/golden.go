@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // goldenConfig is the configuration of the short-lived containerd that fills a golden root: no CRI
@@ -71,7 +73,9 @@ func EnsureGoldenRoot(ctx context.Context, run Runner, cacheDir, archive string)
 		}
 		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		if err := waitFor(sctx, 50*time.Millisecond, func() bool { return !run.Alive(p) }); err != nil {
+		if err := wait.PollUntilContextCancel(sctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
+			return !run.Alive(p), nil
+		}); err != nil {
 			_ = run.Signal(p, syscall.SIGKILL)
 			return fmt.Errorf("stopping golden containerd: %w", err)
 		}
@@ -82,7 +86,10 @@ func EnsureGoldenRoot(ctx context.Context, run Runner, cacheDir, archive string)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	if err := waitFor(wctx, 50*time.Millisecond, func() bool { _, err := run.Run(wctx, ctr("version")); return err == nil }); err != nil {
+	if err := wait.PollUntilContextCancel(wctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, err := run.Run(ctx, ctr("version"))
+		return err == nil, nil
+	}); err != nil {
 		return "", errors.Join(fmt.Errorf("waiting for golden containerd: %w", err), stop())
 	}
 	if _, err := run.Run(ctx, ctr("images", "import", archive)); err != nil {

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/mini/image"
 )
@@ -172,16 +173,15 @@ func TestIntegrationTwoNodes(t *testing.T) {
 		"-n", "k8s.io", "run", "-d", "--net-host", "--cgroup", cfg.CgroupPath(nodes[1].Name)+"/serve", ImageTestApp, "serve", "/testapp", "serve")...)
 	url := "http://" + netip.AddrPortFrom(nodes[1].IP, 8080).String() + "/"
 	var got string
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
 		o, err := Exec{}.Run(ctx, Cmd{Path: "nsenter", Args: []string{"--net=" + filepath.Join(env.NetnsRoot, cfg.NodeNetns(nodes[0].Name)), "--",
 			filepath.Join(podbin, "testapp"), "get", url}})
-		if err == nil {
-			got = string(o)
-			break
+		if err != nil {
+			return false, nil
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		got = string(o)
+		return true, nil
+	})
 	if !strings.Contains(got, "testapp on "+nodes[1].Name) {
 		t.Fatalf("GET %s from %s = %q, want the answer of %s", url, nodes[0].Name, got, nodes[1].Name)
 	}

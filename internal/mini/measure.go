@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // BootPCR is the PCR the simulated boot of a mini node measures into (PCR 4 holds the boot
@@ -45,9 +47,9 @@ func (c *Cluster) measureBoot(ctx context.Context, n Node) error {
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	var last error
-	if err := waitFor(wctx, 50*time.Millisecond, func() bool {
-		_, last = c.run.Run(wctx, cmd)
-		return last == nil
+	if err := wait.PollUntilContextCancel(wctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, last = c.run.Run(ctx, cmd)
+		return last == nil, nil
 	}); err != nil {
 		return fmt.Errorf("measuring boot: %w (last: %v)", err, last)
 	}

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // cgroupHierarchies lists the cgroup hierarchies under root (directories holding cgroup.procs): the
@@ -203,9 +205,9 @@ func (c *Cluster) containerd(ctx context.Context, nodes []Node) error {
 	defer cancel()
 	for _, n := range nodes {
 		var last error
-		err := waitFor(wctx, 50*time.Millisecond, func() bool {
-			_, last = c.run.Run(wctx, c.ctr(n.Name, "version"))
-			return last == nil
+		err := wait.PollUntilContextCancel(wctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			_, last = c.run.Run(ctx, c.ctr(n.Name, "version"))
+			return last == nil, nil
 		})
 		if err != nil {
 			return fmt.Errorf("node %s: waiting for containerd: %w (last: %v)", n.Name, err, last)
@@ -264,7 +266,9 @@ func (c *Cluster) agent(ctx context.Context) error {
 	addr := netip.AddrPortFrom(c.cfg.HostAddr(), MetadataPort).String()
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	if err := waitFor(wctx, 50*time.Millisecond, func() bool { return c.dial(wctx, addr) == nil }); err != nil {
+	if err := wait.PollUntilContextCancel(wctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		return c.dial(ctx, addr) == nil, nil
+	}); err != nil {
 		return fmt.Errorf("waiting for agent on %s: %w", addr, err)
 	}
 	return nil
