@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/berth-k8s/berth/internal/mini"
 )
 
@@ -75,17 +77,15 @@ func (c *cluster) kube(args ...string) string {
 // output and whether want appeared.
 func (c *cluster) kubeEventually(timeout time.Duration, want string, args ...string) (string, bool) {
 	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		out, err := c.run(time.Minute, c.kubectl, append([]string{"--kubeconfig", filepath.Join(c.dir, "admin.conf")}, args...)...)
-		if err == nil && strings.Contains(out, want) {
-			return out, true
-		}
-		if time.Now().After(deadline) {
-			return fmt.Sprintf("%s (%v)", out, err), false
-		}
-		time.Sleep(time.Second)
+	var out string
+	var err error
+	if wait.PollUntilContextTimeout(context.Background(), time.Second, timeout, true, func(context.Context) (bool, error) {
+		out, err = c.run(time.Minute, c.kubectl, append([]string{"--kubeconfig", filepath.Join(c.dir, "admin.conf")}, args...)...)
+		return err == nil && strings.Contains(out, want), nil
+	}) != nil {
+		return fmt.Sprintf("%s (%v)", out, err), false
 	}
+	return out, true
 }
 
 // TestMiniCluster brings up 1 control plane and 2 workers with berth mini up (berth init on the
@@ -193,17 +193,14 @@ func TestMiniCluster(t *testing.T) {
 	t.Logf("berth mini restart (%.1fs):\n%s", time.Since(start).Seconds(), out)
 	procs = append(procs, recordedPIDs(t, c.dir)...)
 	c.kube("rollout", "status", "daemonset/testapp", "--timeout=180s")
-	deadline := time.Now().Add(3 * time.Minute)
-	for {
-		got, err := c.run(time.Minute, c.kubectl, "--kubeconfig", filepath.Join(c.dir, "admin.conf"), "exec", "daemonset/testapp", "--",
+	var got string
+	var runErr error
+	if err := wait.PollUntilContextTimeout(context.Background(), 2*time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
+		got, runErr = c.run(time.Minute, c.kubectl, "--kubeconfig", filepath.Join(c.dir, "admin.conf"), "exec", "daemonset/testapp", "--",
 			"/testapp", "get", "http://testapp.default.svc.cluster.local/")
-		if err == nil && strings.Contains(got, "testapp on ") {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("service after restart: %v %q", err, got)
-		}
-		time.Sleep(2 * time.Second)
+		return runErr == nil && strings.Contains(got, "testapp on "), nil
+	}); err != nil {
+		t.Fatalf("service after restart: %v %q", runErr, got)
 	}
 }
 
