@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -179,15 +181,11 @@ func TestMiniWebhook(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.kube("-n", "berth-system", "scale", "deployment/berth-webhook", "--replicas=0")
-	for {
+	if err := wait.PollUntilContextCancel(ctx, time.Second, true, func(ctx context.Context) (bool, error) {
 		list, err := kube.CoreV1().Pods("berth-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=berth-webhook"})
-		if err == nil && len(list.Items) == 0 {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("webhook pods did not go away: %v", err)
-		}
-		time.Sleep(time.Second)
+		return err == nil && len(list.Items) == 0, nil
+	}); err != nil {
+		t.Fatalf("webhook pods did not go away: %v", err)
 	}
 	c.kube("-n", "wh", "delete", "pod", "plain", "--wait=false")
 	c.kube("-n", "wh", "delete", "pod", "held", "--wait=false")
@@ -205,15 +203,12 @@ func TestMiniWebhook(t *testing.T) {
 	t8 := time.Now()
 	out = c.must(15*time.Minute, c.berth, "mini", "restart", "--dir", c.dir)
 	t.Logf("berth mini restart:\n%s", out)
-	for {
-		_, err := kube.CoreV1().Pods("wh").Create(ctx, whPod("wh", "after-restart", whDenied), dry)
-		if err != nil && strings.Contains(err.Error(), whMarker) {
-			break
-		}
-		if time.Since(t8) > 10*time.Minute {
-			t.Fatalf("T8: webhook not enforcing 10 min after the restart: %v", err)
-		}
-		time.Sleep(time.Second)
+	var last error
+	if err := wait.PollUntilContextTimeout(ctx, time.Second, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
+		_, last = kube.CoreV1().Pods("wh").Create(ctx, whPod("wh", "after-restart", whDenied), dry)
+		return last != nil && strings.Contains(last.Error(), whMarker), nil
+	}); err != nil {
+		t.Fatalf("T8: webhook not enforcing 10 min after the restart: %v", last)
 	}
 	t.Logf("T8: enforcing again %s after berth mini restart began", time.Since(t8).Round(time.Second))
 	if rv := strings.TrimSpace(c.kube("get", "validatingwebhookconfiguration", "berth-image-policy", "-o", "jsonpath={.metadata.resourceVersion}")); rv != rvBefore {
@@ -223,41 +218,38 @@ func TestMiniWebhook(t *testing.T) {
 	// T11 and B11: the restarted bootstrapper on cp1 re-ran the installer (wait for the webhook,
 	// probe every endpoint, prove enforcement) and, the cluster being healthy, wrote nothing.
 	blog := filepath.Join(c.dir, "nodes", "cp1", "logs", "bootstrapper.log")
-	for {
+	var after string
+	err = wait.PollUntilContextTimeout(ctx, time.Second, 12*time.Minute-time.Since(t8), true, func(context.Context) (bool, error) {
 		b, _ := os.ReadFile(blog)
 		// Only what the daemon logged since the restart counts.
-		after := string(b)
+		after = string(b)
 		if i := strings.LastIndex(after, "bootstrapper starting"); i >= 0 {
 			after = after[i:]
 		}
 		if strings.Contains(after, "cluster components checked after the restart") {
-			if !strings.Contains(after, "enforcing (0 writes in this run)") {
-				t.Errorf("T11: the installer's re-run after the restart wrote something:\n%s", after)
-			}
-			t.Logf("T11: installer re-run after the restart made 0 writes (%s after the restart began)", time.Since(t8).Round(time.Second))
-			break
+			return true, nil
 		}
 		if strings.Contains(after, "checking the cluster's components after the restart failed") {
-			t.Fatalf("T11: the installer's re-run after the restart failed:\n%s", after)
+			return false, errors.New("the installer's re-run after the restart failed")
 		}
-		if time.Since(t8) > 12*time.Minute {
-			t.Fatalf("T11: no installer re-run logged 12 min after the restart:\n%s", after)
-		}
-		time.Sleep(time.Second)
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("T11: no successful installer re-run logged 12 min after the restart (%v):\n%s", err, after)
 	}
+	if !strings.Contains(after, "enforcing (0 writes in this run)") {
+		t.Errorf("T11: the installer's re-run after the restart wrote something:\n%s", after)
+	}
+	t.Logf("T11: installer re-run after the restart made 0 writes (%s after the restart began)", time.Since(t8).Round(time.Second))
 }
 
 func waitSA(t *testing.T, ctx context.Context, kube kubernetes.Interface, ns string) {
 	t.Helper()
-	for {
-		if _, err := kube.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{}); err == nil {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("no default ServiceAccount in %s", ns)
-		case <-time.After(200 * time.Millisecond):
-		}
+	if err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		_, err := kube.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		return err == nil, nil
+	}); err != nil {
+		t.Fatalf("no default ServiceAccount in %s", ns)
 	}
 }
 
@@ -265,23 +257,18 @@ func waitSA(t *testing.T, ctx context.Context, kube kubernetes.Interface, ns str
 // disturbance starts from a settled state.
 func waitWebhookPods(t *testing.T, ctx context.Context, kube kubernetes.Interface, n int) {
 	t.Helper()
-	for {
+	if err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		list, err := kube.CoreV1().Pods("berth-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=berth-webhook"})
-		if err == nil && len(list.Items) == n {
-			settled := true
-			for _, p := range list.Items {
-				if p.DeletionTimestamp != nil {
-					settled = false
-				}
-			}
-			if settled {
-				return
+		if err != nil || len(list.Items) != n {
+			return false, nil
+		}
+		for _, p := range list.Items {
+			if p.DeletionTimestamp != nil {
+				return false, nil
 			}
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("webhook pods did not settle at %d", n)
-		case <-time.After(500 * time.Millisecond):
-		}
+		return true, nil
+	}); err != nil {
+		t.Fatalf("webhook pods did not settle at %d", n)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -22,6 +23,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/webhook"
 )
@@ -89,12 +91,11 @@ func start(t *testing.T, delay time.Duration) *proc {
 		_ = p.cmd.Process.Kill()
 		<-p.exited
 	})
-	deadline := time.Now().Add(20 * time.Second)
-	for p.readyz() != http.StatusOK {
-		if time.Now().After(deadline) {
-			t.Fatal("webhook never became ready")
-		}
-		time.Sleep(20 * time.Millisecond)
+	err := wait.PollUntilContextTimeout(t.Context(), 20*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		return p.readyz() == http.StatusOK, nil
+	})
+	if err != nil {
+		t.Fatal("webhook never became ready")
 	}
 	return p
 }
@@ -162,8 +163,11 @@ func TestSIGTERMDrains(t *testing.T) {
 func TestSecondSignalExitsAtOnce(t *testing.T) {
 	p := start(t, time.Minute)
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	for p.readyz() == http.StatusOK {
-		time.Sleep(5 * time.Millisecond)
+	err := wait.PollUntilContextTimeout(t.Context(), 5*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		return p.readyz() != http.StatusOK, nil
+	})
+	if err != nil {
+		t.Fatal("still ready 5 s after SIGTERM")
 	}
 	sent := time.Now()
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)

@@ -29,7 +29,9 @@ import (
 
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	admissionv1 "k8s.io/api/admission/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -233,6 +235,8 @@ type running struct {
 	cancel context.CancelFunc
 	done   chan error
 	dir    string
+	// logs are the server's log entries.
+	logs *observer.ObservedLogs
 }
 
 func startServer(t testing.TB, delay time.Duration, writePolicy bool) *running {
@@ -247,11 +251,12 @@ func startServer(t testing.TB, delay time.Duration, writePolicy bool) *running {
 			t.Fatal(err)
 		}
 	}
+	core, logs := observer.New(zap.InfoLevel)
 	s := New(Config{
 		CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key"), PolicyFile: filepath.Join(dir, "policy.yaml"),
 		ReloadInterval: 20 * time.Millisecond, ShutdownDelay: delay, ShutdownTimeout: 2 * time.Second, HandlerDeadline: time.Second,
 		ExemptNamespaces: []string{"kube-system"},
-	}, zap.NewNop())
+	}, zap.New(core))
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -261,7 +266,7 @@ func startServer(t testing.TB, delay time.Duration, writePolicy bool) *running {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	r := &running{s: s, addr: ln.Addr().String(), probe: pln.Addr().String(), cancel: cancel, done: make(chan error, 1), dir: dir}
+	r := &running{s: s, addr: ln.Addr().String(), probe: pln.Addr().String(), cancel: cancel, done: make(chan error, 1), dir: dir, logs: logs}
 	go func() { r.done <- s.Serve(ctx, ln, pln) }()
 	t.Cleanup(func() {
 		cancel()
@@ -283,12 +288,12 @@ func (r *running) readyz(t testing.TB) (int, string) {
 
 func waitFor(t testing.TB, what string, f func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		if f() {
-			return
-		}
+	err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		return f(), nil
+	})
+	if err != nil {
+		t.Fatalf("timed out waiting for %s", what)
 	}
-	t.Fatalf("timed out waiting for %s", what)
 }
 
 // TestReadinessGating is T2: readiness needs the policy, the loaded certificate on the wire, and no drain.
@@ -324,7 +329,9 @@ func TestBadPolicyKeepsTheLoadedOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The reload loop (every 20 ms here) sees the bad file and reports it once; later rounds are quiet.
-	time.Sleep(200 * time.Millisecond)
+	waitFor(t, "the reload loop to report the bad policy", func() bool {
+		return r.logs.FilterMessage("reloading files failed, keeping the loaded versions").Len() > 0
+	})
 	if err := r.s.Reload(); err != nil {
 		t.Fatalf("Reload of an already reported bad policy = %v", err)
 	}

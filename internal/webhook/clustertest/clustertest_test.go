@@ -26,6 +26,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
@@ -260,6 +261,23 @@ func resourceVersions(tb testing.TB, e *env) map[string]string {
 	return out
 }
 
+// enforcePoll is how often a test asks whether the webhook enforces (again).
+const enforcePoll = 100 * time.Millisecond
+
+// waitDenied waits until a server-side dry-run create of a pod with a denied image in ns is denied by
+// the image policy, and returns the last answer if ctx ends first.
+func waitDenied(ctx context.Context, kube kubernetes.Interface, ns, name string) error {
+	var last error
+	err := wait.PollUntilContextCancel(ctx, enforcePoll, true, func(ctx context.Context) (bool, error) {
+		_, last = kube.CoreV1().Pods(ns).Create(ctx, pod(ns, name, deniedImage), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return last != nil && strings.Contains(last.Error(), denyMarker), nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w; last answer: %v", err, last)
+	}
+	return nil
+}
+
 func removeFinalizer(ctx context.Context, kube kubernetes.Interface, ns, name string) error {
 	_, err := kube.CoreV1().Pods(ns).Patch(ctx, name, types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`), metav1.PatchOptions{})
 	return err
@@ -321,15 +339,8 @@ func TestBackendGone(t *testing.T) {
 	// The backend comes back; enforcement resumes with no manual step.
 	start := time.Now()
 	e.runner.setPaused(false)
-	for {
-		_, err = e.kube.CoreV1().Pods("apps").Create(ctx, pod("apps", "after", deniedImage), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if err != nil && strings.Contains(err.Error(), denyMarker) {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("webhook did not come back: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := waitDenied(ctx, e.kube, "apps", "after"); err != nil {
+		t.Fatalf("webhook did not come back: %v", err)
 	}
 	t.Logf("enforcing again %s after the backend was allowed to start", time.Since(start).Round(time.Millisecond))
 	if err := e.runner.waitReadyEndpoints(ctx, 2); err != nil {
@@ -381,15 +392,8 @@ func TestControlPlaneRestart(t *testing.T) {
 	}
 	t.Logf("control plane back after %s", time.Since(start).Round(time.Millisecond))
 	e.runner.setPaused(false)
-	for {
-		_, err = e.kube.CoreV1().Pods("apps").Create(ctx, pod("apps", "after-restart", deniedImage), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		if err != nil && strings.Contains(err.Error(), denyMarker) {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("webhook not enforcing after the restart: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
+	if err := waitDenied(ctx, e.kube, "apps", "after-restart"); err != nil {
+		t.Fatalf("webhook not enforcing after the restart: %v", err)
 	}
 	t.Logf("T8 analogue: enforcing again %s after the power cycle began, no manual step", time.Since(start).Round(time.Millisecond))
 	if _, err := e.kube.CoreV1().Pods("kube-system").Create(ctx, pod("kube-system", "after-restart", deniedImage), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
@@ -464,6 +468,22 @@ type loadStats struct {
 }
 
 func (s *loadStats) wait() { s.wg.Wait() }
+
+// underLoad is how many requests the load sends before a disturbance starts and after it ended, so
+// that both sides of it are covered (about 2 s at the rates these tests reach).
+const underLoad = 1000
+
+// waitRequests waits until the load sent n requests more than it had when called.
+func (s *loadStats) waitRequests(ctx context.Context, n int64) error {
+	from := s.total.Load()
+	err := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
+		return s.total.Load() >= from+n, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for %d more requests (%d sent): %w", n, s.total.Load()-from, err)
+	}
+	return nil
+}
 
 func (s *loadStats) report(tb testing.TB, what string, elapsed time.Duration) {
 	tb.Helper()
@@ -560,7 +580,9 @@ func TestLeafRotationUnderLoad(t *testing.T) {
 	stop := make(chan struct{})
 	start := time.Now()
 	stats := startLoad(t, ctx, e, "rotate", stop, 0)
-	time.Sleep(2 * time.Second)
+	if err := stats.waitRequests(ctx, underLoad); err != nil {
+		t.Fatal(err)
+	}
 
 	// Make the current leaf unusable in the Secret, so the installer issues a new one from the same CA.
 	if _, err := e.kube.CoreV1().Secrets(joinconfig.Namespace).Patch(ctx, install.TLSSecret, types.JSONPatchType,
@@ -577,23 +599,23 @@ func TestLeafRotationUnderLoad(t *testing.T) {
 	}
 	block, _ := pem.Decode(newCert)
 	for _, p := range pods {
-		for {
+		err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
 			conn, err := tls.Dial("tcp", p.ip+":8443", &tls.Config{InsecureSkipVerify: true})
-			if err == nil {
-				served := conn.ConnectionState().PeerCertificates[0].Raw
-				conn.Close()
-				if bytes.Equal(served, block.Bytes) {
-					break
-				}
+			if err != nil {
+				return false, nil
 			}
-			if ctx.Err() != nil {
-				t.Fatalf("pod %s never served the new leaf", p.name)
-			}
-			time.Sleep(100 * time.Millisecond)
+			served := conn.ConnectionState().PeerCertificates[0].Raw
+			conn.Close()
+			return bytes.Equal(served, block.Bytes), nil
+		})
+		if err != nil {
+			t.Fatalf("pod %s never served the new leaf: %v", p.name, err)
 		}
 	}
 	rotated := time.Since(start)
-	time.Sleep(2 * time.Second)
+	if err := stats.waitRequests(ctx, underLoad); err != nil {
+		t.Fatal(err)
+	}
 	close(stop)
 	stats.wait()
 	for _, p := range e.runner.livePods() {
@@ -633,16 +655,11 @@ func TestCARotationUnderLoad(t *testing.T) {
 	kubeletDone := make(chan struct{})
 	go func() {
 		defer close(kubeletDone)
-		for {
-			select {
-			case <-kubeletCtx.Done():
-				return
-			case <-time.After(500 * time.Millisecond):
-			}
-			if _, err := e.runner.refreshTLS(kubeletCtx); err != nil && kubeletCtx.Err() == nil {
+		wait.UntilWithContext(kubeletCtx, func(ctx context.Context) {
+			if _, err := e.runner.refreshTLS(ctx); err != nil && ctx.Err() == nil {
 				t.Logf("kubelet stand-in: %v", err)
 			}
-		}
+		}, 500*time.Millisecond)
 	}()
 	defer func() { stopKubelet(); <-kubeletDone }()
 
@@ -655,10 +672,10 @@ func TestCARotationUnderLoad(t *testing.T) {
 	checkDone := make(chan struct{})
 	go func() {
 		defer close(checkDone)
-		for checkCtx.Err() == nil {
+		wait.UntilWithContext(checkCtx, func(checkCtx context.Context) {
 			vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(checkCtx, install.ConfigName, metav1.GetOptions{})
 			if err != nil {
-				continue
+				return
 			}
 			roots := x509.NewCertPool()
 			roots.AppendCertsFromPEM(vwc.Webhooks[0].ClientConfig.CABundle)
@@ -673,14 +690,15 @@ func TestCARotationUnderLoad(t *testing.T) {
 				}
 				conn.Close()
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
+		}, 20*time.Millisecond)
 	}()
 
 	stop := make(chan struct{})
 	start := time.Now()
 	stats := startLoad(t, ctx, e, "rotate-ca", stop, 0)
-	time.Sleep(2 * time.Second)
+	if err := stats.waitRequests(ctx, underLoad); err != nil {
+		t.Fatal(err)
+	}
 	inst := install.New(install.Config{
 		Image: "berth.local/berth-webhook:test", ImagePullPolicy: "Never",
 		Budget: 2 * time.Minute, StableInterval: 300 * time.Millisecond, MaxBackoff: time.Second, EndToEndWindow: 4 * time.Second,
@@ -691,7 +709,9 @@ func TestCARotationUnderLoad(t *testing.T) {
 		t.Fatalf("installer rotating the CA: %v", err)
 	}
 	rotated := time.Since(start)
-	time.Sleep(2 * time.Second)
+	if err := stats.waitRequests(ctx, underLoad); err != nil {
+		t.Fatal(err)
+	}
 	close(stop)
 	stats.wait()
 	stopCheck()
@@ -952,12 +972,6 @@ func TestResumeAfterInterruption(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.runner.setPaused(false)
-	// The canary namespace is terminating; the installer waits for it. Finalize it a little later,
-	// as the namespace controller would.
-	go func() {
-		time.Sleep(500 * time.Millisecond)
-		finalizeCanary(t, e)
-	}()
 	ensureNamespace(t, e.kube, "apps")
 	for cut := 200 * time.Millisecond; cut <= 2*time.Second; cut += 300 * time.Millisecond {
 		cctx, cancel := context.WithTimeout(ctx, cut)
@@ -967,6 +981,11 @@ func TestResumeAfterInterruption(t *testing.T) {
 		}, e.kube, e.dyn, io.Discard).Install(cctx)
 		cancel()
 		t.Logf("cut after %s: %d writes, configuration present: %v, error: %v", cut, len(res.Writes), configExists(t, e), err)
+		if cut == 200*time.Millisecond {
+			// The first run found the canary namespace terminating and waited for it until it was
+			// cut; now finalize it, as the namespace controller would.
+			finalizeCanary(t, e)
+		}
 	}
 	res, err := newInstaller(t, e, 2*time.Minute).Install(ctx)
 	if err != nil {

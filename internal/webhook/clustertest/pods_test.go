@@ -8,6 +8,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net/http"
@@ -25,6 +26,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/util/retry"
 
@@ -351,38 +353,40 @@ func (r *podRunner) rollingRestart(ctx context.Context, lag time.Duration) error
 
 // waitEndpoint waits until p is published as a ready endpoint.
 func (r *podRunner) waitEndpoint(ctx context.Context, p *fakePod) error {
-	for {
+	errExited := fmt.Errorf("pod %s exited before it became ready", p.name)
+	err := wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) {
 		r.mu.Lock()
 		published := strings.Contains(r.lastSync, p.ip+":true:false")
 		r.mu.Unlock()
 		if published {
-			return nil
+			return true, nil
 		}
 		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for pod %s to become a ready endpoint: %w", p.name, ctx.Err())
 		case <-p.exited:
-			return fmt.Errorf("pod %s exited before it became ready", p.name)
-		case <-time.After(50 * time.Millisecond):
+			return false, errExited
+		default:
+			return false, nil
 		}
+	})
+	if err != nil && !errors.Is(err, errExited) {
+		return fmt.Errorf("waiting for pod %s to become a ready endpoint: %w", p.name, err)
 	}
+	return err
 }
 
 // waitReadyEndpoints waits until n pods are ready endpoints.
 func (r *podRunner) waitReadyEndpoints(ctx context.Context, n int) error {
-	for {
+	got := 0
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
 		r.mu.Lock()
-		got := strings.Count(r.lastSync, ":true:false")
+		got = strings.Count(r.lastSync, ":true:false")
 		r.mu.Unlock()
-		if got >= n {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for %d ready endpoints (have %d): %w", n, got, ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
+		return got >= n, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for %d ready endpoints (have %d): %w", n, got, err)
 	}
+	return nil
 }
 
 func (r *podRunner) setPaused(v bool) {
@@ -450,19 +454,15 @@ func (r *podRunner) killAll(ctx context.Context) error {
 		_ = p.cmd.Process.Kill()
 		<-p.exited
 	}
-	for {
+	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
 		r.mu.Lock()
-		empty := r.lastSync == "" && len(r.pods) == 0
-		r.mu.Unlock()
-		if empty {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("waiting for the endpoints to empty: %w", ctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
+		defer r.mu.Unlock()
+		return r.lastSync == "" && len(r.pods) == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the endpoints to empty: %w", err)
 	}
+	return nil
 }
 
 // close stops the loop and every pod (by PID).
