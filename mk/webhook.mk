@@ -4,10 +4,10 @@
 .PHONY: test-e2e-webhook webhook-build test-webhook test-webhook-apiserver test-webhook-load test-webhook-load-nodrain bench-webhook
 
 webhook-build: ## build bin/berth-webhook
-	CGO_ENABLED=0 $(GO) build -trimpath -tags berthrelease,berth_noqpl -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berth-webhook
+	CGO_ENABLED=0 $(GO) build -trimpath -tags berthrelease -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berth-webhook
 
 test-webhook: ## webhook and installer unit tests (race detector)
-	$(GO) test $(GOTEST_FLAGS) ./internal/webhook/ ./bootstrapper/components/
+	$(GO) test $(GOTEST_FLAGS) ./internal/webhook/ ./internal/webhook/install/
 
 test-webhook-apiserver: ## installer + webhook against a real API server: fail-closed install, deny/allow/kube-system, T5/T6, T11 (root)
 	BERTH_KUBE_BIN=$$(./scripts/build-k8s.sh k8s) BERTH_ETCD_BIN=$$(./scripts/build-k8s.sh etcd) \
