@@ -62,8 +62,9 @@ type Deps struct {
 		Run(ctx context.Context) error
 	}
 	// Reconcile checks the cluster's components after a restart of a node that finished init: it
-	// waits for them to come back and repairs only what differs. Its error is logged, never fatal:
-	// the daemon keeps serving. Nil means no check.
+	// waits for them to come back and repairs only what differs (the command wires the image-policy
+	// webhook's install.Reconcile). Its error is logged, never fatal: the daemon keeps serving. Nil
+	// means no check.
 	Reconcile func(ctx context.Context) error
 	// Notify tells the service manager the daemon is ready; nil means sd_notify.
 	Notify func() error
