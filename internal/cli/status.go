@@ -13,7 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/berth-k8s/berth/joinservice/ledger"
+	ledger "github.com/berth-k8s/berth/internal/joinledger"
 )
 
 func newStatusCmd() *cobra.Command {

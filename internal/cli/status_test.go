@@ -12,7 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 
-	"github.com/berth-k8s/berth/joinservice/ledger"
+	ledger "github.com/berth-k8s/berth/internal/joinledger"
 )
 
 func TestStatusPrintsRejectedFirst(t *testing.T) {
