@@ -1,11 +1,18 @@
 package install
 
 import (
+	"errors"
+	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
 
 func TestConfigurationShape(t *testing.T) {
@@ -68,4 +75,44 @@ func toStrings(v any) []string {
 		out = append(out, s.(string))
 	}
 	return out
+}
+
+// TestEndToEndRetriesWithinTheWindow: while the API server cannot call the webhook, the end-to-end
+// check asks again every 500 ms until its window ends and then fails in that category; once the
+// webhook denies the denied canary by a rule and admits the allowed one, it passes.
+func TestEndToEndRetriesWithinTheWindow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cs := fake.NewClientset()
+		var at []time.Duration
+		start := time.Now()
+		reachable := false
+		cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			pod := a.(k8stesting.CreateAction).GetObject().(*corev1.Pod)
+			if pod.Spec.Containers[0].Image != canaryDeniedImage {
+				return true, pod, nil
+			}
+			at = append(at, time.Since(start))
+			if !reachable {
+				return true, nil, errors.New(`Internal error occurred: failed calling webhook "` + HookName + `": connection refused`)
+			}
+			return true, nil, errors.New(`admission webhook "` + HookName + `" denied the request: image policy rule "default-deny"`)
+		})
+		var out strings.Builder
+		w := New(Config{Image: "x", EndToEndWindow: 2200 * time.Millisecond}, cs, nil, &out)
+		if err := w.endToEnd(t.Context()); !errors.Is(err, ErrCallFailed) {
+			t.Fatalf("endToEnd with an unreachable webhook = %v, want ErrCallFailed", err)
+		}
+		want := []time.Duration{0, 500 * time.Millisecond, time.Second, 1500 * time.Millisecond, 2 * time.Second}
+		if !slices.Equal(at, want) {
+			t.Errorf("attempts at %v, want %v", at, want)
+		}
+
+		reachable = true
+		if err := w.endToEnd(t.Context()); err != nil {
+			t.Fatalf("endToEnd with an enforcing webhook = %v", err)
+		}
+		if !strings.Contains(out.String(), "end-to-end check passed") {
+			t.Errorf("no progress line for the passed check: %q", out.String())
+		}
+	})
 }
