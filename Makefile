@@ -12,11 +12,13 @@ GOTEST_FLAGS ?= -race -count=1
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
-# Release tags: berthrelease keeps the TPM simulator out; berth_noqpl keeps go-tdx-qpl (AGPL-3.0) out of
-# the binaries that never open a TDX device. Only the bootstrapper links it, for the legacy TDX backend.
+# Release builds use the tag berthrelease, which keeps the TPM reference simulator out. go-tdx-qpl
+# (AGPL-3.0) is linked only into a build that opts in with the tag berth_qpl: no binary `make build`
+# makes carries it (`make lint` checks), and only a TDX image's bootstrapper opts in (mk/image.mk).
+BINARIES := ./cmd/berth ./cmd/berth-webhook ./joinservice/cmd/joinservice ./bootstrapper/cmd/bootstrapper
+
 build: ## build every binary into bin/
-	CGO_ENABLED=0 $(GO) build -trimpath -tags berthrelease,berth_noqpl -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berth ./cmd/berth-webhook ./joinservice/cmd/joinservice
-	CGO_ENABLED=0 $(GO) build -trimpath -tags berthrelease -ldflags '$(LDFLAGS)' -o $(BIN)/ ./bootstrapper/cmd/bootstrapper
+	CGO_ENABLED=0 $(GO) build -trimpath -tags berthrelease -ldflags '$(LDFLAGS)' -o $(BIN)/ $(BINARIES)
 
 tools: ## build pinned tools (buf, protoc plugins, staticcheck) into .tools/bin
 	cd tools && GOBIN=$(TOOLS_BIN) $(GO) install tool
@@ -38,9 +40,13 @@ lint: tools ## go vet, gofmt, staticcheck, a package doc on every package, no ut
 	  test -z "$$logs" || { echo "log messages must be constants (put values in fields):"; echo "$$logs"; exit 1; }
 	@out=$$(gofmt -l $$(git ls-files '*.go')); test -z "$$out" || { echo "gofmt needed:"; echo "$$out"; exit 1; }
 	$(TOOLS_BIN)/staticcheck ./...
+	@for p in $(BINARIES); do \
+	  if $(GO) list -deps -tags berthrelease $$p | grep -q '^github.com/edgelesssys/go-tdx-qpl'; then \
+	    echo "$$p links go-tdx-qpl (AGPL-3.0) without the opt-in build tag berth_qpl"; exit 1; fi; done
 
-test-unit: ## unit and package tests with the race detector
+test-unit: ## unit and package tests with the race detector (and the TDX package once more with go-tdx-qpl opted in)
 	$(GO) test $(GOTEST_FLAGS) ./...
+	$(GO) test $(GOTEST_FLAGS) -tags berth_qpl ./internal/attestation/tdx/
 
 test: check-generate lint build test-unit test-image test-e2e ## everything CI runs (root: the image and e2e targets need it)
 

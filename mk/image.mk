@@ -8,9 +8,11 @@ IMAGE_ROOT := $(IMAGE_OUT)/berth-root
 
 .PHONY: image image-bootstrapper image-clean test-image
 
-# The image needs only the bootstrapper; it is built as `make build` builds it.
+# The image needs only the bootstrapper. A TDX image opts in to go-tdx-qpl (AGPL-3.0, build tag
+# berth_qpl) for the legacy /dev/tdx-guest backend; that bootstrapper binary then carries AGPL-3.0 code.
+IMAGE_GO_TAGS := $(if $(filter tdx,$(IMAGE_ATTESTATION)),berth_qpl)
 image-bootstrapper:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./bootstrapper/cmd/bootstrapper
+	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(IMAGE_GO_TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/ ./bootstrapper/cmd/bootstrapper
 
 image: image-bootstrapper ## build the node image's root tree into image/mkosi.output/berth-root (needs root and mkosi)
 	IMAGE_OUT=$(IMAGE_OUT) IMAGE_ATTESTATION=$(IMAGE_ATTESTATION) IMAGE_METADATA=$(IMAGE_METADATA) \

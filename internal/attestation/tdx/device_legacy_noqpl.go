@@ -1,12 +1,12 @@
-//go:build berth_noqpl
+//go:build !berth_qpl
 
 package tdx
 
 import "fmt"
 
-// OpenLegacy is unavailable in builds without go-tdx-qpl (build tag berth_noqpl).
+// OpenLegacy is unavailable unless the build opts in to go-tdx-qpl (build tag berth_qpl).
 func OpenLegacy(path string) OpenFunc {
 	return func() (Device, error) {
-		return nil, fmt.Errorf("opening %s: legacy TDX guest device support not built in (berth_noqpl): %w", path, ErrNoDevice)
+		return nil, fmt.Errorf("opening %s: legacy TDX guest device support not built in (build tag berth_qpl): %w", path, ErrNoDevice)
 	}
 }

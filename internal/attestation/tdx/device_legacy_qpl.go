@@ -1,4 +1,4 @@
-//go:build !berth_noqpl
+//go:build berth_qpl
 
 package tdx
 
@@ -8,8 +8,9 @@ import (
 	qpltdx "github.com/edgelesssys/go-tdx-qpl/tdx"
 )
 
-// go-tdx-qpl is licensed AGPL-3.0. The build tag berth_noqpl builds Berth without it and without the legacy
-// backend (device_legacy_noqpl.go); configfs-tsm and verification do not depend on it.
+// go-tdx-qpl is licensed AGPL-3.0, so it is linked only into a build that opts in with the tag berth_qpl;
+// without it the legacy backend is absent (device_legacy_noqpl.go). configfs-tsm and verification do not
+// depend on it.
 
 // qplOps calls go-tdx-qpl's ioctl wrappers (quote through the QGS envelope ioctl, RTMR extend with SHA-384 of
 // the data, measurements from a TD report with zero report data).

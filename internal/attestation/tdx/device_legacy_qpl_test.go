@@ -1,4 +1,4 @@
-//go:build !berth_noqpl
+//go:build berth_qpl
 
 package tdx
 

@@ -12,8 +12,8 @@
 //   - the legacy /dev/tdx-guest ioctl ABI of the pre-upstream driver, through github.com/edgelesssys/go-tdx-qpl's
 //     device functions (quote through the quote generation service envelope, RTMR extend, TD report). That
 //     extend ioctl carries no register index, so the backend reads the registers around it and fails unless the
-//     requested RTMR took the event. go-tdx-qpl is AGPL-3.0; the build tag berth_noqpl leaves it and this
-//     backend out.
+//     requested RTMR took the event. go-tdx-qpl is AGPL-3.0, so this backend is built
+//     only with the build tag berth_qpl; without it OpenAuto uses configfs-tsm alone.
 //
 // Issuer.Issue binds user data and the verifier's nonce into the quote's REPORTDATA (see ReportData) and wraps
 // the quote in a versioned document (see Document). LockRegister extends the cluster ID into an RTMR.
