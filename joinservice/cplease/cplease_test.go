@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/berth-k8s/berth/bootstrapper/components"
-	"github.com/berth-k8s/berth/joinservice/apiservertest"
+	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/joinservice/server"
 )
 

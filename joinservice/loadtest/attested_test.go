@@ -15,13 +15,11 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -31,15 +29,15 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
-	"github.com/berth-k8s/berth/bootstrapper/joinclient"
+	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/choose"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
-	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/joindial"
+	"github.com/berth-k8s/berth/internal/proctest"
 	"github.com/berth-k8s/berth/joinproto"
-	"github.com/berth-k8s/berth/joinservice/apiservertest"
 )
 
 // Phase kinds of the attested harness.
@@ -63,8 +61,7 @@ func TestJoinLoadAttested(t *testing.T) {
 	swCA := vtpmtest.NewSwtpmCA(t) // skips without swtpm
 	env := apiservertest.Shared(t) // skips without kube-apiserver and etcd
 	serviceTPM := vtpmtest.StartSwtpm(t, swCA)
-	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)) // as InstallBerth
-	if err := vtpm.NewLockRegister(serviceTPM.Open, 15).MarkBootstrapped(ctx, keys.ClusterID()); err != nil {
+	if err := vtpm.NewLockRegister(serviceTPM.Open, 15).MarkBootstrapped(ctx, apiservertest.ClusterID()); err != nil {
 		t.Fatal(err)
 	}
 	nodeCA, err := vtpmtest.NewCA("bench EK CA")
@@ -81,10 +78,6 @@ func TestJoinLoadAttested(t *testing.T) {
 		"trustRoots:\n  - pem: |\n" + indent(string(swCA.RootPEM(t))+string(swCA.IssuerPEM(t)), "      ")
 
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "joinservice")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/berth-k8s/berth/joinservice/cmd/joinservice").CombinedOutput(); err != nil {
-		t.Fatalf("building the joinservice: %v\n%s", err, out)
-	}
 	var meta strings.Builder
 	meta.WriteString("self: {name: cp-0, role: control-plane, ips: [198.51.100.10]}\npeers:\n")
 	for i := range clients {
@@ -100,40 +93,21 @@ func TestJoinLoadAttested(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr, metricsAddr := freeAddr(t), freeAddr(t)
+	addr, metricsAddr := proctest.FreeAddr(t), proctest.FreeAddr(t)
 	// The harness measures capacity, not the limiters: every limit is lifted.
 	lifted := []string{"--rate-per-peer=1e9", "--rate-per-peer-burst=1000000000", "--rate-global=1e9", "--rate-global-burst=1000000000",
 		"--attest-rate-per-peer=1e9", "--attest-rate-per-peer-burst=1000000000", "--attest-rate-global=1e9", "--attest-rate-global-burst=1000000000"}
-	logFile, err := os.Create(filepath.Join(dir, "joinservice.log"))
-	if err != nil {
-		t.Fatal(err)
+	js := proctest.Start(t, proctest.Cmd{
+		Name: "joinservice", Path: proctest.Build(t, "github.com/berth-k8s/berth/joinservice/cmd/joinservice"), Grace: 20 * time.Second,
+		Args: append([]string{"--attestation=tpm", "--tpm=" + serviceTPM.Spec, "--metadata=static",
+			"--metadata-file=" + filepath.Join(dir, "metadata.yaml"), "--kubeconfig=" + kubeconfig, "--listen=" + addr,
+			"--metrics-listen=" + metricsAddr, "--pki-dir=" + writePKI(t, "ecdsa"), "--replica=cp-0"}, lifted...),
+	})
+	if err := proctest.WaitReady(ctx, 100*time.Millisecond, 2*time.Minute, healthy(metricsAddr), js); err != nil {
+		t.Fatalf("waiting for the joinservice's /healthz: %v", err)
 	}
-	defer logFile.Close()
-	cmd := exec.Command(bin, append([]string{"--attestation=tpm", "--tpm=" + serviceTPM.Spec, "--metadata=static",
-		"--metadata-file=" + filepath.Join(dir, "metadata.yaml"), "--kubeconfig=" + kubeconfig, "--listen=" + addr,
-		"--metrics-listen=" + metricsAddr, "--pki-dir=" + writePKI(t, "ecdsa"), "--replica=cp-0"}, lifted...)...)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(logFile.Name())
-			t.Logf("joinservice log (tail):\n%s", tail(string(b), 40))
-		}
-	}()
-	waitHealthy(t, metricsAddr, exited)
 
-	jsPID, tpmPID, apiPIDs := cmd.Process.Pid, serviceTPM.PID(), env.PIDs()
+	jsPID, tpmPID, apiPIDs := js.PID(), serviceTPM.PID(), env.PIDs()
 	type cpu struct{ js, tpm, api float64 }
 	sample := func() cpu {
 		c := cpu{js: procCPU(jsPID), tpm: procCPU(tpmPID)}
@@ -244,7 +218,7 @@ func TestJoinLoadAttestedClients(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	bound := joinclient.LockRegisterCheck(15, vtpm.ExpectedLockValue)
+	bound := joindial.LockRegisterCheck(15, vtpm.ExpectedLockValue)
 	var failMu sync.Mutex
 	failures := 0
 	join := func(i, n int) outcome {
@@ -353,31 +327,23 @@ func indent(s, prefix string) string {
 	return strings.Join(lines, "\n") + "\n"
 }
 
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
-
-// waitHealthy waits for the joinservice's /healthz, failing when the process exits first.
-func waitHealthy(t *testing.T, metricsAddr string, exited <-chan error) {
-	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		select {
-		case err := <-exited:
-			t.Fatalf("joinservice exited: %v", err)
-		default:
+// healthy reports whether the joinservice's /healthz answers OK.
+func healthy(metricsAddr string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/healthz", nil)
+		if err != nil {
+			return err
 		}
-		if resp, err := http.Get("http://" + metricsAddr + "/healthz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
 		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/healthz: %s", resp.Status)
+		}
+		return nil
 	}
-	t.Fatal("joinservice not healthy after 2 minutes")
 }
 
 // scrapeMemory summarizes the joinservice's heap, goroutines and resident memory from its metrics.
@@ -431,12 +397,4 @@ func sampleEvery(interval time.Duration, f func(at time.Duration)) (stop func())
 		}
 	}()
 	return func() { cancel(); <-done }
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

@@ -5,7 +5,7 @@
 //
 // What runs: the real joinservice binary (built by the test) with --attestation=tpm on its own swtpm
 // process, whose lock register is set to the cluster's ID; a real kube-apiserver + etcd as processes
-// (joinservice/apiservertest) holding what berth init installs (berth-system, cluster secrets, the
+// (internal/apiservertest) holding what berth init installs (berth-system, cluster secrets, the
 // join configuration with the cluster policy, RBAC); the binary's own rate limits lifted (--rate-*,
 // --attest-rate-*), because the harness measures capacity.
 //

@@ -1,14 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,17 +12,18 @@ import (
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/berth-k8s/berth/bootstrapper/components"
-	"github.com/berth-k8s/berth/bootstrapper/joinclient"
+	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/choose"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
-	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/joindial"
+	"github.com/berth-k8s/berth/internal/proctest"
 	"github.com/berth-k8s/berth/joinproto"
-	"github.com/berth-k8s/berth/joinservice/apiservertest"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 )
 
@@ -51,9 +47,8 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 	ctx := context.Background()
 	started := time.Now().Add(-time.Second)
 
-	serviceTPM := vtpmtest.StartSwtpm(t, swCA)                                           // the CA's files exist from here on
-	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)) // as InstallBerth
-	if err := vtpm.NewLockRegister(serviceTPM.Open, 15).MarkBootstrapped(ctx, keys.ClusterID()); err != nil {
+	serviceTPM := vtpmtest.StartSwtpm(t, swCA) // the CA's files exist from here on
+	if err := vtpm.NewLockRegister(serviceTPM.Open, 15).MarkBootstrapped(ctx, apiservertest.ClusterID()); err != nil {
 		t.Fatal(err)
 	}
 	nodeTPM := vtpmtest.StartSwtpm(t, swCA)
@@ -71,50 +66,15 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "joinservice")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("building the joinservice: %v\n%s", err, out)
-	}
-	pki := filepath.Join(dir, "pki")
-	writePKI(t, pki)
-	meta := filepath.Join(dir, "metadata.yaml")
-	if err := os.WriteFile(meta, []byte("self: {name: cp-0, role: control-plane, ips: [198.51.100.10]}\npeers:\n  - {name: worker-9, role: worker, ips: [127.0.0.1]}\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig, err := env.WriteKubeconfig(apiservertest.JoinServiceUser)
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := freeAddr(t)
-	var logs bytes.Buffer
-	cmd := exec.Command(bin, "--attestation=tpm", "--tpm="+serviceTPM.Spec, "--metadata=static", "--metadata-file="+meta,
-		"--kubeconfig="+kubeconfig, "--listen="+addr, "--metrics-listen=", "--pki-dir="+pki, "--replica=cp-0")
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("joinservice log:\n%s", logs.String())
-		}
-	}()
+	js, addr := startJoinService(t, env, "self: {name: cp-0, role: control-plane, ips: [198.51.100.10]}\npeers:\n  - {name: worker-9, role: worker, ips: [127.0.0.1]}\n",
+		nil, "--attestation=tpm", "--tpm="+serviceTPM.Spec, "--metrics-listen=")
 
 	joinAs := func(issuer atls.Issuer) (*joinproto.IssueJoinTicketResponse, error) {
 		validator, err := choose.NewValidator(joinPolicy, zap.NewNop())
 		if err != nil {
 			t.Fatal(err)
 		}
-		dial, err := joinclient.NewAttestedDial(issuer, validator, joinclient.LockRegisterCheck(15, vtpm.ExpectedLockValue))
+		dial, err := joindial.New(issuer, validator, joindial.LockRegisterCheck(15, vtpm.ExpectedLockValue))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -128,11 +88,15 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 	join := func() (*joinproto.IssueJoinTicketResponse, error) {
 		return joinAs(vtpm.NewIssuer(nodeTPM.Open, zap.NewNop()))
 	}
+	// The first join waits until the joinservice serves; any answer but Unavailable ends the wait.
 	var resp *joinproto.IssueJoinTicketResponse
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		if resp, err = join(); err == nil || status.Code(err) != codes.Unavailable || time.Now().After(deadline) {
-			break
+	if err := proctest.WaitReady(ctx, 200*time.Millisecond, 30*time.Second, func(context.Context) error {
+		if resp, err = join(); status.Code(err) == codes.Unavailable {
+			return err
 		}
+		return nil
+	}, js); err != nil {
+		t.Fatalf("waiting for the joinservice: %v", err)
 	}
 	if err != nil || resp.GetNodeName() != "worker-9" {
 		t.Fatalf("genuine join: %v", err)
@@ -153,26 +117,30 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 	}
 
 	admin := env.Client(t, apiservertest.AdminUser)
-	cms := admin.CoreV1().ConfigMaps(components.Namespace)
+	cms := admin.CoreV1().ConfigMaps(joinconfig.Namespace)
 	setPolicy := func(doc string) {
-		cm, err := cms.Get(ctx, components.JoinConfigName, metav1.GetOptions{})
+		cm, err := cms.Get(ctx, joinconfig.JoinConfigName, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		cm.Data["attestationPolicy"] = doc
+		cm.Data[joinconfig.KeyAttestationPolicy] = doc
 		if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	waitEvent := func(reason string) corev1.Event {
-		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-			evs, err := admin.CoreV1().Events(components.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + reason})
-			if err == nil && len(evs.Items) > 0 {
-				return evs.Items[len(evs.Items)-1]
+		var last corev1.Event
+		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+			evs, err := admin.CoreV1().Events(joinconfig.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + reason})
+			if err != nil || len(evs.Items) == 0 {
+				return false, nil
 			}
+			last = evs.Items[len(evs.Items)-1]
+			return true, nil
+		}); err != nil {
+			t.Fatalf("no %s event: %v", reason, err)
 		}
-		t.Fatalf("no %s event", reason)
-		return corev1.Event{}
+		return last
 	}
 
 	setPolicy(clusterPolicy(ones))
@@ -192,15 +160,18 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 	}
 
 	var mine []ledger.Entry
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && len(mine) < 6; time.Sleep(100 * time.Millisecond) {
-		entries, _ := ledger.Read(ctx, admin, components.Namespace)
+	// The ledger is written asynchronously: wait until the six attempts are in (or time out and judge
+	// what is there).
+	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		entries, _ := ledger.Read(ctx, admin, joinconfig.Namespace)
 		mine = mine[:0]
 		for _, e := range entries {
 			if e.Peer == "127.0.0.1" && (e.RPC == "join" || e.RPC == "handshake") && e.Time.After(started) { // a rejected node is not attested: no name
 				mine = append(mine, e)
 			}
 		}
-	}
+		return len(mine) >= 6, nil
+	})
 	// Accepted, accepted (the replay's first), the replay, the unrooted key, two refusals on claims.
 	if len(mine) != 6 {
 		t.Fatalf("%d ledger entries from the node, want 6: %+v", len(mine), mine)

@@ -14,28 +14,58 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/cli"
+	"github.com/berth-k8s/berth/internal/proctest"
 	"github.com/berth-k8s/berth/joinproto"
-	"github.com/berth-k8s/berth/joinservice/apiservertest"
 	"github.com/berth-k8s/berth/joinservice/cplease"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(apiservertest.StoppingShared(m)) }
+func TestMain(m *testing.M) { goleak.VerifyTestMain(apiservertest.StoppingShared(proctest.Main(m))) }
+
+// stopGrace is how long the joinservice gets to stop cleanly after SIGTERM.
+const stopGrace = 20 * time.Second
+
+// startJoinService builds this package's binary (once per test binary) and starts it against env with
+// the joinservice's RBAC identity, the static metadata meta, a fake cluster PKI, a free listen address
+// and replica name cp-0, plus args and env. It is stopped at t's cleanup; so is a process left
+// running. It returns the process and its listen address.
+func startJoinService(t *testing.T, env *apiservertest.Env, meta string, environ []string, args ...string) (*proctest.Process, string) {
+	t.Helper()
+	dir := t.TempDir()
+	pki := filepath.Join(dir, "pki")
+	writePKI(t, pki)
+	metaFile := filepath.Join(dir, "metadata.yaml")
+	if err := os.WriteFile(metaFile, []byte(meta), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig, err := env.WriteKubeconfig(apiservertest.JoinServiceUser)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := proctest.FreeAddr(t)
+	p := proctest.Start(t, proctest.Cmd{
+		Name: "joinservice", Path: proctest.Build(t, "."), Env: environ, Grace: stopGrace,
+		Args: append([]string{"--metadata=static", "--metadata-file=" + metaFile, "--kubeconfig=" + kubeconfig,
+			"--listen=" + addr, "--pki-dir=" + pki, "--replica=cp-0"}, args...),
+	})
+	return p, addr
+}
 
 func writePKI(t *testing.T, dir string) {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -59,15 +89,6 @@ func writePKI(t *testing.T, dir string) {
 			t.Fatal(err)
 		}
 	}
-}
-
-func freeAddr(t *testing.T) string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }
 
 // clientFrom dials addr from the loopback address src, so the joinservice sees src as the peer.
@@ -110,63 +131,33 @@ func TestBinaryAgainstAPIServer(t *testing.T) {
 	if err := env.InstallBerth(ctx, "variant: tpm\n"); err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "joinservice")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("building the joinservice: %v\n%s", err, out)
-	}
-	pki := filepath.Join(dir, "pki")
-	writePKI(t, pki)
-	meta := filepath.Join(dir, "metadata.yaml")
-	if err := os.WriteFile(meta, []byte(`self: {name: cp-0, role: control-plane, ips: [198.51.100.10]}
-peers:
-  - {name: worker-0, role: worker, ips: [127.0.0.2]}
-  - {name: cp-1, role: control-plane, ips: [127.0.0.3]}
-`), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	kubeconfig, err := env.WriteKubeconfig(apiservertest.JoinServiceUser)
-	if err != nil {
-		t.Fatal(err)
-	}
 	adminConfig, err := env.WriteKubeconfig(apiservertest.AdminUser)
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr, metricsAddr := freeAddr(t), freeAddr(t)
-	var logs bytes.Buffer
-	cmd := exec.Command(bin, "--attestation=insecure-none", "--metadata=static", "--metadata-file="+meta,
-		"--kubeconfig="+kubeconfig, "--listen="+addr, "--metrics-listen="+metricsAddr, "--pki-dir="+pki, "--replica=cp-0")
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	cmd.Env = append(os.Environ(), "BERTH_ATTESTATION=", "BERTH_METADATA=")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	stopped := false
-	defer func() {
-		if !stopped {
-			_ = cmd.Process.Kill()
-			<-exited
-		}
-		if t.Failed() {
-			t.Logf("joinservice log:\n%s", logs.String())
-		}
-	}()
+	metricsAddr := proctest.FreeAddr(t)
+	js, addr := startJoinService(t, env, `self: {name: cp-0, role: control-plane, ips: [198.51.100.10]}
+peers:
+  - {name: worker-0, role: worker, ips: [127.0.0.2]}
+  - {name: cp-1, role: control-plane, ips: [127.0.0.3]}
+`, []string{"BERTH_ATTESTATION=", "BERTH_METADATA="}, "--attestation=insecure-none", "--metrics-listen="+metricsAddr)
 
+	// The first join waits until the joinservice serves; any answer but Unavailable ends the wait.
 	worker := clientFrom(t, addr, "127.0.0.2")
 	var resp *joinproto.IssueJoinTicketResponse
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err = worker.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_WORKER})
-		if err == nil || status.Convert(err).Code().String() != "Unavailable" || time.Now().After(deadline) {
-			break
+	workerCSR := csr(t)
+	var joinErr error
+	if err := proctest.WaitReady(ctx, 100*time.Millisecond, 30*time.Second, func(ctx context.Context) error {
+		resp, joinErr = worker.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: workerCSR, Role: joinproto.Role_ROLE_WORKER})
+		if status.Code(joinErr) == codes.Unavailable {
+			return joinErr
 		}
-		time.Sleep(100 * time.Millisecond)
+		return nil
+	}, js); err != nil {
+		t.Fatalf("waiting for the joinservice: %v", err)
 	}
-	if err != nil {
-		t.Fatalf("worker join: %v", err)
+	if joinErr != nil {
+		t.Fatalf("worker join: %v", joinErr)
 	}
 	admin := env.Client(t, apiservertest.AdminUser)
 	if resp.GetBootstrapToken() != "" {
@@ -202,7 +193,9 @@ peers:
 	}
 
 	var entries []ledger.Entry
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline) && len(entries) < 4; time.Sleep(100 * time.Millisecond) {
+	// The ledger is written asynchronously: wait until this test's four attempts are in (or time out
+	// and judge what is there).
+	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
 		all, _ := ledger.Read(ctx, admin, "berth-system")
 		entries = entries[:0]
 		for _, e := range all {
@@ -210,7 +203,8 @@ peers:
 				entries = append(entries, e)
 			}
 		}
-	}
+		return len(entries) >= 4, nil
+	})
 	reasons := map[string]int{}
 	for _, e := range entries {
 		reasons[e.Outcome+"/"+e.Reason]++
@@ -245,16 +239,7 @@ peers:
 		}
 	}
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-exited:
-		stopped = true
-		if err != nil {
-			t.Fatalf("joinservice exited with %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("joinservice did not stop on SIGTERM")
+	if err := js.Stop(); err != nil {
+		t.Fatalf("joinservice on SIGTERM: %v", err)
 	}
 }
