@@ -18,7 +18,7 @@ import (
 	"crypto/x509/pkix"
 	"fmt"
 	"io"
-	mrand "math/rand/v2"
+	"math"
 	"net"
 	"strconv"
 	"strings"
@@ -28,6 +28,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/joinconfig"
@@ -35,7 +36,8 @@ import (
 	"github.com/berth-k8s/berth/joinproto"
 )
 
-// Backoff bounds.
+// Waits between attempts: from initialBackoff, doubling up to maxBackoff while no joinservice
+// answers, up to maxRejectedWait while one rejects this node; each wait is jittered by ±50 %.
 const (
 	initialBackoff  = 100 * time.Millisecond
 	maxBackoff      = 500 * time.Millisecond
@@ -51,12 +53,11 @@ type Client struct {
 	joiner   clusterJoiner
 	port     int
 	diskUUID string
-	sleep    func(ctx context.Context, d time.Duration) error
 }
 
 // New returns a Client. dial opens a joinservice client for HOST:PORT.
 func New(log *zap.Logger, meta metadataAPI, dial dialFunc, joiner clusterJoiner, diskUUID string) *Client {
-	return &Client{log: log, meta: meta, dial: dial, joiner: joiner, port: joinconfig.JoinPort, diskUUID: diskUUID, sleep: sleepCtx}
+	return &Client{log: log, meta: meta, dial: dial, joiner: joiner, port: joinconfig.JoinPort, diskUUID: diskUUID}
 }
 
 // WithPort sets the joinservice port (default joinconfig.JoinPort).
@@ -81,24 +82,30 @@ func (c *Client) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	backoff := time.Duration(0)
-	for attempt := 1; ; attempt++ {
+	var (
+		delay    = newRetryDelay()
+		attempt  int
+		endpoint string
+		ticket   *joinproto.IssueJoinTicketResponse
+	)
+	err = wait.DelayFunc(delay.next).Until(ctx, true, true, func(ctx context.Context) (bool, error) {
+		attempt++
 		endpoints, err := c.endpoints(ctx, self)
 		if err != nil {
 			log.Debug("listing joinservice endpoints", zap.Error(err))
 		}
-		rejected := false
+		delay.rejected = false
 		for _, ep := range endpoints {
-			ticket, err := c.requestTicket(ctx, ep, self, csr)
+			t, err := c.requestTicket(ctx, ep, self, csr)
 			if err == nil {
-				log.Info("join ticket received", zap.String("endpoint", ep), zap.Int("attempt", attempt))
-				return c.joiner.Join(ctx, self, ticket, key)
+				endpoint, ticket = ep, t
+				return true, nil
 			}
 			if ctx.Err() != nil {
-				return nil
+				return false, ctx.Err()
 			}
 			if r, ok := asRejection(err); ok {
-				rejected = true
+				delay.rejected = true
 				if r.unverified {
 					// Refused on the measurements this node claimed, before the joinservice proved
 					// itself: the log says so, because anything answering at the endpoint can send
@@ -121,37 +128,52 @@ func (c *Client) Run(ctx context.Context) error {
 			}
 			log.Debug("joinservice not reachable", zap.String("endpoint", ep), zap.Error(err))
 		}
-		backoff = nextBackoff(backoff, rejected)
-		if err := c.sleep(ctx, backoff); err != nil {
-			return nil //nolint:nilerr // ctx ended while waiting
-		}
+		return false, nil
+	})
+	if err != nil {
+		return nil //nolint:nilerr // ctx ended: the init side won or the daemon stops
 	}
+	log.Info("join ticket received", zap.String("endpoint", endpoint), zap.Int("attempt", attempt))
+	return c.joiner.Join(ctx, self, ticket, key)
 }
 
-// nextBackoff doubles the previous wait within its cap and applies ±50% jitter.
-func nextBackoff(prev time.Duration, rejected bool) time.Duration {
+// retryDelay is the wait between two attempts: a wait.Backoff whose cap follows the last
+// attempt's answers, so a rejection slows the retries and a round without one speeds them up
+// again at once.
+type retryDelay struct {
+	backoff wait.Backoff
+	// rejected is set when a joinservice rejected this node in the last attempt.
+	rejected bool
+}
+
+func newRetryDelay() *retryDelay {
+	return &retryDelay{backoff: wait.Backoff{Duration: initialBackoff, Factor: 2, Steps: math.MaxInt32, Cap: maxBackoff}}
+}
+
+// next returns the wait before the next attempt. It is a wait.DelayFunc.
+func (d *retryDelay) next() time.Duration {
 	limit := maxBackoff
-	if rejected {
+	if d.rejected {
 		limit = maxRejectedWait
 	}
-	next := max(initialBackoff, min(prev*2, limit))
-	jittered := next/2 + time.Duration(mrand.Int64N(int64(next)))
-	return min(jittered, limit)
+	// A new cap lets a backoff that reached the old one grow again.
+	d.backoff.Cap, d.backoff.Steps = limit, math.MaxInt32
+	d.backoff.Duration = min(d.backoff.Duration, limit)
+	// wait.Jitter adds up to twice the half it is given: the wait ±50 %, within the cap.
+	return min(wait.Jitter(d.backoff.Step()/2, 2), limit)
 }
 
 func (c *Client) waitForSelf(ctx context.Context) (metadata.Instance, error) {
-	backoff := time.Duration(0)
-	for {
-		self, err := c.meta.Self(ctx)
-		if err == nil {
-			return self, nil
+	var self metadata.Instance
+	err := wait.DelayFunc(newRetryDelay().next).Until(ctx, true, true, func(ctx context.Context) (bool, error) {
+		var err error
+		if self, err = c.meta.Self(ctx); err != nil {
+			c.log.Debug("reading own metadata", zap.Error(err))
+			return false, nil
 		}
-		c.log.Debug("reading own metadata", zap.Error(err))
-		backoff = nextBackoff(backoff, false)
-		if err := c.sleep(ctx, backoff); err != nil {
-			return metadata.Instance{}, err
-		}
-	}
+		return true, nil
+	})
+	return self, err
 }
 
 // endpoints returns HOST:PORT of every control plane but this node.
@@ -233,17 +255,6 @@ func kubeletCSR(self metadata.Instance, key crypto.Signer) ([]byte, error) {
 		return nil, fmt.Errorf("creating kubelet CSR: %w", err)
 	}
 	return der, nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // dialFunc opens a joinservice client for HOST:PORT; closing the closer releases the connection.

@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto"
 	"crypto/x509"
+	"fmt"
 	"io"
 	"net"
 	"strconv"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -19,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
@@ -95,70 +98,135 @@ func dial(_ context.Context, endpoint string) (joinproto.JoinServiceClient, io.C
 	return joinproto.NewJoinServiceClient(conn), conn, nil
 }
 
+// startBufJoinService serves svc on an in-memory listener and returns a dial function that
+// reaches it for the endpoint want. Inside a synctest bubble, everything it starts belongs to the
+// bubble.
+func startBufJoinService(t *testing.T, svc *joinService, want string) dialFunc {
+	t.Helper()
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer()
+	joinproto.RegisterJoinServiceServer(srv, svc)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(lis) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+	return func(_ context.Context, endpoint string) (joinproto.JoinServiceClient, io.Closer, error) {
+		if endpoint != want {
+			return nil, nil, fmt.Errorf("dialing %s, want %s", endpoint, want)
+		}
+		conn, err := grpc.NewClient("passthrough:///"+endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+		if err != nil {
+			return nil, nil, err
+		}
+		return joinproto.NewJoinServiceClient(conn), conn, nil
+	}
+}
+
+// The client runs in a synctest bubble against a gRPC joinservice on an in-memory connection: the
+// waits between attempts pass in the bubble's time and can be measured exactly.
 func TestRunLogsRejectionsAndJoins(t *testing.T) {
-	svc := &joinService{rejections: 2}
+	synctest.Test(t, func(t *testing.T) {
+		svc := &joinService{rejections: 2}
+		self := metadata.Instance{Name: "worker-0", Role: metadata.RoleWorker, IPs: []string{"198.51.100.20"}}
+		meta := staticMeta{self: self, peers: []metadata.Instance{
+			self,
+			{Name: "cp-0", Role: metadata.RoleControlPlane, IPs: []string{"198.51.100.10"}},
+		}}
+		dial := startBufJoinService(t, svc, "198.51.100.10:30090")
+		core, logs := observer.New(zap.InfoLevel)
+		joiner := &recordingJoiner{}
+		c := New(zap.New(core), meta, dial, joiner, "disk-1").WithPort(30090)
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		start := time.Now()
+		if err := c.Run(ctx); err != nil {
+			t.Fatalf("Run() = %v", err)
+		}
+		// Two waits after the rejections: 100 ms and 200 ms, each ±50 %. A rejection slows the
+		// retries only as the backoff grows, so the node still joins well within a second.
+		if took := time.Since(start); took < 150*time.Millisecond || took >= 450*time.Millisecond {
+			t.Fatalf("joined %s after the first attempt, want two jittered waits of 100 ms and 200 ms", took)
+		}
+		if joiner.ticket.GetNodeName() != "worker-0" {
+			t.Fatalf("joiner got ticket %v", joiner.ticket)
+		}
+		rejected := logs.FilterMessage("join ticket rejected").All()
+		if len(rejected) != 2 {
+			t.Fatalf("logged %d rejections, want 2", len(rejected))
+		}
+		fields := rejected[0].ContextMap()
+		if fields["reason"] != "MEASUREMENT_MISMATCH" || fields["code"] != "PermissionDenied" || fields["message"] != "PCR 4: expected aa.., got bb.." {
+			t.Fatalf("rejection log fields = %v", fields)
+		}
+		if received := logs.FilterMessage("join ticket received").All(); len(received) != 1 || received[0].ContextMap()["attempt"] != int64(3) {
+			t.Fatalf("ticket logs = %v, want one at attempt 3", received)
+		}
+		if cn := svc.lastCSR.Subject.CommonName; cn != "system:node:worker-0" {
+			t.Fatalf("CSR CN = %q", cn)
+		}
+	})
+}
+
+// TestRunAgainstTCPJoinService is the same exchange over a real loopback listener, in real time.
+func TestRunAgainstTCPJoinService(t *testing.T) {
+	svc := &joinService{}
 	host, port := startJoinService(t, svc)
 	self := metadata.Instance{Name: "worker-0", Role: metadata.RoleWorker, IPs: []string{"198.51.100.20"}}
-	meta := staticMeta{self: self, peers: []metadata.Instance{
-		self,
-		{Name: "cp-0", Role: metadata.RoleControlPlane, IPs: []string{host}},
-	}}
-	core, logs := observer.New(zap.InfoLevel)
+	meta := staticMeta{self: self, peers: []metadata.Instance{self, {Name: "cp-0", Role: metadata.RoleControlPlane, IPs: []string{host}}}}
 	joiner := &recordingJoiner{}
-	c := New(zap.New(core), meta, dial, joiner, "disk-1").WithPort(port)
-	c.sleep = func(ctx context.Context, d time.Duration) error {
-		if d > maxRejectedWait {
-			t.Errorf("backoff %s exceeds cap %s", d, maxRejectedWait)
-		}
-		return ctx.Err()
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := c.Run(ctx); err != nil {
+	if err := New(zap.NewNop(), meta, dial, joiner, "").WithPort(port).Run(ctx); err != nil {
 		t.Fatalf("Run() = %v", err)
 	}
 	if joiner.ticket.GetNodeName() != "worker-0" {
 		t.Fatalf("joiner got ticket %v", joiner.ticket)
 	}
-	rejected := logs.FilterMessage("join ticket rejected").All()
-	if len(rejected) != 2 {
-		t.Fatalf("logged %d rejections, want 2", len(rejected))
-	}
-	fields := rejected[0].ContextMap()
-	if fields["reason"] != "MEASUREMENT_MISMATCH" || fields["code"] != "PermissionDenied" || fields["message"] != "PCR 4: expected aa.., got bb.." {
-		t.Fatalf("rejection log fields = %v", fields)
-	}
-	if cn := svc.lastCSR.Subject.CommonName; cn != "system:node:worker-0" {
-		t.Fatalf("CSR CN = %q", cn)
-	}
 }
 
 func TestRunStopsWhenCancelled(t *testing.T) {
-	self := metadata.Instance{Name: "cp-0", Role: metadata.RoleControlPlane, IPs: []string{"198.51.100.10"}}
-	// The first control plane has nobody to join: it waits until init wins and cancels it.
-	c := New(zap.NewNop(), staticMeta{self: self, peers: []metadata.Instance{self}}, dial, &recordingJoiner{}, "")
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	time.Sleep(50 * time.Millisecond)
-	cancel()
-	if err := <-done; err != nil {
-		t.Fatalf("Run() after cancel = %v, want nil", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		self := metadata.Instance{Name: "cp-0", Role: metadata.RoleControlPlane, IPs: []string{"198.51.100.10"}}
+		// The first control plane has nobody to join: it waits until init wins and cancels it.
+		c := New(zap.NewNop(), staticMeta{self: self, peers: []metadata.Instance{self}}, dial, &recordingJoiner{}, "")
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- c.Run(ctx) }()
+		synctest.Wait() // Run waits between attempts
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatalf("Run() after cancel = %v, want nil", err)
+		}
+	})
 }
 
-func TestBackoffBounds(t *testing.T) {
-	var d time.Duration
+func TestRetryDelay(t *testing.T) {
 	for range 100 {
-		d = nextBackoff(d, false)
-		if d < initialBackoff/2 || d > maxBackoff {
-			t.Fatalf("backoff %s outside [%s, %s]", d, initialBackoff/2, maxBackoff)
+		d := newRetryDelay()
+		if w := d.next(); w < initialBackoff/2 || w >= initialBackoff*3/2 {
+			t.Fatalf("first wait %s outside [%s, %s)", w, initialBackoff/2, initialBackoff*3/2)
 		}
-	}
-	for range 100 {
-		d = nextBackoff(d, true)
-		if d > maxRejectedWait {
-			t.Fatalf("rejected backoff %s above %s", d, maxRejectedWait)
+		for range 10 {
+			if w := d.next(); w < initialBackoff/2 || w > maxBackoff {
+				t.Fatalf("wait %s outside [%s, %s]", w, initialBackoff/2, maxBackoff)
+			}
+		}
+		d.rejected = true
+		var longest time.Duration
+		for range 20 {
+			w := d.next()
+			if w > maxRejectedWait {
+				t.Fatalf("wait after a rejection %s above %s", w, maxRejectedWait)
+			}
+			longest = max(longest, w)
+		}
+		if longest < maxRejectedWait/2 {
+			t.Fatalf("waits after rejections reached only %s, want up to %s", longest, maxRejectedWait)
+		}
+		// A round without a rejection: back within the short cap at once.
+		d.rejected = false
+		if w := d.next(); w < maxBackoff/2 || w > maxBackoff {
+			t.Fatalf("wait after rejections stopped = %s, want within [%s, %s]", w, maxBackoff/2, maxBackoff)
 		}
 	}
 }
