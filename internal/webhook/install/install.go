@@ -1,12 +1,12 @@
 // Package install installs the image-policy webhook (internal/webhook) into a cluster and arms it
 // only once it verifiably serves. One run goes through these steps, each in its own file:
 //
-//   - objects.go: the API server is ready; the backend (canary namespace, ServiceAccount, policy
-//     ConfigMap, TLS Secret, Service, Deployment, PodDisruptionBudget) is applied, only what differs;
+//   - objects.go: the backend (canary namespace, ServiceAccount, policy ConfigMap, TLS Secret,
+//     Service, Deployment, PodDisruptionBudget) is applied, only what differs from the live objects;
 //   - tls.go: the TLS Secret's CA and serving certificate, reused while good, renewed and rotated in
 //     steps that never replace CA and leaf together;
-//   - ready.go: the Deployment is available and every ready endpoint passes a TLS probe against the
-//     CA bundle about to be published, several rounds in a row;
+//   - ready.go: the API server answers; the Deployment is available and every ready endpoint passes
+//     a TLS probe against the CA bundle about to be published, several rounds in a row;
 //   - arm.go: the ValidatingWebhookConfiguration is armed for the canary namespace, proven end to end
 //     through the API server, then widened; a failed check rolls it back.
 //
