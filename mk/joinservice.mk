@@ -3,7 +3,7 @@
 # (internal/apiservertest); plain `go test ./...` runs them only when scripts/build-k8s.sh has built
 # those binaries and skips them with a message otherwise. test-joinservice builds them first.
 
-JOINSERVICE_PKGS := ./joinservice/... ./internal/cli/
+JOINSERVICE_PKGS := ./joinservice/... ./internal/joinledger/ ./internal/cli/
 
 .PHONY: test-joinservice
 

@@ -17,12 +17,14 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/berth-k8s/berth/internal/joinconfig"
 )
 
 // Names.
 const (
 	// ConfigMapName is the ledger's ConfigMap.
-	ConfigMapName = "berth-join-ledger"
+	ConfigMapName = joinconfig.JoinLedgerName
 	// DataKey is the ConfigMap key holding the entries as a JSON array.
 	DataKey = "entries.json"
 )

@@ -7,7 +7,8 @@
 //   - ConfigMap berth-join-ledger, key entries.json: the newest Capacity entries of all joinservice
 //     replicas, oldest first. Replicas write it with optimistic concurrency (get, merge, update with
 //     the read resourceVersion, retry on conflict), so concurrent batches from several replicas never
-//     overwrite each other's entries. `berth status` reads it (Read).
+//     overwrite each other's entries. The format is package joinledger's; `berth status` reads it
+//     with joinledger.Read.
 //   - Events whose involved object is that ConfigMap: JoinRejected (Warning) and JoinAccepted (Normal),
 //     rejections first, at most EventsPerSecond per replica (burst EventBurst); what does not fit is
 //     summarised in one JoinAttemptsNotShown Event per batch, so that a flood of attempts cannot turn
@@ -30,9 +31,8 @@ package ledger
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 	"sync"
@@ -44,15 +44,14 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/berth-k8s/berth/internal/joinledger"
 )
 
-// Names and limits.
+// Limits.
 const (
-	// ConfigMapName is the ledger's ConfigMap.
-	ConfigMapName = "berth-join-ledger"
-	// DataKey is the ConfigMap key holding the entries as a JSON array.
-	DataKey = "entries.json"
 	// Capacity is how many entries the ConfigMap keeps (about 500 bytes each: ~130 KB of 1 MiB).
 	Capacity = 256
 	// QueueSize bounds the entries waiting to be written.
@@ -70,39 +69,24 @@ const (
 	maxCountedPeers = 1024
 	// maxConflictRetries bounds the get-merge-update rounds of one flush.
 	maxConflictRetries = 8
+	// retryInitial and retryCap bound the wait before retrying a failed write; it doubles per failure.
+	retryInitial = 250 * time.Millisecond
+	retryCap     = 10 * time.Second
+	// shutdownFlushTimeout bounds the last write when Run stops.
+	shutdownFlushTimeout = 5 * time.Second
 )
 
-// Outcomes.
+// Outcomes (joinledger's).
 const (
-	OutcomeAccepted = "accepted"
-	OutcomeRejected = "rejected"
+	OutcomeAccepted = joinledger.OutcomeAccepted
+	OutcomeRejected = joinledger.OutcomeRejected
 )
 
 // ReasonRateLimited is the reason code of rate-limited attempts (the server's RATE_LIMITED).
 const ReasonRateLimited = "RATE_LIMITED"
 
-// Entry is one join attempt.
-type Entry struct {
-	Time time.Time `json:"time"`
-	// Peer is the address the attempt came from.
-	Peer string `json:"peer"`
-	// Node is the instance name metadata reports for Peer; empty when unknown.
-	Node string `json:"node,omitempty"`
-	// Role is the role the node claimed.
-	Role string `json:"role,omitempty"`
-	// RPC is the method: join or rejoin.
-	RPC string `json:"rpc,omitempty"`
-	// EvidenceSHA256 is the hex SHA-256 of the peer's attestation document; empty without attestation.
-	EvidenceSHA256 string `json:"evidenceSHA256,omitempty"`
-	Outcome        string `json:"outcome"`
-	// Reason is the rejection's reason code; empty when accepted.
-	Reason  string `json:"reason,omitempty"`
-	Message string `json:"message,omitempty"`
-	// Replica is the joinservice replica (its node) that answered.
-	Replica string `json:"replica,omitempty"`
-	// Count is how many attempts this entry stands for when above 1 (rate-limited attempts).
-	Count int `json:"count,omitempty"`
-}
+// Entry is one join attempt (joinledger's format).
+type Entry = joinledger.Entry
 
 // Writer publishes entries. Record and RecordRateLimited are safe for concurrent use; Run must be
 // running for anything to be written.
@@ -111,7 +95,6 @@ type Writer struct {
 	namespace string
 	replica   string
 	log       *zap.Logger
-	now       func() time.Time
 
 	queue      chan Entry
 	dropped    atomic.Uint64
@@ -122,8 +105,6 @@ type Writer struct {
 
 	eventLimit *rate.Limiter
 	eventSeq   atomic.Uint64
-	// floodInterval is FloodInterval (shorter in tests).
-	floodInterval time.Duration
 }
 
 type countKey struct{ peer, reason string }
@@ -134,9 +115,9 @@ func NewWriter(client kubernetes.Interface, namespace, replica string, log *zap.
 		log = zap.NewNop()
 	}
 	return &Writer{
-		client: client, namespace: namespace, replica: replica, log: log, now: time.Now,
+		client: client, namespace: namespace, replica: replica, log: log,
 		queue: make(chan Entry, QueueSize), counted: map[countKey]int{},
-		eventLimit: rate.NewLimiter(EventsPerSecond, EventBurst), floodInterval: FloodInterval,
+		eventLimit: rate.NewLimiter(EventsPerSecond, EventBurst),
 	}
 }
 
@@ -179,12 +160,17 @@ func (w *Writer) Dropped() uint64 { return w.dropped.Load() }
 // within one flush interval (or while the API server was unreachable).
 func (w *Writer) Superseded() uint64 { return w.superseded.Load() }
 
-// Run writes queued entries until ctx ends, then makes one last attempt (bounded to 5 s) to write
-// what is pending. It returns nil when ctx ends.
+// retryBackoff is the wait before each retry of a failed write: retryInitial, doubling up to retryCap.
+func retryBackoff() wait.Backoff {
+	return wait.Backoff{Duration: retryInitial, Factor: 2, Cap: retryCap, Steps: math.MaxInt32}
+}
+
+// Run writes queued entries until ctx ends, then makes one last attempt (bounded to
+// shutdownFlushTimeout) to write what is pending. It returns nil when ctx ends.
 func (w *Writer) Run(ctx context.Context) error {
 	var pending []Entry
 	var notBefore time.Time
-	backoff := time.Duration(0)
+	retry, delay := retryBackoff(), time.Duration(0)
 	ticker := time.NewTicker(FlushInterval)
 	defer ticker.Stop()
 	for {
@@ -192,7 +178,7 @@ func (w *Writer) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			pending = w.drain(pending)
 			if len(pending) > 0 {
-				fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				fctx, cancel := context.WithTimeout(context.Background(), shutdownFlushTimeout)
 				if err := w.flush(fctx, pending); err != nil {
 					w.log.Warn("writing join ledger at shutdown", zap.Int("entries", len(pending)), zap.Error(err))
 				}
@@ -209,24 +195,24 @@ func (w *Writer) Run(ctx context.Context) error {
 		case <-ticker.C:
 		}
 		pending = w.drain(pending)
-		if len(pending) == 0 || w.now().Before(notBefore) {
+		if len(pending) == 0 || time.Now().Before(notBefore) {
 			continue
 		}
-		if backoff > 0 {
+		if delay > 0 {
 			select {
 			case <-ctx.Done():
 				continue
-			case <-time.After(backoff):
+			case <-time.After(delay):
 			}
 		}
 		if err := w.flush(ctx, pending); err != nil {
 			w.log.Warn("writing join ledger", zap.Int("entries", len(pending)), zap.Error(err))
-			backoff = min(max(2*backoff, 250*time.Millisecond), 10*time.Second)
+			delay = retry.Step()
 			continue
 		}
-		backoff = 0
+		retry, delay = retryBackoff(), 0
 		if len(pending) >= Capacity {
-			notBefore = w.now().Add(w.floodInterval)
+			notBefore = time.Now().Add(FloodInterval)
 		}
 		pending = pending[:0]
 	}
@@ -247,7 +233,7 @@ func (w *Writer) drain(pending []Entry) []Entry {
 	counts := w.counted
 	w.counted = map[countKey]int{}
 	w.mu.Unlock()
-	now := w.now()
+	now := time.Now()
 	keys := make([]countKey, 0, len(counts))
 	for k := range counts {
 		keys = append(keys, k)
@@ -288,30 +274,30 @@ func (w *Writer) merge(ctx context.Context, batch []Entry) (*corev1.ConfigMap, e
 	cms := w.client.CoreV1().ConfigMaps(w.namespace)
 	var last error
 	for range maxConflictRetries {
-		cm, err := cms.Get(ctx, ConfigMapName, metav1.GetOptions{})
+		cm, err := cms.Get(ctx, joinledger.ConfigMapName, metav1.GetOptions{})
 		create := apierrors.IsNotFound(err)
 		if err != nil && !create {
 			return nil, fmt.Errorf("reading ledger: %w", err)
 		}
 		if create {
 			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
-				Name: ConfigMapName, Namespace: w.namespace,
+				Name: joinledger.ConfigMapName, Namespace: w.namespace,
 				Labels: map[string]string{"app.kubernetes.io/part-of": "berth", "app.kubernetes.io/name": "berth-joinservice"},
 			}}
 		}
-		existing, err := decode(cm.Data[DataKey])
+		existing, err := joinledger.Decode(cm.Data[joinledger.DataKey])
 		if err != nil {
 			w.log.Warn("discarding unreadable join ledger", zap.Error(err))
 			existing = nil
 		}
-		data, err := json.Marshal(mergeEntries(existing, batch))
+		data, err := joinledger.Encode(mergeEntries(existing, batch))
 		if err != nil {
-			return nil, fmt.Errorf("encoding ledger: %w", err)
+			return nil, err
 		}
 		if cm.Data == nil {
 			cm.Data = map[string]string{}
 		}
-		cm.Data[DataKey] = string(data)
+		cm.Data[joinledger.DataKey] = data
 		var out *corev1.ConfigMap
 		if create {
 			out, err = cms.Create(ctx, cm, metav1.CreateOptions{})
@@ -341,17 +327,6 @@ func mergeEntries(existing, batch []Entry) []Entry {
 	return all
 }
 
-func decode(s string) ([]Entry, error) {
-	if strings.TrimSpace(s) == "" {
-		return nil, nil
-	}
-	var es []Entry
-	if err := json.Unmarshal([]byte(s), &es); err != nil {
-		return nil, fmt.Errorf("decoding ledger: %w", err)
-	}
-	return es, nil
-}
-
 // events creates the batch's Events. Failures are logged, never returned: the ConfigMap holds the
 // entries already.
 func (w *Writer) events(ctx context.Context, cm *corev1.ConfigMap, batch []Entry) {
@@ -377,8 +352,8 @@ func (w *Writer) events(ctx context.Context, cm *corev1.ConfigMap, batch []Entry
 		}
 	}
 	if n := len(batch) - len(shown); n > 0 && w.eventLimit.Allow() {
-		msg := fmt.Sprintf("%d more join attempts in this batch are in ConfigMap %s only (Event rate limit)", n, ConfigMapName)
-		if err := w.createEvent(ctx, ref, corev1.EventTypeNormal, "JoinAttemptsNotShown", msg, w.now(), 1); err != nil {
+		msg := fmt.Sprintf("%d more join attempts in this batch are in ConfigMap %s only (Event rate limit)", n, joinledger.ConfigMapName)
+		if err := w.createEvent(ctx, ref, corev1.EventTypeNormal, "JoinAttemptsNotShown", msg, time.Now(), 1); err != nil {
 			w.log.Warn("creating join event", zap.Error(err))
 		}
 	}
@@ -419,7 +394,7 @@ func (w *Writer) createEvent(ctx context.Context, ref corev1.ObjectReference, ty
 	ts := metav1.NewTime(at)
 	ev := &corev1.Event{
 		ObjectMeta: metav1.ObjectMeta{
-			Name:      fmt.Sprintf("%s.%x.%x", ConfigMapName, w.now().UnixNano(), w.eventSeq.Add(1)),
+			Name:      fmt.Sprintf("%s.%x.%x", joinledger.ConfigMapName, time.Now().UnixNano(), w.eventSeq.Add(1)),
 			Namespace: ref.Namespace,
 		},
 		InvolvedObject:      ref,
@@ -437,17 +412,7 @@ func (w *Writer) createEvent(ctx context.Context, ref corev1.ObjectReference, ty
 	return err
 }
 
-// ErrNoLedger is returned by Read when the cluster has no ledger yet (no join was attempted).
-var ErrNoLedger = errors.New("the cluster has no join ledger yet")
-
-// Read returns the ledger's entries, oldest first.
+// Read returns the ledger's entries, oldest first (joinledger.Read).
 func Read(ctx context.Context, client kubernetes.Interface, namespace string) ([]Entry, error) {
-	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil, ErrNoLedger
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
-	}
-	return decode(cm.Data[DataKey])
+	return joinledger.Read(ctx, client, namespace)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/goleak"
@@ -15,11 +16,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/berth-k8s/berth/internal/apiservertest"
+	"github.com/berth-k8s/berth/internal/joinledger"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(apiservertest.StoppingShared(m)) }
@@ -34,19 +37,21 @@ func runWriter(t *testing.T, w *Writer) {
 	t.Cleanup(func() { cancel(); <-done })
 }
 
-func waitEntries(t *testing.T, c kubernetes.Interface, n int) []Entry {
+// advance lets d pass in the test's synctest bubble and returns once every goroutine in it (the
+// writer) is blocked again: whatever the writer does within d has been done.
+func advance(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait()
+}
+
+// entries returns the ledger's entries through c.
+func entries(t *testing.T, c kubernetes.Interface) []Entry {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		es, err := Read(context.Background(), c, ns)
-		if err == nil && len(es) >= n {
-			return es
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ledger has %d entries (%v), want %d", len(es), err, n)
-		}
-		time.Sleep(50 * time.Millisecond)
+	es, err := joinledger.Read(context.Background(), c, ns)
+	if err != nil {
+		t.Fatal(err)
 	}
+	return es
 }
 
 func entry(i int, outcome string) Entry {
@@ -68,65 +73,65 @@ func TestRecordNeverBlocksAndCountsDrops(t *testing.T) {
 }
 
 func TestRateLimitedAreAggregatedPerPeer(t *testing.T) {
-	c := fake.NewClientset()
-	w := NewWriter(c, ns, "cp-0", zap.NewNop())
-	for range 1000 {
-		w.RecordRateLimited("203.0.113.5")
-	}
-	w.RecordRateLimited("203.0.113.6")
-	w.Record(entry(1, OutcomeRejected))
-	runWriter(t, w)
-	es := waitEntries(t, c, 3)
-	counts := map[string]int{}
-	for _, e := range es {
-		if e.Reason == ReasonRateLimited {
-			counts[e.Peer] = e.Count
+	synctest.Test(t, func(t *testing.T) {
+		c := fake.NewClientset()
+		w := NewWriter(c, ns, "cp-0", zap.NewNop())
+		for range 1000 {
+			w.RecordRateLimited("203.0.113.5")
 		}
-	}
-	if counts["203.0.113.5"] != 1000 || counts["203.0.113.6"] != 1 || len(es) != 3 {
-		t.Fatalf("entries %+v", es)
-	}
+		w.RecordRateLimited("203.0.113.6")
+		w.Record(entry(1, OutcomeRejected))
+		runWriter(t, w)
+		advance(FlushInterval)
+		es := entries(t, c)
+		counts := map[string]int{}
+		for _, e := range es {
+			if e.Reason == ReasonRateLimited {
+				counts[e.Peer] = e.Count
+			}
+		}
+		if counts["203.0.113.5"] != 1000 || counts["203.0.113.6"] != 1 || len(es) != 3 {
+			t.Fatalf("entries %+v", es)
+		}
+	})
 }
 
 func TestConflictIsRetriedWithoutLosingEntries(t *testing.T) {
-	c := fake.NewClientset(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName, Namespace: ns}})
-	var mu sync.Mutex
-	conflicts := 0
-	c.PrependReactor("update", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if conflicts < 2 {
-			conflicts++
-			// Another replica got there first.
-			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName, Namespace: ns}, Data: map[string]string{}}
-			prev, _ := c.Tracker().Get(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, ns, ConfigMapName)
-			es, _ := decode(prev.(*corev1.ConfigMap).Data[DataKey])
-			es = append(es, entry(100+conflicts, OutcomeAccepted))
-			b, _ := json.Marshal(es)
-			cm.Data[DataKey] = string(b)
-			_ = c.Tracker().Update(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, cm, ns)
-			return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "configmaps"}, ConfigMapName, fmt.Errorf("the object has been modified"))
+	synctest.Test(t, func(t *testing.T) {
+		c := fake.NewClientset(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: joinledger.ConfigMapName, Namespace: ns}})
+		var mu sync.Mutex
+		conflicts := 0
+		c.PrependReactor("update", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			if conflicts < 2 {
+				conflicts++
+				// Another replica got there first.
+				cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: joinledger.ConfigMapName, Namespace: ns}, Data: map[string]string{}}
+				prev, _ := c.Tracker().Get(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, ns, joinledger.ConfigMapName)
+				es, _ := joinledger.Decode(prev.(*corev1.ConfigMap).Data[joinledger.DataKey])
+				es = append(es, entry(100+conflicts, OutcomeAccepted))
+				b, _ := json.Marshal(es)
+				cm.Data[joinledger.DataKey] = string(b)
+				_ = c.Tracker().Update(schema.GroupVersionResource{Version: "v1", Resource: "configmaps"}, cm, ns)
+				return true, nil, apierrors.NewConflict(schema.GroupResource{Resource: "configmaps"}, joinledger.ConfigMapName, fmt.Errorf("the object has been modified"))
+			}
+			return false, nil, nil
+		})
+		w := NewWriter(c, ns, "cp-0", zap.NewNop())
+		w.Record(entry(1, OutcomeRejected))
+		w.Record(entry(2, OutcomeAccepted))
+		runWriter(t, w)
+		advance(FlushInterval)
+		if es := entries(t, c); len(es) != 4 {
+			t.Fatalf("entries %+v", es)
 		}
-		return false, nil, nil
-	})
-	w := NewWriter(c, ns, "cp-0", zap.NewNop())
-	w.Record(entry(1, OutcomeRejected))
-	w.Record(entry(2, OutcomeAccepted))
-	runWriter(t, w)
-	es := waitEntries(t, c, 4)
-	if len(es) != 4 {
-		t.Fatalf("entries %+v", es)
-	}
-	// Events follow the ConfigMap write.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		// Events follow the ConfigMap write.
 		evs, err := c.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{})
-		if err == nil && len(evs.Items) == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
+		if err != nil || len(evs.Items) != 2 {
 			t.Fatalf("events: %v %v", evs, err)
 		}
-	}
+	})
 }
 
 func TestMergeKeepsNewestCapacity(t *testing.T) {
@@ -160,19 +165,14 @@ func TestConcurrentReplicasOnAPIServer(t *testing.T) {
 					e = entry(r*perReplica+i, OutcomeRejected)
 				}
 				w.Record(e)
-				time.Sleep(time.Millisecond)
 			}
 		}()
 	}
-	deadline := time.Now().Add(60 * time.Second)
 	var es []Entry
-	for time.Now().Before(deadline) {
-		es, _ = Read(context.Background(), admin, testNS)
-		if len(es) >= replicas*perReplica {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	_ = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		es, _ = joinledger.Read(ctx, admin, testNS)
+		return len(es) >= replicas*perReplica, nil
+	})
 	seen := map[string]bool{}
 	for _, e := range es {
 		seen[e.Node] = true
@@ -193,40 +193,69 @@ func TestConcurrentReplicasOnAPIServer(t *testing.T) {
 // TestFloodSlowsConfigMapWrites: after a full batch the writer waits FloodInterval before it writes
 // the ConfigMap again, and then writes what came meanwhile.
 func TestFloodSlowsConfigMapWrites(t *testing.T) {
-	c := fake.NewClientset()
-	var mu sync.Mutex
-	writes := 0
-	c.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.GetVerb() == "create" || a.GetVerb() == "update" {
-			mu.Lock()
-			writes++
-			mu.Unlock()
+	synctest.Test(t, func(t *testing.T) {
+		c := fake.NewClientset()
+		var mu sync.Mutex
+		writes := 0
+		c.PrependReactor("*", "configmaps", func(a k8stesting.Action) (bool, runtime.Object, error) {
+			if a.GetVerb() == "create" || a.GetVerb() == "update" {
+				mu.Lock()
+				writes++
+				mu.Unlock()
+			}
+			return false, nil, nil
+		})
+		count := func() int { mu.Lock(); defer mu.Unlock(); return writes }
+		w := NewWriter(c, ns, "cp-0", zap.NewNop())
+		for i := range Capacity + 10 {
+			w.Record(entry(i, OutcomeAccepted))
 		}
-		return false, nil, nil
+		runWriter(t, w)
+		advance(FlushInterval)
+		if es := entries(t, c); len(es) != Capacity {
+			t.Fatalf("first write holds %d entries, want %d", len(es), Capacity)
+		}
+		first := count()
+		w.Record(entry(100000, OutcomeRejected))
+		advance(FloodInterval - FlushInterval)
+		if got := count(); got != first {
+			t.Fatalf("ConfigMap written %d times within the flood interval, want %d", got, first)
+		}
+		advance(2 * FlushInterval)
+		if es := entries(t, c); es[len(es)-1].Node != "worker-100000" {
+			t.Fatal("the entry recorded during the flood interval was not written after it")
+		}
 	})
-	count := func() int { mu.Lock(); defer mu.Unlock(); return writes }
-	w := NewWriter(c, ns, "cp-0", zap.NewNop())
-	w.floodInterval = 3 * time.Second
-	for i := range Capacity + 10 {
-		w.Record(entry(i, OutcomeAccepted))
-	}
-	runWriter(t, w)
-	waitEntries(t, c, Capacity)
-	first := count()
-	w.Record(entry(100000, OutcomeRejected))
-	time.Sleep(4 * FlushInterval)
-	if got := count(); got != first {
-		t.Fatalf("ConfigMap written %d times within the flood interval, want %d", got, first)
-	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		es, _ := Read(context.Background(), c, ns)
-		if len(es) > 0 && es[len(es)-1].Node == "worker-100000" {
-			break
+}
+
+// TestFailedWriteIsRetriedWithBackoff: while the API server refuses writes, the writer waits longer
+// before each retry (retryInitial, doubling); once a write succeeds, the entries are in the ledger.
+func TestFailedWriteIsRetriedWithBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := fake.NewClientset()
+		var attempts []time.Time
+		c.PrependReactor("create", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
+			attempts = append(attempts, time.Now())
+			if len(attempts) <= 4 {
+				return true, nil, apierrors.NewServiceUnavailable("etcd is down")
+			}
+			return false, nil, nil
+		})
+		w := NewWriter(c, ns, "cp-0", zap.NewNop())
+		w.Record(entry(1, OutcomeRejected))
+		runWriter(t, w)
+		advance(time.Minute)
+		if es := entries(t, c); len(es) != 1 {
+			t.Fatalf("entries %+v", es)
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("the entry recorded during the flood interval was never written")
+		if len(attempts) != 5 {
+			t.Fatalf("%d write attempts, want 5", len(attempts))
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		for i, want := 1, retryInitial; i < len(attempts); i, want = i+1, 2*want {
+			// The writer retries at its next tick after waiting.
+			if gap := attempts[i].Sub(attempts[i-1]); gap < want || gap > want+FlushInterval {
+				t.Errorf("retry %d came %v after the failed write, want %v to %v", i, gap, want, want+FlushInterval)
+			}
+		}
+	})
 }
