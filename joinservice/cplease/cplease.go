@@ -16,13 +16,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"math/big"
+	"math"
 	"time"
 
 	"go.uber.org/zap"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/berth-k8s/berth/joinservice/server"
@@ -37,6 +38,12 @@ const (
 	DefaultMaxWait = 10 * time.Second
 )
 
+// pollInterval is the wait between attempts on a held Lease; each wait adds up to pollJitter of it.
+const (
+	pollInterval = 100 * time.Millisecond
+	pollJitter   = 1.0
+)
+
 // Lock implements server.ControlPlaneLock with a Lease.
 type Lock struct {
 	client    kubernetes.Interface
@@ -47,7 +54,6 @@ type Lock struct {
 	TTL time.Duration
 	// MaxWait bounds how long Lock waits for another holder.
 	MaxWait time.Duration
-	now     func() time.Time
 }
 
 var _ server.ControlPlaneLock = (*Lock)(nil)
@@ -57,7 +63,7 @@ func New(client kubernetes.Interface, namespace, replica string, log *zap.Logger
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Lock{client: client, namespace: namespace, replica: replica, log: log, TTL: DefaultTTL, MaxWait: DefaultMaxWait, now: time.Now}
+	return &Lock{client: client, namespace: namespace, replica: replica, log: log, TTL: DefaultTTL, MaxWait: DefaultMaxWait}
 }
 
 // Lock takes the Lease for holder (the joining node's name) or returns server.ErrControlPlaneBusy
@@ -70,30 +76,23 @@ func (l *Lock) Lock(ctx context.Context, holder string) (func(), error) {
 	id := l.replica + "/" + holder + "/" + hex.EncodeToString(suffix)
 	ctx, cancel := context.WithTimeout(ctx, l.MaxWait)
 	defer cancel()
-	for {
-		ok, err := l.tryAcquire(ctx, id)
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, server.ErrControlPlaneBusy
-			}
-			return nil, err
-		}
-		if ok {
-			return func() { l.release(ctx, id) }, nil
-		}
-		jitter, _ := rand.Int(rand.Reader, big.NewInt(100))
-		select {
-		case <-ctx.Done():
+	poll := wait.Backoff{Duration: pollInterval, Jitter: pollJitter, Steps: math.MaxInt32}
+	err := wait.ExponentialBackoffWithContext(ctx, poll, func(ctx context.Context) (bool, error) {
+		return l.tryAcquire(ctx, id)
+	})
+	if err != nil {
+		if ctx.Err() != nil {
 			return nil, server.ErrControlPlaneBusy
-		case <-time.After(100*time.Millisecond + time.Duration(jitter.Int64())*time.Millisecond):
 		}
+		return nil, err
 	}
+	return func() { l.release(ctx, id) }, nil
 }
 
 // tryAcquire makes one attempt: true when id now holds the Lease.
 func (l *Lock) tryAcquire(ctx context.Context, id string) (bool, error) {
 	leases := l.client.CoordinationV1().Leases(l.namespace)
-	now := metav1.NewMicroTime(l.now())
+	now := metav1.NewMicroTime(time.Now())
 	secs := int32(l.TTL / time.Second)
 	lease, err := leases.Get(ctx, LeaseName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
@@ -145,7 +144,7 @@ func (l *Lock) held(lease *coordinationv1.Lease) bool {
 		return false
 	}
 	expires := s.RenewTime.Add(time.Duration(*s.LeaseDurationSeconds) * time.Second)
-	return l.now().Before(expires)
+	return time.Now().Before(expires)
 }
 
 // release clears the holder if it is still id. Failures only delay the next join until the TTL.
