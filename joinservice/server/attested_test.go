@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/choose"
@@ -23,6 +24,7 @@ import (
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
+	"github.com/berth-k8s/berth/joinservice/ledger"
 )
 
 // TestAttestedJoin runs a join over mutual attested TLS between two swtpm-backed parties: the
@@ -150,22 +152,19 @@ func TestAttestedJoin(t *testing.T) {
 		if err == nil {
 			t.Fatal("a node whose EK is not rooted in the policy's CAs got a ticket")
 		}
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		// The server records the refused handshake after the client has seen it fail.
+		var last ledger.Entry
+		if err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 			es := j.all()
-			last := es[len(es)-1]
-			if last.RPC == "handshake" {
-				if last.Reason != ReasonNotActivated && last.Reason != ReasonUntrustedRoot || last.Peer != "127.0.0.1" {
-					t.Fatalf("ledger entry %+v, want a named handshake rejection", last)
-				}
-				t.Logf("ledger: %s: %s", last.Reason, last.Message)
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("no handshake entry in the ledger: %+v", es)
-			}
-			time.Sleep(20 * time.Millisecond)
+			last = es[len(es)-1]
+			return last.RPC == "handshake", nil
+		}); err != nil {
+			t.Fatalf("no handshake entry in the ledger: %+v", j.all())
 		}
+		if last.Reason != ReasonNotActivated && last.Reason != ReasonUntrustedRoot || last.Peer != "127.0.0.1" {
+			t.Fatalf("ledger entry %+v, want a named handshake rejection", last)
+		}
+		t.Logf("ledger: %s: %s", last.Reason, last.Message)
 	})
 	t.Run("joinservice locked to another cluster is refused", func(t *testing.T) {
 		_, err := join(t, start(t, []byte("some other cluster")), nil)
