@@ -30,11 +30,9 @@ import (
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/joinservice/server"
 )
-
-// PolicyKey is the ConfigMap key holding the policy YAML.
-const PolicyKey = "attestationPolicy"
 
 // ErrRefused wraps every reason an update is not applied.
 var ErrRefused = errors.New("policy update refused")
@@ -192,11 +190,11 @@ func (w *Watcher) handle(ctx context.Context, obj any) {
 	if !ok {
 		return
 	}
-	text, present := cm.Data[PolicyKey]
+	text, present := cm.Data[joinconfig.KeyAttestationPolicy]
 	var changed bool
 	var err error
 	if !present {
-		err = fmt.Errorf("%w: the ConfigMap has no key %s", ErrRefused, PolicyKey)
+		err = fmt.Errorf("%w: the ConfigMap has no key %s", ErrRefused, joinconfig.KeyAttestationPolicy)
 	} else {
 		changed, err = w.holder.Update(text)
 	}

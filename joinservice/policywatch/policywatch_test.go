@@ -18,11 +18,12 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
-	"github.com/berth-k8s/berth/bootstrapper/components"
 	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/joinservice/server"
 )
 
@@ -158,17 +159,17 @@ func TestWatcherOnAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	admin := env.Client(t, apiservertest.AdminUser)
-	cms := admin.CoreV1().ConfigMaps(components.Namespace)
-	cm, err := cms.Get(ctx, components.JoinConfigName, metav1.GetOptions{})
+	cms := admin.CoreV1().ConfigMaps(joinconfig.Namespace)
+	cm, err := cms.Get(ctx, joinconfig.JoinConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h, err := NewHolder("tpm", "ConfigMap", cm.Data[PolicyKey], build)
+	h, err := NewHolder("tpm", "ConfigMap", cm.Data[joinconfig.KeyAttestationPolicy], build)
 	if err != nil {
 		t.Fatal(err)
 	}
 	obs := &reloads{}
-	w := NewWatcher(env.Client(t, apiservertest.JoinServiceUser), components.Namespace, components.JoinConfigName, "cp-0", h, obs, zap.NewNop())
+	w := NewWatcher(env.Client(t, apiservertest.JoinServiceUser), joinconfig.Namespace, joinconfig.JoinConfigName, "cp-0", h, obs, zap.NewNop())
 	wctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = w.Run(wctx) }()
@@ -176,23 +177,21 @@ func TestWatcherOnAPIServer(t *testing.T) {
 
 	update := func(doc string) {
 		t.Helper()
-		cm, err := cms.Get(ctx, components.JoinConfigName, metav1.GetOptions{})
+		cm, err := cms.Get(ctx, joinconfig.JoinConfigName, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		cm.Data[PolicyKey] = doc
+		cm.Data[joinconfig.KeyAttestationPolicy] = doc
 		if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	waitFor := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(20 * time.Millisecond)
+		if err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+			return cond(), nil
+		}); err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
 		}
 	}
 
@@ -205,14 +204,14 @@ func TestWatcherOnAPIServer(t *testing.T) {
 		t.Fatal("a malformed update replaced the policy")
 	}
 	waitFor("the PolicyRejected event", func() bool {
-		evs, err := admin.CoreV1().Events(components.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "reason=PolicyRejected"})
+		evs, err := admin.CoreV1().Events(joinconfig.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "reason=PolicyRejected"})
 		if err == nil && len(evs.Items) > 0 {
 			t.Logf("event: %s", evs.Items[0].Message)
 			return true
 		}
 		return false
 	})
-	evs, err := admin.CoreV1().Events(components.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "reason=PolicyApplied"})
+	evs, err := admin.CoreV1().Events(joinconfig.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "reason=PolicyApplied"})
 	if err != nil || len(evs.Items) == 0 {
 		t.Fatalf("no PolicyApplied event: %v", err)
 	}

@@ -1,0 +1,180 @@
+// Package joinservice is the service every control-plane node runs to issue join tickets. Run is the
+// only place where its parts meet:
+//
+//   - at start, it reads the cluster secrets (patiently: right after init the API server may not be
+//     reachable yet), the join configuration and the cluster CA, and builds the ticket server with
+//     its attestation policy;
+//   - then one errgroup runs the gRPC server, the metrics server, the join ledger's writer and, with
+//     attestation, the watcher that hot-reloads the policy, until ctx ends.
+//
+// On shutdown the gRPC server stops gracefully (forcibly after 10 s), the metrics server and
+// the policy watcher stop with it, and the ledger writer stops last, after a final write of what the
+// last calls recorded.
+package joinservice
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"google.golang.org/grpc"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/metadata"
+	"github.com/berth-k8s/berth/internal/version"
+	"github.com/berth-k8s/berth/joinproto"
+	"github.com/berth-k8s/berth/joinservice/ca"
+	"github.com/berth-k8s/berth/joinservice/cplease"
+	"github.com/berth-k8s/berth/joinservice/ledger"
+	"github.com/berth-k8s/berth/joinservice/metrics"
+	"github.com/berth-k8s/berth/joinservice/policywatch"
+	"github.com/berth-k8s/berth/joinservice/server"
+)
+
+// stopGrace bounds the graceful stop of the gRPC server; then it is stopped forcibly.
+const stopGrace = 10 * time.Second
+
+// Deps are the service's parts and settings, built by the command from its flags.
+type Deps struct {
+	Log *zap.Logger
+	// Client reaches the API server with the joinservice's identity.
+	Client kubernetes.Interface
+	// Metadata says which instance an address belongs to.
+	Metadata interface {
+		Peers(ctx context.Context) ([]metadata.Instance, error)
+	}
+	// Listen opens the gRPC and metrics listeners (a net.ListenConfig).
+	Listen interface {
+		Listen(ctx context.Context, network, address string) (net.Listener, error)
+	}
+	// Attestation is the variant this node attests and validates peers with: tpm, tdx, or
+	// insecure-none (no attestation, plaintext gRPC).
+	Attestation string
+	// Issuer attests this node in handshakes; unused with insecure-none.
+	Issuer atls.Issuer
+
+	// Address is where the JoinService API is served.
+	Address string
+	// MetricsAddress is where /metrics and /healthz are served; empty disables them.
+	MetricsAddress string
+	// Namespace holds Berth's configuration, the join ledger and the control-plane Lease.
+	Namespace string
+	// PKIDir is kubeadm's PKI directory.
+	PKIDir string
+	// Replica names this replica in the join ledger and the control-plane Lease.
+	Replica string
+	// Limits rate-limits join tickets; AttestLimits rate-limits attested handshakes.
+	Limits, AttestLimits atls.Limits
+}
+
+// Run serves until ctx ends and everything has stopped; it returns nil then. A failure to start, or
+// of the gRPC server, is returned.
+func Run(ctx context.Context, d Deps) error {
+	log := d.Log
+	keys, salt, err := loadKeysPatiently(ctx, d.Client, d.Namespace, startupPatience, log)
+	if err != nil {
+		return err
+	}
+	cm, err := d.Client.CoreV1().ConfigMaps(d.Namespace).Get(ctx, joinconfig.JoinConfigName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("reading join configuration: %w", err)
+	}
+	cfg, err := joinconfig.DecodeConfig(cm.Data)
+	if err != nil {
+		return fmt.Errorf("reading join configuration: %w", err)
+	}
+	authority, err := ca.Load(d.PKIDir)
+	if err != nil {
+		return err
+	}
+	journal := ledger.NewWriter(d.Client, d.Namespace, d.Replica, log.Named("ledger"))
+	m := metrics.New(journal)
+	creds, holder, err := transportCredentials(d, string(cfg.AttestationPolicy), journal, m)
+	if err != nil {
+		return err
+	}
+	var check server.AttestationCheck
+	if holder != nil {
+		check = holder.Check
+		creds = server.RecordHandshakes(creds, journal, m)
+	}
+	srv := server.New(server.Config{
+		APIServerEndpoint: cfg.APIServerEndpoint,
+		KubernetesVersion: cfg.KubernetesVersion,
+		PKIDir:            d.PKIDir,
+	}, log.Named("joinservice"), keys, salt, authority, d.Metadata, check,
+		server.WithJournal(journal), server.WithLimits(d.Limits), server.WithObserver(m),
+		server.WithControlPlaneLock(cplease.New(d.Client, d.Namespace, d.Replica, log.Named("lease"))))
+
+	var mlis net.Listener
+	if d.MetricsAddress != "" {
+		if mlis, err = d.Listen.Listen(ctx, "tcp", d.MetricsAddress); err != nil {
+			return fmt.Errorf("listening for metrics: %w", err)
+		}
+	}
+	lis, err := d.Listen.Listen(ctx, "tcp", d.Address)
+	if err != nil {
+		if mlis != nil {
+			mlis.Close()
+		}
+		return fmt.Errorf("listening: %w", err)
+	}
+	gs := grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(creds))...)
+	joinproto.RegisterJoinServiceServer(gs, srv)
+
+	g, gctx := errgroup.WithContext(ctx)
+	// The ledger writer outlives the gRPC server by its final flush: it stops after the server.
+	ledgerCtx, stopLedger := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLedger()
+	g.Go(func() error { return journal.Run(ledgerCtx) })
+	if holder != nil {
+		w := policywatch.NewWatcher(d.Client, d.Namespace, joinconfig.JoinConfigName, d.Replica, holder, m, log.Named("policy"))
+		g.Go(func() error {
+			if err := w.Run(gctx); err != nil {
+				log.Error("policy watcher stopped", zap.Error(err))
+			}
+			return nil
+		})
+	}
+	if mlis != nil {
+		g.Go(func() error {
+			if err := m.Serve(gctx, mlis, log.Named("metrics")); err != nil {
+				log.Error("metrics server stopped", zap.Error(err))
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		defer stopLedger()
+		return serve(gctx, gs, lis)
+	})
+	log.Info("joinservice serving", zap.String("address", lis.Addr().String()), zap.String("version", version.Version))
+	return g.Wait()
+}
+
+// serve serves gs on lis until ctx ends, then stops it gracefully, forcibly after stopGrace. A forced
+// stop closes the connections but leaves the graceful stop waiting for handlers still running.
+func serve(ctx context.Context, gs *grpc.Server, lis net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- gs.Serve(lis) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving: %w", err)
+	case <-ctx.Done():
+	}
+	stopped := make(chan struct{})
+	go func() { gs.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(stopGrace):
+		gs.Stop()
+	}
+	<-errc
+	return nil
+}
