@@ -37,7 +37,7 @@ func tpmPair(tb testing.TB) (atls.Issuer, atls.Validator, atls.Validator) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if err := vtpmtest.ProvisionEKCert(sim.Open, ca); err != nil {
+	if err := vtpmtest.ProvisionEKCert(tb.Context(), sim.Open, ca); err != nil {
 		tb.Fatal(err)
 	}
 	return vtpm.NewIssuer(sim.Open, zap.NewNop()), tpmValidator(tb, ca.PEM(), ""), tpmValidator(tb, ca.PEM(), "  0: {expected: "+strings.Repeat("ab", 32)+"}\n")
@@ -274,7 +274,7 @@ func TestActivationRequired(t *testing.T) {
 type firstContact struct{ *vtpm.Validator }
 
 func (f firstContact) Challenge(id []byte) ([]byte, []byte, func(context.Context, []byte, []byte) (attestation.Result, error), error) {
-	fresh, err := vtpm.NewValidator(f.Validator.Policy(), zap.NewNop())
+	fresh, err := vtpm.NewValidator(f.Policy(), zap.NewNop())
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -43,7 +43,7 @@ func attestingServer(t *testing.T, mutual bool) (string, []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := vtpmtest.ProvisionEKCert(sim.Open, ca); err != nil {
+	if err := vtpmtest.ProvisionEKCert(t.Context(), sim.Open, ca); err != nil {
 		t.Fatal(err)
 	}
 	var clientValidator atls.Validator

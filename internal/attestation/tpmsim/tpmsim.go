@@ -3,6 +3,7 @@
 package tpmsim
 
 import (
+	"context"
 	"errors"
 	"io"
 	"sync"
@@ -28,7 +29,7 @@ func New() (*Simulator, error) {
 }
 
 // Open returns an exclusive connection; it has the signature of vtpm.OpenFunc.
-func (s *Simulator) Open() (io.ReadWriteCloser, error) {
+func (s *Simulator) Open(context.Context) (io.ReadWriteCloser, error) {
 	s.busy.Lock()
 	return &handle{s: s}, nil
 }

@@ -2,7 +2,10 @@
 
 package tpmsim
 
-import "io"
+import (
+	"context"
+	"io"
+)
 
 // Simulator is unavailable in this build.
 type Simulator struct{}
@@ -11,7 +14,7 @@ type Simulator struct{}
 func New() (*Simulator, error) { return nil, ErrUnavailable }
 
 // Open returns ErrUnavailable.
-func (*Simulator) Open() (io.ReadWriteCloser, error) { return nil, ErrUnavailable }
+func (*Simulator) Open(context.Context) (io.ReadWriteCloser, error) { return nil, ErrUnavailable }
 
 // Reset returns ErrUnavailable.
 func (*Simulator) Reset() error { return ErrUnavailable }

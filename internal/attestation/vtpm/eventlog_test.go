@@ -65,7 +65,7 @@ var sampleEvents = []logEvent{
 // extendLikeFirmware extends the simulator's SHA-256 bank with the events, as firmware would.
 func extendLikeFirmware(t *testing.T, open vtpm.OpenFunc, events []logEvent) {
 	t.Helper()
-	rwc, err := open()
+	rwc, err := open(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -39,8 +39,9 @@ import (
 	"github.com/google/go-tpm/tpm2/transport"
 )
 
-// OpenFunc opens a connection to a TPM. Every call returns a fresh connection the caller closes.
-type OpenFunc func() (io.ReadWriteCloser, error)
+// OpenFunc opens a connection to a TPM. Every call returns a fresh connection the caller closes; ctx
+// bounds the opening only, not the connection.
+type OpenFunc func(ctx context.Context) (io.ReadWriteCloser, error)
 
 // maxResponse bounds a TPM response; TPM 2.0 responses fit in 4 KiB, we allow some slack.
 const maxResponse = 64 << 10
@@ -56,13 +57,22 @@ func OpenerFromSpec(spec string) (OpenFunc, error) {
 		if _, _, err := net.SplitHostPort(addr); err != nil {
 			return nil, fmt.Errorf("parsing TPM address %q: %w", addr, err)
 		}
-		return func() (io.ReadWriteCloser, error) { return net.DialTimeout("tcp", addr, 5*time.Second) }, nil
+		return dialer("tcp", addr), nil
 	case strings.HasPrefix(spec, "unix:"):
 		path := strings.TrimPrefix(spec, "unix:")
-		return func() (io.ReadWriteCloser, error) { return net.DialTimeout("unix", path, 5*time.Second) }, nil
+		return dialer("unix", path), nil
 	default:
-		return func() (io.ReadWriteCloser, error) { return os.OpenFile(spec, os.O_RDWR, 0) }, nil
+		return func(context.Context) (io.ReadWriteCloser, error) { return os.OpenFile(spec, os.O_RDWR, 0) }, nil
 	}
+}
+
+// dialTimeout bounds connecting to swtpm's data channel.
+const dialTimeout = 5 * time.Second
+
+// dialer returns an OpenFunc that connects to a socket, within dialTimeout and ctx.
+func dialer(network, addr string) OpenFunc {
+	d := net.Dialer{Timeout: dialTimeout}
+	return func(ctx context.Context) (io.ReadWriteCloser, error) { return d.DialContext(ctx, network, addr) }
 }
 
 // conn is one open TPM connection speaking go-tpm's transport.TPM.
@@ -75,7 +85,7 @@ func openTPM(ctx context.Context, open OpenFunc) (*conn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	rwc, err := open()
+	rwc, err := open(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("opening TPM: %w", err)
 	}

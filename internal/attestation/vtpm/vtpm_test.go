@@ -36,7 +36,7 @@ func newSimulator(t testing.TB) (vtpm.OpenFunc, *vtpmtest.CA, *tpmsim.Simulator)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := vtpmtest.ProvisionEKCert(sim.Open, ca); err != nil {
+	if err := vtpmtest.ProvisionEKCert(t.Context(), sim.Open, ca); err != nil {
 		t.Fatalf("provisioning EK certificate: %v", err)
 	}
 	return sim.Open, ca, sim

@@ -1,6 +1,7 @@
 package vtpmtest
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -8,6 +9,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 )
@@ -85,13 +88,14 @@ func StartSwtpm(t testing.TB, ca *SwtpmCA) *Swtpm {
 	if err := os.MkdirAll(state, 0o700); err != nil {
 		t.Fatal(err)
 	}
-	setup := exec.Command("swtpm_setup", "--tpm2", "--tpmstate", state, "--create-ek-cert",
+	ctx := t.Context()
+	setup := exec.CommandContext(ctx, "swtpm_setup", "--tpm2", "--tpmstate", state, "--create-ek-cert",
 		"--config", filepath.Join(ca.Dir, "swtpm_setup.conf"), "--overwrite")
 	if out, err := setup.CombinedOutput(); err != nil {
 		t.Fatalf("swtpm_setup: %v\n%s", err, out)
 	}
 	sock := filepath.Join(dir, "tpm.sock")
-	cmd := exec.Command("swtpm", "socket", "--tpm2", "--tpmstate", "dir="+state,
+	cmd := exec.CommandContext(ctx, "swtpm", "socket", "--tpm2", "--tpmstate", "dir="+state,
 		"--server", "type=unixio,path="+sock, "--ctrl", "type=unixio,path="+filepath.Join(dir, "ctrl.sock"),
 		"--flags", "not-need-init,startup-clear", "--log", "file="+filepath.Join(dir, "swtpm.log"))
 	if err := cmd.Start(); err != nil {
@@ -101,17 +105,22 @@ func StartSwtpm(t testing.TB, ca *SwtpmCA) *Swtpm {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		c, err := net.Dial("unix", sock)
-		if err == nil {
-			c.Close()
-			break
+	// swtpm opens its socket shortly after it starts: poll for it every 20 ms for up to 10 s.
+	const (
+		socketPoll    = 20 * time.Millisecond
+		socketTimeout = 10 * time.Second
+	)
+	var d net.Dialer
+	var last error
+	if err := wait.PollUntilContextTimeout(ctx, socketPoll, socketTimeout, true, func(ctx context.Context) (bool, error) {
+		c, err := d.DialContext(ctx, "unix", sock)
+		if last = err; err != nil {
+			return false, nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("swtpm did not open %s: %v", sock, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		_ = c.Close()
+		return true, nil
+	}); err != nil {
+		t.Fatalf("swtpm did not open %s: %v", sock, last)
 	}
 	open, err := vtpm.OpenerFromSpec("unix:" + sock)
 	if err != nil {

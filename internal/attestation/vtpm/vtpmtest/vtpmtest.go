@@ -4,6 +4,7 @@
 package vtpmtest
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -63,8 +64,8 @@ var oidTCGKpEKCertificate = asn1.ObjectIdentifier{2, 23, 133, 8, 1}
 
 // ProvisionEKCert creates the TPM's RSA EK, issues an EK certificate for it from ca and writes the
 // certificate to vtpm.RSAEKCertIndex, replacing what is there.
-func ProvisionEKCert(open vtpm.OpenFunc, ca *CA) error {
-	rwc, err := open()
+func ProvisionEKCert(ctx context.Context, open vtpm.OpenFunc, ca *CA) error {
+	rwc, err := open(ctx)
 	if err != nil {
 		return err
 	}
