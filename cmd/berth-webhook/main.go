@@ -68,18 +68,19 @@ func run() error {
 	}
 	defer func() { _ = log.Sync() }()
 
-	ln, err := net.Listen("tcp", listen)
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", listen)
 	if err != nil {
 		return fmt.Errorf("listening for admission reviews: %w", err)
 	}
-	probeLn, err := net.Listen("tcp", probeListen)
+	probeLn, err := lc.Listen(ctx, "tcp", probeListen)
 	if err != nil {
 		ln.Close()
 		return fmt.Errorf("listening for probes: %w", err)
 	}
 
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	go func() {

@@ -31,7 +31,7 @@ func (w Waiter) WaitReady(ctx context.Context, kubeconfigPath string) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w (last error: %v)", ctx.Err(), last)
+			return fmt.Errorf("%w (last error: %w)", ctx.Err(), last)
 		case <-time.After(interval):
 		}
 	}

@@ -327,7 +327,7 @@ func TestClientAttestationRejected(t *testing.T) {
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			if tc.wantErr == atls.ErrNoAttestation {
+			if errors.Is(tc.wantErr, atls.ErrNoAttestation) {
 				// crypto/tls rejects a missing certificate before VerifyPeerCertificate runs.
 				return
 			}

@@ -2,6 +2,7 @@ package atls
 
 import (
 	"bytes"
+	"errors"
 	"strings"
 	"testing"
 )
@@ -27,9 +28,7 @@ func FuzzClaims(f *testing.F) {
 			}
 		}
 		var r *Rejection
-		if err, ok := parseRejection(verdict).(*Rejection); ok {
-			r = err
-		}
+		errors.As(parseRejection(verdict), &r)
 		if r != nil && (len(r.Reason) > maxReasonLen || len(r.Message) > maxRejectionMsg || strings.ContainsAny(r.Message, "\n\r\x00")) {
 			t.Fatalf("verdict not bounded or not printable: %q", r.Message)
 		}

@@ -36,7 +36,8 @@ func RunAgent(ctx context.Context, dir string, log *zap.Logger) error {
 		return err
 	}
 	addr := netip.AddrPortFrom(st.Config.HostAddr(), MetadataPort).String()
-	lis, err := net.Listen("tcp", addr)
+	var lc net.ListenConfig
+	lis, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", addr, err)
 	}

@@ -73,7 +73,7 @@ func (Exec) Start(cmd Cmd) (Proc, error) {
 		args = append(append([]string{"-c", joinCgroupsScript, "sh", strconv.Itoa(len(cmd.Cgroups))}, cmd.Cgroups...), append([]string{cmd.Path}, cmd.Args...)...)
 		path = "/bin/sh"
 	}
-	c := exec.Command(path, args...)
+	c := exec.Command(path, args...) //nolint:noctx // a detached daemon that outlives the berth process, so no context may end it
 	c.Env = append(os.Environ(), cmd.Env...)
 	c.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if cmd.Log != "" {

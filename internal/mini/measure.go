@@ -51,7 +51,7 @@ func (c *Cluster) measureBoot(ctx context.Context, n Node) error {
 		_, last = c.run.Run(ctx, cmd)
 		return last == nil, nil
 	}); err != nil {
-		return fmt.Errorf("measuring boot: %w (last: %v)", err, last)
+		return fmt.Errorf("measuring boot: %w (last: %w)", err, last)
 	}
 	return nil
 }

@@ -210,7 +210,7 @@ func (c *Cluster) containerd(ctx context.Context, nodes []Node) error {
 			return last == nil, nil
 		})
 		if err != nil {
-			return fmt.Errorf("node %s: waiting for containerd: %w (last: %v)", n.Name, err, last)
+			return fmt.Errorf("node %s: waiting for containerd: %w (last: %w)", n.Name, err, last)
 		}
 	}
 	return nil

@@ -131,7 +131,8 @@ func daemon(ctx context.Context, cfg *config) error {
 	}, log.Named("join"), fs, lock, adm, kube, state)
 	joinClient := joinclient.New(log.Named("joinclient"), meta, att.dialJoin, joiner, cfg.diskUUID).WithPort(cfg.joinPort)
 
-	lis, err := net.Listen("tcp", cfg.initListen)
+	var lc net.ListenConfig
+	lis, err := lc.Listen(ctx, "tcp", cfg.initListen)
 	if err != nil {
 		return fmt.Errorf("listening for init: %w", err)
 	}

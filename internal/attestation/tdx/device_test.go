@@ -117,7 +117,7 @@ func newFakeConfigfs(t *testing.T, withMRs bool) *fakeConfigfs {
 		provider: "tdx_guest\n",
 		quote:    func(in []byte) []byte { return append([]byte("QUOTE:"), in...) },
 	}
-	if err := f.Fs.MkdirAll(f.reportDir, 0o755); err != nil {
+	if err := f.MkdirAll(f.reportDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if withMRs {
@@ -150,7 +150,7 @@ func (f *fakeConfigfs) Remove(name string) error {
 	f.mu.Lock()
 	f.removed = append(f.removed, name)
 	f.mu.Unlock()
-	return f.Fs.RemoveAll(name)
+	return f.RemoveAll(name)
 }
 
 func (f *fakeConfigfs) OpenFile(name string, flag int, perm os.FileMode) (afero.File, error) {

@@ -273,7 +273,10 @@ func waitDenied(ctx context.Context, kube kubernetes.Interface, ns, name string)
 		return last != nil && strings.Contains(last.Error(), denyMarker), nil
 	})
 	if err != nil {
-		return fmt.Errorf("%w; last answer: %v", err, last)
+		if last == nil {
+			return fmt.Errorf("%w; last answer: admitted", err)
+		}
+		return fmt.Errorf("%w; last answer: %w", err, last)
 	}
 	return nil
 }

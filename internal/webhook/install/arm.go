@@ -227,7 +227,10 @@ func (w *Installer) Uninstall(ctx context.Context) error {
 		if apierrors.IsNotFound(err) {
 			return true, nil
 		}
-		return false, fmt.Errorf("configuration %s still there: %v", ConfigName, err)
+		if err != nil {
+			return false, fmt.Errorf("configuration %s still there: %w", ConfigName, err)
+		}
+		return false, fmt.Errorf("configuration %s still there", ConfigName)
 	})
 	if err != nil {
 		return err

@@ -43,7 +43,10 @@ func (w *Installer) waitAPI(ctx context.Context) error {
 		if err == nil && string(body) == "ok" {
 			return true, nil
 		}
-		return false, fmt.Errorf("readyz: %q %v", body, err)
+		if err != nil {
+			return false, fmt.Errorf("readyz: %q %w", body, err)
+		}
+		return false, fmt.Errorf("readyz: %q", body)
 	})
 	if err != nil {
 		return failure(ErrAPINotReady, "check the control plane (kube-apiserver, etcd) and retry", "%v", err)
