@@ -73,7 +73,7 @@ func (i *Installer) Install(ctx context.Context, kubeconfigPath string, job *ini
 		if err := client.Apply(ctx, obj); err != nil {
 			return err
 		}
-		fmt.Fprintf(job.Out, "[berth] applied %s %s\n", obj.GetKind(), qualifiedName(obj))
+		_, _ = fmt.Fprintf(job.Out, "[berth] applied %s %s\n", obj.GetKind(), qualifiedName(obj))
 	}
 	return i.installWebhook(ctx, kubeconfigPath, job)
 }

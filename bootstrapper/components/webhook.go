@@ -12,7 +12,7 @@ import (
 // names an image; the policy comes from the init request.
 func (i *Installer) installWebhook(ctx context.Context, kubeconfigPath string, job *initcluster.Job) error {
 	if i.cfg.WebhookImage == "" {
-		fmt.Fprintln(job.Out, "[berth] image-policy webhook not installed: no webhook image configured (--webhook-image)")
+		_, _ = fmt.Fprintln(job.Out, "[berth] image-policy webhook not installed: no webhook image configured (--webhook-image)")
 		return nil
 	}
 	w, err := install.NewFromKubeconfig(install.Config{Image: i.cfg.WebhookImage, ImagePullPolicy: i.cfg.ImagePullPolicy, Policy: job.Req.ImagePolicy}, kubeconfigPath, job.Out)

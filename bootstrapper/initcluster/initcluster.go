@@ -170,7 +170,7 @@ func (i *Initializer) preflight(ctx context.Context, job *Job) error {
 	if have != job.Req.KubernetesVersion {
 		return fmt.Errorf("this node's kubeadm is %s, the request asks for Kubernetes %s", have, job.Req.KubernetesVersion)
 	}
-	fmt.Fprintf(job.Out, "[berth] kubeadm %s, container runtime at %s\n", have, i.cfg.CRISocket)
+	_, _ = fmt.Fprintf(job.Out, "[berth] kubeadm %s, container runtime at %s\n", have, i.cfg.CRISocket)
 	return nil
 }
 
@@ -199,7 +199,7 @@ func (i *Initializer) writeConfig(_ context.Context, job *Job) error {
 	if err := afero.WriteFile(i.fs, i.configPath(), cfg, 0o600); err != nil {
 		return fmt.Errorf("writing kubeadm config: %w", err)
 	}
-	fmt.Fprintf(job.Out, "[berth] wrote kubeadm configuration to %s\n", i.configPath())
+	_, _ = fmt.Fprintf(job.Out, "[berth] wrote kubeadm configuration to %s\n", i.configPath())
 	return nil
 }
 
@@ -224,7 +224,7 @@ func (i *Initializer) kubeadmInit(ctx context.Context, job *Job) error {
 	if _, err := i.fs.Stat(attempted); err == nil {
 		// An earlier kubeadm init got part of the way. kubeadm init is not idempotent, so undo it
 		// and redo it from the certificates on.
-		fmt.Fprintln(job.Out, "[berth] an earlier kubeadm init did not finish: resetting and running it again")
+		_, _ = fmt.Fprintln(job.Out, "[berth] an earlier kubeadm init did not finish: resetting and running it again")
 		if err := i.kubeadm.Reset(ctx, job.Out, i.cfg.CRISocket); err != nil {
 			return err
 		}
@@ -245,7 +245,7 @@ func (i *Initializer) waitAPIServer(ctx context.Context, job *Job) error {
 	if err := i.waiter.WaitReady(ctx, i.adminConfPath()); err != nil {
 		return fmt.Errorf("waiting for the API server: %w", err)
 	}
-	fmt.Fprintf(job.Out, "[berth] API server ready after %s\n", time.Since(start).Round(time.Millisecond))
+	_, _ = fmt.Fprintf(job.Out, "[berth] API server ready after %s\n", time.Since(start).Round(time.Millisecond))
 	return nil
 }
 

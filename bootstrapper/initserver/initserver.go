@@ -116,7 +116,10 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		srv.Stop()
 		<-stopped
 	}
-	<-errc
+	// Serve returns nil once stopped; an error here failed the server while the stop was under way.
+	if err := <-errc; err != nil {
+		s.log.Warn("init server failed while stopping", zap.Error(err))
+	}
 	s.log.Info("init server stopped")
 	return nil
 }

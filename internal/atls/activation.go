@@ -188,7 +188,7 @@ func probeIdentity(ctx context.Context, conn net.Conn, claims []string) ([]byte,
 	}
 	tc := tls.Client(conn, cfg)
 	err := tc.HandshakeContext(ctx)
-	tc.Close()
+	_ = tc.Close() // the probe connection is done either way: it only learns the identity
 	if id != nil {
 		return id, nil
 	}
@@ -220,7 +220,7 @@ func Dial(ctx context.Context, dialer *net.Dialer, addr string, issuer Issuer, v
 	}
 	conn := tls.Client(raw, cfg)
 	if err := conn.HandshakeContext(ctx); err != nil {
-		conn.Close()
+		_ = conn.Close() // the handshake's error is the one to report
 		return nil, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
 	}
 	return conn, nil

@@ -111,7 +111,7 @@ func (c *Credentials) ClientHandshake(ctx context.Context, authority string, raw
 	}
 	conn := tls.Client(rawConn, cfg)
 	if err := conn.HandshakeContext(ctx); err != nil {
-		conn.Close()
+		_ = conn.Close() // the handshake's error is the one to report
 		return nil, nil, fmt.Errorf("attested TLS handshake: %w", err)
 	}
 	return conn, c.authInfo(conn, rec.evidence()), nil
@@ -130,7 +130,7 @@ func (c *Credentials) ServerHandshake(rawConn net.Conn) (net.Conn, credentials.A
 	defer cancel()
 	conn := tls.Server(rawConn, cfg)
 	if err := conn.HandshakeContext(ctx); err != nil {
-		conn.Close()
+		_ = conn.Close() // the handshake's error is the one to report
 		return nil, nil, fmt.Errorf("attested TLS handshake: %w", err)
 	}
 	return conn, c.authInfo(conn, rec.evidence()), nil
@@ -148,7 +148,7 @@ func (c *Credentials) authInfo(conn *tls.Conn, ev *Evidence) AuthInfo {
 
 // Info describes the protocol.
 func (c *Credentials) Info() credentials.ProtocolInfo {
-	return credentials.ProtocolInfo{SecurityProtocol: "atls", SecurityVersion: "1.3"}
+	return credentials.ProtocolInfo{SecurityProtocol: "atls"}
 }
 
 // Clone returns a copy sharing issuer, validator and rate limiter.

@@ -21,7 +21,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"sigs.k8s.io/yaml"
@@ -221,7 +220,7 @@ func prepareWorkspace(dir string, out io.Writer) (master, salt []byte, err error
 		if err1 != nil || err2 != nil || len(master) != 32 || len(salt) != 32 {
 			return nil, nil, fmt.Errorf("%s is damaged: want a 32-byte master secret and salt", path)
 		}
-		fmt.Fprintf(out, "Resuming with the master secret in %s\n", path)
+		_, _ = fmt.Fprintf(out, "Resuming with the master secret in %s\n", path)
 		return master, salt, nil
 	case !errors.Is(err, fs.ErrNotExist):
 		return nil, nil, fmt.Errorf("reading %s: %w", path, err)
@@ -240,7 +239,7 @@ func prepareWorkspace(dir string, out io.Writer) (master, salt []byte, err error
 	if err := writeExclusive(path, append(data, '\n')); err != nil {
 		return nil, nil, err
 	}
-	fmt.Fprintf(out, "Wrote the cluster's master secret to %s (keep it safe: it is the root of every cluster key)\n", path)
+	_, _ = fmt.Fprintf(out, "Wrote the cluster's master secret to %s (keep it safe: it is the root of every cluster key)\n", path)
 	return master, salt, nil
 }
 
@@ -298,10 +297,10 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 	if err := checkWorkspace(o.workspace); err != nil {
 		return err
 	}
-	var creds credentials.TransportCredentials = insecure.NewCredentials()
+	creds := insecure.NewCredentials()
 	verdict := &attestVerdict{}
 	if validator == nil {
-		fmt.Fprintln(out, "WARNING: attestation is skipped; the node's identity is not verified")
+		_, _ = fmt.Fprintln(out, "WARNING: attestation is skipped; the node's identity is not verified")
 	} else {
 		if creds, err = atls.NewCredentials(nil, validator, atls.WithObserver(verdict.observe)); err != nil {
 			return fmt.Errorf("creating attested TLS credentials: %w", err)
@@ -311,15 +310,15 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 	if err != nil {
 		return usageErr("--endpoint %q: %w", o.endpoint, err)
 	}
-	defer conn.Close()
-	fmt.Fprintf(out, "Connecting to %s ...\n", o.endpoint)
+	defer func() { _ = conn.Close() }()
+	_, _ = fmt.Fprintf(out, "Connecting to %s ...\n", o.endpoint)
 	if err := waitConnected(ctx, conn, o.connectTimeout, verdict); err != nil {
 		return err
 	}
 	if ev := verdict.accepted(); ev != nil {
-		fmt.Fprintf(out, "Node attested (%s): %d measurements match the policy\n", ev.Variant, len(ev.Result.Measurements))
+		_, _ = fmt.Fprintf(out, "Node attested (%s): %d measurements match the policy\n", ev.Variant, len(ev.Result.Measurements))
 		for _, w := range ev.Result.Warnings {
-			fmt.Fprintf(out, "  warning: %s\n", w)
+			_, _ = fmt.Fprintf(out, "  warning: %s\n", w)
 		}
 	}
 	// Only now, with the node verified, the cluster's secrets come into being (or are reloaded to
@@ -438,13 +437,13 @@ func receiveInit(stream initproto.InitService_InitClient, out, logFile io.Writer
 			switch p.GetState() {
 			case initproto.PhaseState_PHASE_STATE_STARTED:
 				started[p.GetPhase()] = time.Now()
-				fmt.Fprintf(out, "%s started\n", label)
+				_, _ = fmt.Fprintf(out, "%s started\n", label)
 			case initproto.PhaseState_PHASE_STATE_SUCCEEDED:
-				fmt.Fprintf(out, "%s done in %s\n", label, time.Since(started[p.GetPhase()]).Round(time.Millisecond))
+				_, _ = fmt.Fprintf(out, "%s done in %s\n", label, time.Since(started[p.GetPhase()]).Round(time.Millisecond))
 			case initproto.PhaseState_PHASE_STATE_SKIPPED:
-				fmt.Fprintf(out, "%s skipped (%s)\n", label, p.GetMessage())
+				_, _ = fmt.Fprintf(out, "%s skipped (%s)\n", label, p.GetMessage())
 			case initproto.PhaseState_PHASE_STATE_FAILED:
-				fmt.Fprintf(out, "%s FAILED after %s\n", label, time.Since(started[p.GetPhase()]).Round(time.Millisecond))
+				_, _ = fmt.Fprintf(out, "%s FAILED after %s\n", label, time.Since(started[p.GetPhase()]).Round(time.Millisecond))
 			}
 		case *initproto.InitResponse_Log:
 			_, _ = logFile.Write(k.Log.GetData())
@@ -476,7 +475,7 @@ func writeInitResult(out io.Writer, dir string, s *initproto.InitSuccess, took t
 	if err := os.WriteFile(filepath.Join(dir, fileClusterID), []byte(idHex+"\n"), 0o600); err != nil {
 		return fmt.Errorf("writing cluster ID: %w", err)
 	}
-	fmt.Fprintf(out, "\nCluster initialized in %s.\nCluster ID: %s\nAdmin kubeconfig: %s\n  export KUBECONFIG=%s\n",
+	_, _ = fmt.Fprintf(out, "\nCluster initialized in %s.\nCluster ID: %s\nAdmin kubeconfig: %s\n  export KUBECONFIG=%s\n",
 		took.Round(time.Millisecond), idHex, adminPath, adminPath)
 	return nil
 }

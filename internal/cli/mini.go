@@ -68,7 +68,7 @@ func miniLogger(w io.Writer) *zap.Logger {
 
 func printPhase(w io.Writer) func(mini.Phase) {
 	return func(p mini.Phase) {
-		fmt.Fprintf(w, "  %-14s %6.2fs\n", p.Name, p.Duration.Seconds())
+		_, _ = fmt.Fprintf(w, "  %-14s %6.2fs\n", p.Name, p.Duration.Seconds())
 	}
 }
 
@@ -173,7 +173,7 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 	}
 	start := time.Now()
 	phase := printPhase(out)
-	fmt.Fprintf(out, "berth mini up: %d control plane(s), %d worker(s) in %s\n", cfg.ControlPlanes, cfg.Workers, dir)
+	_, _ = fmt.Fprintf(out, "berth mini up: %d control plane(s), %d worker(s) in %s\n", cfg.ControlPlanes, cfg.Workers, dir)
 
 	t0 := time.Now()
 	script := f.buildScript
@@ -203,21 +203,21 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 	cfg.GoldenRoot = golden
 	if js := filepath.Join(filepath.Dir(env.Self), "joinservice"); !f.noBootstrap {
 		if _, err := os.Stat(js); err != nil {
-			fmt.Fprintf(errOut, "warning: no joinservice binary at %s (make build); workers will not be able to join\n", js)
+			_, _ = fmt.Fprintf(errOut, "warning: no joinservice binary at %s (make build); workers will not be able to join\n", js)
 		} else {
 			// Berth's images change with every build: a throwaway archive, removed once imported.
 			tmp, err := os.MkdirTemp(f.cacheDir, "berth-images-")
 			if err != nil {
 				return fmt.Errorf("creating Berth image directory: %w", err)
 			}
-			defer os.RemoveAll(tmp)
+			defer func() { _ = os.RemoveAll(tmp) }() // best effort: a leftover lies under the cache directory
 			cfg.BerthArchive = filepath.Join(tmp, "images-berth.tar")
 			webhook := filepath.Join(filepath.Dir(env.Self), "berth-webhook")
 			if fileExists(webhook) {
 				cfg.WebhookImage = mini.ImageWebhook
 			} else {
 				webhook = ""
-				fmt.Fprintf(errOut, "note: no berth-webhook binary next to berth; the cluster runs without the image-policy webhook\n")
+				_, _ = fmt.Fprintf(errOut, "note: no berth-webhook binary next to berth; the cluster runs without the image-policy webhook\n")
 			}
 			if err := image.WriteArchive(cfg.BerthArchive, cfg.BerthImageSpecs(js, webhook)); err != nil {
 				return fmt.Errorf("building Berth images: %w", err)
@@ -233,22 +233,22 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 	log := miniLogger(errOut)
 	cl := mini.New(cfg, env, mini.Exec{}, log)
 	if _, err := cl.Up(ctx, mini.UpOptions{Progress: phase, InitSecret: secret}); err != nil {
-		fmt.Fprintf(errOut, "berth mini up failed; logs are under %s/nodes/*/logs; remove the cluster with: berth mini down --dir %s\n", dir, dir)
+		_, _ = fmt.Fprintf(errOut, "berth mini up failed; logs are under %s/nodes/*/logs; remove the cluster with: berth mini down --dir %s\n", dir, dir)
 		return err
 	}
-	fmt.Fprintf(out, "nodes up in %.1fs:", time.Since(start).Seconds())
+	_, _ = fmt.Fprintf(out, "nodes up in %.1fs:", time.Since(start).Seconds())
 	for _, n := range cfg.Nodes() {
-		fmt.Fprintf(out, " %s=%s", n.Name, n.IP)
+		_, _ = fmt.Fprintf(out, " %s=%s", n.Name, n.IP)
 	}
-	fmt.Fprintln(out)
+	_, _ = fmt.Fprintln(out)
 	if f.noBootstrap {
-		fmt.Fprintf(out, "no bootstrapper started (--no-bootstrap). Run a command in a node with:\n  nsenter --net=/run/netns/%s --mount=%s --uts=%s -- CMD\n",
+		_, _ = fmt.Fprintf(out, "no bootstrapper started (--no-bootstrap). Run a command in a node with:\n  nsenter --net=/run/netns/%s --mount=%s --uts=%s -- CMD\n",
 			cfg.NodeNetns(cfg.Nodes()[0].Name), cfg.MountNS(cfg.Nodes()[0].Name), cfg.UTSNS(cfg.Nodes()[0].Name))
 		return nil
 	}
-	status := func(s string) { fmt.Fprintf(out, "    %s\n", strings.ReplaceAll(s, "\n", "\n    ")) }
+	status := func(s string) { _, _ = fmt.Fprintf(out, "    %s\n", strings.ReplaceAll(s, "\n", "\n    ")) }
 	if _, err := cl.Bootstrap(ctx, mini.BootstrapOptions{Progress: phase, Status: status, ReadyTimeout: f.readyTimeout}); err != nil {
-		fmt.Fprintf(errOut, "berth mini up failed; logs are under %s/nodes/*/logs; remove the cluster with: berth mini down --dir %s\n", dir, dir)
+		_, _ = fmt.Fprintf(errOut, "berth mini up failed; logs are under %s/nodes/*/logs; remove the cluster with: berth mini down --dir %s\n", dir, dir)
 		return err
 	}
 	report, err := cl.TamperedReport(ctx)
@@ -259,15 +259,15 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 	for _, r := range report {
 		if r.Joined {
 			joined = append(joined, r.Node)
-			fmt.Fprintf(out, "  tampered %s: JOINED the cluster (attestation %s did not stop it)\n", r.Node, f.attestation)
+			_, _ = fmt.Fprintf(out, "  tampered %s: JOINED the cluster (attestation %s did not stop it)\n", r.Node, f.attestation)
 			continue
 		}
-		fmt.Fprintf(out, "  tampered %s: rejected: %s\n", r.Node, r.Reason)
+		_, _ = fmt.Fprintf(out, "  tampered %s: rejected: %s\n", r.Node, r.Reason)
 	}
 	if len(joined) > 0 && f.attestation == mini.AttestationTPM {
 		return fmt.Errorf("tampered nodes joined an attested cluster: %s", strings.Join(joined, " "))
 	}
-	fmt.Fprintf(out, "cluster ready in %.1fs. Use it with:\n  export KUBECONFIG=%s\n  kubectl get nodes\n", time.Since(start).Seconds(), cfg.AdminKubeconfig())
+	_, _ = fmt.Fprintf(out, "cluster ready in %.1fs. Use it with:\n  export KUBECONFIG=%s\n  kubectl get nodes\n", time.Since(start).Seconds(), cfg.AdminKubeconfig())
 	return nil
 }
 
@@ -318,13 +318,13 @@ nothing.`,
 			out := cmd.OutOrStdout()
 			cl, err := mini.Open(dir, env, mini.Exec{}, miniLogger(cmd.ErrOrStderr()))
 			if errors.Is(err, mini.ErrNoState) {
-				fmt.Fprintf(out, "no mini cluster in %s; nothing to remove\n", dir)
+				_, _ = fmt.Fprintf(out, "no mini cluster in %s; nothing to remove\n", dir)
 				return nil
 			}
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(out, "berth mini down: %s\n", dir)
+			_, _ = fmt.Fprintf(out, "berth mini down: %s\n", dir)
 			t, err := cl.Down(cmd.Context())
 			for _, p := range t.Phases {
 				printPhase(out)(p)
@@ -332,7 +332,7 @@ nothing.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(out, "removed in %.2fs\n", t.Total().Seconds())
+			_, _ = fmt.Fprintf(out, "removed in %.2fs\n", t.Total().Seconds())
 			return nil
 		},
 	}
@@ -364,23 +364,23 @@ directories. It exits 0 once every node is Ready again.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(out, "berth mini restart: %s\n", dir)
+			_, _ = fmt.Fprintf(out, "berth mini restart: %s\n", dir)
 			start := time.Now()
 			t, err := cl.Restart(cmd.Context(), mini.RestartOptions{Progress: printPhase(out)})
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(out, "nodes restarted in %.2fs\n", t.Total().Seconds())
+			_, _ = fmt.Fprintf(out, "nodes restarted in %.2fs\n", t.Total().Seconds())
 			if _, err := os.Stat(cl.Config().AdminKubeconfig()); err != nil {
 				return nil // never bootstrapped (--no-bootstrap): nothing to wait for
 			}
 			t0 := time.Now()
-			status := func(s string) { fmt.Fprintf(out, "    %s\n", s) }
+			status := func(s string) { _, _ = fmt.Fprintf(out, "    %s\n", s) }
 			if err := cl.WaitReady(cmd.Context(), start, readyTimeout, status); err != nil {
 				return err
 			}
 			printPhase(out)(mini.Phase{Name: "ready", Duration: time.Since(t0)})
-			fmt.Fprintf(out, "all nodes Ready again %.1fs after the power cut\n", time.Since(start).Seconds())
+			_, _ = fmt.Fprintf(out, "all nodes Ready again %.1fs after the power cut\n", time.Since(start).Seconds())
 			return nil
 		},
 	}

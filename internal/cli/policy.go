@@ -42,9 +42,9 @@ real nodes' evidence before rolling it out. The exit code is 3 when the evidence
 			}
 			out := cmd.OutOrStdout()
 			seen, verdict := atls.VerifyRecorded(cmd.Context(), validator, ev.Certificate, ev.Nonce)
-			fmt.Fprintf(out, "evidence: %s (from %s, captured %s)\n", evidencePath, ev.Endpoint, ev.CapturedAt.Format("2006-01-02T15:04:05Z"))
+			_, _ = fmt.Fprintf(out, "evidence: %s (from %s, captured %s)\n", evidencePath, ev.Endpoint, ev.CapturedAt.Format("2006-01-02T15:04:05Z"))
 			if verdict == nil && p.Variant == "tpm" {
-				fmt.Fprintln(out, "note: the attestation key's activation was checked when the evidence was recorded; it cannot be repeated offline")
+				_, _ = fmt.Fprintln(out, "note: the attestation key's activation was checked when the evidence was recorded; it cannot be repeated offline")
 			}
 			return report(out, p, seen, verdict)
 		},

@@ -62,7 +62,7 @@ func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return exitOK
 	}
-	fmt.Fprintf(stderr, "Error: %v\n", err)
+	_, _ = fmt.Fprintf(stderr, "Error: %v\n", err)
 	var ee *exitError
 	if errors.As(err, &ee) {
 		return ee.code

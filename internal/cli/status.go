@@ -57,7 +57,7 @@ accepted ones. The same attempts are Events on that ConfigMap:
 func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, namespace string, limit int) error {
 	entries, err := ledger.Read(ctx, client, namespace)
 	if errors.Is(err, ledger.ErrNoLedger) {
-		fmt.Fprintln(out, "No join attempts recorded yet (no ConfigMap "+namespace+"/"+ledger.ConfigMapName+").")
+		_, _ = fmt.Fprintln(out, "No join attempts recorded yet (no ConfigMap "+namespace+"/"+ledger.ConfigMapName+").")
 		return nil
 	}
 	if err != nil {
@@ -84,21 +84,21 @@ func printLedger(out io.Writer, entries []ledger.Entry, limit int) {
 	for _, e := range rejected {
 		nRejected += max(e.Count, 1)
 	}
-	fmt.Fprintf(out, "Join ledger: %d attempts in the last %d records, %d rejected, %d accepted.\n", attempts, len(entries), nRejected, len(accepted))
+	_, _ = fmt.Fprintf(out, "Join ledger: %d attempts in the last %d records, %d rejected, %d accepted.\n", attempts, len(entries), nRejected, len(accepted))
 	section := func(title string, es []ledger.Entry, withReason bool) {
-		fmt.Fprintf(out, "\n%s (%d, newest first)\n", title, len(es))
+		_, _ = fmt.Fprintf(out, "\n%s (%d, newest first)\n", title, len(es))
 		if len(es) == 0 {
 			return
 		}
 		tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 		if withReason {
-			fmt.Fprintln(tw, "TIME\tPEER\tNODE\tROLE\tRPC\tREASON\tCOUNT\tEVIDENCE\tREPLICA\tMESSAGE")
+			_, _ = fmt.Fprintln(tw, "TIME\tPEER\tNODE\tROLE\tRPC\tREASON\tCOUNT\tEVIDENCE\tREPLICA\tMESSAGE")
 		} else {
-			fmt.Fprintln(tw, "TIME\tPEER\tNODE\tROLE\tRPC\tEVIDENCE\tREPLICA")
+			_, _ = fmt.Fprintln(tw, "TIME\tPEER\tNODE\tROLE\tRPC\tEVIDENCE\tREPLICA")
 		}
 		for n, e := range es {
 			if limit > 0 && n == limit {
-				fmt.Fprintf(tw, "... %d more\n", len(es)-limit)
+				_, _ = fmt.Fprintf(tw, "... %d more\n", len(es)-limit)
 				break
 			}
 			row := []string{e.Time.UTC().Format(time.RFC3339), e.Peer, dash(e.Node), dash(e.Role), dash(e.RPC)}
@@ -107,7 +107,7 @@ func printLedger(out io.Writer, entries []ledger.Entry, limit int) {
 			} else {
 				row = append(row, shortDigest(e.EvidenceSHA256), dash(e.Replica))
 			}
-			fmt.Fprintln(tw, strings.Join(row, "\t"))
+			_, _ = fmt.Fprintln(tw, strings.Join(row, "\t"))
 		}
 		_ = tw.Flush()
 	}

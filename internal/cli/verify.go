@@ -76,7 +76,7 @@ func runVerify(ctx context.Context, out io.Writer, endpoint, policyPath, savePat
 		seen, verdict = &ev, err
 	}))
 	if hsErr == nil {
-		conn.Close()
+		_ = conn.Close() // only the handshake's evidence is needed
 	}
 	if seen == nil {
 		// The handshake failed before the node presented an attested certificate.
@@ -86,9 +86,9 @@ func runVerify(ctx context.Context, out io.Writer, endpoint, policyPath, savePat
 		if err := saveEvidence(savePath, endpoint, seen); err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "evidence saved to %s\n", savePath)
+		_, _ = fmt.Fprintf(out, "evidence saved to %s\n", savePath)
 	}
-	fmt.Fprintf(out, "endpoint: %s\n", endpoint)
+	_, _ = fmt.Fprintf(out, "endpoint: %s\n", endpoint)
 	return report(out, p, *seen, verdict)
 }
 
@@ -108,11 +108,11 @@ func loadValidator(path string) (*policy.Policy, choose.Validator, error) {
 // report prints the evidence's measurements, warnings and the verdict, and turns a rejection into
 // exit code 3.
 func report(out io.Writer, p *policy.Policy, ev atls.Evidence, verdict error) error {
-	fmt.Fprintf(out, "variant: %s\n", orNone(ev.Variant))
+	_, _ = fmt.Fprintf(out, "variant: %s\n", orNone(ev.Variant))
 	if ev.Activated {
-		fmt.Fprintln(out, "attestation key: activated (proven to live with the certified endorsement key)")
+		_, _ = fmt.Fprintln(out, "attestation key: activated (proven to live with the certified endorsement key)")
 	}
-	fmt.Fprintf(out, "policy: %s\n", p.Origin)
+	_, _ = fmt.Fprintf(out, "policy: %s\n", p.Origin)
 	m, verified := ev.Result.Measurements, true
 	if len(m) == 0 && ev.Variant == vtpm.Variant && len(ev.Document) > 0 {
 		// The document failed before its measurements were checked; show them, marked.
@@ -125,7 +125,7 @@ func report(out io.Writer, p *policy.Policy, ev atls.Evidence, verdict error) er
 		if !verified {
 			label = "measurements (NOT verified, the document was rejected before):"
 		}
-		fmt.Fprintln(out, label)
+		_, _ = fmt.Fprintln(out, label)
 		expected := map[uint32]policy.Expectation{}
 		for _, e := range p.Expectations {
 			expected[e.Index] = e
@@ -140,20 +140,20 @@ func report(out io.Writer, p *policy.Policy, ev atls.Evidence, verdict error) er
 			if e, ok := expected[i]; ok {
 				note = "  [" + e.Mode.String() + "]"
 			}
-			fmt.Fprintf(out, "  %2d: %s%s\n", i, hex.EncodeToString(m[i]), note)
+			_, _ = fmt.Fprintf(out, "  %2d: %s%s\n", i, hex.EncodeToString(m[i]), note)
 		}
 	}
 	if len(ev.Result.Warnings) > 0 {
-		fmt.Fprintln(out, "warnings:")
+		_, _ = fmt.Fprintln(out, "warnings:")
 		for _, w := range ev.Result.Warnings {
-			fmt.Fprintf(out, "  - %s\n", w)
+			_, _ = fmt.Fprintf(out, "  - %s\n", w)
 		}
 	}
 	if verdict != nil {
-		fmt.Fprintf(out, "verdict: REJECTED: %v\n", verdict)
+		_, _ = fmt.Fprintf(out, "verdict: REJECTED: %v\n", verdict)
 		return &exitError{code: exitRejected, err: fmt.Errorf("node rejected: %w", verdict)}
 	}
-	fmt.Fprintln(out, "verdict: ACCEPTED")
+	_, _ = fmt.Fprintln(out, "verdict: ACCEPTED")
 	return nil
 }
 

@@ -83,19 +83,19 @@ func EnsureImageArchive(cacheDir string, b Bins) (string, error) {
 // specsKey hashes the specs: tags, entrypoints, destinations and, for each source, its path and
 // (for files outside a versioned bin dir) its contents.
 func specsKey(specs []image.Spec) (string, error) {
-	h := sha256.New()
-	fmt.Fprintf(h, "format %s\n", imageFormat)
+	h := sha256.New() // writes to a hash never fail
+	_, _ = fmt.Fprintf(h, "format %s\n", imageFormat)
 	for _, s := range specs {
-		fmt.Fprintf(h, "image %s %q %q\n", s.Tag, s.Entrypoint, s.Env)
+		_, _ = fmt.Fprintf(h, "image %s %q %q\n", s.Tag, s.Entrypoint, s.Env)
 		files := append([]image.File(nil), s.Files...)
 		sort.Slice(files, func(i, j int) bool { return files[i].Dst < files[j].Dst })
 		for _, f := range files {
-			fmt.Fprintf(h, "file %s %s %o\n", f.Src, f.Dst, f.Mode)
+			_, _ = fmt.Fprintf(h, "file %s %s %o\n", f.Src, f.Dst, f.Mode)
 			st, err := os.Stat(f.Src)
 			if err != nil {
 				return "", fmt.Errorf("reading %s: %w", f.Src, err)
 			}
-			fmt.Fprintf(h, "size %d mtime %d\n", st.Size(), st.ModTime().UnixNano())
+			_, _ = fmt.Fprintf(h, "size %d mtime %d\n", st.Size(), st.ModTime().UnixNano())
 			if st.Size() < 16<<20 {
 				if err := hashFile(h, f.Src); err != nil {
 					return "", err

@@ -22,7 +22,7 @@ func Notify(state string) (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("dialing notify socket: %w", err)
 	}
-	defer conn.Close()
+	defer func() { _ = conn.Close() }() // the datagram is sent or its error returned
 	if _, err := conn.Write([]byte(state)); err != nil {
 		return false, fmt.Errorf("writing to notify socket: %w", err)
 	}

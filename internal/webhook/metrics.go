@@ -55,6 +55,7 @@ func (m *Metrics) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
 	m.write(w)
 }
 
+// write writes the exposition to w, the scrape's response: a failed write has nobody to report to.
 func (m *Metrics) write(w io.Writer) {
 	m.mu.Lock()
 	keys := make([][2]string, 0, len(m.decisions))
@@ -67,27 +68,27 @@ func (m *Metrics) write(w io.Writer) {
 		}
 		return strings.Compare(a[1], b[1])
 	})
-	fmt.Fprintln(w, "# HELP berth_webhook_decisions_total Admission decisions by decision and rule.")
-	fmt.Fprintln(w, "# TYPE berth_webhook_decisions_total counter")
+	_, _ = fmt.Fprintln(w, "# HELP berth_webhook_decisions_total Admission decisions by decision and rule.")
+	_, _ = fmt.Fprintln(w, "# TYPE berth_webhook_decisions_total counter")
 	for _, k := range keys {
-		fmt.Fprintf(w, "berth_webhook_decisions_total{decision=%q,rule=%q} %d\n", k[0], k[1], m.decisions[k])
+		_, _ = fmt.Fprintf(w, "berth_webhook_decisions_total{decision=%q,rule=%q} %d\n", k[0], k[1], m.decisions[k])
 	}
-	fmt.Fprintln(w, "# HELP berth_webhook_decision_seconds Time from request to written response.")
-	fmt.Fprintln(w, "# TYPE berth_webhook_decision_seconds histogram")
+	_, _ = fmt.Fprintln(w, "# HELP berth_webhook_decision_seconds Time from request to written response.")
+	_, _ = fmt.Fprintln(w, "# TYPE berth_webhook_decision_seconds histogram")
 	for i, b := range latencyBuckets {
-		fmt.Fprintf(w, "berth_webhook_decision_seconds_bucket{le=\"%g\"} %d\n", b, m.buckets[i])
+		_, _ = fmt.Fprintf(w, "berth_webhook_decision_seconds_bucket{le=\"%g\"} %d\n", b, m.buckets[i])
 	}
-	fmt.Fprintf(w, "berth_webhook_decision_seconds_bucket{le=\"+Inf\"} %d\n", m.count)
-	fmt.Fprintf(w, "berth_webhook_decision_seconds_sum %g\nberth_webhook_decision_seconds_count %d\n", m.sum, m.count)
+	_, _ = fmt.Fprintf(w, "berth_webhook_decision_seconds_bucket{le=\"+Inf\"} %d\n", m.count)
+	_, _ = fmt.Fprintf(w, "berth_webhook_decision_seconds_sum %g\nberth_webhook_decision_seconds_count %d\n", m.sum, m.count)
 	m.mu.Unlock()
 	ready := 0
 	if m.ready.Load() {
 		ready = 1
 	}
-	fmt.Fprintln(w, "# HELP berth_webhook_ready Whether the last readiness check passed.")
-	fmt.Fprintln(w, "# TYPE berth_webhook_ready gauge")
-	fmt.Fprintf(w, "berth_webhook_ready %d\n", ready)
-	fmt.Fprintln(w, "# HELP berth_webhook_cert_expiry_timestamp_seconds NotAfter of the served certificate.")
-	fmt.Fprintln(w, "# TYPE berth_webhook_cert_expiry_timestamp_seconds gauge")
-	fmt.Fprintf(w, "berth_webhook_cert_expiry_timestamp_seconds %d\n", m.certExpiry.Load())
+	_, _ = fmt.Fprintln(w, "# HELP berth_webhook_ready Whether the last readiness check passed.")
+	_, _ = fmt.Fprintln(w, "# TYPE berth_webhook_ready gauge")
+	_, _ = fmt.Fprintf(w, "berth_webhook_ready %d\n", ready)
+	_, _ = fmt.Fprintln(w, "# HELP berth_webhook_cert_expiry_timestamp_seconds NotAfter of the served certificate.")
+	_, _ = fmt.Fprintln(w, "# TYPE berth_webhook_cert_expiry_timestamp_seconds gauge")
+	_, _ = fmt.Fprintf(w, "berth_webhook_cert_expiry_timestamp_seconds %d\n", m.certExpiry.Load())
 }

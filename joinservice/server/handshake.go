@@ -184,9 +184,9 @@ func claimsDigest(m attestation.Measurements) string {
 		idx = append(idx, i)
 	}
 	slices.Sort(idx)
-	h := sha256.New()
+	h := sha256.New() // writes to a hash never fail
 	for _, i := range idx {
-		fmt.Fprintf(h, "%d=%x;", i, m[i])
+		_, _ = fmt.Fprintf(h, "%d=%x;", i, m[i])
 	}
 	return hex.EncodeToString(h.Sum(nil))
 }

@@ -196,7 +196,7 @@ func (g *CachingGetter) writeFile(req CollateralRequest, e cacheEntry) error {
 	if err != nil {
 		return fmt.Errorf("creating collateral cache file: %w", err)
 	}
-	defer os.Remove(tmp.Name())
+	defer func() { _ = os.Remove(tmp.Name()) }() // nothing left to remove once renamed into place
 	if _, err := tmp.Write(b); err != nil {
 		_ = tmp.Close()
 		return fmt.Errorf("writing collateral cache file: %w", err)

@@ -99,7 +99,7 @@ func (i *Issuer) Identity(ctx context.Context) ([]byte, error) {
 		if err != nil {
 			return nil, err
 		}
-		defer c.Close()
+		defer func() { _ = c.Close() }() // best effort: the commands already answered
 		if err := i.ensureAK(c); err != nil {
 			return nil, err
 		}
@@ -119,7 +119,7 @@ func (i *Issuer) Activate(ctx context.Context, challenge []byte) ([]byte, error)
 	if err != nil {
 		return nil, err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }() // best effort: the commands already answered
 	if err := i.ensureAK(c); err != nil {
 		return nil, err
 	}

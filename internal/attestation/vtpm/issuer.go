@@ -148,7 +148,7 @@ func (i *Issuer) quote(ctx context.Context, qualifying []byte) (Document, error)
 	if err != nil {
 		return Document{}, err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }() // best effort: the commands already answered
 
 	if err := i.ensureAK(c); err != nil {
 		return Document{}, err

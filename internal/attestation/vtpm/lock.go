@@ -40,7 +40,7 @@ func (l *LockRegister) MarkBootstrapped(ctx context.Context, clusterID []byte) e
 	if err != nil {
 		return err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }() // best effort: the commands already answered
 	val, err := l.read(c)
 	if err != nil {
 		return err
@@ -63,7 +63,7 @@ func (l *LockRegister) Bootstrapped(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }() // best effort: the commands already answered
 	val, err := l.read(c)
 	if err != nil {
 		return false, err

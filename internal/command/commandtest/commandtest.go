@@ -55,7 +55,7 @@ func (r *Recorder) Run(_ context.Context, out io.Writer, name string, args ...st
 		}
 	}
 	if out != nil && res.Output != "" {
-		fmt.Fprint(out, res.Output)
+		_, _ = fmt.Fprint(out, res.Output)
 	}
 	return res.Err
 }

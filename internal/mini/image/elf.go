@@ -56,7 +56,7 @@ func elfDeps(p string) (interp string, needed []string, err error) {
 	if err != nil {
 		return "", nil, fmt.Errorf("opening ELF %s: %w", p, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }() // read only
 	for _, prog := range f.Progs {
 		if prog.Type != elf.PT_INTERP {
 			continue

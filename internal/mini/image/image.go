@@ -183,7 +183,7 @@ func WriteArchive(path string, specs []Spec) error {
 	if err != nil {
 		return fmt.Errorf("creating scratch directory: %w", err)
 	}
-	defer os.RemoveAll(scratch)
+	defer func() { _ = os.RemoveAll(scratch) }() // best effort: a leftover is a hidden directory next to path
 	refs := make(map[name.Reference]v1.Image, len(specs))
 	for _, s := range specs {
 		img, err := build(s, scratch)

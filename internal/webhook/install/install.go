@@ -194,7 +194,7 @@ func (w *Installer) say(format string, args ...any) {
 	if !w.started.IsZero() {
 		elapsed = fmt.Sprintf(" (+%.1fs)", time.Since(w.started).Seconds())
 	}
-	fmt.Fprintf(w.out, "[berth] webhook%s: "+format+"\n", append([]any{elapsed}, args...)...)
+	_, _ = fmt.Fprintf(w.out, "[berth] webhook%s: "+format+"\n", append([]any{elapsed}, args...)...)
 }
 
 // Install waits for the API server, applies the backend (only what differs), waits until the
