@@ -175,6 +175,9 @@ func serve(ctx context.Context, gs *grpc.Server, lis net.Listener) error {
 	case <-time.After(stopGrace):
 		gs.Stop()
 	}
-	<-errc
+	// Serve returns nil once GracefulStop or Stop ran; anything else is a failure of its own.
+	if err := <-errc; err != nil {
+		return fmt.Errorf("serving: %w", err)
+	}
 	return nil
 }

@@ -13,7 +13,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	ledger "github.com/berth-k8s/berth/internal/joinledger"
+	"github.com/berth-k8s/berth/internal/joinledger"
 )
 
 func newStatusCmd() *cobra.Command {
@@ -55,9 +55,9 @@ accepted ones. The same attempts are Events on that ConfigMap:
 }
 
 func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, namespace string, limit int) error {
-	entries, err := ledger.Read(ctx, client, namespace)
-	if errors.Is(err, ledger.ErrNoLedger) {
-		_, _ = fmt.Fprintln(out, "No join attempts recorded yet (no ConfigMap "+namespace+"/"+ledger.ConfigMapName+").")
+	entries, err := joinledger.Read(ctx, client, namespace)
+	if errors.Is(err, joinledger.ErrNoLedger) {
+		_, _ = fmt.Fprintln(out, "No join attempts recorded yet (no ConfigMap "+namespace+"/"+joinledger.ConfigMapName+").")
 		return nil
 	}
 	if err != nil {
@@ -68,13 +68,13 @@ func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, 
 }
 
 // printLedger prints rejected attempts, then accepted ones, each newest first.
-func printLedger(out io.Writer, entries []ledger.Entry, limit int) {
-	var rejected, accepted []ledger.Entry
+func printLedger(out io.Writer, entries []joinledger.Entry, limit int) {
+	var rejected, accepted []joinledger.Entry
 	attempts := 0
 	for i := len(entries) - 1; i >= 0; i-- {
 		e := entries[i]
 		attempts += max(e.Count, 1)
-		if e.Outcome == ledger.OutcomeAccepted {
+		if e.Outcome == joinledger.OutcomeAccepted {
 			accepted = append(accepted, e)
 		} else {
 			rejected = append(rejected, e)
@@ -85,7 +85,7 @@ func printLedger(out io.Writer, entries []ledger.Entry, limit int) {
 		nRejected += max(e.Count, 1)
 	}
 	_, _ = fmt.Fprintf(out, "Join ledger: %d attempts in the last %d records, %d rejected, %d accepted.\n", attempts, len(entries), nRejected, len(accepted))
-	section := func(title string, es []ledger.Entry, withReason bool) {
+	section := func(title string, es []joinledger.Entry, withReason bool) {
 		_, _ = fmt.Fprintf(out, "\n%s (%d, newest first)\n", title, len(es))
 		if len(es) == 0 {
 			return

@@ -100,7 +100,7 @@ func buildFor(pkg string, env []string) (*build, error) {
 }
 
 func goBuild(out, pkg string, env []string) error {
-	cmd := exec.Command("go", "build", "-o", out, pkg)
+	cmd := exec.Command("go", "build", "-o", out, pkg) //nolint:noctx // a build runs to completion; the test's timeout bounds it
 	cmd.Env = append(os.Environ(), env...)
 	if b, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("building %s: %w\n%s", pkg, err, b)

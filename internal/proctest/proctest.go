@@ -99,7 +99,9 @@ func Spawn(c Cmd) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("starting %s: %w", c.Name, err)
 	}
-	cmd := exec.Command(c.Path, c.Args...)
+	// Not CommandContext: the process outlives the call that starts it, and Stop ends it in order
+	// (SIGTERM, then SIGKILL after a grace period) instead of a context's bare kill.
+	cmd := exec.Command(c.Path, c.Args...) //nolint:noctx // see above
 	if c.Env != nil {
 		cmd.Env = append(os.Environ(), c.Env...)
 	}
@@ -180,7 +182,7 @@ func WaitReady(ctx context.Context, interval, timeout time.Duration, ready func(
 		for _, p := range procs {
 			select {
 			case <-p.done:
-				exited = fmt.Errorf("%s exited before it was ready: %v; its output (tail):\n%s", p.name, p.err, p.Tail(exitTailLines))
+				exited = fmt.Errorf("%s exited before it was ready: %w; its output (tail):\n%s", p.name, p.err, p.Tail(exitTailLines))
 				return false, exited
 			default:
 			}
@@ -189,14 +191,14 @@ func WaitReady(ctx context.Context, interval, timeout time.Duration, ready func(
 		return last == nil, nil
 	})
 	if err != nil && exited == nil && last != nil {
-		return fmt.Errorf("waiting until ready: %w (last: %v)", err, last)
+		return fmt.Errorf("waiting until ready: %w (last: %w)", err, last)
 	}
 	return err
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago, for a process to listen on.
 func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	l, err := (&net.ListenConfig{}).Listen(context.Background(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, err
 	}

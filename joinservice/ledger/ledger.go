@@ -411,8 +411,3 @@ func (w *Writer) createEvent(ctx context.Context, ref corev1.ObjectReference, ty
 	_, err := w.client.CoreV1().Events(ref.Namespace).Create(ctx, ev, metav1.CreateOptions{})
 	return err
 }
-
-// Read returns the ledger's entries, oldest first (joinledger.Read).
-func Read(ctx context.Context, client kubernetes.Interface, namespace string) ([]Entry, error) {
-	return joinledger.Read(ctx, client, namespace)
-}

@@ -22,6 +22,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/joindial"
+	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/internal/proctest"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ledger"
@@ -163,7 +164,7 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 	// The ledger is written asynchronously: wait until the six attempts are in (or time out and judge
 	// what is there).
 	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
-		entries, _ := ledger.Read(ctx, admin, joinconfig.Namespace)
+		entries, _ := joinledger.Read(ctx, admin, joinconfig.Namespace)
 		mine = mine[:0]
 		for _, e := range entries {
 			if e.Peer == "127.0.0.1" && (e.RPC == "join" || e.RPC == "handshake") && e.Time.After(started) { // a rejected node is not attested: no name

@@ -30,6 +30,8 @@ import (
 
 	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/cli"
+	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/internal/proctest"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/cplease"
@@ -196,7 +198,7 @@ peers:
 	// The ledger is written asynchronously: wait until this test's four attempts are in (or time out
 	// and judge what is there).
 	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
-		all, _ := ledger.Read(ctx, admin, "berth-system")
+		all, _ := joinledger.Read(ctx, admin, joinconfig.Namespace)
 		entries = entries[:0]
 		for _, e := range all {
 			if e.Peer == "127.0.0.2" || e.Peer == "127.0.0.3" || e.Peer == "127.0.0.4" { // this test's peers
