@@ -8,16 +8,11 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
@@ -32,6 +27,7 @@ import (
 	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
+	"github.com/berth-k8s/berth/joinservice/ca/catest"
 	"github.com/berth-k8s/berth/joinservice/server"
 )
 
@@ -52,27 +48,6 @@ type peers []metadata.Instance
 
 func (p peers) Peers(context.Context) ([]metadata.Instance, error) { return p, nil }
 
-func writeCA(t *testing.T) string {
-	dir := t.TempDir()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubernetes"}, IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, _ := x509.MarshalECPrivateKey(key)
-	for name, data := range map[string][]byte{
-		"ca.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		"ca.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
-	} {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
-
 // cluster is what berth init leaves in berth-system for the joinservice.
 func cluster() *fake.Clientset {
 	return fake.NewClientset(
@@ -87,7 +62,7 @@ func deps(t *testing.T, client *fake.Clientset, l listener) Deps {
 	return Deps{
 		Log: zap.NewNop(), Client: client, Listen: l, Attestation: "insecure-none",
 		Metadata: peers{{Name: "worker-0", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}},
-		Address:  "unused", MetricsAddress: "unused", Namespace: joinconfig.Namespace, PKIDir: writeCA(t), Replica: "cp-0",
+		Address:  "unused", MetricsAddress: "unused", Namespace: joinconfig.Namespace, PKIDir: catest.WriteDir(t), Replica: "cp-0",
 		Limits: server.DefaultLimits, AttestLimits: atls.DefaultLimits,
 	}
 }
