@@ -9,7 +9,7 @@
 //	no      none                   InitServer + JoinClient, racing for the lock
 //	yes     init, not done         InitServer only (resumes the init with the same secrets)
 //	yes     init, done             InitServer only (answers "already initialized"), kubelet, and
-//	                               Reconcile: the cluster's components are checked (B11)
+//	                               Reconcile: the cluster's components are checked again
 //	yes     join, done             kubelet only
 //	yes     join, not done         nothing: ErrIncompleteJoin (the node must be reset)
 //	yes     none                   nothing: ErrInconsistentState

@@ -41,11 +41,11 @@ func whPod(ns, name, image string, finalizers ...string) *corev1.Pod {
 
 // TestMiniWebhook checks the image-policy webhook on a real mini cluster (1 control plane, 1 worker):
 // berth init installed and armed it; a disallowed image is denied naming the rule, an allowed one
-// admitted, kube-system never blocked; T1: >= 10 rollout restarts while two clients send >= 5,000
-// server-side dry-run pod creates, zero failures; T5/T6: with the Deployment scaled to 0, deleting a
+// admitted, kube-system never blocked; >= 10 rollout restarts while two clients send >= 5,000
+// server-side dry-run pod creates, zero failures; with the Deployment scaled to 0, deleting a
 // pod and removing a finalizer from a terminating pod succeed while other creates fail closed, and a
-// kube-system DaemonSet pod is re-created; T8: after berth mini restart the webhook enforces again
-// with no manual step and the configuration is unchanged; T11: the restarted bootstrapper re-runs
+// kube-system DaemonSet pod is re-created; after berth mini restart the webhook enforces again
+// with no manual step and the configuration is unchanged; the restarted bootstrapper re-runs
 // the installer, which writes nothing.
 func TestMiniWebhook(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -99,7 +99,7 @@ func TestMiniWebhook(t *testing.T) {
 	if _, err := kube.CoreV1().Pods("kube-system").Create(ctx, whPod("kube-system", "any", whDenied), dry); err != nil {
 		t.Fatalf("kube-system: %v", err)
 	}
-	// berth-system is exempt from the webhook but locked down to Berth's own images (B2).
+	// berth-system is exempt from the webhook but locked down to Berth's own images (its image guard).
 	if _, err := kube.CoreV1().Pods("berth-system").Create(ctx, whPod("berth-system", "foreign", whAllowed), dry); err == nil || !strings.Contains(err.Error(), "berth-system-images") {
 		t.Errorf("foreign image in berth-system: %v, want a refusal by policy berth-system-images", err)
 	} else {
@@ -107,7 +107,7 @@ func TestMiniWebhook(t *testing.T) {
 	}
 	rvBefore := strings.TrimSpace(c.kube("get", "validatingwebhookconfiguration", "berth-image-policy", "-o", "jsonpath={.metadata.resourceVersion}"))
 
-	// T1: rollout restarts under load.
+	// Rollout restarts under load, with zero failed requests.
 	var total, failed atomic.Int64
 	var mu sync.Mutex
 	var failures []string
@@ -173,7 +173,7 @@ func TestMiniWebhook(t *testing.T) {
 		t.Errorf("T1: %d failed requests:\n%s", failed.Load(), strings.Join(failures, "\n"))
 	}
 
-	// T5/T6: every webhook pod gone.
+	// Every webhook pod gone: deletes and finalizer removals still work, other creates fail closed.
 	if _, err := kube.CoreV1().Pods("wh").Create(ctx, whPod("wh", "held", whAllowed, "berth.test/hold"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +199,7 @@ func TestMiniWebhook(t *testing.T) {
 	c.kube("-n", "berth-system", "scale", "deployment/berth-webhook", "--replicas=2")
 	c.kube("-n", "berth-system", "rollout", "status", "deployment/berth-webhook", "--timeout=180s")
 
-	// T8: power cut of all nodes.
+	// Power cut of all nodes: the webhook enforces again with no manual step.
 	t8 := time.Now()
 	out = c.must(15*time.Minute, c.berth, "mini", "restart", "--dir", c.dir)
 	t.Logf("berth mini restart:\n%s", out)
@@ -215,8 +215,9 @@ func TestMiniWebhook(t *testing.T) {
 		t.Errorf("configuration resourceVersion %s -> %s across restarts", rvBefore, rv)
 	}
 
-	// T11 and B11: the restarted bootstrapper on cp1 re-ran the installer (wait for the webhook,
-	// probe every endpoint, prove enforcement) and, the cluster being healthy, wrote nothing.
+	// The check after a restart: the restarted bootstrapper on cp1 re-ran the installer (wait for
+	// the webhook, probe every endpoint, prove enforcement) and, the cluster being healthy, wrote
+	// nothing.
 	blog := filepath.Join(c.dir, "nodes", "cp1", "logs", "bootstrapper.log")
 	var after string
 	err = wait.PollUntilContextTimeout(ctx, time.Second, 12*time.Minute-time.Since(t8), true, func(context.Context) (bool, error) {

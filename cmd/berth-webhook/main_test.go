@@ -122,8 +122,9 @@ func (p *proc) review() (*http.Response, error) {
 	return resp, err
 }
 
-// TestSIGTERMDrains is T3 on the binary: readiness fails at once, reviews are still answered (with
-// Connection: close) during the delay, and the process exits cleanly only after the delay.
+// TestSIGTERMDrains is the drain on SIGTERM, checked on the binary: readiness fails at once,
+// reviews are still answered (with Connection: close) during the delay, and the process exits
+// cleanly only after the delay.
 func TestSIGTERMDrains(t *testing.T) {
 	const delay = time.Second
 	p := start(t, delay)
@@ -159,7 +160,7 @@ func TestSIGTERMDrains(t *testing.T) {
 	t.Logf("served %d reviews while draining; exited %s after SIGTERM", served, lived.Round(time.Millisecond))
 }
 
-// TestSecondSignalExitsAtOnce is T3's last point.
+// TestSecondSignalExitsAtOnce is the drain's last point: a second SIGTERM exits at once.
 func TestSecondSignalExitsAtOnce(t *testing.T) {
 	p := start(t, time.Minute)
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)

@@ -61,7 +61,7 @@ func (h *Handler) SetPolicy(p *Policy) { h.policy.Store(p) }
 // PolicyLoaded reports whether a policy was set.
 func (h *Handler) PolicyLoaded() bool { return h.policy.Load() != nil }
 
-// SetClosing makes responses ask the client to close the connection (W7).
+// SetClosing makes responses ask the client to close the connection (during a drain).
 func (h *Handler) SetClosing() { h.closing.Store(true) }
 
 // ServeHTTP implements http.Handler.
@@ -111,7 +111,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// decide returns the response for one request; a panic becomes a denial (W11).
+// decide returns the response for one request; a panic becomes a denial (fail closed).
 func (h *Handler) decide(ctx context.Context, req *admissionv1.AdmissionRequest) (resp *admissionv1.AdmissionResponse) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -119,7 +119,8 @@ func (h *Handler) decide(ctx context.Context, req *admissionv1.AdmissionRequest)
 			resp = deny(RuleInternal, "the image-policy webhook failed internally; retry or contact the cluster operator")
 		}
 	}()
-	// Always allowed (W9), before anything else and without a policy.
+	// Always allowed, before anything else and without a policy: exempt namespaces, deletes and
+	// connects, updates of terminating objects, subresources other than ephemeralcontainers.
 	switch {
 	case h.exempt[req.Namespace]:
 		return allow(RuleExemptNamespace)

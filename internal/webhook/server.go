@@ -280,7 +280,7 @@ func (s *Server) setSelfAddr(a net.Addr) {
 	s.selfAddr.Store(&addr)
 }
 
-// CheckReady returns nil when the server is ready to take admission traffic (W1): not draining, policy
+// CheckReady returns nil when the server is ready to take admission traffic: not draining, policy
 // loaded, and a fresh TLS connection to its own port serves exactly the loaded leaf and answers HTTP.
 func (s *Server) CheckReady(ctx context.Context) error {
 	if s.draining.Load() {

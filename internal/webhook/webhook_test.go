@@ -296,7 +296,7 @@ func waitFor(t testing.TB, what string, f func() bool) {
 	}
 }
 
-// TestReadinessGating is T2: readiness needs the policy, the loaded certificate on the wire, and no drain.
+// TestReadinessGating: readiness needs the policy, the loaded certificate on the wire, and no drain.
 func TestReadinessGating(t *testing.T) {
 	r := startServer(t, 0, false)
 	if code, body := r.readyz(t); code != http.StatusServiceUnavailable || !strings.Contains(body, ErrNoPolicy.Error()) {
@@ -363,8 +363,8 @@ func TestRotationWithoutRestart(t *testing.T) {
 	}
 }
 
-// TestDrain is T3: readiness fails at once, requests keep being served with Connection: close during
-// the delay, in-flight work completes, then the server stops.
+// TestDrain is the drain on SIGTERM: readiness fails at once, requests keep being served with
+// Connection: close during the delay, in-flight work completes, then the server stops.
 func TestDrain(t *testing.T) {
 	const delay = 300 * time.Millisecond
 	r := startServer(t, delay, true)

@@ -93,7 +93,7 @@ func configExists(tb testing.TB, e *env) bool {
 var t5Once sync.Once
 
 // t5Objects creates, before anything is armed, violating pods: two holding a finalizer and one
-// without (T5's "created while exempt").
+// without (objects created while the namespace was still exempt).
 func t5Objects(tb testing.TB, e *env) {
 	t5Once.Do(func() {
 		ensureNamespace(tb, e.kube, "t5")
@@ -105,7 +105,7 @@ func t5Objects(tb testing.TB, e *env) {
 	})
 }
 
-// TestInstallFailsClosed is T10: a backend that never becomes ready, one serving a certificate from a
+// TestInstallFailsClosed: a backend that never becomes ready, one serving a certificate from a
 // foreign CA, and one the API server cannot reach, each fail the install in its named category within
 // the budget and leave no webhook configuration behind (the last one after arming the canary stage:
 // rolled back).
@@ -184,7 +184,7 @@ func armed(tb testing.TB, e *env) {
 
 // TestInstallArmsAndEnforces: the installer arms the webhook; a disallowed image is denied with a
 // message naming the rule, an allowed one admitted, kube-system never blocked; a second run writes
-// nothing and changes no resourceVersion (T11).
+// nothing and changes no resourceVersion (a re-run is a no-op).
 func TestInstallArmsAndEnforces(t *testing.T) {
 	e := sharedEnv(t)
 	armed(t, e)
@@ -286,7 +286,7 @@ func removeFinalizer(ctx context.Context, kube kubernetes.Interface, ns, name st
 	return err
 }
 
-// TestBackendGone is T5, T6 and a T7/T15 analogue: with the webhook up, and then with every backend
+// TestBackendGone is the "every backend gone" case: with the webhook up, and then with every backend
 // gone under failurePolicy Fail, deleting pods and removing a finalizer from a terminating object
 // succeed; Leases, Nodes and kube-system are unaffected; other pod creates are rejected (fail closed)
 // until the backend is back, and then the webhook enforces again with no manual step.
@@ -351,7 +351,7 @@ func TestBackendGone(t *testing.T) {
 	}
 }
 
-// TestExemptionCannotBeClaimed is T14: a namespace that labels itself as kube-system is still checked,
+// TestExemptionCannotBeClaimed: a namespace that labels itself as kube-system is still checked,
 // because the exemption keys on the name label the API server sets and overwrites.
 func TestExemptionCannotBeClaimed(t *testing.T) {
 	e := sharedEnv(t)
@@ -372,10 +372,10 @@ func TestExemptionCannotBeClaimed(t *testing.T) {
 	}
 }
 
-// TestControlPlaneRestart is a T8 analogue: every webhook backend dies and kube-apiserver and etcd
-// are power-cycled with the fail-closed configuration in place. With no manual step the backends come
-// back, the webhook enforces again, the configuration's resourceVersion and caBundle are unchanged,
-// and a re-run of the installer writes nothing.
+// TestControlPlaneRestart is the power cut on a bare API server: every webhook backend dies and
+// kube-apiserver and etcd are power-cycled with the fail-closed configuration in place. With no
+// manual step the backends come back, the webhook enforces again, the configuration's
+// resourceVersion and caBundle are unchanged, and a re-run of the installer writes nothing.
 func TestControlPlaneRestart(t *testing.T) {
 	e := sharedEnv(t)
 	armed(t, e)
@@ -418,12 +418,13 @@ func TestControlPlaneRestart(t *testing.T) {
 	}
 }
 
-// TestRollingRestartsUnderLoad is the T1 analogue: failurePolicy Fail, two clients sending server-side
-// dry-run pod creates (alternately allowed and denied) through the API server while every webhook
-// backend is replaced again and again (start new, wait until it is a ready endpoint, SIGTERM old, its
-// endpoint removed 500 ms later). Every request must get the policy's answer. Needs BERTH_WEBHOOK_LOAD=1.
-// BERTH_WEBHOOK_NO_DRAIN=1 is the negative control: backends stop serving right after SIGTERM, and the
-// test is expected to fail with failed requests.
+// TestRollingRestartsUnderLoad is the rollout-restarts-under-load check on a bare API server:
+// failurePolicy Fail, two clients sending server-side dry-run pod creates (alternately allowed and
+// denied) through the API server while every webhook backend is replaced again and again (start
+// new, wait until it is a ready endpoint, SIGTERM old, its endpoint removed 500 ms later). Every
+// request must get the policy's answer. Needs BERTH_WEBHOOK_LOAD=1. BERTH_WEBHOOK_NO_DRAIN=1 is the
+// negative control: backends stop serving right after SIGTERM, and the test is expected to fail
+// with failed requests.
 func TestRollingRestartsUnderLoad(t *testing.T) {
 	if os.Getenv("BERTH_WEBHOOK_LOAD") != "1" {
 		t.Skip("load test: set BERTH_WEBHOOK_LOAD=1 (make test-webhook-load)")
@@ -567,10 +568,11 @@ func rotationSetup(t *testing.T, ns string) (*env, context.Context, []*fakePod, 
 	return e, ctx, pods, pids
 }
 
-// TestLeafRotationUnderLoad is T4 for the leaf: under the two-client load the installer issues a new
-// serving certificate from the same CA (the old one was made invalid), the pods' files are updated
-// as the kubelet would, and every pod serves the new leaf without a restart: zero failed requests, the
-// configuration (its CA bundle) untouched. Needs BERTH_WEBHOOK_LOAD=1. CA rotation is not implemented.
+// TestLeafRotationUnderLoad is certificate rotation under load, for the leaf: under the two-client
+// load the installer issues a new serving certificate from the same CA (the old one was made
+// invalid), the pods' files are updated as the kubelet would, and every pod serves the new leaf
+// without a restart: zero failed requests, the configuration (its CA bundle) untouched. Needs
+// BERTH_WEBHOOK_LOAD=1. TestCARotationUnderLoad rotates the CA.
 func TestLeafRotationUnderLoad(t *testing.T) {
 	if os.Getenv("BERTH_WEBHOOK_LOAD") != "1" {
 		t.Skip("load test: set BERTH_WEBHOOK_LOAD=1 (make test-webhook-load)")
@@ -639,10 +641,11 @@ func TestLeafRotationUnderLoad(t *testing.T) {
 	stats.report(t, fmt.Sprintf("T4 (leaf): installer wrote %v; every pod served the new leaf %s after the load started, no restart", res.Writes, rotated.Round(time.Millisecond)), time.Since(start))
 }
 
-// TestCARotationUnderLoad is T4 for the CA: under T1's load the installer finds the CA due and
-// rotates it in the four W6 steps (new CA added to the bundle, bundle proven, leaf switched on every
-// pod, old CA dropped) with zero failed requests and no pod restart. A kubelet stand-in copies the
-// Secret into the pods' files every 500 ms, as a Secret volume would (only faster).
+// TestCARotationUnderLoad is certificate rotation under load, for the CA: under the two-client load
+// the installer finds the CA due and rotates it in the four steps (new CA added to the bundle,
+// bundle proven, leaf switched on every pod, old CA dropped) with zero failed requests and no pod
+// restart. A kubelet stand-in copies the Secret into the pods' files every 500 ms, as a Secret
+// volume would (only faster).
 func TestCARotationUnderLoad(t *testing.T) {
 	if os.Getenv("BERTH_WEBHOOK_LOAD") != "1" {
 		t.Skip("load test: set BERTH_WEBHOOK_LOAD=1 (make test-webhook-load)")
@@ -855,7 +858,7 @@ func webhookHistogram(tb testing.TB, e *env) map[string]float64 {
 }
 
 // TestPausedConfigurationIsLeftAlone: the operator's break-glass marker on the configuration makes the
-// installer leave it as it is, even when its desired spec differs (B11).
+// installer leave it as it is, even when its desired spec differs (also in the check after a restart).
 func TestPausedConfigurationIsLeftAlone(t *testing.T) {
 	e := sharedEnv(t)
 	armed(t, e)
@@ -890,7 +893,7 @@ func TestPausedConfigurationIsLeftAlone(t *testing.T) {
 	}
 }
 
-// TestUninstallOrder is T13: the configuration is deleted, and confirmed gone, before the backend.
+// TestUninstallOrder: the configuration is deleted, and confirmed gone, before the backend.
 func TestUninstallOrder(t *testing.T) {
 	e := sharedEnv(t)
 	armed(t, e)
@@ -955,11 +958,11 @@ func revision(tb testing.TB, obj runtime.Object) int64 {
 	return rv
 }
 
-// TestResumeAfterInterruption approximates B10's "crash at any step": from a clean state (no
-// configuration, no backend), installs are cut off after growing deadlines, then one full install
-// must converge: enforcing, and a further run writes nothing. Needs BERTH_WEBHOOK_LOAD=1. (A cut here is a context deadline, so
-// an interrupted end-to-end check still rolls back; a killed process would leave the canary stage,
-// which the next run re-arms the same way.)
+// TestResumeAfterInterruption approximates a crash at any step of the installer: from a clean state
+// (no configuration, no backend), installs are cut off after growing deadlines, then one full
+// install must converge: enforcing, and a further run writes nothing. Needs BERTH_WEBHOOK_LOAD=1.
+// (A cut here is a context deadline, so an interrupted end-to-end check still rolls back; a killed
+// process would leave the canary stage, which the next run re-arms the same way.)
 func TestResumeAfterInterruption(t *testing.T) {
 	if os.Getenv("BERTH_WEBHOOK_LOAD") != "1" {
 		t.Skip("extended test (about 15 s): set BERTH_WEBHOOK_LOAD=1 (make test-webhook-load)")

@@ -56,8 +56,9 @@ func serveWebhook(t *testing.T, secret *corev1.Secret, policy string) string {
 	return srv.Listener.Addr().String()
 }
 
-// TestProbe is B6 against the real handler over real TLS: the right CA passes, a foreign CA is the
-// x509 category, a policy that allows the denied canary is the wrong-response category.
+// TestProbe is the TLS probe of every endpoint against the real handler over real TLS: the right CA
+// passes, a foreign CA is the x509 category, a policy that allows the denied canary is the
+// wrong-response category.
 func TestProbe(t *testing.T) {
 	now := time.Now()
 	w := installer(t, now)

@@ -104,8 +104,8 @@ func TestPlanTLSDropsExpiredBundleEntries(t *testing.T) {
 	}
 }
 
-// TestTLSSecretReuse is B3: a valid Secret is reused byte for byte, a leaf past 2/3 of its life is
-// renewed from the same CA, and an unusable CA is replaced.
+// TestTLSSecretReuse is the certificate reuse and rotation rule: a valid Secret is reused byte for
+// byte, a leaf past 2/3 of its life is renewed from the same CA, and an unusable CA is replaced.
 func TestTLSSecretReuse(t *testing.T) {
 	now := time.Date(2026, 11, 21, 0, 0, 0, 0, time.UTC)
 	first, ca1, err := installer(t, now).tlsSecret(context.Background())
