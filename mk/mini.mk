@@ -23,7 +23,8 @@ mini-restart: build ## power-cycle every node of the mini cluster in MINI_DIR (r
 	$(BIN)/berth mini restart --dir $(MINI_DIR)
 
 # The e2e tests `make test` runs: the cluster itself, attested init, the rejection of a tampered
-# worker, and the image-policy webhook (T1 under rollout restarts, T5/T6, T8, T11).
+# worker, and the image-policy webhook (rollout restarts under load, every backend gone, a power cut, the
+# installer's re-check after a restart).
 E2E_RUN ?= TestMiniCluster|TestMiniAttestedInit|TestMiniTamperedWorkerRejected|TestMiniWebhook
 
 test-e2e: build mini-build ## end-to-end tests on a real mini cluster (root; build tag e2e; E2E_RUN selects)

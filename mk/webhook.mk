@@ -9,11 +9,11 @@ webhook-build: ## build bin/berth-webhook
 test-webhook: ## webhook and installer unit tests (race detector)
 	$(GO) test $(GOTEST_FLAGS) ./internal/webhook/ ./internal/webhook/install/
 
-test-webhook-apiserver: ## installer + webhook against a real API server: fail-closed install, deny/allow/kube-system, T5/T6, T11 (root)
+test-webhook-apiserver: ## installer + webhook against a real API server: fail-closed install, deny/allow/kube-system, every backend gone, a re-run is a no-op (root)
 	BERTH_KUBE_BIN=$$(./scripts/build-k8s.sh k8s) BERTH_ETCD_BIN=$$(./scripts/build-k8s.sh etcd) \
 	  $(GO) test $(GOTEST_FLAGS) -v -timeout 10m ./internal/webhook/clustertest/
 
-test-webhook-load: ## T1 analogue (>=10 rolling restarts under >=5000 dry-run creates, 0 failures), T4 leaf and CA rotation under load, resume after interrupted installs (root)
+test-webhook-load: ## >=10 rolling restarts under >=5000 dry-run creates with 0 failures, leaf and CA rotation under load, resume after interrupted installs (root)
 	BERTH_KUBE_BIN=$$(./scripts/build-k8s.sh k8s) BERTH_ETCD_BIN=$$(./scripts/build-k8s.sh etcd) BERTH_WEBHOOK_LOAD=1 \
 	  $(GO) test -count=1 -v -timeout 20m -run 'TestRollingRestartsUnderLoad|TestLeafRotationUnderLoad|TestCARotationUnderLoad|TestResumeAfterInterruption' ./internal/webhook/clustertest/
 
@@ -26,5 +26,5 @@ bench-webhook: ## admission latency at 500 req/s: the webhook alone over TLS loo
 	BERTH_KUBE_BIN=$$(./scripts/build-k8s.sh k8s) BERTH_ETCD_BIN=$$(./scripts/build-k8s.sh etcd) \
 	  $(GO) test -count=1 -run '^$$' -bench AdmissionViaAPIServer -benchtime 5000x -timeout 20m ./internal/webhook/clustertest/
 
-test-e2e-webhook: build mini-build ## only TestMiniWebhook (also part of make test): T1 under rollout restarts, T5/T6, T8 after berth mini restart, T11 (root)
+test-e2e-webhook: build mini-build ## only TestMiniWebhook (also part of make test): rollout restarts under load, every backend gone, enforcing after berth mini restart, the re-check writes nothing (root)
 	$(GO) test -tags e2e -count=1 -v -timeout 45m -run 'TestMiniWebhook' ./e2e/...
