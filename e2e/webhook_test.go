@@ -167,10 +167,10 @@ func TestMiniWebhook(t *testing.T) {
 	t.Logf("2 pod deletions and a scale 2 -> 1 -> 2 done at %s, %d requests", time.Since(t1).Round(time.Second), total.Load())
 	close(done)
 	wg.Wait()
-	t.Logf("T1: 10 rollout restarts, 2 pod deletions, scale 2 -> 1 -> 2 in %s; %d dry-run creates by 2 clients, %d failed",
+	t.Logf("rollout under load: 10 rollout restarts, 2 pod deletions, scale 2 -> 1 -> 2 in %s; %d dry-run creates by 2 clients, %d failed",
 		time.Since(t1).Round(time.Second), total.Load(), failed.Load())
 	if failed.Load() != 0 {
-		t.Errorf("T1: %d failed requests:\n%s", failed.Load(), strings.Join(failures, "\n"))
+		t.Errorf("rollout under load: %d failed requests:\n%s", failed.Load(), strings.Join(failures, "\n"))
 	}
 
 	// Every webhook pod gone: deletes and finalizer removals still work, other creates fail closed.
@@ -208,9 +208,9 @@ func TestMiniWebhook(t *testing.T) {
 		_, last = kube.CoreV1().Pods("wh").Create(ctx, whPod("wh", "after-restart", whDenied), dry)
 		return last != nil && strings.Contains(last.Error(), whMarker), nil
 	}); err != nil {
-		t.Fatalf("T8: webhook not enforcing 10 min after the restart: %v", last)
+		t.Fatalf("restart: webhook not enforcing 10 min after the restart: %v", last)
 	}
-	t.Logf("T8: enforcing again %s after berth mini restart began", time.Since(t8).Round(time.Second))
+	t.Logf("restart: enforcing again %s after berth mini restart began", time.Since(t8).Round(time.Second))
 	if rv := strings.TrimSpace(c.kube("get", "validatingwebhookconfiguration", "berth-image-policy", "-o", "jsonpath={.metadata.resourceVersion}")); rv != rvBefore {
 		t.Errorf("configuration resourceVersion %s -> %s across restarts", rvBefore, rv)
 	}
@@ -236,12 +236,12 @@ func TestMiniWebhook(t *testing.T) {
 		return false, nil
 	})
 	if err != nil {
-		t.Fatalf("T11: no successful installer re-run logged 12 min after the restart (%v):\n%s", err, after)
+		t.Fatalf("re-check after restart: no successful installer re-run logged 12 min after the restart (%v):\n%s", err, after)
 	}
 	if !strings.Contains(after, "enforcing (0 writes in this run)") {
-		t.Errorf("T11: the installer's re-run after the restart wrote something:\n%s", after)
+		t.Errorf("re-check after restart: the installer's re-run after the restart wrote something:\n%s", after)
 	}
-	t.Logf("T11: installer re-run after the restart made 0 writes (%s after the restart began)", time.Since(t8).Round(time.Second))
+	t.Logf("re-check after restart: installer re-run after the restart made 0 writes (%s after the restart began)", time.Since(t8).Round(time.Second))
 }
 
 func waitSA(t *testing.T, ctx context.Context, kube kubernetes.Interface, ns string) {

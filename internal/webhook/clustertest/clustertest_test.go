@@ -225,7 +225,7 @@ func TestInstallArmsAndEnforces(t *testing.T) {
 			t.Errorf("%s: resourceVersion %s -> %s", k, v, after[k])
 		}
 	}
-	t.Logf("T11: second install made %d writes; %d resourceVersions unchanged", len(res.Writes), len(before))
+	t.Logf("idempotence: second install made %d writes; %d resourceVersions unchanged", len(res.Writes), len(before))
 }
 
 // resourceVersions of every object the installer owns.
@@ -315,13 +315,13 @@ func TestBackendGone(t *testing.T) {
 	}
 	t.Log("every webhook backend is gone; the configuration (failurePolicy Fail) stays")
 	if err := pods.Delete(ctx, "bad-down", metav1.DeleteOptions{}); err != nil {
-		t.Fatalf("T6: deleting a pod with no backend: %v", err)
+		t.Fatalf("no backend: deleting a pod with no backend: %v", err)
 	}
 	if err := removeFinalizer(ctx, e.kube, "t5", "bad-down"); err != nil {
-		t.Fatalf("T5: removing a finalizer from a terminating pod with no backend: %v", err)
+		t.Fatalf("no backend: removing a finalizer from a terminating pod with no backend: %v", err)
 	}
 	if err := e.kube.CoreV1().Pods("apps").Delete(ctx, "allowed", metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		t.Fatalf("T6: deleting an allowed pod with no backend: %v", err)
+		t.Fatalf("no backend: deleting an allowed pod with no backend: %v", err)
 	}
 	if _, err := e.kube.CoreV1().Pods("kube-system").Create(ctx, pod("kube-system", "while-down", deniedImage), metav1.CreateOptions{}); err != nil {
 		t.Fatalf("kube-system pod with no backend: %v", err)
@@ -398,7 +398,7 @@ func TestControlPlaneRestart(t *testing.T) {
 	if err := waitDenied(ctx, e.kube, "apps", "after-restart"); err != nil {
 		t.Fatalf("webhook not enforcing after the restart: %v", err)
 	}
-	t.Logf("T8 analogue: enforcing again %s after the power cycle began, no manual step", time.Since(start).Round(time.Millisecond))
+	t.Logf("power cycle: enforcing again %s after the power cycle began, no manual step", time.Since(start).Round(time.Millisecond))
 	if _, err := e.kube.CoreV1().Pods("kube-system").Create(ctx, pod("kube-system", "after-restart", deniedImage), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
 		t.Fatalf("kube-system after the restart: %v", err)
 	}
@@ -457,7 +457,7 @@ func TestRollingRestartsUnderLoad(t *testing.T) {
 	if restartErr != nil {
 		t.Fatal(restartErr)
 	}
-	stats.report(t, fmt.Sprintf("T1 analogue: %d rolling restarts of 2 backends in %s", restarts, elapsed.Round(time.Millisecond)), elapsed)
+	stats.report(t, fmt.Sprintf("rolling restarts under load: %d rolling restarts of 2 backends in %s", restarts, elapsed.Round(time.Millisecond)), elapsed)
 	if stats.total.Load() < int64(minRequests) {
 		t.Fatalf("only %d requests", stats.total.Load())
 	}
@@ -638,7 +638,7 @@ func TestLeafRotationUnderLoad(t *testing.T) {
 	if vwcAfter.ResourceVersion != vwcBefore.ResourceVersion {
 		t.Errorf("the configuration changed during a leaf rotation")
 	}
-	stats.report(t, fmt.Sprintf("T4 (leaf): installer wrote %v; every pod served the new leaf %s after the load started, no restart", res.Writes, rotated.Round(time.Millisecond)), time.Since(start))
+	stats.report(t, fmt.Sprintf("leaf rotation under load: installer wrote %v; every pod served the new leaf %s after the load started, no restart", res.Writes, rotated.Round(time.Millisecond)), time.Since(start))
 }
 
 // TestCARotationUnderLoad is certificate rotation under load, for the CA: under the two-client load
@@ -748,7 +748,7 @@ func TestCARotationUnderLoad(t *testing.T) {
 			t.Errorf("pod %s was restarted", p.name)
 		}
 	}
-	stats.report(t, fmt.Sprintf("T4 (CA): installer wrote %v; rotation done %s after the load started, no restart", res.Writes, rotated.Round(time.Millisecond)), time.Since(start))
+	stats.report(t, fmt.Sprintf("CA rotation under load: installer wrote %v; rotation done %s after the load started, no restart", res.Writes, rotated.Round(time.Millisecond)), time.Since(start))
 }
 
 // BenchmarkAdmissionViaAPIServer sends server-side dry-run pod creates through the API server at a
