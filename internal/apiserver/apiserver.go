@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 )
@@ -24,17 +25,16 @@ func (w Waiter) WaitReady(ctx context.Context, kubeconfigPath string) error {
 		interval = 500 * time.Millisecond
 	}
 	var last error
-	for {
+	if err := wait.PollUntilContextCancel(ctx, interval, true, func(ctx context.Context) (bool, error) {
 		last = probe(ctx, kubeconfigPath)
+		return last == nil, nil
+	}); err != nil {
 		if last == nil {
-			return nil
+			return fmt.Errorf("waiting for the API server: %w", err)
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("%w (last error: %w)", ctx.Err(), last)
-		case <-time.After(interval):
-		}
+		return fmt.Errorf("%w (last error: %w)", err, last)
 	}
+	return nil
 }
 
 func probe(ctx context.Context, kubeconfigPath string) error {
