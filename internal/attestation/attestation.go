@@ -18,6 +18,10 @@ type Result struct {
 	Measurements Measurements
 	// Warnings are policy deviations that were configured as warn instead of enforce.
 	Warnings []string
+	// Identity is a stable digest of the attesting machine's hardware identity, the same on every
+	// boot (TPM: SHA-256 of the endorsement key's public area). Empty when the variant has none
+	// (TDX quotes carry no per-machine identity).
+	Identity []byte
 }
 
 // Named validation failures. Callers branch on them with errors.Is; error text adds the details.
