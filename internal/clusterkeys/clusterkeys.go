@@ -5,10 +5,19 @@
 //	cluster ID          "berth/v1/cluster-id"
 //	measurement secret  "berth/v1/measurement-secret"
 //	disk key            "berth/v1/disk-key/" + lower-case disk UUID
+//	disk binding key    "berth/v1/disk-binding/" + lower-case disk UUID
+//
+// A disk binding is HMAC-SHA256 under the disk binding key of the disk's UUID over the identity of
+// the machine the disk belongs to (attestation.Result.Identity, or "instance/" + instance name where
+// the variant has no per-machine identity). It is a MAC, not a key: the node keeps it in its disk's
+// plaintext header, and the joinservice gives a rejoining node its disk key only when the binding
+// verifies for the identity that node attested with. Its own info label keeps it independent of the
+// disk key, so knowing a binding tells nothing about the key.
 package clusterkeys
 
 import (
 	"crypto/hkdf"
+	"crypto/hmac"
 	"crypto/sha256"
 	"errors"
 	"fmt"
@@ -60,4 +69,22 @@ func (k *Keys) MeasurementSecret() []byte { return k.derive("berth/v1/measuremen
 // DiskKey is the key for the state disk with the given UUID (case-insensitive).
 func (k *Keys) DiskKey(diskUUID string) []byte {
 	return k.derive("berth/v1/disk-key/" + strings.ToLower(diskUUID))
+}
+
+// DiskBinding binds the state disk with the given UUID (case-insensitive) to the machine with the
+// given identity. It returns nil for an empty UUID or identity: those bind to nothing.
+func (k *Keys) DiskBinding(diskUUID string, identity []byte) []byte {
+	if diskUUID == "" || len(identity) == 0 {
+		return nil
+	}
+	mac := hmac.New(sha256.New, k.derive("berth/v1/disk-binding/"+strings.ToLower(diskUUID)))
+	mac.Write(identity)
+	return mac.Sum(nil)
+}
+
+// VerifyDiskBinding reports whether binding is DiskBinding(diskUUID, identity). The comparison takes
+// the same time wherever the binding differs; an empty UUID, identity or binding never verifies.
+func (k *Keys) VerifyDiskBinding(diskUUID string, identity, binding []byte) bool {
+	want := k.DiskBinding(diskUUID, identity)
+	return want != nil && hmac.Equal(want, binding)
 }

@@ -2,7 +2,9 @@ package clusterkeys
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"errors"
+	"strings"
 	"testing"
 )
 
@@ -34,5 +36,47 @@ func TestDerivations(t *testing.T) {
 	}
 	if _, err := New(master[:31], salt); !errors.Is(err, ErrBadInput) {
 		t.Errorf("New(short master) = %v, want ErrBadInput", err)
+	}
+}
+
+func TestDiskBinding(t *testing.T) {
+	k, err := New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const uuid = "0f8b9c2e-5d1a-4b7e-9a3c-2e6f1d4b8a70"
+	const other = "7c1e4a9b-2f3d-4e8a-b6c5-9d0e1f2a3b4c"
+	me, them := []byte("tpm identity of machine A"), []byte("tpm identity of machine B")
+	b := k.DiskBinding(uuid, me)
+	if len(b) != sha256.Size {
+		t.Fatalf("len(DiskBinding()) = %d, want %d", len(b), sha256.Size)
+	}
+	if !k.VerifyDiskBinding(uuid, me, b) {
+		t.Fatal("a disk's own binding does not verify")
+	}
+	if !k.VerifyDiskBinding(strings.ToUpper(uuid), me, b) {
+		t.Error("the binding depends on the UUID's case")
+	}
+	if bytes.Equal(b, k.DiskKey(uuid)) {
+		t.Error("the binding equals the disk key")
+	}
+	k2, _ := New(bytes.Repeat([]byte{9}, 32), bytes.Repeat([]byte{2}, 32))
+	flipped := append([]byte(nil), b...)
+	flipped[len(flipped)-1] ^= 1
+	for name, ok := range map[string]bool{
+		"other disk's UUID":          k.VerifyDiskBinding(other, me, b),
+		"other machine's identity":   k.VerifyDiskBinding(uuid, them, b),
+		"identity with a suffix":     k.VerifyDiskBinding(uuid, append(append([]byte(nil), me...), 0), b),
+		"truncated binding":          k.VerifyDiskBinding(uuid, me, b[:len(b)-1]),
+		"one bit flipped":            k.VerifyDiskBinding(uuid, me, flipped),
+		"binding with a suffix":      k.VerifyDiskBinding(uuid, me, append(append([]byte(nil), b...), 0)),
+		"no binding":                 k.VerifyDiskBinding(uuid, me, nil),
+		"empty identity":             k.VerifyDiskBinding(uuid, nil, k.DiskBinding(uuid, nil)),
+		"empty UUID":                 k.VerifyDiskBinding("", me, k.DiskBinding("", me)),
+		"other cluster's master key": k2.VerifyDiskBinding(uuid, me, b),
+	} {
+		if ok {
+			t.Errorf("%s: the binding verifies", name)
+		}
 	}
 }
