@@ -83,7 +83,7 @@ func (v *Validator) Validate(_ context.Context, raw, nonce []byte) (attestation.
 			return attestation.Result{}, err
 		}
 	}
-	res := attestation.Result{Variant: Variant, UserData: doc.UserData, Measurements: measurements}
+	res := attestation.Result{Variant: Variant, UserData: doc.UserData, Measurements: measurements, Identity: ekIdentity(doc.EKPublic)}
 	res.Warnings, err = v.policy.Evaluate(measurements)
 	for _, w := range res.Warnings {
 		v.log.Warn("measurement deviates from warn-only expectation", zap.String("detail", w))

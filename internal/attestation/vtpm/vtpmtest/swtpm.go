@@ -2,7 +2,10 @@ package vtpmtest
 
 import (
 	"context"
+	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -10,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-tpm/tpm2"
+	"github.com/google/go-tpm/tpm2/transport"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
@@ -77,6 +82,7 @@ type Swtpm struct {
 	// Open opens a connection to the TPM's data channel.
 	Open vtpm.OpenFunc
 	cmd  *exec.Cmd
+	ctrl string // swtpm's control channel socket
 }
 
 // StartSwtpm manufactures a TPM state with an RSA EK certificate signed by ca and serves it over a
@@ -126,8 +132,48 @@ func StartSwtpm(t testing.TB, ca *SwtpmCA) *Swtpm {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Swtpm{Spec: "unix:" + sock, Open: open, cmd: cmd}
+	return &Swtpm{Spec: "unix:" + sock, Open: open, cmd: cmd, ctrl: filepath.Join(dir, "ctrl.sock")}
 }
 
 // PID is the swtpm process's ID, for harnesses that account the TPM's CPU time.
 func (s *Swtpm) PID() int { return s.cmd.Process.Pid }
+
+// swtpm control channel commands (swtpm's ctrl protocol: big-endian command code, then its payload).
+const ctrlCmdInit = 0x02 // CMD_INIT: re-initialize the TPM as a power cycle does
+
+// Reset power-cycles the TPM as a reboot would: CMD_INIT on the control channel, then
+// TPM2_Startup(CLEAR). Volatile state (PCRs, loaded objects, sessions) is lost, NV and persistent
+// objects stay.
+func (s *Swtpm) Reset(ctx context.Context) error {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", s.ctrl)
+	if err != nil {
+		return fmt.Errorf("connecting to swtpm control channel: %w", err)
+	}
+	defer c.Close()
+	if d, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(d)
+	}
+	req := binary.BigEndian.AppendUint32(nil, ctrlCmdInit)
+	req = binary.BigEndian.AppendUint32(req, 0) // init flags: keep the state
+	if _, err := c.Write(req); err != nil {
+		return fmt.Errorf("sending CMD_INIT: %w", err)
+	}
+	var rsp [4]byte
+	if _, err := io.ReadFull(c, rsp[:]); err != nil {
+		return fmt.Errorf("reading CMD_INIT result: %w", err)
+	}
+	if rc := binary.BigEndian.Uint32(rsp[:]); rc != 0 {
+		return fmt.Errorf("CMD_INIT: TPM result %#x", rc)
+	}
+	rwc, err := s.Open(ctx)
+	if err != nil {
+		return err
+	}
+	defer rwc.Close()
+	_, err = tpm2.Startup{StartupType: tpm2.TPMSUClear}.Execute(transport.FromReadWriter(rwc))
+	if err != nil && !errors.Is(err, tpm2.TPMRCInitialize) { // swtpm's startup-clear flag may have started it
+		return fmt.Errorf("TPM2_Startup: %w", err)
+	}
+	return nil
+}
