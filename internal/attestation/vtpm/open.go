@@ -10,6 +10,11 @@
 // The LockRegister is the hardware half of the node lock: it extends the cluster ID into a PCR and
 // reads it back.
 //
+// The Sealer (seal.go) seals a small secret, the state disk's key, to the boot PCRs and a lock
+// register that is still zero, so that only the next unchanged boot, before it takes the lock, can
+// unseal it. Result.Identity of a validated document, and Issuer.MachineIdentity on the node, is
+// SHA-256 of the EK's public area: the same on every boot, different between TPMs.
+//
 // The TPM is reached through an OpenFunc: a device such as /dev/tpmrm0, swtpm's data port over TCP
 // or a unix socket, or (in tests only) the reference simulator in package tpmsim.
 //

@@ -130,7 +130,7 @@ func (s *Sealer) Seal(ctx context.Context, secret []byte) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("sealing: decoding creation data: %w", err)
 		}
-		if !bytes.Equal(cd.PCRDigest.Buffer, bootDigest) {
+		if len(s.pcrs) > 0 && !bytes.Equal(cd.PCRDigest.Buffer, bootDigest) {
 			if attempt+1 < sealAttempts {
 				continue
 			}

@@ -26,7 +26,7 @@ func newSimulator(t testing.TB) (vtpm.OpenFunc, *vtpmtest.CA, *tpmsim.Simulator)
 	t.Helper()
 	sim, err := tpmsim.New()
 	if errors.Is(err, tpmsim.ErrUnavailable) {
-		t.Skip("TPM simulator needs cgo")
+		vtpmtest.Unavailable(t, "TPM simulator needs cgo")
 	}
 	if err != nil {
 		t.Fatalf("starting simulator: %v", err)

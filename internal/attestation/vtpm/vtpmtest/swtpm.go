@@ -20,6 +20,16 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 )
 
+// Unavailable ends a test whose TPM is missing: it skips, saying why, and fails instead under
+// CI=true, where nothing may skip silently.
+func Unavailable(t testing.TB, why string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("CI=true: %s", why)
+	}
+	t.Skip(why)
+}
+
 // SwtpmCA is a directory holding swtpm's local CA (created on first use by swtpm_localca) and the
 // swtpm_setup configuration that uses it.
 type SwtpmCA struct {
@@ -32,7 +42,7 @@ func NewSwtpmCA(t testing.TB) *SwtpmCA {
 	t.Helper()
 	for _, bin := range []string{"swtpm", "swtpm_setup", "swtpm_localca"} {
 		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("swtpm test needs %s (apt packages swtpm, swtpm-tools): %v", bin, err)
+			Unavailable(t, fmt.Sprintf("swtpm test needs %s (apt packages swtpm, swtpm-tools): %v", bin, err))
 		}
 	}
 	dir := t.TempDir()
