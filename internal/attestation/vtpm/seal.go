@@ -19,7 +19,8 @@ import (
 //
 // The object is created under the owner hierarchy's storage root key (SRK), which TPM2_CreatePrimary
 // re-derives from the owner seed and the TCG ECC P-256 SRK template on every call (no persistent
-// handle to manage: about 1 ms on swtpm, see BenchmarkSeal). TPM2_Clear replaces the owner seed, so
+// handle to manage; BenchmarkSRK: 0.5-0.6 ms on swtpm and the simulator, against 0.01-0.02 ms
+// to check a persistent one, out of 1.2-1.8 ms per Seal or Unseal). TPM2_Clear replaces the owner seed, so
 // a blob sealed before a clear no longer loads. The secret crosses the TPM interface only inside
 // sessions salted to the SRK with AES-CFB parameter encryption, so it is not readable on the bus.
 
