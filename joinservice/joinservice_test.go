@@ -85,7 +85,7 @@ func TestRunServesAndStops(t *testing.T) {
 	defer conn.Close()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	csr, _ := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: "x"}}, key)
-	resp, err := joinproto.NewJoinServiceClient(conn).IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr, Role: joinproto.Role_ROLE_WORKER})
+	resp, err := joinproto.NewJoinServiceClient(conn).IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr, Role: joinproto.Role_ROLE_WORKER, DiskUuid: "0f8b9c2e-5d1a-4b7e-9a3c-2e6f1d4b8a70"})
 	if err != nil || resp.GetNodeName() != "worker-0" || resp.GetApiServerEndpoint() != "198.51.100.10:6443" {
 		t.Fatalf("IssueJoinTicket() = %v, %v", resp, err)
 	}

@@ -1,7 +1,8 @@
 // Package joindial is the client side of the join protocol: it dials a joinservice over mutual
 // attested TLS (the node attests, the joinservice must satisfy the node's policy) and accepts a
-// ticket only from a joinservice whose lock register holds the ticket's cluster ID. The bootstrapper's
-// JoinClient joins through it, and the joinservice's tests use it as the reference node.
+// ticket (join or rejoin) only from a joinservice whose lock register holds the ticket's cluster ID.
+// The bootstrapper's JoinClient joins and rejoins through it, and the joinservice's tests use it as
+// the reference node.
 package joindial
 
 import (
@@ -72,14 +73,34 @@ func (c *boundClient) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJ
 	if err != nil {
 		return nil, err
 	}
-	info, ok := p.AuthInfo.(atls.AuthInfo)
-	if !ok || info.Evidence == nil {
-		return nil, notBound("the joinservice presented no attestation")
-	}
-	if err := c.bound(info.Evidence, resp.GetClusterId()); err != nil {
-		return nil, notBound(err.Error())
+	if err := c.checkBound(&p, resp.GetClusterId()); err != nil {
+		return nil, err
 	}
 	return resp, nil
+}
+
+func (c *boundClient) IssueRejoinTicket(ctx context.Context, req *joinproto.IssueRejoinTicketRequest, opts ...grpc.CallOption) (*joinproto.IssueRejoinTicketResponse, error) {
+	var p peer.Peer
+	resp, err := c.JoinServiceClient.IssueRejoinTicket(ctx, req, append(opts, grpc.Peer(&p))...)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.checkBound(&p, resp.GetClusterId()); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// checkBound checks that the joinservice behind p is locked to clusterID.
+func (c *boundClient) checkBound(p *peer.Peer, clusterID []byte) error {
+	info, ok := p.AuthInfo.(atls.AuthInfo)
+	if !ok || info.Evidence == nil {
+		return notBound("the joinservice presented no attestation")
+	}
+	if err := c.bound(info.Evidence, clusterID); err != nil {
+		return notBound(err.Error())
+	}
+	return nil
 }
 
 func notBound(msg string) error {

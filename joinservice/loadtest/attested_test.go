@@ -244,7 +244,7 @@ func TestJoinLoadAttestedClients(t *testing.T) {
 		defer conn.Close()
 		var p peer.Peer
 		resp, err := joinproto.NewJoinServiceClient(conn).IssueJoinTicket(ctx,
-			&joinproto.IssueJoinTicketRequest{KubeletCsr: csrs[i], Role: joinproto.Role_ROLE_WORKER}, grpc.Peer(&p))
+			&joinproto.IssueJoinTicketRequest{KubeletCsr: csrs[i], Role: joinproto.Role_ROLE_WORKER, DiskUuid: "0f8b9c2e-5d1a-4b7e-9a3c-2e6f1d4b8a70"}, grpc.Peer(&p))
 		if err == nil {
 			// What the JoinClient checks before it uses a ticket: the joinservice is bound to the cluster.
 			info, isATLS := p.AuthInfo.(atls.AuthInfo)

@@ -376,7 +376,7 @@ func TestJoinLoadClients(t *testing.T) {
 		}
 	}
 	runClientPhase(t, clients, time.Second, phase, func(i, _ int) outcome {
-		_, err := conns[i].IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csrs[i], Role: joinproto.Role_ROLE_WORKER})
+		_, err := conns[i].IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csrs[i], Role: joinproto.Role_ROLE_WORKER, DiskUuid: "0f8b9c2e-5d1a-4b7e-9a3c-2e6f1d4b8a70"})
 		switch {
 		case err == nil:
 			return accepted

@@ -81,13 +81,8 @@ func TestAttestedJoin(t *testing.T) {
 		return startWith(t, lockID, atls.WithClaimCheck(ClaimCheck(func() *policy.Policy { return clusterPolicy }, j, nil)))
 	}
 
-	joinWith := func(t *testing.T, addr string, tamper []byte, manufacturer *vtpmtest.SwtpmCA) (*joinproto.IssueJoinTicketResponse, error) {
-		sw := vtpmtest.StartSwtpm(t, manufacturer)
-		if tamper != nil {
-			if err := vtpm.NewLockRegister(sw.Open, 4).MarkBootstrapped(ctx, tamper); err != nil {
-				t.Fatal(err)
-			}
-		}
+	// dialAs connects to the joinservice at addr as the node whose TPM is sw.
+	dialAs := func(t *testing.T, addr string, sw *vtpmtest.Swtpm) joinproto.JoinServiceClient {
 		validator, err := choose.NewValidator(joinPolicy, zap.NewNop())
 		if err != nil {
 			t.Fatal(err)
@@ -101,8 +96,17 @@ func TestAttestedJoin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer closer.Close()
-		return client.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER})
+		t.Cleanup(func() { _ = closer.Close() })
+		return client
+	}
+	joinWith := func(t *testing.T, addr string, tamper []byte, manufacturer *vtpmtest.SwtpmCA) (*joinproto.IssueJoinTicketResponse, error) {
+		sw := vtpmtest.StartSwtpm(t, manufacturer)
+		if tamper != nil {
+			if err := vtpm.NewLockRegister(sw.Open, 4).MarkBootstrapped(ctx, tamper); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dialAs(t, addr, sw).IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: testDiskUUID})
 	}
 	// join asks for a ticket as a node whose PCR 4 was extended with tamper (nil: genuine).
 	join := func(t *testing.T, addr string, tamper []byte) (*joinproto.IssueJoinTicketResponse, error) {
@@ -170,6 +174,50 @@ func TestAttestedJoin(t *testing.T) {
 		_, err := join(t, start(t, []byte("some other cluster")), nil)
 		if reason(err) != joindial.ReasonNotBound {
 			t.Fatalf("IssueJoinTicket() = %v (reason %q), want %s", err, reason(err), joindial.ReasonNotBound)
+		}
+	})
+	t.Run("rejoin: only the machine the disk was bound to gets its key", func(t *testing.T) {
+		addr := start(t, keys.ClusterID())
+		mine, other := vtpmtest.StartSwtpm(t, swCA), vtpmtest.StartSwtpm(t, swCA)
+		ticket, err := dialAs(t, addr, mine).IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: testDiskUUID})
+		if err != nil {
+			t.Fatalf("IssueJoinTicket() = %v", err)
+		}
+		// A new connection, as after a reboot.
+		resp, err := dialAs(t, addr, mine).IssueRejoinTicket(ctx, &joinproto.IssueRejoinTicketRequest{DiskUuid: testDiskUUID, DiskBinding: ticket.GetDiskBinding()})
+		if err != nil {
+			t.Fatalf("IssueRejoinTicket(own binding) = %v", err)
+		}
+		if !bytes.Equal(resp.GetDiskKey(), ticket.GetDiskKey()) || !bytes.Equal(resp.GetClusterId(), keys.ClusterID()) {
+			t.Fatal("the rejoin ticket's disk key or cluster ID differ from the join ticket's")
+		}
+		// Another TPM at the same address, with the same instance name: only its EK differs.
+		_, err = dialAs(t, addr, other).IssueRejoinTicket(ctx, &joinproto.IssueRejoinTicketRequest{DiskUuid: testDiskUUID, DiskBinding: ticket.GetDiskBinding()})
+		if status.Code(err) != codes.PermissionDenied || reason(err) != ReasonDiskNotBound {
+			t.Fatalf("IssueRejoinTicket(other TPM) = %v (reason %q), want PermissionDenied %s", err, reason(err), ReasonDiskNotBound)
+		}
+		t.Logf("refusal: %v", err)
+		es := j.all()
+		if last := es[len(es)-1]; last.RPC != "rejoin" || last.Reason != ReasonDiskNotBound || last.Node != "worker-0" || len(last.EvidenceSHA256) != 64 {
+			t.Fatalf("ledger entry %+v, want the refused rejoin of worker-0 with %s and its evidence digest", last, ReasonDiskNotBound)
+		}
+		_, err = dialAs(t, addr, mine).IssueRejoinTicket(ctx, &joinproto.IssueRejoinTicketRequest{DiskUuid: otherDiskUUID, DiskBinding: ticket.GetDiskBinding()})
+		if reason(err) != ReasonDiskNotBound {
+			t.Fatalf("IssueRejoinTicket(other disk) = %v, want %s", err, ReasonDiskNotBound)
+		}
+	})
+	t.Run("rejoin: a disk key from a joinservice locked to another cluster is refused", func(t *testing.T) {
+		sw := vtpmtest.StartSwtpm(t, swCA)
+		addr := start(t, []byte("some other cluster"))
+		// The binding is for this machine (the joinservice holds the master secret but its lock
+		// register names another cluster): the node refuses the answer.
+		ticket, err := dialAs(t, start(t, keys.ClusterID()), sw).IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: testDiskUUID})
+		if err != nil {
+			t.Fatalf("IssueJoinTicket() = %v", err)
+		}
+		_, err = dialAs(t, addr, sw).IssueRejoinTicket(ctx, &joinproto.IssueRejoinTicketRequest{DiskUuid: testDiskUUID, DiskBinding: ticket.GetDiskBinding()})
+		if reason(err) != joindial.ReasonNotBound {
+			t.Fatalf("IssueRejoinTicket() = %v (reason %q), want %s", err, reason(err), joindial.ReasonNotBound)
 		}
 	})
 	t.Run("joinservice on a fresh node is refused in the handshake", func(t *testing.T) {

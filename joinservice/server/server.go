@@ -11,6 +11,21 @@
 // batched ledger (and, for a control plane, the Lease that serializes control-plane joins), and no
 // bearer token exists that anyone could use to request a certificate for any node name.
 //
+// A ticket carries the disk key of the state disk the node names (disk_uuid, a canonical UUID) and a
+// disk binding (clusterkeys.DiskBinding) of that disk to the attested machine's identity. A rebooted
+// node that cannot open its disk with its sealed key asks IssueRejoinTicket for the disk key with
+// the disk's UUID and that binding; the disk key comes back only when the binding verifies for the
+// identity of the machine asking, after the same attestation and instance checks as a join. So an
+// attested member cannot get another node's disk key by naming its UUID (DISK_NOT_BOUND).
+//
+// The machine's identity is attestation.Result.Identity when the variant has one and the peer's
+// attestation key was activated in the handshake (TPM: the digest of the endorsement key, which
+// only the machine holding it can activate against). Otherwise (TDX quotes carry no per-machine
+// identity, or no attestation) it is "instance/" + the instance name metadata reports for the
+// peer's address. That is a known weaker binding: it ties the disk to a name the platform gives an
+// address, not to the hardware, so an attested machine that takes over a node's address and name
+// also gets that node's disk key.
+//
 // Every rejection is a gRPC status whose message
 // states the reason and whose ErrorInfo detail carries a stable reason code (see the Reason* constants).
 //
@@ -66,6 +81,8 @@ const (
 	ReasonBadCSR           = "BAD_CSR"
 	ReasonRateLimited      = "RATE_LIMITED"
 	ReasonControlPlaneBusy = "CONTROL_PLANE_JOIN_BUSY"
+	ReasonBadDiskUUID      = "BAD_DISK_UUID"
+	ReasonDiskNotBound     = "DISK_NOT_BOUND"
 	ReasonInternal         = "INTERNAL"
 	reasonDomain           = "berth.joinservice"
 	kubeletCertValidity    = 365 * 24 * time.Hour
@@ -351,6 +368,10 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 		return nil, reject(codes.PermissionDenied, ReasonRoleMismatch,
 			fmt.Sprintf("role %s requested, metadata says this node is a %s", req.GetRole(), inst.Role))
 	}
+	if err := checkDiskUUID(req.GetDiskUuid(), log); err != nil {
+		return nil, err
+	}
+	identity, source := peerIdentity(ctx, inst)
 	s.obs.Latency("join", "validate", time.Since(a.start))
 	issueStart := time.Now()
 	var ips []net.IP
@@ -377,7 +398,7 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 	}
 	// No bootstrap token (see the package documentation): the node joins with the CA and certificate.
 	s.obs.Latency("join", "issue", time.Since(issueStart))
-	log.Info("join ticket issued")
+	log.Info("join ticket issued", zap.String("identitySource", source))
 	return &joinproto.IssueJoinTicketResponse{
 		NodeName:                   inst.Name,
 		ApiServerEndpoint:          s.cfg.APIServerEndpoint,
@@ -389,6 +410,7 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 		ClusterId:                  s.keys.ClusterID(),
 		DiskKey:                    s.keys.DiskKey(req.GetDiskUuid()),
 		MeasurementSalt:            s.salt,
+		DiskBinding:                s.keys.DiskBinding(req.GetDiskUuid(), identity),
 	}, nil
 }
 
@@ -399,17 +421,76 @@ func (s *Server) IssueRejoinTicket(ctx context.Context, req *joinproto.IssueRejo
 		return nil, err
 	}
 	defer func() { s.finish(a, err) }()
-	if err := s.checkAttestation(ctx, &callLog{log: s.log, fields: []zap.Field{zap.String("peer", a.entry.Peer)}}); err != nil {
+	log := &callLog{log: s.log, fields: []zap.Field{zap.String("peer", a.entry.Peer)}}
+	if err := s.checkAttestation(ctx, log); err != nil {
 		return nil, err
 	}
 	inst, err := s.instanceFor(ctx, peerIP)
 	if err != nil {
-		s.log.Warn("rejoin rejected", zap.String("peer", a.entry.Peer), zap.String("reason", ReasonUnknownPeer))
+		log.Warn("rejoin rejected", zap.String("reason", ReasonUnknownPeer), zap.Error(err))
 		return nil, reject(codes.PermissionDenied, ReasonUnknownPeer, "this address belongs to no instance of the cluster")
 	}
 	a.entry.Node = inst.Name
+	log.with(zap.String("node", inst.Name))
+	if err := checkDiskUUID(req.GetDiskUuid(), log); err != nil {
+		return nil, err
+	}
+	identity, source := peerIdentity(ctx, inst)
+	if !s.keys.VerifyDiskBinding(req.GetDiskUuid(), identity, req.GetDiskBinding()) {
+		log.Warn("rejoin rejected", zap.String("reason", ReasonDiskNotBound), zap.String("identitySource", source))
+		return nil, reject(codes.PermissionDenied, ReasonDiskNotBound, "this disk does not belong to the attested machine")
+	}
 	s.obs.Latency("rejoin", "validate", time.Since(a.start))
+	log.Info("rejoin ticket issued", zap.String("identitySource", source))
 	return &joinproto.IssueRejoinTicketResponse{DiskKey: s.keys.DiskKey(req.GetDiskUuid()), ClusterId: s.keys.ClusterID()}, nil
+}
+
+// Sources of a peer's identity (see the package documentation), for the logs.
+const (
+	identityAttested = "attested"
+	identityInstance = "instance"
+)
+
+// peerIdentity is the identity a disk binding ties a disk to: the attested machine identity when the
+// peer's attestation key was activated and its variant has one, else "instance/" + inst's name.
+func peerIdentity(ctx context.Context, inst metadata.Instance) (identity []byte, source string) {
+	if ev, ok := atls.PeerEvidence(ctx); ok && ev.Activated && len(ev.Result.Identity) > 0 {
+		return ev.Result.Identity, identityAttested
+	}
+	return []byte("instance/" + inst.Name), identityInstance
+}
+
+// checkDiskUUID refuses a disk UUID that is not canonical: 8-4-4-4-12 hexadecimal digits.
+func checkDiskUUID(u string, log *callLog) error {
+	if canonicalUUID(u) {
+		return nil
+	}
+	log.Warn("ticket rejected", zap.String("reason", ReasonBadDiskUUID))
+	return reject(codes.InvalidArgument, ReasonBadDiskUUID, "disk_uuid is not a canonical UUID (8-4-4-4-12 hexadecimal digits)")
+}
+
+func isHexDigit(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func canonicalUUID(u string) bool {
+	if len(u) != 36 {
+		return false
+	}
+	for i := 0; i < len(u); i++ {
+		c := u[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !isHexDigit(c) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func (s *Server) instanceFor(ctx context.Context, ip net.IP) (metadata.Instance, error) {

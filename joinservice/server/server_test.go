@@ -37,6 +37,12 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// Disk UUIDs of the tests.
+const (
+	testDiskUUID  = "0f8b9c2e-5d1a-4b7e-9a3c-2e6f1d4b8a70"
+	otherDiskUUID = "7c1e4a9b-2f3d-4e8a-b6c5-9d0e1f2a3b4c"
+)
+
 type peers []metadata.Instance
 
 func (p peers) Peers(context.Context) ([]metadata.Instance, error) { return p, nil }
@@ -70,16 +76,27 @@ func writePKI(t *testing.T) string {
 	return dir
 }
 
-func start(t *testing.T, meta peers, opts ...Option) joinproto.JoinServiceClient {
+// testKeys are the cluster keys of the tests' joinservices.
+func testKeys() *clusterkeys.Keys {
+	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
+	return keys
+}
+
+// newServer returns a joinservice for meta without attestation checks (attest nil).
+func newServer(t *testing.T, meta peers, attest AttestationCheck, opts ...Option) *Server {
 	t.Helper()
 	pki := writePKI(t)
 	authority, err := ca.Load(pki)
 	if err != nil {
 		t.Fatal(err)
 	}
-	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
-	srv := New(Config{APIServerEndpoint: "198.51.100.10:6443", KubernetesVersion: "v1.34.2", PKIDir: pki},
-		zap.NewNop(), keys, bytes.Repeat([]byte{2}, 32), authority, meta, nil, opts...)
+	return New(Config{APIServerEndpoint: "198.51.100.10:6443", KubernetesVersion: "v1.34.2", PKIDir: pki},
+		zap.NewNop(), testKeys(), bytes.Repeat([]byte{2}, 32), authority, meta, attest, opts...)
+}
+
+func start(t *testing.T, meta peers, opts ...Option) joinproto.JoinServiceClient {
+	t.Helper()
+	srv := newServer(t, meta, nil, opts...)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +134,7 @@ func reason(err error) string {
 func TestWorkerTicketBindsAttestedName(t *testing.T) {
 	c := start(t, peers{{Name: "worker-7", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}})
 	resp, err := c.IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{
-		KubeletCsr: csr(t, "system:node:control-plane-0"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: "d1",
+		KubeletCsr: csr(t, "system:node:control-plane-0"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: testDiskUUID,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -144,7 +161,7 @@ func TestWorkerTicketBindsAttestedName(t *testing.T) {
 
 func TestControlPlaneTicketCarriesFiles(t *testing.T) {
 	c := start(t, peers{{Name: "cp-1", Role: metadata.RoleControlPlane, IPs: []string{"127.0.0.1"}}})
-	resp, err := c.IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE})
+	resp, err := c.IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE, DiskUuid: testDiskUUID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,8 +192,28 @@ func TestRejections(t *testing.T) {
 		},
 		"garbage CSR": {
 			meta: peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}},
-			req:  &joinproto.IssueJoinTicketRequest{KubeletCsr: []byte("garbage"), Role: joinproto.Role_ROLE_WORKER},
+			req:  &joinproto.IssueJoinTicketRequest{KubeletCsr: []byte("garbage"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: testDiskUUID},
 			code: codes.InvalidArgument, reason: ReasonBadCSR,
+		},
+		"no disk UUID": {
+			meta: peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}},
+			req:  &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER},
+			code: codes.InvalidArgument, reason: ReasonBadDiskUUID,
+		},
+		"disk UUID without dashes": {
+			meta: peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}},
+			req:  &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: strings.ReplaceAll(testDiskUUID, "-", "")},
+			code: codes.InvalidArgument, reason: ReasonBadDiskUUID,
+		},
+		"disk UUID in braces": {
+			meta: peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}},
+			req:  &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: "{" + testDiskUUID + "}"},
+			code: codes.InvalidArgument, reason: ReasonBadDiskUUID,
+		},
+		"disk UUID with a path": {
+			meta: peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}},
+			req:  &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: "../../../../../../../../etc/passwd.."},
+			code: codes.InvalidArgument, reason: ReasonBadDiskUUID,
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -241,32 +278,41 @@ func TestLedgerAndMetricsSeeEveryAttempt(t *testing.T) {
 	j, m := &journal{}, &counter{attempts: map[string]int{}, stages: map[string]int{}}
 	c := start(t, peers{{Name: "worker-7", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, WithJournal(j), WithObserver(m))
 	ctx := context.Background()
-	if _, err := c.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER}); err != nil {
+	ticket, err := c.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: testDiskUUID})
+	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE}); reason(err) != ReasonRoleMismatch {
+	if _, err := c.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE, DiskUuid: testDiskUUID}); reason(err) != ReasonRoleMismatch {
 		t.Fatalf("IssueJoinTicket() = %v, want %s", err, ReasonRoleMismatch)
 	}
-	if _, err := c.IssueRejoinTicket(ctx, &joinproto.IssueRejoinTicketRequest{DiskUuid: "d"}); err != nil {
+	if _, err := c.IssueRejoinTicket(ctx, &joinproto.IssueRejoinTicketRequest{DiskUuid: testDiskUUID, DiskBinding: ticket.GetDiskBinding()}); err != nil {
 		t.Fatal(err)
 	}
-	es := j.all()
-	if len(es) != 3 {
-		t.Fatalf("ledger got %d entries, want 3: %+v", len(es), es)
+	if _, err := c.IssueRejoinTicket(ctx, &joinproto.IssueRejoinTicketRequest{DiskUuid: otherDiskUUID, DiskBinding: ticket.GetDiskBinding()}); reason(err) != ReasonDiskNotBound {
+		t.Fatalf("IssueRejoinTicket(other disk) = %v, want %s", err, ReasonDiskNotBound)
 	}
-	ok, rej, rejoin := es[0], es[1], es[2]
+	es := j.all()
+	if len(es) != 4 {
+		t.Fatalf("ledger got %d entries, want 4: %+v", len(es), es)
+	}
+	ok, rej, rejoin, notBound := es[0], es[1], es[2], es[3]
 	if ok.Outcome != ledger.OutcomeAccepted || ok.Node != "worker-7" || ok.Role != "worker" || ok.Peer != "127.0.0.1" || ok.RPC != "join" || ok.Time.IsZero() {
 		t.Fatalf("accepted entry %+v", ok)
 	}
 	if rej.Outcome != ledger.OutcomeRejected || rej.Reason != ReasonRoleMismatch || rej.Node != "worker-7" || rej.Role != "control-plane" || !strings.Contains(rej.Message, "metadata says") {
 		t.Fatalf("rejected entry %+v", rej)
 	}
-	if rejoin.RPC != "rejoin" || rejoin.Outcome != ledger.OutcomeAccepted {
+	if rejoin.RPC != "rejoin" || rejoin.Outcome != ledger.OutcomeAccepted || rejoin.Node != "worker-7" {
 		t.Fatalf("rejoin entry %+v", rejoin)
+	}
+	if notBound.RPC != "rejoin" || notBound.Outcome != ledger.OutcomeRejected || notBound.Reason != ReasonDiskNotBound ||
+		notBound.Node != "worker-7" || notBound.Message != "this disk does not belong to the attested machine" {
+		t.Fatalf("refused rejoin entry %+v", notBound)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.attempts["join/accepted/"] != 1 || m.attempts["join/rejected/"+ReasonRoleMismatch] != 1 || m.inFlight != 0 || m.stages["join/total"] != 2 || m.stages["join/issue"] != 1 {
+	if m.attempts["join/accepted/"] != 1 || m.attempts["join/rejected/"+ReasonRoleMismatch] != 1 || m.inFlight != 0 || m.stages["join/total"] != 2 || m.stages["join/issue"] != 1 ||
+		m.attempts["rejoin/accepted/"] != 1 || m.attempts["rejoin/rejected/"+ReasonDiskNotBound] != 1 || m.stages["rejoin/total"] != 2 {
 		t.Fatalf("metrics %+v %+v in flight %d", m.attempts, m.stages, m.inFlight)
 	}
 }
@@ -275,7 +321,7 @@ func TestRateLimitIsCheapAndNamed(t *testing.T) {
 	j := &journal{}
 	c := start(t, peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, WithJournal(j),
 		WithLimits(atls.Limits{PerPeer: 0.001, PerPeerBurst: 3, Global: 1000, GlobalBurst: 1000}))
-	req := &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER}
+	req := &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: testDiskUUID}
 	for i := range 3 {
 		if _, err := c.IssueJoinTicket(context.Background(), req); err != nil {
 			t.Fatalf("call %d: %v", i, err)
@@ -291,8 +337,8 @@ func TestRateLimitIsCheapAndNamed(t *testing.T) {
 	// The global limit applies across peers.
 	c = start(t, peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}},
 		WithLimits(atls.Limits{PerPeer: 1000, PerPeerBurst: 1000, Global: 0.001, GlobalBurst: 1}))
-	if _, err := c.IssueRejoinTicket(context.Background(), &joinproto.IssueRejoinTicketRequest{}); err != nil {
-		t.Fatal(err)
+	if _, err := c.IssueRejoinTicket(context.Background(), &joinproto.IssueRejoinTicketRequest{}); reason(err) != ReasonBadDiskUUID {
+		t.Fatalf("IssueRejoinTicket() = %v, want %s", err, ReasonBadDiskUUID)
 	}
 	if _, err := c.IssueRejoinTicket(context.Background(), &joinproto.IssueRejoinTicketRequest{}); reason(err) != ReasonRateLimited {
 		t.Fatalf("IssueRejoinTicket() = %v, want %s", err, ReasonRateLimited)
@@ -315,7 +361,7 @@ func (l *recordingLock) Lock(_ context.Context, holder string) (func(), error) {
 func TestControlPlaneJoinTakesTheLock(t *testing.T) {
 	l := &recordingLock{}
 	c := start(t, peers{{Name: "cp-1", Role: metadata.RoleControlPlane, IPs: []string{"127.0.0.1"}}}, WithControlPlaneLock(l))
-	if _, err := c.IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE}); err != nil {
+	if _, err := c.IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE, DiskUuid: testDiskUUID}); err != nil {
 		t.Fatal(err)
 	}
 	if len(l.holders) != 1 || l.holders[0] != "cp-1" {

@@ -84,7 +84,7 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 			return nil, err
 		}
 		defer closer.Close()
-		return client.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_WORKER})
+		return client.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_WORKER, DiskUuid: "0f8b9c2e-5d1a-4b7e-9a3c-2e6f1d4b8a70"})
 	}
 	join := func() (*joinproto.IssueJoinTicketResponse, error) {
 		return joinAs(vtpm.NewIssuer(nodeTPM.Open, zap.NewNop()))

@@ -150,7 +150,7 @@ peers:
 	workerCSR := csr(t)
 	var joinErr error
 	if err := proctest.WaitReady(ctx, 100*time.Millisecond, 30*time.Second, func(ctx context.Context) error {
-		resp, joinErr = worker.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: workerCSR, Role: joinproto.Role_ROLE_WORKER})
+		resp, joinErr = worker.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: workerCSR, Role: joinproto.Role_ROLE_WORKER, DiskUuid: "0f8b9c2e-5d1a-4b7e-9a3c-2e6f1d4b8a70"})
 		if status.Code(joinErr) == codes.Unavailable {
 			return joinErr
 		}
@@ -173,10 +173,10 @@ peers:
 	if err != nil || cert.Subject.CommonName != "system:node:worker-0" {
 		t.Fatalf("kubelet certificate for %v (%v), want system:node:worker-0", cert.Subject.CommonName, err)
 	}
-	if _, err := worker.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_CONTROL_PLANE}); reasonOf(err) != "ROLE_MISMATCH" {
+	if _, err := worker.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_CONTROL_PLANE, DiskUuid: "0f8b9c2e-5d1a-4b7e-9a3c-2e6f1d4b8a70"}); reasonOf(err) != "ROLE_MISMATCH" {
 		t.Fatalf("worker asking for control plane: %v", err)
 	}
-	cp, err := clientFrom(t, addr, "127.0.0.3").IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_CONTROL_PLANE})
+	cp, err := clientFrom(t, addr, "127.0.0.3").IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_CONTROL_PLANE, DiskUuid: "0f8b9c2e-5d1a-4b7e-9a3c-2e6f1d4b8a70"})
 	if err != nil || len(cp.GetControlPlaneFiles()) != 8 {
 		t.Fatalf("control-plane join: %v", err)
 	}
@@ -190,7 +190,7 @@ peers:
 	if err != nil || lease.Spec.HolderIdentity != nil {
 		t.Fatalf("control-plane lease after the ticket: %+v %v", lease, err)
 	}
-	if _, err := clientFrom(t, addr, "127.0.0.4").IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_WORKER}); reasonOf(err) != "UNKNOWN_PEER" {
+	if _, err := clientFrom(t, addr, "127.0.0.4").IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_WORKER, DiskUuid: "0f8b9c2e-5d1a-4b7e-9a3c-2e6f1d4b8a70"}); reasonOf(err) != "UNKNOWN_PEER" {
 		t.Fatalf("unknown peer: %v", err)
 	}
 
