@@ -1,0 +1,184 @@
+// Package recoveryserver serves the Recovery protocol on a node that cannot open its state disk on
+// its own: the key sealed to its TPM does not unseal and no joinservice gives it a rejoin ticket.
+// `berth recover` attests the node (over the node's attested TLS server credentials, as for
+// `berth init`), asks which disk it waits for (Info) and sends the key derived for that disk
+// (Recover). The master secret never reaches the node.
+//
+// Recover's outcomes:
+//
+//	request                          answer                                   Serve
+//	disk_key not 32 bytes            INVALID_ARGUMENT, open is not called     keeps serving
+//	key that does not open the disk  INVALID_ARGUMENT, one fixed message      keeps serving
+//	key that opens the disk          OK                                       stops, returns nil
+//	after a success                  FAILED_PRECONDITION                      stopping
+//
+// Recover calls run one at a time; the reason a key failed is logged on the node and never sent.
+package recoveryserver
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/berth-k8s/berth/recoverproto"
+)
+
+// KeySize is the size of a state disk key.
+const KeySize = 32
+
+// gracefulStopTimeout bounds how long Serve waits, after a successful Recover, for the response to be
+// sent and the other calls to end before it closes every connection.
+const gracefulStopTimeout = 5 * time.Second
+
+// The answers a caller gets. errWrongKey is the only answer for a key that did not open the disk,
+// whatever the reason: the caller learns nothing else about the node's disk.
+var (
+	errWrongKey    = status.Error(codes.InvalidArgument, "the key does not open this node's state disk; nothing changed")
+	errKeySize     = status.Error(codes.InvalidArgument, fmt.Sprintf("disk_key must be %d bytes", KeySize))
+	errAlreadyOpen = status.Error(codes.FailedPrecondition, "this node's state disk is already open")
+	errStopping    = status.Error(codes.Unavailable, "the recovery server is stopping")
+)
+
+// Info is what the node tells `berth recover` about the disk it waits to open.
+type Info struct {
+	// DiskUUID is the state disk's UUID (lower-case canonical form).
+	DiskUUID string
+	// ClusterID is the cluster the disk is bound to, from its header.
+	ClusterID []byte
+}
+
+// OpenFunc opens the state disk with diskKey (KeySize bytes). It returns an error when the key does
+// not open the disk; it must not put the key into the error.
+type OpenFunc func(ctx context.Context, diskKey []byte) error
+
+// Server serves the Recovery protocol. Create it with New.
+type Server struct {
+	log  *zap.Logger
+	opts []grpc.ServerOption
+}
+
+// New returns a Server; opts are the gRPC server options, among them the node's attested TLS server
+// credentials.
+func New(log *zap.Logger, opts ...grpc.ServerOption) *Server {
+	return &Server{log: log, opts: opts}
+}
+
+// Serve serves Info and Recover on lis until a Recover call opened the state disk with open, then
+// stops gracefully (the caller gets its answer) and returns nil. When ctx ends first it stops at once
+// and returns ctx.Err(). lis is closed either way, and every goroutine Serve started is gone when it
+// returns.
+func (s *Server) Serve(ctx context.Context, lis net.Listener, info Info, open OpenFunc) error {
+	h := &handler{
+		log:    s.log,
+		info:   info,
+		open:   open,
+		ctx:    ctx,
+		turn:   make(chan struct{}, 1),
+		opened: make(chan struct{}),
+	}
+	srv := grpc.NewServer(s.opts...)
+	recoverproto.RegisterRecoveryServiceServer(srv, h)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(lis) }()
+	s.log.Info("recovery server waiting for berth recover",
+		zap.String("address", lis.Addr().String()), zap.String("diskUUID", info.DiskUUID))
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serving recovery: %w", err)
+	case <-ctx.Done():
+		srv.Stop()
+		<-errc
+		s.log.Info("recovery server stopped")
+		return ctx.Err()
+	case <-h.opened:
+	}
+	stopped := make(chan struct{})
+	go func() {
+		srv.GracefulStop()
+		close(stopped)
+	}()
+	timeout := time.NewTimer(gracefulStopTimeout)
+	defer timeout.Stop()
+	select {
+	case <-stopped:
+	case <-timeout.C:
+		srv.Stop()
+		<-stopped
+	}
+	if err := <-errc; err != nil {
+		s.log.Warn("recovery server failed while stopping", zap.Error(err))
+	}
+	s.log.Info("recovery server stopped")
+	return nil
+}
+
+// handler answers the calls of one Serve.
+type handler struct {
+	recoverproto.UnimplementedRecoveryServiceServer
+
+	log  *zap.Logger
+	info Info
+	open OpenFunc
+	// ctx is Serve's context: open runs under it, so a caller that hangs up cannot abort an open
+	// half-way.
+	ctx context.Context
+	// turn holds a token while a Recover call runs: one at a time.
+	turn chan struct{}
+	// opened is closed once open succeeded.
+	opened     chan struct{}
+	openedOnce sync.Once
+}
+
+// Info implements the Info RPC.
+func (h *handler) Info(ctx context.Context, _ *recoverproto.InfoRequest) (*recoverproto.InfoResponse, error) {
+	h.log.Info("recovery info requested", zap.String("peer", peerAddr(ctx)))
+	return &recoverproto.InfoResponse{DiskUuid: h.info.DiskUUID, ClusterId: h.info.ClusterID}, nil
+}
+
+// Recover implements the Recover RPC.
+func (h *handler) Recover(ctx context.Context, req *recoverproto.RecoverRequest) (*recoverproto.RecoverResponse, error) {
+	log := h.log.With(zap.String("peer", peerAddr(ctx)))
+	key := req.GetDiskKey()
+	if len(key) != KeySize {
+		log.Warn("recovery key refused: wrong size", zap.Int("bytes", len(key)))
+		return nil, errKeySize
+	}
+	select {
+	case h.turn <- struct{}{}:
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	case <-h.ctx.Done():
+		return nil, errStopping
+	}
+	defer func() { <-h.turn }()
+	select {
+	case <-h.opened:
+		return nil, errAlreadyOpen
+	default:
+	}
+	if err := h.open(h.ctx, key); err != nil {
+		if h.ctx.Err() != nil {
+			return nil, errStopping
+		}
+		log.Warn("recovery key does not open the state disk", zap.Error(err))
+		return nil, errWrongKey
+	}
+	log.Info("state disk opened by berth recover", zap.String("diskUUID", h.info.DiskUUID))
+	h.openedOnce.Do(func() { close(h.opened) })
+	return &recoverproto.RecoverResponse{}, nil
+}
+
+func peerAddr(ctx context.Context) string {
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		return p.Addr.String()
+	}
+	return "unknown"
+}
