@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"sigs.k8s.io/yaml"
 
 	"github.com/berth-k8s/berth/initproto"
@@ -389,31 +390,35 @@ func (v *attestVerdict) accepted() *atls.Evidence {
 	return v.ev
 }
 
+// connectPoll is how often waitConnected looks at the connection and the attestation verdict. It
+// polls because a channel that failed once stays in TRANSIENT_FAILURE while it retries: a node
+// rejected in a later attempt changes no state there is to wait for.
+const connectPoll = 100 * time.Millisecond
+
 // waitConnected retries connecting until the connection is ready or timeout passes. It is the only
 // retry: once connected, a failure is reported, not retried. A node that fails attestation is not
 // retried either: nothing it can do in the next handshake will change what it measured.
 func waitConnected(ctx context.Context, conn *grpc.ClientConn, timeout time.Duration, verdict *attestVerdict) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
 	conn.Connect()
-	for {
-		if err := verdict.rejection(); err != nil {
-			return &exitError{code: exitRejected, err: fmt.Errorf("the node failed attestation; nothing was sent: %w", err)}
+	last := conn.GetState()
+	var rejected error
+	err := wait.PollUntilContextTimeout(ctx, connectPoll, timeout, true, func(context.Context) (bool, error) {
+		if rejected = verdict.rejection(); rejected != nil {
+			return true, nil
 		}
-		s := conn.GetState()
-		if s == connectivity.Ready {
-			return nil
-		}
-		if s == connectivity.Idle {
+		last = conn.GetState()
+		if last == connectivity.Idle {
 			conn.Connect()
 		}
-		if !conn.WaitForStateChange(ctx, s) {
-			if err := verdict.rejection(); err != nil {
-				continue
-			}
-			return fmt.Errorf("could not reach the node within %s (last state %s)", timeout, s)
-		}
+		return last == connectivity.Ready, nil
+	})
+	if rejected != nil {
+		return &exitError{code: exitRejected, err: fmt.Errorf("the node failed attestation; nothing was sent: %w", rejected)}
 	}
+	if err != nil {
+		return fmt.Errorf("could not reach the node within %s (last state %s)", timeout, last)
+	}
+	return nil
 }
 
 func receiveInit(stream initproto.InitService_InitClient, out, logFile io.Writer, o initOptions) error {

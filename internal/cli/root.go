@@ -44,7 +44,7 @@ cluster's joinservice and joins on its own.`,
 		SilenceErrors: true,
 	}
 	root.AddCommand(
-		newInitCmd(),
+		newInitCmd(), newRecoverCmd(),
 		newMiniCmd(),
 		newVerifyCmd(), newPolicyCmd(),
 		newStatusCmd(),
