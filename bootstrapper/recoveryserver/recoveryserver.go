@@ -95,7 +95,9 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener, info Info, open Op
 		return fmt.Errorf("serving recovery: %w", err)
 	case <-ctx.Done():
 		srv.Stop()
-		<-errc
+		if err := <-errc; err != nil {
+			s.log.Warn("recovery server failed while stopping", zap.Error(err))
+		}
 		s.log.Info("recovery server stopped")
 		return ctx.Err()
 	case <-h.opened:

@@ -119,7 +119,10 @@ func runRecover(ctx context.Context, out io.Writer, o recoverOptions) error {
 	if err := waitConnected(ctx, conn, o.connectTimeout, verdict); err != nil {
 		return err
 	}
-	if ev := verdict.accepted(); ev != nil {
+	if ev := verdict.accepted(); !o.insecure {
+		if ev == nil {
+			return &exitError{code: exitRejected, err: errors.New("the connection carries no attestation of the node; nothing was sent")}
+		}
 		if err := lockRegisterZero(ev); err != nil {
 			return &exitError{code: exitRejected, err: fmt.Errorf("%w; nothing was sent", err)}
 		}
