@@ -24,7 +24,8 @@
 // identity, or no attestation) it is "instance/" + the instance name metadata reports for the
 // peer's address. That is a known weaker binding: it ties the disk to a name the platform gives an
 // address, not to the hardware, so an attested machine that takes over a node's address and name
-// also gets that node's disk key.
+// also gets that node's disk key. IssueJoinTicket itself stays stateless: it derives the disk key for
+// the UUID a fresh node names, which the genuine image only does for the disk it has just formatted.
 //
 // Every rejection is a gRPC status whose message
 // states the reason and whose ErrorInfo detail carries a stable reason code (see the Reason* constants).
