@@ -23,6 +23,9 @@ func openDir(dir string) (int, error) {
 	return fd, nil
 }
 
+// closeFD closes a directory opened read-only for an ioctl: nothing is lost if that fails.
+func closeFD(fd int) { _ = unix.Close(fd) }
+
 func ioctl(fd int, req uint, arg unsafe.Pointer) error {
 	if _, _, errno := unix.Syscall(unix.SYS_IOCTL, uintptr(fd), uintptr(req), uintptr(arg)); errno != 0 {
 		return errno
@@ -36,7 +39,7 @@ func addKey(dir string, key []byte) (keyID, error) {
 	if err != nil {
 		return keyID{}, err
 	}
-	defer unix.Close(fd)
+	defer closeFD(fd)
 	// struct fscrypt_add_key_arg is followed by the raw key (a flexible array member), so the
 	// argument is built in one buffer that is zeroed afterwards.
 	argSize := int(unsafe.Sizeof(unix.FscryptAddKeyArg{}))
@@ -64,7 +67,7 @@ func removeKey(dir string, id keyID) (busy bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	defer unix.Close(fd)
+	defer closeFD(fd)
 	var arg unix.FscryptRemoveKeyArg
 	arg.Key_spec.Type = unix.FSCRYPT_KEY_SPEC_TYPE_IDENTIFIER
 	copy(arg.Key_spec.U[:], id[:])
@@ -83,7 +86,7 @@ func keyPresent(dir string, id keyID) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	defer unix.Close(fd)
+	defer closeFD(fd)
 	var arg unix.FscryptGetKeyStatusArg
 	arg.Key_spec.Type = unix.FSCRYPT_KEY_SPEC_TYPE_IDENTIFIER
 	copy(arg.Key_spec.U[:], id[:])
@@ -100,7 +103,7 @@ func setPolicy(dir string, id keyID) error {
 	if err != nil {
 		return err
 	}
-	defer unix.Close(fd)
+	defer closeFD(fd)
 	policy := unix.FscryptPolicyV2{
 		Version:                   unix.FSCRYPT_POLICY_V2,
 		Contents_encryption_mode:  unix.FSCRYPT_MODE_AES_256_XTS,
@@ -121,7 +124,7 @@ func policyKey(dir string) (keyID, error) {
 	if err != nil {
 		return keyID{}, err
 	}
-	defer unix.Close(fd)
+	defer closeFD(fd)
 	var arg unix.FscryptGetPolicyExArg
 	arg.Size = uint64(unsafe.Sizeof(unix.FscryptPolicyV2{}))
 	if err := ioctl(fd, unix.FS_IOC_GET_ENCRYPTION_POLICY_EX, unsafe.Pointer(&arg)); err != nil {
