@@ -1,6 +1,6 @@
 # Mini cluster targets (issue 4): `make mini-up` starts a local cluster of namespace nodes,
 # `make test-e2e` runs the end-to-end tests on one. Both need root.
-MINI_DIR ?= /var/lib/berth/mini
+MINI_DIR ?= /var/lib/berth-mini
 MINI_FLAGS ?= --control-planes 1 --workers 2
 
 .PHONY: mini mini-deps mini-build mini-up mini-down mini-restart test-e2e

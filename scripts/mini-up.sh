@@ -10,7 +10,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 2
 fi
 ./scripts/install-deps.sh
-dir=${MINI_DIR:-/var/lib/berth/mini}
+dir=${MINI_DIR:-/var/lib/berth-mini}
 make --no-print-directory build mini-build
 ./bin/berth mini up --dir "$dir" --control-planes 1 --workers 2 "$@"
 echo

@@ -340,53 +340,114 @@ nothing.`,
 	return cmd
 }
 
+type miniRestartFlags struct {
+	dir          string
+	readyTimeout time.Duration
+	noWait       bool
+	tamperBoot   []string
+	genuineBoot  []string
+	clearTPM     []string
+}
+
 func newMiniRestartCmd() *cobra.Command {
-	var dir string
-	var readyTimeout time.Duration
+	var f miniRestartFlags
 	cmd := &cobra.Command{
-		Use:   "restart",
-		Short: "Power-cycle every node of a mini cluster at once",
-		Long: `restart kills every process of every node at once (a power cut), recreates the nodes' network
-and mount namespaces (so /run and all runtime mounts are gone, as after a reboot), and starts each
-node's swtpm (PCRs reset, keys kept), containerd and bootstrapper again on the nodes' persistent
-directories. It exits 0 once every node is Ready again.`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		Use:   "restart [NODE...]",
+		Short: "Power-cycle every node, or the named nodes, of a mini cluster at once",
+		Long: `restart kills every process of the nodes at once (a power cut), recreates their network and
+mount namespaces (so /run and all runtime mounts, the opened state disk included, are gone, as
+after a reboot), makes sure no loop device still backs their state disks, and starts each node's
+swtpm (PCRs reset, keys kept), containerd and bootstrapper again on the nodes' persistent
+directories and state disks. Without NODE arguments every node is power-cycled; with them only
+those, and the others keep running.
+
+--tamper-boot makes a node's simulated boot measure a tampered image from this boot on (it stays
+so across later restarts until --genuine-boot), so the key sealed to its TPM does not unseal and
+the joinservice refuses it. --clear-tpm clears a node's TPM before its boot is measured: its sealed
+keys die, its EK and EK certificate stay.
+
+It prints the time of every phase, then waits until every restarted node whose boot is genuine
+posts a Ready heartbeat after the power cut and prints the time from the power cut to then.
+--no-wait skips that wait (a node that must be recovered never becomes Ready by itself).`,
+		Example: `  berth mini restart                      # every node at once
+  berth mini restart w2 --tamper-boot w2 --no-wait
+  berth mini restart cp1 --clear-tpm cp1 --no-wait`,
+		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := requireRoot(); err != nil {
 				return err
 			}
-			env, err := mini.HostEnv()
-			if err != nil {
-				return err
-			}
-			out := cmd.OutOrStdout()
-			cl, err := mini.Open(dir, env, mini.Exec{}, miniLogger(cmd.ErrOrStderr()))
-			if err != nil {
-				return err
-			}
-			_, _ = fmt.Fprintf(out, "berth mini restart: %s\n", dir)
-			start := time.Now()
-			t, err := cl.Restart(cmd.Context(), mini.RestartOptions{Progress: printPhase(out)})
-			if err != nil {
-				return err
-			}
-			_, _ = fmt.Fprintf(out, "nodes restarted in %.2fs\n", t.Total().Seconds())
-			if _, err := os.Stat(cl.Config().AdminKubeconfig()); err != nil {
-				return nil // never bootstrapped (--no-bootstrap): nothing to wait for
-			}
-			t0 := time.Now()
-			status := func(s string) { _, _ = fmt.Fprintf(out, "    %s\n", s) }
-			if err := cl.WaitReady(cmd.Context(), start, readyTimeout, status); err != nil {
-				return err
-			}
-			printPhase(out)(mini.Phase{Name: "ready", Duration: time.Since(t0)})
-			_, _ = fmt.Fprintf(out, "all nodes Ready again %.1fs after the power cut\n", time.Since(start).Seconds())
-			return nil
+			return runMiniRestart(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), args, f)
 		},
 	}
-	cmd.Flags().StringVar(&dir, "dir", mini.DefaultDir, "directory of the cluster")
-	cmd.Flags().DurationVar(&readyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for every node to be Ready again")
+	fl := cmd.Flags()
+	fl.StringVar(&f.dir, "dir", mini.DefaultDir, "directory of the cluster")
+	fl.DurationVar(&f.readyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for the restarted nodes to be Ready again")
+	fl.BoolVar(&f.noWait, "no-wait", false, "do not wait for the restarted nodes to be Ready again")
+	fl.StringSliceVar(&f.tamperBoot, "tamper-boot", nil, "NODE[,NODE]: from this boot on, measure the node's simulated boot as a tampered image (kept across restarts)")
+	fl.StringSliceVar(&f.genuineBoot, "genuine-boot", nil, "NODE[,NODE]: measure the node's simulated boot as the genuine image again (undoes --tamper-boot)")
+	fl.StringSliceVar(&f.clearTPM, "clear-tpm", nil, "NODE[,NODE]: clear the node's TPM (tpm2_clear) before its boot is measured; sealed keys die, the EK stays")
 	return cmd
+}
+
+func runMiniRestart(ctx context.Context, out, errOut io.Writer, names []string, f miniRestartFlags) error {
+	env, err := mini.HostEnv()
+	if err != nil {
+		return err
+	}
+	cl, err := mini.Open(f.dir, env, mini.Exec{}, miniLogger(errOut))
+	if err != nil {
+		return err
+	}
+	nodes, err := cl.RestartNodes(names)
+	if err != nil {
+		return &exitError{code: exitUsage, err: err}
+	}
+	_, _ = fmt.Fprintf(out, "berth mini restart: %s: %s\n", f.dir, strings.Join(nodeNames(nodes), " "))
+	start := time.Now()
+	t, err := cl.Restart(ctx, mini.RestartOptions{Progress: printPhase(out), Nodes: names,
+		TamperBoot: f.tamperBoot, GenuineBoot: f.genuineBoot, ClearTPM: f.clearTPM})
+	if errors.Is(err, mini.ErrUnknownNode) || errors.Is(err, mini.ErrNotRestarted) {
+		return &exitError{code: exitUsage, err: err}
+	}
+	if err != nil {
+		return err
+	}
+	_, _ = fmt.Fprintf(out, "nodes restarted in %.2fs\n", t.Total().Seconds())
+	for _, n := range f.clearTPM {
+		_, _ = fmt.Fprintf(out, "  %s: TPM cleared before its boot was measured (sealed keys gone, EK kept)\n", n)
+	}
+	// The nodes as they booted: with the boot each measured.
+	if nodes, err = cl.RestartNodes(names); err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		if n.Tampered {
+			_, _ = fmt.Fprintf(out, "  %s: boot measured as a tampered image; not waiting for it to be Ready\n", n.Name)
+		}
+	}
+	if f.noWait {
+		_, _ = fmt.Fprintln(out, "not waiting for the nodes to be Ready (--no-wait)")
+		return nil
+	}
+	if _, err := os.Stat(cl.Config().AdminKubeconfig()); err != nil {
+		return nil // never bootstrapped (--no-bootstrap): nothing to wait for
+	}
+	t0 := time.Now()
+	status := func(s string) { _, _ = fmt.Fprintf(out, "    %s\n", s) }
+	if err := cl.WaitNodesReady(ctx, nodes, start, f.readyTimeout, status); err != nil {
+		return err
+	}
+	printPhase(out)(mini.Phase{Name: "ready", Duration: time.Since(t0)})
+	_, _ = fmt.Fprintf(out, "power cut -> all Ready: %.2fs\n", time.Since(start).Seconds())
+	return nil
+}
+
+func nodeNames(nodes []mini.Node) []string {
+	var names []string
+	for _, n := range nodes {
+		names = append(names, n.Name)
+	}
+	return names
 }
 
 func newMiniAgentCmd() *cobra.Command {

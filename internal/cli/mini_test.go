@@ -3,6 +3,8 @@ package cli
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -46,6 +48,48 @@ func TestMiniUpRejectsBadFlags(t *testing.T) {
 		code := Execute(context.Background(), append([]string{"mini", "up", "--dir", t.TempDir()}, args...), &out, &errOut)
 		if code != exitUsage {
 			t.Errorf("mini up %v: code %d (stderr %q), want usage error", args, code, errOut.String())
+		}
+	}
+}
+
+func TestMiniRestartHelp(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := Execute(context.Background(), []string{"mini", "restart", "--help"}, &out, &errOut); code != exitOK {
+		t.Fatalf("help exit code %d: %s", code, errOut.String())
+	}
+	for _, want := range []string{"restart [NODE...]", "--tamper-boot", "--genuine-boot", "--clear-tpm", "--no-wait", "--ready-timeout"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("mini restart --help lacks %q", want)
+		}
+	}
+}
+
+// writeMiniState writes the state file of a (not running) 1+2 cluster in dir.
+func writeMiniState(t *testing.T, dir string) {
+	t.Helper()
+	st := `{"config": {"name": "t", "dir": "` + dir + `", "subnet": "198.51.100.0/24", "podCIDR": "10.244.0.0/16",
+"serviceCIDR": "10.96.0.0/12", "controlPlanes": 1, "workers": 2}}`
+	if err := os.WriteFile(filepath.Join(dir, "state.json"), []byte(st), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestMiniRestartRejectsUnknownNodes(t *testing.T) {
+	orig := geteuid
+	geteuid = func() int { return 0 }
+	defer func() { geteuid = orig }()
+	dir := t.TempDir()
+	writeMiniState(t, dir)
+	for _, args := range [][]string{
+		{"w9"},
+		{"w1", "--tamper-boot", "w2"},
+		{"w1", "--clear-tpm", "cp1,w1"},
+		{"--genuine-boot", "nope"},
+	} {
+		var out, errOut bytes.Buffer
+		code := Execute(context.Background(), append([]string{"mini", "restart", "--dir", dir}, args...), &out, &errOut)
+		if code != exitUsage {
+			t.Errorf("mini restart %v: code %d (stderr %q), want usage error", args, code, errOut.String())
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/afero"
@@ -44,21 +45,36 @@ func RunAgent(ctx context.Context, dir string, log *zap.Logger) error {
 	return serveAgent(ctx, dir, st, lis, 500*time.Millisecond, log)
 }
 
-// serveAgent runs the agent on lis until ctx ends, re-reading the state file every interval.
+// agentNodesFile (in the cluster directory) lists, one name a line, the nodes the agent serves;
+// the agent rewrites it whenever that set changes, so `berth mini add` knows when new nodes are served.
+const agentNodesFile = "agent-nodes"
+
+// serveAgent runs the agent on lis until ctx ends, re-reading the state file every interval, so
+// that nodes added to the state file are served without a restart.
 func serveAgent(ctx context.Context, dir string, st *State, lis net.Listener, interval time.Duration, log *zap.Logger) error {
-	cfg := st.Config
 	srv := metamini.NewServer()
-	var instances []metadata.Instance
-	for _, n := range cfg.Nodes() {
-		instances = append(instances, metadata.Instance{Name: n.Name, Role: n.Role, IPs: []string{n.IP.String()}})
-	}
-	srv.SetInstances(instances)
+	served := ""
 	publish := func(st *State) {
+		var instances []metadata.Instance
+		var names []string
+		for _, n := range st.Config.Nodes() {
+			instances = append(instances, metadata.Instance{Name: n.Name, Role: n.Role, IPs: []string{n.IP.String()}})
+			names = append(names, n.Name)
+		}
+		srv.SetInstances(instances)
 		if st.ControlPlaneEndpoint != "" {
 			srv.SetControlPlaneEndpoint(st.ControlPlaneEndpoint)
 		}
 		if h, err := hex.DecodeString(st.InitSecretHash); err == nil && len(h) > 0 {
 			srv.SetInitSecretHash(h)
+		}
+		if cur := strings.Join(names, "\n") + "\n"; cur != served {
+			if err := atomicfile.Write(afero.NewOsFs(), filepath.Join(dir, agentNodesFile), []byte(cur), 0o644); err != nil {
+				log.Warn("agent cannot record the nodes it serves", zap.Error(err))
+				return
+			}
+			served = cur
+			log.Info("agent serving nodes", zap.Strings("nodes", names))
 		}
 	}
 	publish(st)
@@ -94,8 +110,8 @@ func serveAgent(ctx context.Context, dir string, st *State, lis net.Listener, in
 				continue
 			}
 			publish(cur)
-			for _, n := range cfg.Nodes() {
-				if err := syncCNI(cfg, cur, n.Name); err != nil {
+			for _, n := range cur.Config.Nodes() {
+				if err := syncCNI(cur.Config, cur, n.Name); err != nil {
 					log.Warn("agent cannot write CNI config", zap.String("node", n.Name), zap.Error(err))
 				}
 			}

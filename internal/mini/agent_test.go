@@ -5,6 +5,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,9 @@ import (
 	"go.uber.org/zap/zaptest"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/berth-k8s/berth/internal/metadata"
 )
 
 // TestAgentServesMetadata runs the agent on a loopback listener. The metadata server tells callers
@@ -47,6 +51,48 @@ func TestAgentServesMetadata(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("agent: %v", err)
+	}
+}
+
+// TestAgentServesAddedNodes: a node added to the state file is served without restarting the
+// agent, and the agent says so in its nodes file.
+func TestAgentServesAddedNodes(t *testing.T) {
+	cfg := testConfig(t.TempDir())
+	if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	st := &State{Config: cfg, Procs: map[string][]Proc{}}
+	if err := st.save(); err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- serveAgent(ctx, cfg.Dir, st, lis, 10*time.Millisecond, zaptest.NewLogger(t)) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	}()
+	served := func(ctx context.Context, want string) error {
+		return wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+			b, _ := os.ReadFile(filepath.Join(cfg.Dir, agentNodesFile))
+			return string(b) == want, nil
+		})
+	}
+	if err := served(ctx, "cp1\nw1\nw2\n"); err != nil {
+		t.Fatalf("agent does not report the initial nodes: %v", err)
+	}
+	st.Config.Added = []Node{{Name: "w3", Role: metadata.RoleWorker, IP: netip.MustParseAddr("198.51.100.13")}}
+	if err := st.save(); err != nil {
+		t.Fatal(err)
+	}
+	if err := served(ctx, "cp1\nw1\nw2\nw3\n"); err != nil {
+		t.Fatalf("agent does not serve the added node: %v", err)
 	}
 }
 

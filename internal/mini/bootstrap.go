@@ -87,14 +87,29 @@ func (c *Cluster) Bootstrap(ctx context.Context, opts BootstrapOptions) (Timings
 	return t, err
 }
 
-// WaitReady waits until every node of the cluster is registered and Ready, through the admin
-// kubeconfig berth init wrote (default timeout 10 minutes).
+// WaitReady waits until every node of the cluster whose boot is genuine is registered and Ready,
+// through the admin kubeconfig berth init wrote (default timeout 10 minutes).
 //
 // Only a Ready condition posted at or after since counts (zero since accepts any), so that after a
 // restart a node's status from before the power cut is not mistaken for a fresh one.
 func (c *Cluster) WaitReady(ctx context.Context, since time.Time, timeout time.Duration, status func(string)) error {
+	return c.WaitNodesReady(ctx, c.cfg.GenuineNodes(), since, timeout, status)
+}
+
+// WaitNodesReady is WaitReady for the given nodes only; nodes whose boot is tampered are skipped,
+// as they never become Ready.
+func (c *Cluster) WaitNodesReady(ctx context.Context, nodes []Node, since time.Time, timeout time.Duration, status func(string)) error {
 	if timeout == 0 {
 		timeout = 10 * time.Minute
+	}
+	var want []Node
+	for _, n := range nodes {
+		if !n.Tampered {
+			want = append(want, n)
+		}
+	}
+	if len(want) == 0 {
+		return nil
 	}
 	cs, err := newClientset(c.cfg.AdminKubeconfig())
 	if err != nil {
@@ -102,7 +117,7 @@ func (c *Cluster) WaitReady(ctx context.Context, since time.Time, timeout time.D
 	}
 	wctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	return waitNodesReady(wctx, cs.CoreV1().Nodes(), c.cfg.GenuineNodes(), since, status)
+	return waitNodesReady(wctx, cs.CoreV1().Nodes(), want, since, status)
 }
 
 // nodeClient lists the cluster's Node objects.

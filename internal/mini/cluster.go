@@ -71,6 +71,8 @@ type Cluster struct {
 	rmdir func(string) error
 	// initSecret is Up's init secret until prepare wrote it to the cluster directory.
 	initSecret []byte
+	// clearTPMs names the nodes whose TPM Restart clears before measuring their boot.
+	clearTPMs map[string]bool
 	// mu serializes changes to state while nodes are set up in parallel.
 	mu sync.Mutex
 }
@@ -141,7 +143,7 @@ var ErrNameInUse = errors.New("another mini cluster uses this name (choose anoth
 // ErrExists is returned by Up when the directory already holds a cluster.
 var ErrExists = errors.New("a mini cluster already exists in this directory (run berth mini down first)")
 
-// Up creates the nodes: network, namespaces, cgroups, TPMs, containerd with every image imported,
+// Up creates the nodes: network, namespaces, cgroups, blank state disks, TPMs, containerd with every image imported,
 // the host agent (metadata API and CNI configs) and, when configured, each node's bootstrapper.
 // On error the partly built cluster stays recorded; Down removes it.
 func (c *Cluster) Up(ctx context.Context, opts UpOptions) (Timings, error) {
@@ -175,6 +177,7 @@ func (c *Cluster) Up(ctx context.Context, opts UpOptions) (Timings, error) {
 		{"network", func() error { return c.network(ctx, nodes) }},
 		{"namespaces", func() error { return c.eachNode(nodes, func(n Node) error { return c.namespaces(ctx, n) }) }},
 		{"cgroups", func() error { return c.eachNode(nodes, c.cgroups) }},
+		{"disks", func() error { return c.eachNode(nodes, c.createStateDisk) }},
 		{"tpm", func() error { return c.eachNodeParallel(ctx, nodes, c.tpm) }},
 		{"seed", func() error { return c.eachNode(nodes, c.seed) }},
 		{"containerd", func() error { return c.containerd(ctx, nodes) }},
@@ -231,29 +234,14 @@ func (c *Cluster) prepare(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer unlock()
 	if err := writeFile(filepath.Join(c.env.Registry, c.cfg.Name), []byte(c.cfg.Dir+"\n"), 0o644); err != nil {
+		unlock()
 		return fmt.Errorf("registering cluster: %w", err)
 	}
-	for _, m := range nodeMounts {
-		if m.tmpfs || m.file {
-			continue
-		}
-		missing := missingDirs(filepath.Join(c.env.Root, m.dst))
-		if len(missing) == 0 {
-			continue
-		}
-		// Record before creating: a crash in between must still let Down remove them.
-		c.state.HostDirs = append(c.state.HostDirs, missing...)
-		if err := c.state.save(); err != nil {
-			return err
-		}
-		if err := appendLines(filepath.Join(c.env.Registry, hostDirsLedger), missing); err != nil {
-			return fmt.Errorf("recording host mount points: %w", err)
-		}
-		if err := os.MkdirAll(filepath.Join(c.env.Root, m.dst), 0o755); err != nil {
-			return fmt.Errorf("creating mount point %s: %w", m.dst, err)
-		}
+	err = c.ensureHostDirs()
+	unlock()
+	if err != nil {
+		return err
 	}
 	if err := os.MkdirAll(c.cfg.NSDir(), 0o755); err != nil {
 		return fmt.Errorf("creating namespace directory: %w", err)
@@ -286,6 +274,44 @@ func (c *Cluster) prepare(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// ensureHostDirs creates the host mount points the nodes mount over that the host lacks, recording
+// each before it is created (in the state file and the registry's ledger) so that Down removes it.
+// The caller holds the registry lock.
+func (c *Cluster) ensureHostDirs() error {
+	for _, m := range nodeMounts {
+		if m.tmpfs || m.file {
+			continue
+		}
+		missing := missingDirs(filepath.Join(c.env.Root, m.dst))
+		if len(missing) == 0 {
+			continue
+		}
+		// Record before creating: a crash in between must still let Down remove them.
+		c.state.HostDirs = append(c.state.HostDirs, missing...)
+		if err := c.state.save(); err != nil {
+			return err
+		}
+		if err := appendLines(filepath.Join(c.env.Registry, hostDirsLedger), missing); err != nil {
+			return fmt.Errorf("recording host mount points: %w", err)
+		}
+		if err := os.MkdirAll(filepath.Join(c.env.Root, m.dst), 0o755); err != nil {
+			return fmt.Errorf("creating mount point %s: %w", m.dst, err)
+		}
+	}
+	return nil
+}
+
+// ensureHostDirsLocked is ensureHostDirs under the registry lock, for operations on a running
+// cluster (restart, add): a cluster made by an older berth may lack a newer mount point.
+func (c *Cluster) ensureHostDirsLocked() error {
+	unlock, err := c.lockRegistry()
+	if err != nil {
+		return err
+	}
+	defer unlock()
+	return c.ensureHostDirs()
 }
 
 // hostDirsLedger (in the registry) lists every host mount point any mini cluster created; the last
@@ -338,22 +364,37 @@ type nodeMount struct {
 	src   string // name under the node's fs directory
 	file  bool   // a single file, bind-mounted
 	tmpfs bool   // a fresh tmpfs (volatile, like a machine's /run)
+	// placeholder is an empty read-only tmpfs: the node's bootstrapper binds its opened state disk
+	// over it, so a node whose disk is not open fails to write instead of writing unencrypted state.
+	placeholder bool
 }
 
 // nodeMounts are applied in order inside each node's mount namespace.
 var nodeMounts = []nodeMount{
 	{dst: "/run", tmpfs: true},
-	{dst: "/etc/kubernetes", src: "etc-kubernetes"},
+	{dst: "/etc/kubernetes", placeholder: true},
 	{dst: "/etc/containerd", src: "etc-containerd"},
 	{dst: "/etc/cni/net.d", src: "etc-cni-net.d"},
-	{dst: "/var/lib/kubelet", src: "var-lib-kubelet"},
+	{dst: "/var/lib/kubelet", placeholder: true},
 	{dst: "/var/lib/containerd", src: "var-lib-containerd"},
 	{dst: "/var/lib/cni", src: "var-lib-cni"},
-	{dst: "/var/lib/etcd", src: "var-lib-etcd"},
+	{dst: "/var/lib/etcd", placeholder: true},
+	{dst: NodeStateDir, placeholder: true},
 	{dst: "/var/log", src: "var-log"},
 	{dst: "/usr/lib/modules", src: "lib-modules"},
 	{dst: "/etc/hosts", src: "hosts", file: true},
 	{dst: "/etc/resolv.conf", src: "resolv.conf", file: true},
+}
+
+// mountArgs are the arguments of the mount command that applies m inside a node.
+func (m nodeMount) mountArgs(fsDir string) []string {
+	switch {
+	case m.tmpfs:
+		return []string{"-t", "tmpfs", "-o", "mode=0755,size=256m", "tmpfs", m.dst}
+	case m.placeholder:
+		return []string{"-t", "tmpfs", "-o", "ro,mode=0700,size=4k", "berth-no-state-disk", m.dst}
+	}
+	return []string{"--bind", filepath.Join(fsDir, m.src), m.dst}
 }
 
 // fsDir is the host directory behind a node's bind mounts.
@@ -489,7 +530,7 @@ func (c *Cluster) namespaces(ctx context.Context, n Node) error {
 	fsDir := c.fsDir(n.Name)
 	for _, m := range nodeMounts {
 		switch {
-		case m.tmpfs:
+		case m.tmpfs, m.placeholder:
 		case m.file:
 			var b []byte
 			switch m.src {
@@ -521,11 +562,7 @@ func (c *Cluster) namespaces(ctx context.Context, n Node) error {
 	}
 	mnt := []string{"--mount=" + c.cfg.MountNS(n.Name), "--"}
 	for _, m := range nodeMounts {
-		args := []string{"--bind", filepath.Join(fsDir, m.src), m.dst}
-		if m.tmpfs {
-			args = []string{"-t", "tmpfs", "-o", "mode=0755,size=256m", "tmpfs", m.dst}
-		}
-		if _, err := c.run.Run(ctx, Cmd{Path: "nsenter", Args: append(append(mnt, "mount"), args...)}); err != nil {
+		if _, err := c.run.Run(ctx, Cmd{Path: "nsenter", Args: append(append(mnt, "mount"), m.mountArgs(fsDir)...)}); err != nil {
 			return fmt.Errorf("mounting %s: %w", m.dst, err)
 		}
 	}

@@ -17,8 +17,8 @@ import (
 )
 
 // Down removes everything Up created: processes (the recorded daemons and whatever else runs in the
-// nodes' cgroups, such as containers), namespace pins, network namespaces and links, cgroups, the
-// host mount points it made and the cluster directory. It is idempotent and works from whatever the
+// nodes' cgroups, such as containers), namespace pins, the loop devices of the state disks, network
+// namespaces and links, cgroups, the host mount points it made and the cluster directory. It is idempotent and works from whatever the
 // state file recorded, also after Up crashed half-way. Every step runs; the errors are joined.
 func (c *Cluster) Down(ctx context.Context) (Timings, error) {
 	var t Timings
@@ -31,6 +31,7 @@ func (c *Cluster) Down(ctx context.Context) (Timings, error) {
 	}
 	step("processes", func() error { return c.killAll(ctx, nodes, true) })
 	step("namespaces", func() error { return c.removeNamespaces(ctx, nodes) })
+	step("disks", func() error { return c.detachStateDisks(ctx, nodes) })
 	step("network", func() error { return c.removeNetwork(ctx, nodes) })
 	step("cgroups", func() error { return c.removeCgroups() })
 	step("files", func() error { return c.removeFiles() })
@@ -225,7 +226,7 @@ func (c *Cluster) removeFiles() error {
 		}
 	} else {
 		for _, name := range []string{"nodes", "ns", "tpm-ca", "components", "admin.conf", "agent.log", "init.yaml", "init-secret", "policy.yaml",
-			"init.log", "master-secret.json", "cluster-id", "state.json", "state.json.tmp"} {
+			"init.log", "master-secret.json", "cluster-id", "state.json", "state.json.tmp", "join-policy.yaml", agentNodesFile} {
 			if err := os.RemoveAll(filepath.Join(c.cfg.Dir, name)); err != nil {
 				errs = append(errs, fmt.Errorf("removing %s: %w", name, err))
 			}

@@ -204,6 +204,22 @@ func TestIntegrationTwoNodes(t *testing.T) {
 		}
 	}
 
+	// Until a bootstrapper binds the state disk, the node's state directories refuse writes.
+	for _, d := range []string{"/etc/kubernetes", "/var/lib/kubelet", "/var/lib/etcd", NodeStateDir} {
+		if out, err := (Exec{}).Run(ctx, Cmd{Path: "nsenter", Args: append(cl.nsenter(nodes[1].Name), "touch", d+"/unencrypted")}); err == nil {
+			t.Errorf("writing into %s of a node without its state disk succeeded: %s", d, out)
+		}
+	}
+	// A loop device left on a node's state disk (one without autoclear, as after a crash) is
+	// detached by the power-off before the node boots again.
+	img := cfg.StateDisk(nodes[1].Name)
+	dev := strings.TrimSpace(run("losetup", "-f", "--show", img))
+	t.Cleanup(func() {
+		if out, _ := (Exec{}).Run(context.Background(), Cmd{Path: "losetup", Args: []string{"-j", img}}); strings.Contains(string(out), dev+":") {
+			_, _ = Exec{}.Run(context.Background(), Cmd{Path: "losetup", Args: []string{"-d", dev}})
+		}
+	})
+
 	rt, err := cl.Restart(ctx, RestartOptions{})
 	for _, p := range rt.Phases {
 		t.Logf("restart phase %-14s %v", p.Name, p.Duration.Round(time.Millisecond))
@@ -216,6 +232,9 @@ func TestIntegrationTwoNodes(t *testing.T) {
 		"-n", "k8s.io", "images", "ls", "-q")...)
 	if !strings.Contains(out, ImageTestApp) {
 		t.Fatalf("images after restart: %q lacks %s", out, ImageTestApp)
+	}
+	if out := run("losetup", "-j", img); strings.TrimSpace(out) != "" {
+		t.Errorf("state disk still attached after the restart: %s", out)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -41,9 +42,28 @@ func ExpectedBootPCR() string {
 // boot chain before any Berth code runs. It retries while swtpm is still starting.
 func (c *Cluster) measureBoot(ctx context.Context, n Node) error {
 	ev := bootEvent(n.Tampered)
-	cmd := Cmd{Path: "nsenter", Args: []string{"--net=" + filepath.Join(c.env.NetnsRoot, c.cfg.NodeNetns(n.Name)), "--",
-		"tpm2_pcrextend", "-T", fmt.Sprintf("swtpm:host=127.0.0.1,port=%d", TPMPort),
-		fmt.Sprintf("%d:sha256=%s", BootPCR, hex.EncodeToString(ev[:]))}}
+	if err := c.tpmCommand(ctx, n, "tpm2_pcrextend", fmt.Sprintf("%d:sha256=%s", BootPCR, hex.EncodeToString(ev[:]))); err != nil {
+		return fmt.Errorf("measuring boot: %w", err)
+	}
+	return nil
+}
+
+// clearTPM clears node n's TPM (TPM2_Clear with the empty lockout authorization): every object
+// under the storage and endorsement hierarchies created since manufacturing, such as a sealed disk
+// key, becomes unusable, while the EK certificate (written under the platform hierarchy) stays.
+func (c *Cluster) clearTPM(ctx context.Context, n Node) error {
+	if err := c.tpmCommand(ctx, n, "tpm2_clear"); err != nil {
+		return fmt.Errorf("clearing TPM: %w", err)
+	}
+	c.log.Info("cleared the node's TPM: its sealed keys are gone", zap.String("node", n.Name))
+	return nil
+}
+
+// tpmCommand runs a tpm2-tools command against node n's swtpm from inside the node's network
+// namespace, retrying while swtpm is still starting.
+func (c *Cluster) tpmCommand(ctx context.Context, n Node, tool string, args ...string) error {
+	cmd := Cmd{Path: "nsenter", Args: append([]string{"--net=" + filepath.Join(c.env.NetnsRoot, c.cfg.NodeNetns(n.Name)), "--",
+		tool, "-T", fmt.Sprintf("swtpm:host=127.0.0.1,port=%d", TPMPort)}, args...)}
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	var last error
@@ -51,7 +71,7 @@ func (c *Cluster) measureBoot(ctx context.Context, n Node) error {
 		_, last = c.run.Run(ctx, cmd)
 		return last == nil, nil
 	}); err != nil {
-		return fmt.Errorf("measuring boot: %w (last: %w)", err, last)
+		return fmt.Errorf("%w (last: %w)", err, last)
 	}
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"regexp"
+	"strings"
 
 	"github.com/berth-k8s/berth/internal/metadata"
 )
@@ -46,7 +47,9 @@ const (
 	DefaultPodCIDR     = "10.244.0.0/16"
 	DefaultServiceCIDR = "10.96.0.0/12"
 	DefaultName        = "mini"
-	DefaultDir         = "/var/lib/berth/mini"
+	// DefaultDir lies outside every directory a node mounts its own over (see Config.Validate):
+	// the nodes read their kubelet wrapper, policies and state disk from it by host path.
+	DefaultDir = "/var/lib/berth-mini"
 	// MetadataPort is the port of the metadata API on the host's address in the cluster subnet.
 	MetadataPort = 8099
 	// TPMPort is swtpm's data port on each node's own loopback; the control port is TPMPort+1.
@@ -55,6 +58,18 @@ const (
 	InitPort = 9000
 	// CRISocket is containerd's socket inside every node.
 	CRISocket = "unix:///run/containerd/containerd.sock"
+	// RecoveryPort is the port of the recovery server a node whose state disk stays locked runs.
+	RecoveryPort = 9001
+	// DefaultStateDiskSize is the size of every node's (sparse) state disk image.
+	DefaultStateDiskSize = 2 << 30
+	// StateDiskBackend is the state disk backend the bootstrappers use: the mini's kernel has no
+	// device-mapper, so ext4 native encryption on a loop-mounted image.
+	StateDiskBackend = "fscrypt"
+	// StateDiskMount is where a node's bootstrapper mounts its state disk (on the node's /run).
+	StateDiskMount = "/run/berth/state-disk"
+	// NodeStateDir is the bootstrapper's state directory inside a node, as on the OS image; the
+	// bootstrapper binds it from the state disk.
+	NodeStateDir = "/var/lib/berth"
 )
 
 // ErrInvalidConfig is returned by Config.Validate.
@@ -99,6 +114,13 @@ type Config struct {
 	WebhookImage string `json:"webhookImage,omitempty"`
 	// Attestation is the variant the bootstrappers use (AttestationTPM or AttestationInsecureNone).
 	Attestation string `json:"attestation,omitempty"`
+	// StateDiskSize is the size of each node's state disk image in bytes (0: DefaultStateDiskSize).
+	StateDiskSize int64 `json:"stateDiskSize,omitempty"`
+	// Added are the nodes `berth mini add` added after up, with their addresses, in order.
+	Added []Node `json:"added,omitempty"`
+	// BootTampered overrides, by node name, whether a node's simulated boot measures a tampered
+	// image (`berth mini restart --tamper-boot` / `--genuine-boot`); it applies from the node's next boot.
+	BootTampered map[string]bool `json:"bootTampered,omitempty"`
 }
 
 var nameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,7}$`)
@@ -120,8 +142,30 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: workers must be 0..40, got %d", ErrInvalidConfig, c.Workers)
 	case c.TamperedWorkers < 0 || c.TamperedWorkers > 9:
 		return fmt.Errorf("%w: tampered workers must be 0..9, got %d", ErrInvalidConfig, c.TamperedWorkers)
+	case c.StateDiskSize < 0:
+		return fmt.Errorf("%w: state disk size %d is negative", ErrInvalidConfig, c.StateDiskSize)
+	}
+	for _, m := range nodeMounts {
+		if rel, err := filepath.Rel(m.dst, c.Dir); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+			return fmt.Errorf("%w: dir %s lies in %s, which every node mounts its own over: the nodes would not see it (choose another --dir)", ErrInvalidConfig, c.Dir, m.dst)
+		}
+	}
+	seen := map[string]bool{}
+	for _, n := range c.Nodes() {
+		if seen[n.Name] {
+			return fmt.Errorf("%w: node name %s is used twice", ErrInvalidConfig, n.Name)
+		}
+		seen[n.Name] = true
+		if !c.fits(n.IP) {
+			return fmt.Errorf("%w: node %s's address %s is outside subnet %s", ErrInvalidConfig, n.Name, n.IP, c.Subnet.Masked())
+		}
 	}
 	return nil
+}
+
+// fits reports whether ip is a usable node address of the subnet (inside it, not its broadcast).
+func (c Config) fits(ip netip.Addr) bool {
+	return c.Subnet.Contains(ip) && c.Subnet.Contains(ip.Next())
 }
 
 // Node is one namespace node of the cluster.
@@ -154,10 +198,26 @@ func (c Config) Nodes() []Node {
 		nodes = append(nodes, Node{Name: fmt.Sprintf("t%d", i), Role: metadata.RoleWorker, IP: ip, Tampered: true})
 		ip = ip.Next()
 	}
+	nodes = append(nodes, c.Added...)
+	for i := range nodes {
+		if t, ok := c.BootTampered[nodes[i].Name]; ok {
+			nodes[i].Tampered = t
+		}
+	}
 	return nodes
 }
 
-// GenuineNodes are the nodes that are not tampered: the ones that must become Ready.
+// Node returns the node called name.
+func (c Config) Node(name string) (Node, bool) {
+	for _, n := range c.Nodes() {
+		if n.Name == name {
+			return n, true
+		}
+	}
+	return Node{}, false
+}
+
+// GenuineNodes are the nodes whose boot is not tampered: the ones that must become Ready.
 func (c Config) GenuineNodes() []Node {
 	var out []Node
 	for _, n := range c.Nodes() {
@@ -196,6 +256,18 @@ func (c Config) ClusterCgroup() string { return "/berth/" + c.Name }
 
 // NodeDir is the host directory holding everything of one node.
 func (c Config) NodeDir(node string) string { return filepath.Join(c.Dir, "nodes", node) }
+
+// StateDisk is the host path of a node's state disk: a sparse image file, blank until the node's
+// bootstrapper formats it, kept across restarts like a machine's disk.
+func (c Config) StateDisk(node string) string { return filepath.Join(c.NodeDir(node), "state.img") }
+
+// StateDiskBytes is the size of every node's state disk image.
+func (c Config) StateDiskBytes() int64 {
+	if c.StateDiskSize == 0 {
+		return DefaultStateDiskSize
+	}
+	return c.StateDiskSize
+}
 
 // NSDir holds the files that pin the nodes' mount and UTS namespaces.
 func (c Config) NSDir() string { return filepath.Join(c.Dir, "ns") }

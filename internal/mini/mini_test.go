@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -198,17 +199,22 @@ func TestMountHelpers(t *testing.T) {
 type recorder struct {
 	// cgroupRoot is the fake cgroupfs whose cgroup.procs files a SIGKILL updates.
 	cgroupRoot string
-	mu         sync.Mutex
-	cmds       []string
-	nextID     int
-	alive      map[int]bool
-	killed     []int
+	// respond, when set, answers Run (called with the lock held).
+	respond func(cmd Cmd) ([]byte, error)
+	mu      sync.Mutex
+	cmds    []string
+	nextID  int
+	alive   map[int]bool
+	killed  []int
 }
 
 func (r *recorder) Run(_ context.Context, cmd Cmd) ([]byte, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.cmds = append(r.cmds, cmd.String())
+	if r.respond != nil {
+		return r.respond(cmd)
+	}
 	return nil, nil
 }
 
@@ -313,7 +319,7 @@ func TestUpCommandsAndDownFromState(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Up: %v", err)
 	}
-	if len(timings.Phases) != 10 {
+	if len(timings.Phases) != 11 {
 		t.Errorf("phases = %v", timings.Phases)
 	}
 	cmds := rec.all()
@@ -326,7 +332,12 @@ func TestUpCommandsAndDownFromState(t *testing.T) {
 		"ip -n berth-t-w2 addr add 198.51.100.12/24 dev eth0",
 		"unshare --mount=" + cfg.MountNS("cp1") + " --uts=" + cfg.UTSNS("cp1") + " --propagation private true",
 		"mount -t tmpfs -o mode=0755,size=256m tmpfs /run",
-		"mount --bind " + filepath.Join(cfg.NodeDir("w1"), "fs", "var-lib-kubelet") + " /var/lib/kubelet",
+		"mount --bind " + filepath.Join(cfg.NodeDir("w1"), "fs", "var-lib-containerd") + " /var/lib/containerd",
+		// The state directories are read-only placeholders until the bootstrapper binds the disk.
+		"mount -t tmpfs -o ro,mode=0700,size=4k berth-no-state-disk /var/lib/kubelet",
+		"mount -t tmpfs -o ro,mode=0700,size=4k berth-no-state-disk /var/lib/etcd",
+		"mount -t tmpfs -o ro,mode=0700,size=4k berth-no-state-disk /etc/kubernetes",
+		"mount -t tmpfs -o ro,mode=0700,size=4k berth-no-state-disk /var/lib/berth",
 		"swtpm_setup --tpm2 --tpmstate " + filepath.Join(cfg.NodeDir("w1"), "tpm"),
 		"start nsenter --net=" + filepath.Join(env.NetnsRoot, "berth-t-cp1") + " -- swtpm socket",
 		"containerd --config /etc/containerd/config.toml",
@@ -340,6 +351,33 @@ func TestUpCommandsAndDownFromState(t *testing.T) {
 	}
 	if strings.Contains(cmds, "default") {
 		t.Errorf("a command mentions a default route:\n%s", cmds)
+	}
+	for _, gone := range []string{"var-lib-kubelet", "var-lib-etcd", "etc-kubernetes"} {
+		if strings.Contains(cmds, gone) {
+			t.Errorf("node state is still bound from the host's %s:\n%s", gone, cmds)
+		}
+	}
+	// Every state directory has a host mount point, recorded for Down.
+	for _, d := range []string{"/etc/kubernetes", "/var/lib/kubelet", "/var/lib/etcd", "/var/lib/berth"} {
+		if fi, err := os.Stat(filepath.Join(env.Root, d)); err != nil || !fi.IsDir() {
+			t.Errorf("host mount point %s: %v", d, err)
+		}
+	}
+	// Every node has a blank, sparse state disk of the default size.
+	for _, n := range cfg.Nodes() {
+		fi, err := os.Stat(cfg.StateDisk(n.Name))
+		if err != nil {
+			t.Fatalf("state disk of %s: %v", n.Name, err)
+		}
+		if fi.Size() != DefaultStateDiskSize {
+			t.Errorf("state disk of %s is %d bytes, want %d", n.Name, fi.Size(), DefaultStateDiskSize)
+		}
+		if used := fi.Sys().(*syscall.Stat_t).Blocks * 512; used > 1<<20 {
+			t.Errorf("state disk of %s uses %d bytes on the host; want a sparse file", n.Name, used)
+		}
+		if _, err := os.Stat(filepath.Join(cfg.NodeDir(n.Name), "state")); err == nil {
+			t.Errorf("node %s has a host state directory", n.Name)
+		}
 	}
 	// Node cgroups exist with inherited cpusets and hold the started daemons.
 	cpus, err := os.ReadFile(filepath.Join(env.CgroupRoot, "cpuset", "berth", "t", "w2", "cpuset.cpus"))
@@ -355,10 +393,16 @@ func TestUpCommandsAndDownFromState(t *testing.T) {
 	}
 	env2 := cl.bootstrapperEnv(cfg.Nodes()[1])
 	for _, want := range []string{"BERTH_METADATA=mini", "BERTH_METADATA_URL=http://198.51.100.1:8099", "BERTH_TPM=tcp:127.0.0.1:2321",
-		"BERTH_CRI_SOCKET=unix:///run/containerd/containerd.sock", "BERTH_KUBELET=process", "BERTH_INIT_LISTEN=:9000"} {
-		if !strings.Contains(strings.Join(env2, "\n"), want) {
+		"BERTH_CRI_SOCKET=unix:///run/containerd/containerd.sock", "BERTH_KUBELET=process", "BERTH_INIT_LISTEN=:9000",
+		"BERTH_STATE_DISK=" + filepath.Join(cfg.Dir, "nodes", "w1", "state.img"), "BERTH_STATE_DISK_BACKEND=fscrypt",
+		"BERTH_STATE_MOUNT=/run/berth/state-disk", "BERTH_STATE_DIR=/var/lib/berth", "BERTH_RECOVERY_LISTEN=:9001",
+		"BERTH_SEAL_PCRS=4"} {
+		if !slices.Contains(env2, want) {
 			t.Errorf("bootstrapper env lacks %s", want)
 		}
+	}
+	if strings.Contains(strings.Join(env2, "\n"), filepath.Join(cfg.NodeDir("w1"), "state")+"\n") {
+		t.Errorf("bootstrapper env names the old host state directory: %v", env2)
 	}
 	if _, err := cl.Up(context.Background(), UpOptions{}); !errors.Is(err, ErrExists) {
 		t.Errorf("second Up = %v, want ErrExists", err)
@@ -375,8 +419,15 @@ func TestUpCommandsAndDownFromState(t *testing.T) {
 		t.Fatal(err)
 	}
 	cl2.rmdir = os.RemoveAll
+	before := len(rec.all())
 	if _, err := cl2.Down(context.Background()); err != nil {
 		t.Fatalf("Down: %v", err)
+	}
+	downCmds := rec.all()[before:]
+	for _, n := range cfg.Nodes() {
+		if !strings.Contains(downCmds, "losetup -j "+cfg.StateDisk(n.Name)) {
+			t.Errorf("Down did not check the loop devices of %s's state disk:\n%s", n.Name, downCmds)
+		}
 	}
 	if len(rec.killed) != 10 { // agent + 3 daemons on each of 3 nodes
 		t.Errorf("killed %d processes, want 10", len(rec.killed))

@@ -149,8 +149,9 @@ func (c *Cluster) startDaemon(n, name string, cmd Cmd) (Proc, error) {
 	return p, nil
 }
 
-// tpm manufactures node n's TPM on first use (EK and platform certificates from the mini-local CA)
-// and starts swtpm on the node's own loopback.
+// tpm manufactures node n's TPM on first use (EK and platform certificates from the mini-local CA),
+// starts swtpm on the node's own loopback, clears the TPM when a restart asked for it, and measures
+// the node's simulated boot.
 func (c *Cluster) tpm(ctx context.Context, n Node) error {
 	dir := filepath.Join(c.cfg.NodeDir(n.Name), "tpm")
 	if _, err := os.Stat(filepath.Join(dir, "tpm2-00.permall")); err != nil {
@@ -177,6 +178,11 @@ func (c *Cluster) tpm(ctx context.Context, n Node) error {
 	})
 	if err != nil {
 		return fmt.Errorf("starting swtpm: %w", err)
+	}
+	if c.clearTPMs[n.Name] { // set before the nodes' TPMs start
+		if err := c.clearTPM(ctx, n); err != nil {
+			return err
+		}
 	}
 	return c.measureBoot(ctx, n)
 }
@@ -299,10 +305,6 @@ func (c *Cluster) bootstrapper(n Node) error {
 	if c.cfg.Bootstrapper == "" {
 		return nil
 	}
-	stateDir := filepath.Join(nodeDir, "state")
-	if err := os.MkdirAll(stateDir, 0o700); err != nil {
-		return fmt.Errorf("creating state directory: %w", err)
-	}
 	if err := writeFile(c.cfg.JoinPolicyPath(), c.joinPolicyFile(), 0o644); err != nil {
 		return err
 	}
@@ -329,7 +331,15 @@ func (c *Cluster) bootstrapperEnv(n Node) []string {
 		"BERTH_METADATA_URL=" + c.cfg.MetadataURL(),
 		"BERTH_ATTESTATION=" + attestation,
 		fmt.Sprintf("BERTH_TPM=tcp:127.0.0.1:%d", TPMPort),
-		"BERTH_STATE_DIR=" + filepath.Join(nodeDir, "state"),
+		// The state disk: a host path (the node sees every host path outside its own mounts),
+		// opened and bound over the node's state directories by the bootstrapper's first phase.
+		"BERTH_STATE_DISK=" + c.cfg.StateDisk(n.Name),
+		"BERTH_STATE_DISK_BACKEND=" + StateDiskBackend,
+		"BERTH_STATE_MOUNT=" + StateDiskMount,
+		"BERTH_STATE_DIR=" + NodeStateDir,
+		fmt.Sprintf("BERTH_RECOVERY_LISTEN=:%d", RecoveryPort),
+		// The disk key is sealed to the simulated boot's measurement.
+		fmt.Sprintf("BERTH_SEAL_PCRS=%d", BootPCR),
 		"BERTH_KUBELET=process",
 		"BERTH_KUBELET_PATH=" + filepath.Join(nodeDir, "bin", "kubelet"),
 		"BERTH_KUBEADM_PATH=" + filepath.Join(c.cfg.Bins.K8s, "kubeadm"),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -11,19 +12,102 @@ import (
 type RestartOptions struct {
 	// Progress is called after every phase.
 	Progress func(Phase)
+	// Nodes names the nodes to power-cycle; empty means every node.
+	Nodes []string
+	// TamperBoot names restarted nodes whose simulated boot measures a tampered image from this
+	// boot on (recorded in the state file, so later restarts keep it).
+	TamperBoot []string
+	// GenuineBoot names restarted nodes whose simulated boot measures the genuine image again.
+	GenuineBoot []string
+	// ClearTPM names restarted nodes whose TPM is cleared after swtpm starts and before the boot
+	// is measured: their sealed keys die, their EK and its certificate stay.
+	ClearTPM []string
 }
 
-// Restart power-cycles every node at once: all node processes die by SIGKILL, the nodes' network
-// and mount namespaces (and with them /run and every runtime mount) and cgroups are recreated, and swtpm
-// (PCRs reset, keys kept), containerd and the bootstrapper start again on the nodes' persistent
-// directories. The switch, the host link and the agent keep running, like a rack and its metadata
-// service during a power cut of the machines.
+// ErrUnknownNode is returned when a node name is not one of the cluster's.
+var ErrUnknownNode = errors.New("no such node in the mini cluster")
+
+// ErrNotRestarted is returned when a boot option names a node that is not being restarted.
+var ErrNotRestarted = errors.New("the node is not being restarted")
+
+// RestartNodes resolves names to the cluster's nodes; no names means every node.
+func (c *Cluster) RestartNodes(names []string) ([]Node, error) {
+	if len(names) == 0 {
+		return c.cfg.Nodes(), nil
+	}
+	var nodes []Node
+	seen := map[string]bool{}
+	for _, name := range names {
+		n, ok := c.cfg.Node(name)
+		if !ok {
+			return nil, fmt.Errorf("%w: %q", ErrUnknownNode, name)
+		}
+		if !seen[name] {
+			seen[name] = true
+			nodes = append(nodes, n)
+		}
+	}
+	return nodes, nil
+}
+
+// Restart power-cycles the given nodes (every node when opts.Nodes is empty) at once: their
+// processes die by SIGKILL, their network and mount namespaces (and with them /run and every
+// runtime mount, the opened state disk included) and cgroups are recreated, the loop devices of
+// their state disks are gone before they boot, and swtpm (PCRs reset, keys kept), containerd and
+// the bootstrapper start again on the nodes' persistent directories and state disks. The switch,
+// the host link, the agent and the other nodes keep running, like a rack and its metadata service
+// during a power cut of some machines.
 func (c *Cluster) Restart(ctx context.Context, opts RestartOptions) (Timings, error) {
 	var t Timings
 	if c.state == nil {
 		return t, ErrNoState
 	}
-	nodes := c.cfg.Nodes()
+	nodes, err := c.RestartNodes(opts.Nodes)
+	if err != nil {
+		return t, err
+	}
+	restarted := map[string]bool{}
+	for _, n := range nodes {
+		restarted[n.Name] = true
+	}
+	for _, list := range [][]string{opts.TamperBoot, opts.GenuineBoot, opts.ClearTPM} {
+		for _, name := range list {
+			if _, ok := c.cfg.Node(name); !ok {
+				return t, fmt.Errorf("%w: %q", ErrUnknownNode, name)
+			}
+			if !restarted[name] {
+				return t, fmt.Errorf("%w: %s", ErrNotRestarted, name)
+			}
+		}
+	}
+	for _, name := range opts.TamperBoot {
+		if slices.Contains(opts.GenuineBoot, name) {
+			return t, fmt.Errorf("node %s: a boot cannot be both tampered and genuine", name)
+		}
+	}
+	if len(opts.TamperBoot)+len(opts.GenuineBoot) > 0 {
+		if c.cfg.BootTampered == nil {
+			c.cfg.BootTampered = map[string]bool{}
+		}
+		for _, name := range opts.TamperBoot {
+			c.cfg.BootTampered[name] = true
+		}
+		for _, name := range opts.GenuineBoot {
+			c.cfg.BootTampered[name] = false
+		}
+		c.state.Config = c.cfg
+		if err := c.state.save(); err != nil {
+			return t, err
+		}
+		// Re-resolve: the nodes now carry their boot as measured from this boot on.
+		if nodes, err = c.RestartNodes(namesOf(nodes)); err != nil {
+			return t, err
+		}
+	}
+	c.clearTPMs = map[string]bool{}
+	for _, name := range opts.ClearTPM {
+		c.clearTPMs[name] = true
+	}
 	steps := []struct {
 		name string
 		f    func() error
@@ -34,10 +118,18 @@ func (c *Cluster) Restart(ctx context.Context, opts RestartOptions) (Timings, er
 			for _, n := range nodes {
 				errs = append(errs, c.removeCgroupTree(c.cfg.CgroupPath(n.Name)))
 			}
+			// With the node's mount namespace gone the kernel unmounts its state disk; its loop
+			// device must be gone too before the node boots and opens the image again.
+			errs = append(errs, c.detachStateDisks(ctx, nodes))
 			return errors.Join(errs...)
 		}},
 		{"network", func() error { return c.network(ctx, nodes) }},
-		{"namespaces", func() error { return c.eachNode(nodes, func(n Node) error { return c.namespaces(ctx, n) }) }},
+		{"namespaces", func() error {
+			if err := c.ensureHostDirsLocked(); err != nil {
+				return err
+			}
+			return c.eachNode(nodes, func(n Node) error { return c.namespaces(ctx, n) })
+		}},
 		{"cgroups", func() error { return c.eachNode(nodes, c.cgroups) }},
 		{"tpm", func() error { return c.eachNodeParallel(ctx, nodes, c.tpm) }},
 		{"containerd", func() error { return c.containerd(ctx, nodes) }},
@@ -49,6 +141,14 @@ func (c *Cluster) Restart(ctx context.Context, opts RestartOptions) (Timings, er
 		}
 	}
 	return t, nil
+}
+
+func namesOf(nodes []Node) []string {
+	var names []string
+	for _, n := range nodes {
+		names = append(names, n.Name)
+	}
+	return names
 }
 
 func (c *Cluster) removeNodeNetns(ctx context.Context, nodes []Node) error {
