@@ -14,9 +14,11 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/spf13/afero"
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/atomicfile"
 )
@@ -45,6 +47,7 @@ type Fscrypt struct {
 	run               Runner
 	log               *zap.Logger
 	mountinfo         string
+	freeTimeout       time.Duration
 
 	mu sync.Mutex
 }
@@ -61,12 +64,13 @@ func WithImageSize(bytes int64) FscryptOption {
 // NewFscrypt returns the state disk in the ext4 image file image, mounted at mountpoint.
 func NewFscrypt(image, mountpoint string, run Runner, log *zap.Logger, opts ...FscryptOption) *Fscrypt {
 	f := &Fscrypt{
-		image:      image,
-		mountpoint: mountpoint,
-		size:       DefaultImageSize,
-		run:        run,
-		log:        log,
-		mountinfo:  "/proc/self/mountinfo",
+		image:       image,
+		mountpoint:  mountpoint,
+		size:        DefaultImageSize,
+		run:         run,
+		log:         log,
+		mountinfo:   "/proc/self/mountinfo",
+		freeTimeout: imageFreeTimeout,
 	}
 	if f.log == nil {
 		f.log = zap.NewNop()
@@ -121,6 +125,9 @@ func (f *Fscrypt) Format(ctx context.Context, key []byte) (Header, error) {
 	if err := f.closeLocked(ctx); err != nil {
 		return Header{}, err
 	}
+	if err := f.waitImageFree(ctx); err != nil {
+		return Header{}, err
+	}
 	if err := f.prepareImage(); err != nil {
 		return Header{}, err
 	}
@@ -145,6 +152,43 @@ func (f *Fscrypt) Format(ctx context.Context, key []byte) (Header, error) {
 	}
 	f.log.Info("State disk formatted", zap.String("uuid", uuid), zap.String("image", f.image))
 	return h.public(), nil
+}
+
+const (
+	// imageFreePoll and imageFreeTimeout bound the wait for the kernel to detach the loop device
+	// of an unmounted image (autoclear runs asynchronously on recent kernels).
+	imageFreePoll    = 10 * time.Millisecond
+	imageFreeTimeout = 5 * time.Second
+)
+
+// waitImageFree waits until no loop device is backed by the image. One that stays means the file
+// system is still mounted elsewhere (a bind mount of a directory of the disk): formatting under
+// it would corrupt a live file system, so that is an error.
+func (f *Fscrypt) waitImageFree(ctx context.Context) error {
+	image, err := filepath.Abs(f.image)
+	if err != nil {
+		return fmt.Errorf("resolving %s: %w", f.image, err)
+	}
+	if real, err := filepath.EvalSymlinks(image); err == nil {
+		image = real
+	}
+	free := func(context.Context) (bool, error) {
+		files, err := filepath.Glob("/sys/block/loop*/loop/backing_file")
+		if err != nil {
+			return false, err
+		}
+		for _, file := range files {
+			backing, err := os.ReadFile(file)
+			if err == nil && strings.TrimSuffix(strings.TrimSpace(string(backing)), " (deleted)") == image {
+				return false, nil
+			}
+		}
+		return true, nil
+	}
+	if err := wait.PollUntilContextTimeout(ctx, imageFreePoll, f.freeTimeout, true, free); err != nil {
+		return fmt.Errorf("waiting for %s to be unused (is the state disk still mounted elsewhere?): %w", f.image, err)
+	}
+	return nil
 }
 
 // prepareImage creates the image file or empties an existing one, keeping a non-zero size.
@@ -350,7 +394,9 @@ func (f *Fscrypt) Opened(context.Context) (bool, error) {
 }
 
 // Close implements Disk: the key is removed from the kernel, then the image is unmounted (which
-// also detaches the loop device). Closing a closed disk does nothing.
+// also detaches the loop device). Closing a closed disk does nothing. Unmount the bind mounts of
+// the disk's directories first: while they exist the file system stays mounted through them and
+// the kernel forgets the key only once their files are closed.
 func (f *Fscrypt) Close(ctx context.Context) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"go.uber.org/zap/zaptest"
+	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -514,4 +515,47 @@ func TestFscryptTimings(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestFscryptFormatRefusesLiveFileSystem: while a directory of the disk is still bind-mounted
+// elsewhere, Format fails instead of formatting the image under a live file system.
+func TestFscryptFormatRefusesLiveFileSystem(t *testing.T) {
+	ctx := context.Background()
+	d := newTestFscrypt(t)
+	d.freeTimeout = 300 * time.Millisecond
+	key := randomKey(t)
+	if _, err := d.Format(ctx, key); err != nil {
+		t.Fatalf("Format() = %v", err)
+	}
+	dir := filepath.Join(d.Root(), "kubelet")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "marker"), []byte("live"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bind := filepath.Join(t.TempDir(), "var-lib-kubelet")
+	if err := os.Mkdir(bind, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("mount", "--bind", dir, bind).CombinedOutput(); err != nil {
+		t.Fatalf("mount --bind: %v: %s", err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("umount", bind).Run() })
+	if _, err := d.Format(ctx, randomKey(t)); err == nil {
+		t.Fatal("Format() with a bind mount of the disk still in place = nil")
+	}
+	// Format closed the disk first: the key is gone, even for the bind mount.
+	if _, err := os.ReadFile(filepath.Join(bind, "marker")); !errors.Is(err, unix.ENOKEY) {
+		t.Fatalf("reading through the bind mount after Close = %v, want ENOKEY", err)
+	}
+	if out, err := exec.Command("umount", bind).CombinedOutput(); err != nil {
+		t.Fatalf("umount %s: %v: %s", bind, err, out)
+	}
+	if err := d.Open(ctx, key); err != nil {
+		t.Fatalf("Open() after the refused Format = %v", err)
+	}
+	if got, err := os.ReadFile(filepath.Join(dir, "marker")); err != nil || string(got) != "live" {
+		t.Fatalf("marker after the refused Format = %q, %v", got, err)
+	}
 }

@@ -220,6 +220,8 @@ func (l *LUKS) Opened(ctx context.Context) (bool, error) {
 }
 
 // Close implements Disk: unmount, then luksClose (which wipes the volume key from the kernel).
+// Unmount the bind mounts of the disk's directories first: luksClose fails while they hold the
+// mapper device.
 func (l *LUKS) Close(ctx context.Context) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
