@@ -146,11 +146,11 @@ func (f *Fscrypt) Format(ctx context.Context, key []byte) (Header, error) {
 	h, err := f.initialize(uuid, key)
 	if err != nil {
 		if cerr := f.closeLocked(ctx); cerr != nil {
-			f.log.Error("Closing state disk after failed format", zap.Error(cerr))
+			f.log.Error("closing state disk after failed format", zap.Error(cerr))
 		}
 		return Header{}, err
 	}
-	f.log.Info("State disk formatted", zap.String("uuid", uuid), zap.String("image", f.image))
+	f.log.Info("state disk formatted", zap.String("uuid", uuid), zap.String("image", f.image))
 	return h.public(), nil
 }
 
@@ -282,12 +282,12 @@ func (f *Fscrypt) Open(ctx context.Context, key []byte) error {
 	if err := f.unlock(key); err != nil {
 		if !wasMounted {
 			if uerr := f.unmount(ctx); uerr != nil {
-				f.log.Error("Unmounting state disk after failed open", zap.Error(uerr))
+				f.log.Error("unmounting state disk after failed open", zap.Error(uerr))
 			}
 		}
 		return err
 	}
-	f.log.Info("State disk opened", zap.String("image", f.image))
+	f.log.Info("state disk opened", zap.String("image", f.image))
 	return nil
 }
 
@@ -312,7 +312,7 @@ func (f *Fscrypt) unlock(key []byte) error {
 	}
 	if id != want {
 		if _, err := removeKey(f.mountpoint, id); err != nil {
-			f.log.Error("Removing mismatched fscrypt key", zap.Error(err))
+			f.log.Error("removing mismatched fscrypt key", zap.Error(err))
 		}
 		return fmt.Errorf("unlocking state disk: the keyslot's key is not the key of %s", DataDir)
 	}
@@ -347,7 +347,7 @@ func (f *Fscrypt) Rekey(ctx context.Context, oldKey, newKey []byte) error {
 		if err := f.writeHeader(h); err != nil {
 			return err
 		}
-		f.log.Info("State disk re-keyed", zap.String("uuid", h.UUID))
+		f.log.Info("state disk re-keyed", zap.String("uuid", h.UUID))
 		return nil
 	})
 }
@@ -410,23 +410,23 @@ func (f *Fscrypt) closeLocked(ctx context.Context) error {
 	}
 	id, err := policyKey(f.Root())
 	switch {
-	case errors.Is(err, fs.ErrNotExist) || errors.Is(err, os.ErrNotExist):
+	case errors.Is(err, fs.ErrNotExist):
 		// a format cut short before the data directory existed: no key to remove
 	case err != nil:
-		f.log.Warn("Reading the state disk's key identifier", zap.Error(err))
+		f.log.Warn("cannot read the state disk's key identifier", zap.Error(err))
 	default:
 		busy, err := removeKey(f.mountpoint, id)
 		if err != nil {
 			return fmt.Errorf("closing state disk: %w", err)
 		}
 		if busy {
-			f.log.Warn("State disk files still open while removing its key")
+			f.log.Warn("state disk files still open while removing its key")
 		}
 	}
 	if err := f.unmount(ctx); err != nil {
 		return err
 	}
-	f.log.Info("State disk closed", zap.String("image", f.image))
+	f.log.Info("state disk closed", zap.String("image", f.image))
 	return nil
 }
 

@@ -118,7 +118,7 @@ func (l *LUKS) Format(ctx context.Context, key []byte) (Header, error) {
 		l.closeAfterFailure(ctx)
 		return Header{}, err
 	}
-	l.log.Info("State disk formatted", zap.String("uuid", uuid), zap.String("device", l.device))
+	l.log.Info("state disk formatted", zap.String("uuid", uuid), zap.String("device", l.device))
 	return Header{UUID: uuid}, nil
 }
 
@@ -159,7 +159,7 @@ func (l *LUKS) Open(ctx context.Context, key []byte) error {
 			return err
 		}
 	}
-	l.log.Info("State disk opened", zap.String("device", l.device))
+	l.log.Info("state disk opened", zap.String("device", l.device))
 	return nil
 }
 
@@ -180,7 +180,7 @@ func (l *LUKS) Rekey(ctx context.Context, oldKey, newKey []byte) error {
 	if err := l.luksKeyCheck(ctx, Cmd{Name: "cryptsetup", Args: args, Stdin: newKey, Files: [][]byte{oldKey}}); err != nil {
 		return err
 	}
-	l.log.Info("State disk re-keyed", zap.String("device", l.device))
+	l.log.Info("state disk re-keyed", zap.String("device", l.device))
 	return nil
 }
 
@@ -245,13 +245,13 @@ func (l *LUKS) closeLocked(ctx context.Context) error {
 	if err := l.run.Run(ctx, Cmd{Name: "cryptsetup", Args: []string{"close", l.name}}); err != nil {
 		return fmt.Errorf("closing %s: %w", l.mapperPath(), err)
 	}
-	l.log.Info("State disk closed", zap.String("device", l.device))
+	l.log.Info("state disk closed", zap.String("device", l.device))
 	return nil
 }
 
 func (l *LUKS) closeAfterFailure(ctx context.Context) {
 	if err := l.closeLocked(ctx); err != nil {
-		l.log.Error("Closing state disk after a failure", zap.Error(err))
+		l.log.Error("closing state disk after a failure", zap.Error(err))
 	}
 }
 
