@@ -46,7 +46,7 @@ by version), and every image is assembled locally and imported into each node: n
 Needs root, cgroup v1 or hybrid, and the Debian packages containerd, runc,
 containernetworking-plugins, swtpm, swtpm-tools, nftables and iproute2 (scripts/install-deps.sh).`,
 	}
-	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniRestartCmd(), newMiniAgentCmd())
+	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniRestartCmd(), newMiniAddCmd(), newMiniAgentCmd())
 	return cmd
 }
 
@@ -201,28 +201,21 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 		return fmt.Errorf("building images: %w", err)
 	}
 	cfg.GoldenRoot = golden
-	if js := filepath.Join(filepath.Dir(env.Self), "joinservice"); !f.noBootstrap {
-		if _, err := os.Stat(js); err != nil {
-			_, _ = fmt.Fprintf(errOut, "warning: no joinservice binary at %s (make build); workers will not be able to join\n", js)
-		} else {
-			// Berth's images change with every build: a throwaway archive, removed once imported.
-			tmp, err := os.MkdirTemp(f.cacheDir, "berth-images-")
-			if err != nil {
-				return fmt.Errorf("creating Berth image directory: %w", err)
-			}
-			defer func() { _ = os.RemoveAll(tmp) }() // best effort: a leftover lies under the cache directory
-			cfg.BerthArchive = filepath.Join(tmp, "images-berth.tar")
-			webhook := filepath.Join(filepath.Dir(env.Self), "berth-webhook")
-			if fileExists(webhook) {
-				cfg.WebhookImage = mini.ImageWebhook
-			} else {
-				webhook = ""
-				_, _ = fmt.Fprintf(errOut, "note: no berth-webhook binary next to berth; the cluster runs without the image-policy webhook\n")
-			}
-			if err := image.WriteArchive(cfg.BerthArchive, cfg.BerthImageSpecs(js, webhook)); err != nil {
-				return fmt.Errorf("building Berth images: %w", err)
-			}
+	if !f.noBootstrap {
+		switch {
+		case !fileExists(filepath.Join(filepath.Dir(env.Self), "joinservice")):
+			// writeBerthArchive warns: without the joinservice's image nothing of Berth's is imported.
+		case fileExists(filepath.Join(filepath.Dir(env.Self), "berth-webhook")):
+			cfg.WebhookImage = mini.ImageWebhook
+		default:
+			_, _ = fmt.Fprintf(errOut, "note: no berth-webhook binary next to berth; the cluster runs without the image-policy webhook\n")
 		}
+		archive, cleanup, err := writeBerthArchive(cfg, env.Self, f.cacheDir, errOut)
+		if err != nil {
+			return err
+		}
+		defer cleanup()
+		cfg.BerthArchive = archive
 	}
 	phase(mini.Phase{Name: "image-archive", Duration: time.Since(t0)})
 
@@ -269,6 +262,33 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 	}
 	_, _ = fmt.Fprintf(out, "cluster ready in %.1fs. Use it with:\n  export KUBECONFIG=%s\n  kubectl get nodes\n", time.Since(start).Seconds(), cfg.AdminKubeconfig())
 	return nil
+}
+
+// writeBerthArchive writes a throwaway archive of Berth's own images (the joinservice, and the
+// webhook when cfg carries it) from the binaries next to berth into a temporary directory under
+// parent, and returns it with the function that removes it. Berth's images change with every build,
+// so each up and add makes its own. Without a joinservice binary it warns and returns "".
+func writeBerthArchive(cfg mini.Config, self, parent string, errOut io.Writer) (string, func(), error) {
+	js := filepath.Join(filepath.Dir(self), "joinservice")
+	if _, err := os.Stat(js); err != nil {
+		_, _ = fmt.Fprintf(errOut, "warning: no joinservice binary at %s (make build); workers will not be able to join\n", js)
+		return "", func() {}, nil
+	}
+	webhook := ""
+	if cfg.WebhookImage != "" {
+		webhook = filepath.Join(filepath.Dir(self), "berth-webhook")
+	}
+	tmp, err := os.MkdirTemp(parent, "berth-images-")
+	if err != nil {
+		return "", nil, fmt.Errorf("creating Berth image directory: %w", err)
+	}
+	cleanup := func() { _ = os.RemoveAll(tmp) } // best effort: a leftover lies under parent
+	archive := filepath.Join(tmp, "images-berth.tar")
+	if err := image.WriteArchive(archive, cfg.BerthImageSpecs(js, webhook)); err != nil {
+		cleanup()
+		return "", nil, fmt.Errorf("building Berth images: %w", err)
+	}
+	return archive, cleanup, nil
 }
 
 // buildBins runs the build script and maps its output lines (one bin dir per component, in the
@@ -448,6 +468,104 @@ func nodeNames(nodes []mini.Node) []string {
 		names = append(names, n.Name)
 	}
 	return names
+}
+
+type miniAddFlags struct {
+	dir           string
+	controlPlanes int
+	workers       int
+	readyTimeout  time.Duration
+	noWait        bool
+}
+
+func newMiniAddCmd() *cobra.Command {
+	var f miniAddFlags
+	cmd := &cobra.Command{
+		Use:   "add",
+		Short: "Add nodes to a running mini cluster",
+		Long: `add adds control planes and workers to a running mini cluster. The new nodes get the next names
+(cpN, wN) and the next addresses after the existing ones and are recorded in the cluster's state
+file, so the agent serves them their metadata (without a restart) and berth mini down removes them.
+Each new node gets its network and namespaces, cgroups, a blank state disk, a TPM, containerd with
+every image, and its bootstrapper, which joins the cluster through a joinservice by itself. The
+other nodes keep running.
+
+It prints the time of every phase, then waits until every new node is Ready (--no-wait skips it).
+If add fails half-way, the nodes it recorded stay for inspection; berth mini down removes them.`,
+		Example: `  berth mini add --workers 1
+  berth mini add --control-planes 2 --workers 1`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := requireRoot(); err != nil {
+				return err
+			}
+			return runMiniAdd(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&f.dir, "dir", mini.DefaultDir, "directory of the cluster")
+	fl.IntVar(&f.controlPlanes, "control-planes", 0, "number of control-plane nodes to add")
+	fl.IntVar(&f.workers, "workers", 0, "number of worker nodes to add")
+	fl.DurationVar(&f.readyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for the new nodes to be Ready")
+	fl.BoolVar(&f.noWait, "no-wait", false, "do not wait for the new nodes to be Ready")
+	return cmd
+}
+
+func runMiniAdd(ctx context.Context, out, errOut io.Writer, f miniAddFlags) error {
+	if f.controlPlanes < 0 || f.workers < 0 || f.controlPlanes+f.workers == 0 {
+		return &exitError{code: exitUsage, err: errors.New("add at least one node: --workers N and/or --control-planes M")}
+	}
+	env, err := mini.HostEnv()
+	if err != nil {
+		return err
+	}
+	cl, err := mini.Open(f.dir, env, mini.Exec{}, miniLogger(errOut))
+	if err != nil {
+		return err
+	}
+	cfg := cl.Config()
+	next := cfg.NextNodes(f.controlPlanes, f.workers)
+	var names []string
+	for _, n := range next {
+		names = append(names, n.Name+"="+n.IP.String())
+	}
+	_, _ = fmt.Fprintf(out, "berth mini add: %s: %s\n", f.dir, strings.Join(names, " "))
+	start := time.Now()
+	var archive string
+	if cfg.Bootstrapper != "" {
+		a, cleanup, err := writeBerthArchive(cfg, env.Self, cfg.Dir, errOut)
+		if err != nil {
+			return err
+		}
+		defer cleanup()
+		archive = a
+		printPhase(out)(mini.Phase{Name: "image-archive", Duration: time.Since(start)})
+	}
+	added, t, err := cl.Add(ctx, mini.AddOptions{Progress: printPhase(out), ControlPlanes: f.controlPlanes, Workers: f.workers, BerthArchive: archive})
+	if errors.Is(err, mini.ErrInvalidConfig) {
+		return &exitError{code: exitUsage, err: err}
+	}
+	if err != nil {
+		if len(added) > 0 {
+			_, _ = fmt.Fprintf(errOut, "berth mini add failed; logs are under %s/nodes/*/logs; berth mini down --dir %s removes the cluster with the added nodes\n", f.dir, f.dir)
+		}
+		return err
+	}
+	_, _ = fmt.Fprintf(out, "nodes added in %.2fs\n", t.Total().Seconds())
+	if f.noWait || cfg.Bootstrapper == "" {
+		return nil
+	}
+	if _, err := os.Stat(cfg.AdminKubeconfig()); err != nil {
+		return nil // never bootstrapped: nothing to join
+	}
+	t0 := time.Now()
+	status := func(s string) { _, _ = fmt.Fprintf(out, "    %s\n", s) }
+	if err := cl.WaitNodesReady(ctx, added, time.Time{}, f.readyTimeout, status); err != nil {
+		return err
+	}
+	printPhase(out)(mini.Phase{Name: "ready", Duration: time.Since(t0)})
+	_, _ = fmt.Fprintf(out, "added -> all Ready: %.2fs\n", time.Since(start).Seconds())
+	return nil
 }
 
 func newMiniAgentCmd() *cobra.Command {

@@ -13,7 +13,7 @@ func TestMiniNeedsRoot(t *testing.T) {
 	orig := geteuid
 	geteuid = func() int { return 1000 }
 	defer func() { geteuid = orig }()
-	for _, sub := range []string{"up", "down", "restart"} {
+	for _, sub := range []string{"up", "down", "restart", "add"} {
 		var out, errOut bytes.Buffer
 		code := Execute(context.Background(), []string{"mini", sub, "--dir", t.TempDir()}, &out, &errOut)
 		if code != exitUsage || !strings.Contains(errOut.String(), "berth mini needs root") {

@@ -236,6 +236,35 @@ func TestIntegrationTwoNodes(t *testing.T) {
 	if out := run("losetup", "-j", img); strings.TrimSpace(out) != "" {
 		t.Errorf("state disk still attached after the restart: %s", out)
 	}
+
+	// A node added to the running cluster is served by the running agent and reaches the others.
+	added, at, err := cl.Add(ctx, AddOptions{Workers: 1})
+	for _, p := range at.Phases {
+		t.Logf("add phase %-14s %v", p.Name, p.Duration.Round(time.Millisecond))
+	}
+	if err != nil {
+		logs(t, cfg)
+		t.Fatalf("add: %v", err)
+	}
+	cfg = cl.Config() // Down and checkNoResidue must know the added node
+	o = run("nsenter", "--net="+filepath.Join(env.NetnsRoot, cfg.NodeNetns(added[0].Name)), "--",
+		filepath.Join(podbin, "testapp"), "get", cfg.MetadataURL()+"/v1/self")
+	if !strings.Contains(o, `"name":"`+added[0].Name+`"`) {
+		t.Fatalf("metadata /v1/self for the added %s = %q", added[0].Name, o)
+	}
+	// The power cut killed node 2's server: start it again, then reach it from the added node.
+	run(append(append([]string{"nsenter"}, cl.nsenter(nodes[1].Name)...), "ctr", "--address", "/run/containerd/containerd.sock",
+		"-n", "k8s.io", "run", "-d", "--net-host", "--cgroup", cfg.CgroupPath(nodes[1].Name)+"/serve2", ImageTestApp, "serve2", "/testapp", "serve")...)
+	got = ""
+	_ = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		o, err := Exec{}.Run(ctx, Cmd{Path: "nsenter", Args: []string{"--net=" + filepath.Join(env.NetnsRoot, cfg.NodeNetns(added[0].Name)), "--",
+			filepath.Join(podbin, "testapp"), "get", url}})
+		got = string(o)
+		return err == nil, nil
+	})
+	if !strings.Contains(got, "testapp on "+nodes[1].Name) {
+		t.Errorf("GET %s from the added node = %q", url, got)
+	}
 }
 
 func logs(t *testing.T, cfg Config) {
