@@ -43,6 +43,8 @@ func TestMiniUpRejectsBadFlags(t *testing.T) {
 		{"--name", "Bad-Name"},
 		{"--attestation", "magic", "--no-bootstrap"},
 		{"--workers", "-1"},
+		// Nodes mount their own /var/lib/berth: they could not see a cluster directory inside it.
+		{"--dir", "/var/lib/berth/mini", "--no-bootstrap"},
 	} {
 		var out, errOut bytes.Buffer
 		code := Execute(context.Background(), append([]string{"mini", "up", "--dir", t.TempDir()}, args...), &out, &errOut)
@@ -90,6 +92,31 @@ func TestMiniRestartRejectsUnknownNodes(t *testing.T) {
 		code := Execute(context.Background(), append([]string{"mini", "restart", "--dir", dir}, args...), &out, &errOut)
 		if code != exitUsage {
 			t.Errorf("mini restart %v: code %d (stderr %q), want usage error", args, code, errOut.String())
+		}
+	}
+}
+
+func TestMiniAdd(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if code := Execute(context.Background(), []string{"mini", "add", "--help"}, &out, &errOut); code != exitOK {
+		t.Fatalf("help exit code %d: %s", code, errOut.String())
+	}
+	for _, want := range []string{"--workers", "--control-planes", "--dir", "--no-wait", "--ready-timeout"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("mini add --help lacks %q", want)
+		}
+	}
+	orig := geteuid
+	geteuid = func() int { return 0 }
+	defer func() { geteuid = orig }()
+	dir := t.TempDir()
+	writeMiniState(t, dir)
+	for _, args := range [][]string{{}, {"--workers", "-1"}, {"--workers", "0", "--control-planes", "0"}} {
+		out.Reset()
+		errOut.Reset()
+		code := Execute(context.Background(), append([]string{"mini", "add", "--dir", dir}, args...), &out, &errOut)
+		if code != exitUsage {
+			t.Errorf("mini add %v: code %d (stderr %q), want usage error", args, code, errOut.String())
 		}
 	}
 }

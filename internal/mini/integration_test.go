@@ -2,6 +2,9 @@ package mini
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -48,19 +51,25 @@ func runTestAgent() int {
 	return 0
 }
 
-// requireIntegration skips unless the host can run namespace nodes.
+// requireIntegration skips unless the host can run namespace nodes; under CI=true a missing
+// prerequisite fails the test instead.
 func requireIntegration(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (network namespaces, mounts, cgroups)")
+	skip := t.Skipf
+	if os.Getenv("CI") == "true" {
+		skip = t.Fatalf
 	}
-	for _, bin := range []string{"ip", "nsenter", "unshare", "containerd", "ctr", "runc", "swtpm", "swtpm_setup", "tpm2_pcrextend", "go"} {
+	if os.Geteuid() != 0 {
+		skip("needs root (network namespaces, mounts, cgroups)")
+	}
+	for _, bin := range []string{"ip", "nsenter", "unshare", "losetup", "containerd", "ctr", "runc", "swtpm", "swtpm_setup",
+		"tpm2_pcrextend", "tpm2_clear", "tpm2_createprimary", "tpm2_evictcontrol", "tpm2_getcap", "tpm2_pcrread", "go"} {
 		if _, err := exec.LookPath(bin); err != nil {
-			t.Skipf("needs %s (scripts/install-deps.sh installs it)", bin)
+			skip("needs %s (scripts/install-deps.sh installs it)", bin)
 		}
 	}
 	if _, err := os.Stat("/sys/fs/cgroup/memory/cgroup.procs"); err != nil { // kubelet needs v1 here
-		t.Skip("needs cgroup v1 hierarchies under /sys/fs/cgroup")
+		skip("needs cgroup v1 hierarchies under /sys/fs/cgroup")
 	}
 }
 
@@ -220,6 +229,18 @@ func TestIntegrationTwoNodes(t *testing.T) {
 		}
 	})
 
+	// An object under the owner hierarchy of node 1's TPM (as a sealed disk key is) survives a
+	// plain restart and dies when the TPM is cleared; the EK certificate survives both.
+	tpm := func(args ...string) string {
+		t.Helper()
+		return run(append([]string{"nsenter", "--net=" + filepath.Join(env.NetnsRoot, cfg.NodeNetns(nodes[0].Name)), "--",
+			args[0], "-T", fmt.Sprintf("swtpm:host=127.0.0.1,port=%d", TPMPort)}, args[1:]...)...)
+	}
+	const persistent = "0x81000010"
+	primary := filepath.Join(t.TempDir(), "primary.ctx")
+	tpm("tpm2_createprimary", "-C", "o", "-c", primary)
+	tpm("tpm2_evictcontrol", "-C", "o", "-c", primary, persistent)
+
 	rt, err := cl.Restart(ctx, RestartOptions{})
 	for _, p := range rt.Phases {
 		t.Logf("restart phase %-14s %v", p.Name, p.Duration.Round(time.Millisecond))
@@ -235,6 +256,35 @@ func TestIntegrationTwoNodes(t *testing.T) {
 	}
 	if out := run("losetup", "-j", img); strings.TrimSpace(out) != "" {
 		t.Errorf("state disk still attached after the restart: %s", out)
+	}
+	if out := tpm("tpm2_getcap", "handles-persistent"); !strings.Contains(out, persistent) {
+		t.Fatalf("persistent TPM object gone after a plain restart: %q", out)
+	}
+	// Node 1 alone: its TPM cleared, its boot tampered; node 2 keeps running.
+	st, err := LoadState(cfg.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Restart(ctx, RestartOptions{Nodes: []string{nodes[0].Name}, ClearTPM: []string{nodes[0].Name}, TamperBoot: []string{nodes[0].Name}}); err != nil {
+		logs(t, cfg)
+		t.Fatalf("restart of %s: %v", nodes[0].Name, err)
+	}
+	for _, p := range st.Procs[nodes[1].Name] {
+		if !(Exec{}).Alive(p) {
+			t.Errorf("%s of %s died in the restart of %s", p.Name, nodes[1].Name, nodes[0].Name)
+		}
+	}
+	if out := tpm("tpm2_getcap", "handles-persistent"); strings.Contains(out, persistent) {
+		t.Errorf("persistent TPM object survived the TPM clear: %q", out)
+	}
+	if out := tpm("tpm2_getcap", "handles-nv-index"); !strings.Contains(strings.ToLower(out), "0x1c00002") {
+		t.Errorf("EK certificate NV index gone after the TPM clear: %q", out)
+	}
+	tampered := bootEvent(true)
+	var zero [32]byte
+	want := sha256.Sum256(append(zero[:], tampered[:]...))
+	if out := tpm("tpm2_pcrread", fmt.Sprintf("sha256:%d", BootPCR)); !strings.Contains(strings.ToLower(out), hex.EncodeToString(want[:])) {
+		t.Errorf("PCR %d after a tampered boot: %q, want %x", BootPCR, out, want)
 	}
 
 	// A node added to the running cluster is served by the running agent and reaches the others.
