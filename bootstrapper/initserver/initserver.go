@@ -64,6 +64,8 @@ type Server struct {
 	running sync.Mutex
 	// onSuccess runs once after a successful init.
 	onSuccess func()
+	// disk is the state disk to bind; nil when the node has none.
+	disk diskBinder
 }
 
 // Option configures a Server.
@@ -72,6 +74,15 @@ type Option func(*Server)
 // WithServerOptions sets the gRPC server options (credentials, keepalive).
 func WithServerOptions(opts ...grpc.ServerOption) Option {
 	return func(s *Server) { s.opts = append(s.opts, opts...) }
+}
+
+// WithDisk makes Init bind the node's state disk to the new cluster right after it took the node
+// lock (and again, idempotently, when an init resumes).
+func WithDisk(d diskBinder) Option { return func(s *Server) { s.disk = d } }
+
+// diskBinder re-keys the node's fresh state disk to the cluster's disk key (bootstage.Stage).
+type diskBinder interface {
+	BindWithKeys(ctx context.Context, keys *clusterkeys.Keys) error
 }
 
 // WithOnSuccess sets a function that runs once after init succeeded.
@@ -178,6 +189,12 @@ func (s *Server) Init(req *initproto.InitRequest, stream initproto.InitService_I
 		log.Info("resuming init", zap.Strings("completed", st.CompletedPhases))
 	}
 
+	if s.disk != nil {
+		if err := s.disk.BindWithKeys(ctx, parsed.Keys); err != nil {
+			log.Error("binding the state disk to the cluster", zap.Error(err))
+			return send.failure(initproto.FailureCode_FAILURE_CODE_PHASE_FAILED, "binding the node's state disk to the cluster failed; see the node's log", "", true)
+		}
+	}
 	job := &initcluster.Job{Req: parsed, Out: send.logWriter(log)}
 	if err := s.init.Prepare(ctx, job); err != nil {
 		log.Error("preparing init", zap.Error(err))

@@ -88,6 +88,8 @@ type Joiner struct {
 	kubeadm kubeadmRunner
 	kubelet kubeletStarter
 	state   stateStore
+	// disk is the state disk to bind; nil when the node has none.
+	disk diskBinder
 }
 
 // New returns a Joiner.
@@ -126,6 +128,11 @@ func (j *Joiner) Join(ctx context.Context, self metadata.Instance, ticket *joinp
 			return nil
 		}
 		return fmt.Errorf("taking node lock: %w", err)
+	}
+	if j.disk != nil {
+		if err := j.disk.Bind(ctx, ticket.GetDiskKey(), ticket.GetClusterId(), ticket.GetDiskBinding()); err != nil {
+			return fmt.Errorf("binding the state disk to the cluster: %w", err)
+		}
 	}
 	st := &nodestate.State{Role: nodestate.RoleJoin, ClusterID: hex.EncodeToString(ticket.GetClusterId()), NodeName: ticket.GetNodeName()}
 	if err := j.state.Save(st); err != nil {
@@ -363,6 +370,18 @@ type zapWriter struct{ log *zap.Logger }
 func (w *zapWriter) Write(p []byte) (int, error) {
 	w.log.Debug("kubeadm output", zap.ByteString("output", p))
 	return len(p), nil
+}
+
+// diskBinder re-keys the node's fresh state disk to the cluster's disk key (bootstage.Stage).
+type diskBinder interface {
+	Bind(ctx context.Context, diskKey, clusterID, binding []byte) error
+}
+
+// WithDisk makes Join bind the node's state disk to the cluster right after it took the node lock,
+// before it writes anything of the cluster's.
+func (j *Joiner) WithDisk(d diskBinder) *Joiner {
+	j.disk = d
+	return j
 }
 
 // locker is the node lock.

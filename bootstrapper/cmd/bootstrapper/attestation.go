@@ -29,6 +29,11 @@ type attestationSetup struct {
 	serverCreds credentials.TransportCredentials
 	// dialJoin opens a joinservice client.
 	dialJoin func(ctx context.Context, endpoint string) (joinproto.JoinServiceClient, io.Closer, error)
+	// identity is this machine's hardware identity as the joinservice sees it; nil where the
+	// variant has none (the disk binding then names the instance).
+	identity func(ctx context.Context) ([]byte, error)
+	// sealer seals the state disk key to the TPM; nil where sealing is not available.
+	sealer *vtpm.Sealer
 }
 
 // errNoJoinPolicy: an attesting node without --join-policy cannot check the joinservice, so it
@@ -38,6 +43,8 @@ var errNoJoinPolicy = errors.New("no --join-policy: this node does not join")
 func newAttestation(cfg *config, log *zap.Logger) (*attestationSetup, error) {
 	var issuer atls.Issuer
 	var markers []nodelock.Marker
+	var identity func(ctx context.Context) ([]byte, error)
+	var sealer *vtpm.Sealer
 	switch cfg.attestation {
 	case "insecure-none":
 		log.Warn("attestation is disabled: secrets travel over plaintext gRPC; use this only for development")
@@ -47,8 +54,11 @@ func newAttestation(cfg *config, log *zap.Logger) (*attestationSetup, error) {
 		if err != nil {
 			return nil, fmt.Errorf("--tpm: %w", err)
 		}
-		issuer = vtpm.NewIssuer(open, log.Named("tpm"))
+		tpmIssuer := vtpm.NewIssuer(open, log.Named("tpm"))
+		issuer = tpmIssuer
 		markers = append(markers, vtpm.NewLockRegister(open, cfg.lockPCR))
+		identity = tpmIssuer.MachineIdentity
+		sealer = vtpm.NewSealer(open, cfg.sealPCRs, cfg.lockPCR)
 	case "tdx":
 		open := tdx.OpenAuto()
 		issuer = tdx.NewIssuer(open, log.Named("tdx"))
@@ -62,7 +72,7 @@ func newAttestation(cfg *config, log *zap.Logger) (*attestationSetup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating attested TLS credentials: %w", err)
 	}
-	setup := &attestationSetup{markers: markers, serverCreds: creds}
+	setup := &attestationSetup{markers: markers, serverCreds: creds, identity: identity, sealer: sealer}
 	if cfg.joinPolicy == "" {
 		log.Warn("no --join-policy: this node can be initialized but will not join a cluster")
 		setup.dialJoin = func(context.Context, string) (joinproto.JoinServiceClient, io.Closer, error) {

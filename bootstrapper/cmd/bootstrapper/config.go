@@ -42,6 +42,12 @@ type config struct {
 	joinPort      int
 	diskUUID      string
 	logLevel      string
+	stateDisk     string
+	diskBackend   string
+	stateMount    string
+	etcdDir       string
+	recoverListen string
+	sealPCRs      []uint
 }
 
 func defaultConfig() *config {
@@ -59,6 +65,11 @@ func defaultConfig() *config {
 		logLevel:      "info",
 		lockPCR:       15,
 		conntrackMax:  -1,
+		diskBackend:   "none",
+		stateMount:    "/run/berth/state-disk",
+		etcdDir:       "/var/lib/etcd",
+		recoverListen: ":9001",
+		sealPCRs:      []uint{4, 7, 11},
 	}
 }
 
@@ -88,7 +99,13 @@ func (c *config) register(f *pflag.FlagSet) {
 	f.StringVar(&c.joinImage, "joinservice-image", c.joinImage, "container image of the joinservice DaemonSet")
 	f.StringVar(&c.webhookImage, "webhook-image", c.webhookImage, "container image of the image-policy webhook (Deployment berth-webhook), installed last; empty leaves it out")
 	f.IntVar(&c.joinPort, "joinservice-port", c.joinPort, "port of the joinservice on control-plane nodes")
-	f.StringVar(&c.diskUUID, "disk-uuid", c.diskUUID, "UUID of the node's state disk, for its disk key")
+	f.StringVar(&c.diskUUID, "disk-uuid", c.diskUUID, "with --state-disk-backend=none only: the disk UUID this node names when it joins (default: a random one per start)")
+	f.StringVar(&c.stateDisk, "state-disk", c.stateDisk, "the node's state disk: a block device for --state-disk-backend=luks, an image file for fscrypt")
+	f.StringVar(&c.diskBackend, "state-disk-backend", c.diskBackend, "how the state disk is encrypted: luks (LUKS2 with integrity, needs device-mapper), fscrypt (ext4 encryption on a loop-mounted image, where there is no device-mapper) or none (state stays unencrypted on the host's directories; development only)")
+	f.StringVar(&c.stateMount, "state-mount", c.stateMount, "where the opened state disk is mounted; its directories are then mounted over --kubernetes-dir, --kubelet-dir, --etcd-dir and --state-dir")
+	f.StringVar(&c.etcdDir, "etcd-dir", c.etcdDir, "etcd's data directory on control planes (kept on the state disk)")
+	f.StringVar(&c.recoverListen, "recovery-listen", c.recoverListen, "address the recovery server listens on while the state disk waits for 'berth recover'")
+	f.UintSliceVar(&c.sealPCRs, "seal-pcrs", c.sealPCRs, "boot PCRs the state disk key is sealed to (--attestation=tpm); the lock PCR is always required to be zero")
 	f.StringVar(&c.logLevel, "log-level", c.logLevel, "log level: debug, info, warn or error")
 }
 
@@ -148,6 +165,26 @@ func (c *config) validate() error {
 	for _, a := range c.kubeletArgs {
 		if name, _, ok := strings.Cut(a, "="); !ok || name == "" {
 			errs = append(errs, fmt.Errorf("--kubelet-extra-args %q: want NAME=VALUE", a))
+		}
+	}
+	switch c.diskBackend {
+	case "none":
+	case "fscrypt", "luks":
+		if c.stateDisk == "" {
+			errs = append(errs, fmt.Errorf("--state-disk-backend=%s needs --state-disk", c.diskBackend))
+		}
+		if !filepath.IsAbs(c.stateMount) {
+			errs = append(errs, fmt.Errorf("--state-mount %q must be absolute", c.stateMount))
+		}
+		if _, _, err := net.SplitHostPort(c.recoverListen); err != nil {
+			errs = append(errs, fmt.Errorf("--recovery-listen %q: %w", c.recoverListen, err))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--state-disk-backend %q: want luks, fscrypt or none", c.diskBackend))
+	}
+	for _, p := range c.sealPCRs {
+		if p > 23 || (c.attestation == "tpm" && p == c.lockPCR) {
+			errs = append(errs, fmt.Errorf("--seal-pcrs: %d is not a boot PCR (0-23, not the lock PCR)", p))
 		}
 	}
 	if c.conntrackMax < -1 {

@@ -74,6 +74,24 @@ func daemon(ctx context.Context, cfg *config) error {
 		meta = mini.NewClient(cfg.metadataURL)
 	}
 
+	att, err := newAttestation(cfg, log)
+	if err != nil {
+		return &configError{err}
+	}
+	// Nothing reads node state or attests before the state disk is open.
+	stage, err := openStateDisk(ctx, cfg, log, meta, att)
+	if err != nil {
+		return err
+	}
+	diskUUID := cfg.diskUUID
+	if stage != nil {
+		diskUUID = stage.UUID()
+	} else if diskUUID == "" {
+		if diskUUID, err = randomUUID(); err != nil {
+			return fmt.Errorf("generating a disk UUID: %w", err)
+		}
+	}
+
 	exec := command.Runner{}
 	var kube interface {
 		Start(ctx context.Context) error
@@ -96,10 +114,6 @@ func daemon(ctx context.Context, cfg *config) error {
 	}
 	adm := &kubeadm.Runner{Path: cfg.kubeadmPath, IgnorePreflightErrors: cfg.ignorePreflt, Exec: exec}
 
-	att, err := newAttestation(cfg, log)
-	if err != nil {
-		return &configError{err}
-	}
 	markers := append(att.markers, nodelock.NewFileMarker(fs, filepath.Join(cfg.stateDir, "bootstrapped")))
 	lock := bootstrapper.NewRace(nodelock.New(markers...))
 	state := nodestate.NewStore(fs, filepath.Join(cfg.stateDir, "node-state.json"))
@@ -119,17 +133,23 @@ func daemon(ctx context.Context, cfg *config) error {
 		JoinServiceHostPaths: tpmHostPaths(cfg.tpm),
 	}, fs)
 	initer := initcluster.New(initConfig, fs, meta, adm, kube, apiserver.Waiter{}, installer)
-	initSrv := initserver.New(log.Named("initserver"), lock, meta, initer, state,
-		initserver.WithServerOptions(
-			grpc.Creds(att.serverCreds),
-			grpc.KeepaliveParams(keepalive.ServerParameters{Time: 15 * time.Second}),
-		))
+	initOpts := []initserver.Option{initserver.WithServerOptions(
+		grpc.Creds(att.serverCreds),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 15 * time.Second}),
+	)}
+	if stage != nil {
+		initOpts = append(initOpts, initserver.WithDisk(stage))
+	}
+	initSrv := initserver.New(log.Named("initserver"), lock, meta, initer, state, initOpts...)
 
 	joiner := joincluster.New(joincluster.Config{
 		StateDir: cfg.stateDir, KubernetesDir: cfg.kubernetesDir, KubeletDir: cfg.kubeletDir, CRISocket: cfg.criSocket,
 		KubeletExtraArgs: cfg.kubeletExtraArgs(), NeverPull: cfg.neverPull,
 	}, log.Named("join"), fs, lock, adm, kube, state)
-	joinClient := joinclient.New(log.Named("joinclient"), meta, att.dialJoin, joiner, cfg.diskUUID).WithPort(cfg.joinPort)
+	if stage != nil {
+		joiner = joiner.WithDisk(stage)
+	}
+	joinClient := joinclient.New(log.Named("joinclient"), meta, att.dialJoin, joiner, diskUUID).WithPort(cfg.joinPort)
 
 	var lc net.ListenConfig
 	lis, err := lc.Listen(ctx, "tcp", cfg.initListen)

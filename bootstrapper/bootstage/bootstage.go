@@ -1,0 +1,544 @@
+// Package bootstage is the first phase of the node daemon on every boot. Before anything on the node
+// attests or reads node state, it opens the node's encrypted state disk and re-extends the lock
+// register; only then do the InitServer, the JoinClient and the kubelet start.
+//
+// Which key opens the disk, in order:
+//
+//	disk                         key                                       then
+//	missing, unformatted, or     a random key, in memory only              fresh node: init or join
+//	  never bound to a cluster     (the disk is formatted anew)              re-keys it (Bind)
+//	bound                        the key sealed to this node's TPM         unattended reboot
+//	                               (boot PCRs as sealed, lock PCR zero)
+//	bound, unseal refused        a rejoin ticket from any joinservice      both wait side by side; the
+//	                               (mutual aTLS, disk binding checked)       first key that opens the
+//	                             or `berth recover` (recovery server)        disk wins
+//
+// A disk whose node state says "join, not done" is wiped and the node starts fresh (a join that
+// failed after the lock was taken can never finish). A key that came from a rejoin ticket or from
+// recovery is sealed again to the boot as measured now. Then the cluster ID recorded in the disk
+// header is extended into the lock register, and the disk's directories are bind-mounted over the
+// node's state paths (/etc/kubernetes, /var/lib/kubelet, /var/lib/etcd, the daemon's state dir).
+package bootstage
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/spf13/afero"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/nodestate"
+	"github.com/berth-k8s/berth/internal/statedisk"
+)
+
+// Disk is the node's state disk (internal/statedisk).
+type Disk interface {
+	Header(ctx context.Context) (statedisk.Header, error)
+	Format(ctx context.Context, key []byte) (statedisk.Header, error)
+	Open(ctx context.Context, key []byte) error
+	Rekey(ctx context.Context, oldKey, newKey []byte) error
+	SetBinding(ctx context.Context, clusterID, binding []byte) error
+	SetSealed(ctx context.Context, blob []byte) error
+	Opened(ctx context.Context) (bool, error)
+	Root() string
+	Close(ctx context.Context) error
+}
+
+// Sealer seals the disk key to the node's TPM (vtpm.Sealer).
+type Sealer interface {
+	Seal(ctx context.Context, secret []byte) ([]byte, error)
+	Unseal(ctx context.Context, blob []byte) ([]byte, error)
+}
+
+// LockRegister is a hardware lock register (TPM PCR, TDX RTMR): the nodelock markers.
+type LockRegister interface {
+	MarkBootstrapped(ctx context.Context, clusterID []byte) error
+	Bootstrapped(ctx context.Context) (bool, error)
+}
+
+// RejoinFunc asks the cluster's joinservices for the disk key (joinclient.Rejoin).
+type RejoinFunc func(ctx context.Context, diskUUID string, binding []byte) (diskKey, clusterID []byte, err error)
+
+// RecoverFunc serves the recovery server until open succeeded (nil) or ctx ends
+// (recoveryserver.Server.Serve on its own listener).
+type RecoverFunc func(ctx context.Context, diskUUID string, clusterID []byte, open func(ctx context.Context, diskKey []byte) error) error
+
+// Bind is one directory of the state disk mounted over a path of the node.
+type Bind struct {
+	// Name is the directory under the disk's root.
+	Name string
+	// Target is the node path it is mounted over.
+	Target string
+}
+
+// Config are the stage's parts.
+type Config struct {
+	Log  *zap.Logger
+	Disk Disk
+	// Sealer is nil where sealing is not available (TDX): every later boot then rejoins or recovers.
+	Sealer Sealer
+	// Locks are the lock registers re-extended with the disk's cluster ID.
+	Locks   []LockRegister
+	Rejoin  RejoinFunc
+	Recover RecoverFunc
+	// Identity returns this machine's identity as the joinservice sees it (the disk binding's
+	// input): vtpm.Issuer.MachineIdentity, or "instance/NAME" where the variant has none.
+	Identity func(ctx context.Context) ([]byte, error)
+	// Binds are mounted in order once the disk is open.
+	Binds []Bind
+	// StateBind names the Bind holding the daemon's node-state.json.
+	StateBind string
+	// Mounter bind-mounts; nil means the mount(2) system call.
+	Mounter Mounter
+	// RefusedBackoff is the wait after a round of refused rejoins (default 10 s, jittered).
+	RefusedBackoff time.Duration
+}
+
+// Mounter bind-mounts directories.
+type Mounter interface {
+	// BindMount mounts src over dst.
+	BindMount(src, dst string) error
+	// IsBound reports whether dst is already a mount of the disk directory named name.
+	IsBound(dst, name string) (bool, error)
+	// Unmount removes the mount at dst.
+	Unmount(dst string) error
+}
+
+// How the disk was opened.
+const (
+	SourceFresh    = "fresh"
+	SourceSealed   = "sealed"
+	SourceRejoin   = "rejoin"
+	SourceRecovery = "recovery"
+	SourceAlready  = "already-open"
+)
+
+// Result says what the stage did.
+type Result struct {
+	// Source is how the disk was opened (Source* constants).
+	Source string
+	// UUID is the disk's UUID.
+	UUID string
+	// ClusterID is the cluster the disk belongs to; nil on a fresh node.
+	ClusterID []byte
+	// Wiped says a disk was wiped (never bound, or a join that did not finish).
+	Wiped string
+	// Took is how long the stage took.
+	Took time.Duration
+}
+
+// Stage opens the state disk on boot and binds a fresh one to its cluster later. The zero value is
+// not usable; create it with New.
+type Stage struct {
+	cfg Config
+	log *zap.Logger
+
+	mu     sync.Mutex
+	header statedisk.Header
+	// freshKey is the random key of a disk formatted in this boot, until Bind re-keys it.
+	freshKey []byte
+}
+
+// Errors of the stage.
+var (
+	ErrAlreadyBound     = errors.New("state disk is bound to another cluster")
+	ErrNotFresh         = errors.New("state disk was not formatted in this boot; it cannot be bound to a cluster")
+	ErrClusterIDDiffers = errors.New("rejoin ticket is for another cluster than the state disk")
+	errAlreadyOpen      = errors.New("state disk is already open")
+)
+
+// New returns a Stage.
+func New(cfg Config) *Stage {
+	if cfg.Mounter == nil {
+		cfg.Mounter = sysMounter{}
+	}
+	if cfg.RefusedBackoff == 0 {
+		cfg.RefusedBackoff = 10 * time.Second
+	}
+	return &Stage{cfg: cfg, log: cfg.Log}
+}
+
+// UUID is the state disk's UUID once Open returned.
+func (s *Stage) UUID() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.header.UUID
+}
+
+// Open opens the state disk (see the package documentation), re-extends the lock registers and
+// mounts the disk's directories. It blocks until a key opened the disk or ctx ends.
+func (s *Stage) Open(ctx context.Context) (Result, error) {
+	start := time.Now()
+	res, err := s.open(ctx)
+	if err != nil {
+		return res, err
+	}
+	if res.ClusterID != nil {
+		if err := s.extendLocks(ctx, res.ClusterID); err != nil {
+			return res, err
+		}
+	}
+	if err := s.bindAll(); err != nil {
+		return res, err
+	}
+	res.Took = time.Since(start)
+	s.log.Info("state disk open", zap.String("source", res.Source), zap.String("diskUUID", res.UUID),
+		zap.String("clusterID", hex.EncodeToString(res.ClusterID)), zap.Duration("took", res.Took))
+	return res, nil
+}
+
+func (s *Stage) open(ctx context.Context) (Result, error) {
+	d := s.cfg.Disk
+	opened, err := d.Opened(ctx)
+	if err != nil {
+		return Result{}, fmt.Errorf("checking the state disk: %w", err)
+	}
+	if opened {
+		h, err := d.Header(ctx)
+		if err != nil {
+			return Result{}, fmt.Errorf("reading the state disk header: %w", err)
+		}
+		if h.ClusterID != nil {
+			s.setHeader(h)
+			s.log.Info("state disk already open (the daemon restarted within this boot)")
+			return s.afterOpen(ctx, Result{Source: SourceAlready, UUID: h.UUID, ClusterID: h.ClusterID}, nil)
+		}
+		// Its random key died with the process that formatted it: start over.
+		s.log.Info("state disk open but not bound to a cluster, and its key is gone: formatting it again")
+		if err := s.release(ctx); err != nil {
+			return Result{}, err
+		}
+		return s.fresh(ctx, "open but never bound, key lost with the previous process")
+	}
+	h, err := d.Header(ctx)
+	switch {
+	case errors.Is(err, statedisk.ErrNotFormatted):
+		return s.fresh(ctx, "")
+	case err != nil:
+		return Result{}, fmt.Errorf("reading the state disk header: %w", err)
+	case h.ClusterID == nil:
+		s.log.Warn("state disk was never bound to a cluster (an init or join did not get that far before the reboot): wiping it")
+		return s.fresh(ctx, "never bound to a cluster")
+	}
+	s.setHeader(h)
+	res := Result{UUID: h.UUID, ClusterID: h.ClusterID}
+	if key, ok := s.unseal(ctx, h); ok {
+		res.Source = SourceSealed
+		return s.afterOpen(ctx, res, key)
+	}
+	src, key, err := s.waitForKey(ctx, h)
+	if err != nil {
+		return res, err
+	}
+	res.Source = src
+	return s.afterOpen(ctx, res, key)
+}
+
+func (s *Stage) setHeader(h statedisk.Header) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.header = h
+}
+
+// unseal tries the key sealed to the TPM.
+func (s *Stage) unseal(ctx context.Context, h statedisk.Header) ([]byte, bool) {
+	if s.cfg.Sealer == nil || len(h.Sealed) == 0 {
+		s.log.Info("no sealed key for the state disk: asking the cluster")
+		return nil, false
+	}
+	start := time.Now()
+	key, err := s.cfg.Sealer.Unseal(ctx, h.Sealed)
+	if err != nil {
+		s.log.Warn("the TPM refused the sealed disk key (boot measured differently, or the TPM was cleared): asking the cluster", zap.Error(err))
+		return nil, false
+	}
+	unsealed := time.Since(start)
+	if err := s.cfg.Disk.Open(ctx, key); err != nil {
+		s.log.Warn("the sealed key does not open the state disk: asking the cluster", zap.Error(err))
+		return nil, false
+	}
+	s.log.Info("state disk opened with the key sealed to this TPM", zap.Duration("unseal", unsealed))
+	return key, true
+}
+
+// waitForKey runs the rejoin path and the recovery server side by side until one opened the disk.
+func (s *Stage) waitForKey(ctx context.Context, h statedisk.Header) (string, []byte, error) {
+	var (
+		mu     sync.Mutex
+		isOpen bool
+		won    = make(chan struct{})
+		source string
+		theKey []byte
+	)
+	open := func(ctx context.Context, key []byte, src string) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if isOpen {
+			return errAlreadyOpen
+		}
+		if err := s.cfg.Disk.Open(ctx, key); err != nil {
+			return err
+		}
+		isOpen, source, theKey = true, src, append([]byte(nil), key...)
+		close(won)
+		return nil
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g, gctx := errgroup.WithContext(wctx)
+	if s.cfg.Rejoin != nil {
+		g.Go(func() error { s.rejoinLoop(gctx, h, open); return nil })
+	}
+	if s.cfg.Recover != nil {
+		g.Go(func() error {
+			err := s.cfg.Recover(gctx, h.UUID, h.ClusterID, func(ctx context.Context, key []byte) error {
+				return open(ctx, key, SourceRecovery)
+			})
+			if err != nil && gctx.Err() == nil {
+				s.log.Error("recovery server failed; waiting for a rejoin ticket only", zap.Error(err))
+			}
+			return nil
+		})
+	}
+	if s.cfg.Rejoin == nil && s.cfg.Recover == nil {
+		return "", nil, errors.New("state disk is locked and neither rejoin nor recovery is configured")
+	}
+	select {
+	case <-won:
+	case <-ctx.Done():
+	}
+	cancel()
+	_ = g.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if !isOpen {
+		return "", nil, fmt.Errorf("waiting for the state disk key: %w", ctx.Err())
+	}
+	return source, theKey, nil
+}
+
+// rejoinLoop asks the joinservices for the disk key until it opened the disk or ctx ends. Refusals
+// are logged with their reason and retried after a long, jittered backoff: a policy update or a
+// control plane coming back can change the answer, and recovery waits beside it.
+func (s *Stage) rejoinLoop(ctx context.Context, h statedisk.Header, open func(context.Context, []byte, string) error) {
+	s.log.Info("asking the cluster's joinservices for a rejoin ticket", zap.String("diskUUID", h.UUID))
+	for {
+		start := time.Now()
+		key, clusterID, err := s.cfg.Rejoin(ctx, h.UUID, h.Binding)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			s.log.Warn("rejoin refused; trying again, and berth recover can open the disk meanwhile", zap.Error(err))
+		case !bytes.Equal(clusterID, h.ClusterID):
+			s.log.Error("rejoin ticket refused: it is for another cluster than the state disk", zap.Error(ErrClusterIDDiffers),
+				zap.String("ticketClusterID", hex.EncodeToString(clusterID)), zap.String("diskClusterID", hex.EncodeToString(h.ClusterID)))
+		default:
+			err := open(ctx, key, SourceRejoin)
+			clear(key)
+			switch {
+			case err == nil:
+				s.log.Info("state disk opened with a rejoin ticket", zap.Duration("rejoin", time.Since(start)))
+				return
+			case errors.Is(err, errAlreadyOpen):
+				return
+			default:
+				s.log.Error("the rejoin ticket's key does not open the state disk", zap.Error(err))
+			}
+		}
+		t := time.NewTimer(wait.Jitter(s.cfg.RefusedBackoff, 0.5))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// afterOpen wipes a disk whose join did not finish and seals a key that came from the cluster.
+func (s *Stage) afterOpen(ctx context.Context, res Result, key []byte) (Result, error) {
+	defer clear(key)
+	st, err := s.nodeState()
+	if err != nil {
+		return res, err
+	}
+	if st != nil && st.Role == nodestate.RoleJoin && !st.Done {
+		s.log.Warn("the join did not finish before this boot: wiping the state disk and starting fresh")
+		if err := s.release(ctx); err != nil {
+			return res, err
+		}
+		return s.fresh(ctx, "join did not finish")
+	}
+	if key != nil && res.Source != SourceSealed {
+		s.seal(ctx, key)
+	}
+	return res, nil
+}
+
+func (s *Stage) nodeState() (*nodestate.State, error) {
+	if s.cfg.StateBind == "" {
+		return nil, nil
+	}
+	st, err := nodestate.NewStore(afero.NewOsFs(), filepath.Join(s.cfg.Disk.Root(), s.cfg.StateBind, "node-state.json")).Load()
+	if err != nil {
+		return nil, fmt.Errorf("reading the node state on the state disk: %w", err)
+	}
+	return st, nil
+}
+
+// seal seals key to the boot as measured now. A failure is logged: the next boot rejoins instead.
+func (s *Stage) seal(ctx context.Context, key []byte) {
+	if s.cfg.Sealer == nil {
+		return
+	}
+	start := time.Now()
+	blob, err := s.cfg.Sealer.Seal(ctx, key)
+	if err == nil {
+		err = s.cfg.Disk.SetSealed(ctx, blob)
+	}
+	if err != nil {
+		s.log.Error("sealing the disk key to the TPM failed; the next boot asks the cluster", zap.Error(err))
+		return
+	}
+	s.log.Info("disk key sealed to this TPM's boot measurements", zap.Duration("took", time.Since(start)))
+}
+
+// fresh formats the disk with a random key kept in memory until Bind.
+func (s *Stage) fresh(ctx context.Context, wiped string) (Result, error) {
+	key := make([]byte, statedisk.KeySize)
+	if _, err := rand.Read(key); err != nil {
+		return Result{}, fmt.Errorf("generating a state disk key: %w", err)
+	}
+	h, err := s.cfg.Disk.Format(ctx, key)
+	if err != nil {
+		clear(key)
+		return Result{}, fmt.Errorf("formatting the state disk: %w", err)
+	}
+	s.mu.Lock()
+	s.header, s.freshKey = h, key
+	s.mu.Unlock()
+	s.log.Info("state disk formatted with a random key: fresh node", zap.String("diskUUID", h.UUID))
+	return Result{Source: SourceFresh, UUID: h.UUID, Wiped: wiped}, nil
+}
+
+// release unmounts the binds and closes the disk.
+func (s *Stage) release(ctx context.Context) error {
+	for i := len(s.cfg.Binds) - 1; i >= 0; i-- {
+		b := s.cfg.Binds[i]
+		bound, err := s.cfg.Mounter.IsBound(b.Target, b.Name)
+		if err != nil {
+			return err
+		}
+		if bound {
+			if err := s.cfg.Mounter.Unmount(b.Target); err != nil {
+				return fmt.Errorf("unmounting %s: %w", b.Target, err)
+			}
+		}
+	}
+	if err := s.cfg.Disk.Close(ctx); err != nil {
+		return fmt.Errorf("closing the state disk: %w", err)
+	}
+	return nil
+}
+
+func (s *Stage) extendLocks(ctx context.Context, clusterID []byte) error {
+	for _, l := range s.cfg.Locks {
+		done, err := l.Bootstrapped(ctx)
+		if err != nil {
+			return fmt.Errorf("reading the lock register: %w", err)
+		}
+		if done {
+			continue
+		}
+		if err := l.MarkBootstrapped(ctx, clusterID); err != nil {
+			return fmt.Errorf("re-extending the lock register: %w", err)
+		}
+		s.log.Info("lock register re-extended with the cluster ID of the state disk", zap.String("clusterID", hex.EncodeToString(clusterID)))
+	}
+	return nil
+}
+
+func (s *Stage) bindAll() error {
+	root := s.cfg.Disk.Root()
+	for _, b := range s.cfg.Binds {
+		src := filepath.Join(root, b.Name)
+		if err := os.MkdirAll(src, 0o700); err != nil {
+			return fmt.Errorf("creating %s on the state disk: %w", b.Name, err)
+		}
+		bound, err := s.cfg.Mounter.IsBound(b.Target, b.Name)
+		if err != nil {
+			return err
+		}
+		if bound {
+			continue
+		}
+		if err := s.cfg.Mounter.BindMount(src, b.Target); err != nil {
+			return fmt.Errorf("mounting the state disk's %s over %s: %w", b.Name, b.Target, err)
+		}
+	}
+	return nil
+}
+
+// Bind binds a disk formatted in this boot to the cluster: its keyslot is re-wrapped from the random
+// key to diskKey, the header records the cluster ID and the disk binding, and diskKey is sealed to
+// the TPM. Binding again to the same cluster does nothing (a resumed init).
+func (s *Stage) Bind(ctx context.Context, diskKey, clusterID, binding []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.header.ClusterID != nil {
+		if bytes.Equal(s.header.ClusterID, clusterID) {
+			return nil
+		}
+		return ErrAlreadyBound
+	}
+	if s.freshKey == nil {
+		return ErrNotFresh
+	}
+	if err := s.cfg.Disk.Rekey(ctx, s.freshKey, diskKey); err != nil {
+		return fmt.Errorf("re-keying the state disk: %w", err)
+	}
+	clear(s.freshKey)
+	s.freshKey = nil
+	if err := s.cfg.Disk.SetBinding(ctx, clusterID, binding); err != nil {
+		return fmt.Errorf("recording the cluster in the state disk header: %w", err)
+	}
+	s.header.ClusterID, s.header.Binding = append([]byte(nil), clusterID...), append([]byte(nil), binding...)
+	s.log.Info("state disk re-keyed to the cluster's disk key", zap.String("clusterID", hex.EncodeToString(clusterID)))
+	s.seal(ctx, diskKey)
+	return nil
+}
+
+// BindWithKeys binds the disk for the node that initializes the cluster: it derives its own disk key
+// and disk binding from the cluster's keys, as the joinservice does for a joining node.
+func (s *Stage) BindWithKeys(ctx context.Context, keys *clusterkeys.Keys) error {
+	id, err := s.cfg.Identity(ctx)
+	if err != nil {
+		return fmt.Errorf("reading this machine's identity: %w", err)
+	}
+	uuid := s.UUID()
+	key := keys.DiskKey(uuid)
+	defer clear(key)
+	return s.Bind(ctx, key, keys.ClusterID(), keys.DiskBinding(uuid, id))
+}
+
+// InstanceIdentity is the disk binding's identity of a machine whose attestation variant has no
+// hardware identity (the joinservice's fallback).
+func InstanceIdentity(name string) []byte { return []byte("instance/" + name) }
+
+// mountRootHas reports whether a mountinfo root field names the disk directory name.
+func mountRootHas(root, name string) bool {
+	return root == "/"+name || strings.HasSuffix(root, "/"+name)
+}
