@@ -202,6 +202,7 @@ func TestMiniCluster(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("service after restart: %v %q", runErr, got)
 	}
+	checkDayTwo(t, c, out)
 }
 
 type pod struct{ name, ip string }
@@ -345,6 +346,12 @@ func checkNoResidue(t *testing.T, dir string, pids []int) {
 	}
 	if mi, err := os.ReadFile("/proc/self/mountinfo"); err == nil && strings.Contains(string(mi), dir) {
 		t.Errorf("mounts under %s left behind", dir)
+	}
+	loops, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
+	for _, l := range loops {
+		if b, err := os.ReadFile(l); err == nil && strings.HasPrefix(string(b), dir) {
+			t.Errorf("loop device %s still backs %s", filepath.Base(filepath.Dir(filepath.Dir(l))), strings.TrimSpace(string(b)))
+		}
 	}
 	hs, _ := filepath.Glob("/sys/fs/cgroup/*/berth/" + clusterName)
 	for _, h := range hs {
