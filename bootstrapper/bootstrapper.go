@@ -11,8 +11,13 @@
 //	yes     init, done             InitServer only (answers "already initialized"), kubelet, and
 //	                               Reconcile: the cluster's components are checked again
 //	yes     join, done             kubelet only
-//	yes     join, not done         nothing: ErrIncompleteJoin (the node must be reset)
+//	yes     join, not done         nothing: ErrIncompleteJoin (only without a state disk: the boot
+//	                               stage wipes the state disk of such a node and it starts fresh)
 //	yes     none                   nothing: ErrInconsistentState
+//
+// Before Run, the command runs the boot stage (package bootstage): the state above lives on the
+// node's encrypted state disk, which is open, bound over the node's paths and has re-extended the
+// lock register by the time Run reads it.
 //
 // The kubelet supervisor runs in the same group for the daemon's whole life.
 package bootstrapper
@@ -36,7 +41,7 @@ import (
 
 // Named reasons the daemon cannot run.
 var (
-	ErrIncompleteJoin    = errors.New("node took the lock to join but the join did not finish; reset the node")
+	ErrIncompleteJoin    = errors.New("node took the lock to join but the join did not finish; reset the node (with a state disk this cannot happen: the next boot wipes it)")
 	ErrInconsistentState = errors.New("node is marked bootstrapped but has no node state; reset the node")
 )
 

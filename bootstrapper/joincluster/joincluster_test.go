@@ -1,6 +1,7 @@
 package joincluster
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -363,5 +364,53 @@ func TestTokenlessJoinRejectsBadTickets(t *testing.T) {
 				t.Fatal("node lock taken for a bad ticket")
 			}
 		})
+	}
+}
+
+// diskRecorder records Bind calls and what the node had written by then.
+type diskRecorder struct {
+	fs      afero.Fs
+	err     error
+	calls   int
+	key     []byte
+	id      []byte
+	binding []byte
+	// stateBefore is whether node state existed when Bind ran.
+	stateBefore bool
+}
+
+func (d *diskRecorder) Bind(_ context.Context, key, clusterID, binding []byte) error {
+	d.calls++
+	d.key, d.id, d.binding = key, clusterID, binding
+	d.stateBefore, _ = afero.Exists(d.fs, "/state/node-state.json")
+	return d.err
+}
+
+func TestJoinBindsStateDiskAfterLockBeforeAnyWrite(t *testing.T) {
+	f := newFixture(nil)
+	d := &diskRecorder{fs: f.fs}
+	f.j.WithDisk(d)
+	tk := ticket()
+	tk.DiskKey, tk.DiskBinding = bytes.Repeat([]byte{7}, 32), []byte("binding")
+	if err := f.j.Join(context.Background(), self, tk, key(t)); err != nil {
+		t.Fatal(err)
+	}
+	if d.calls != 1 || !bytes.Equal(d.key, tk.DiskKey) || !bytes.Equal(d.id, tk.ClusterId) || string(d.binding) != "binding" {
+		t.Fatalf("Bind calls=%d key/id/binding=%x/%x/%q", d.calls, d.key, d.id, d.binding)
+	}
+	if d.stateBefore {
+		t.Fatal("node state was written before the state disk was bound")
+	}
+}
+
+func TestJoinStopsWhenStateDiskCannotBeBound(t *testing.T) {
+	f := newFixture(nil)
+	f.j.WithDisk(&diskRecorder{fs: f.fs, err: errors.New("rekey failed")})
+	err := f.j.Join(context.Background(), self, ticket(), key(t))
+	if err == nil || !strings.Contains(err.Error(), "binding the state disk") {
+		t.Fatalf("Join = %v, want a state disk error", err)
+	}
+	if f.rec.String() != "" {
+		t.Fatalf("kubeadm ran after the disk could not be bound: %q", f.rec.String())
 	}
 }

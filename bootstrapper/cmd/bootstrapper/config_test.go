@@ -75,3 +75,30 @@ func TestBadEnvIsNamed(t *testing.T) {
 		t.Fatalf("applyEnv() = %v, want an error naming BERTH_JOINSERVICE_PORT", err)
 	}
 }
+
+func TestValidateStateDisk(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  func(*config)
+		want string
+	}{
+		{"unknown backend", func(c *config) { c.diskBackend = "zfs" }, "--state-disk-backend"},
+		{"backend without disk", func(c *config) { c.diskBackend = "fscrypt" }, "needs --state-disk"},
+		{"relative mount", func(c *config) { c.diskBackend, c.stateDisk, c.stateMount = "luks", "/dev/vdb", "run/x" }, "--state-mount"},
+		{"bad recovery address", func(c *config) { c.diskBackend, c.stateDisk, c.recoverListen = "fscrypt", "/s.img", "9001" }, "--recovery-listen"},
+		{"lock PCR sealed", func(c *config) { c.sealPCRs = []uint{4, 15} }, "--seal-pcrs"},
+		{"no such PCR", func(c *config) { c.sealPCRs = []uint{24} }, "--seal-pcrs"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := defaultConfig()
+			cfg.metadata, cfg.metadataURL, cfg.attestation, cfg.tpm = "mini", "http://198.51.100.1", "tpm", "tcp:127.0.0.1:2321"
+			if err := cfg.validate(); err != nil {
+				t.Fatalf("valid base config: %v", err)
+			}
+			tc.set(cfg)
+			if err := cfg.validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("validate() = %v, want an error naming %s", err, tc.want)
+			}
+		})
+	}
+}
