@@ -22,6 +22,7 @@ import (
 
 	"github.com/berth-k8s/berth/bootstrapper/initcluster"
 	"github.com/berth-k8s/berth/initproto"
+	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/nodestate"
 	"github.com/berth-k8s/berth/nodelock"
 )
@@ -90,7 +91,7 @@ type harness struct {
 	state  *nodestate.Store
 }
 
-func newHarness(t testing.TB, init *fakeInit) *harness {
+func newHarness(t testing.TB, init *fakeInit, opts ...Option) *harness {
 	t.Helper()
 	fsys := afero.NewMemMapFs()
 	h := &harness{
@@ -100,7 +101,7 @@ func newHarness(t testing.TB, init *fakeInit) *harness {
 		state: nodestate.NewStore(fsys, "/state/node-state.json"),
 	}
 	sum := sha256.Sum256(secret)
-	srv := New(zap.NewNop(), h.lock, staticHash(sum[:]), init, h.state)
+	srv := New(zap.NewNop(), h.lock, staticHash(sum[:]), init, h.state, opts...)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -365,4 +366,45 @@ func TestServeStopsAndFreesPort(t *testing.T) {
 		t.Fatalf("port %s still taken after Serve returned: %v", addr, err)
 	}
 	again.Close()
+}
+
+// diskRecorder records the cluster IDs of BindWithKeys calls.
+type diskRecorder struct {
+	mu  sync.Mutex
+	ids [][]byte
+	err error
+}
+
+func (d *diskRecorder) BindWithKeys(_ context.Context, keys *clusterkeys.Keys) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.ids = append(d.ids, keys.ClusterID())
+	return d.err
+}
+
+func TestInitBindsStateDisk(t *testing.T) {
+	d := &diskRecorder{}
+	h := newHarness(t, &fakeInit{}, WithDisk(d))
+	got, err := h.transcript(t, request(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	equal(t, got[len(got)-1:], []string{"SUCCESS"})
+	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
+	if len(d.ids) != 1 || !bytes.Equal(d.ids[0], keys.ClusterID()) {
+		t.Fatalf("BindWithKeys cluster IDs = %x, want one call for %x", d.ids, keys.ClusterID())
+	}
+}
+
+func TestInitStopsWhenStateDiskCannotBeBound(t *testing.T) {
+	init := &fakeInit{}
+	h := newHarness(t, init, WithDisk(&diskRecorder{err: errors.New("rekey failed")}))
+	got, err := h.transcript(t, request(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	equal(t, got, []string{"FAILURE PHASE_FAILED "})
+	if ran := init.Ran(); len(ran) != 0 {
+		t.Fatalf("phases ran although the state disk was not bound: %v", ran)
+	}
 }
