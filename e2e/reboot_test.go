@@ -26,7 +26,7 @@ import (
 // checkDayTwo runs on TestMiniCluster's cluster (1 control plane, 2 workers) after its power cut of
 // every node, and covers every boot after the first: the joinservice passes the join policy again
 // (lock register re-extended), a node added afterwards joins, a worker whose boot changed cannot
-// unseal and is refused on rejoin, the master secret, init secret and disk keys are nowhere in the
+// unseal and is refused on rejoin, a worker whose TPM was cleared rejoins, the master secret, init secret and disk keys are nowhere in the
 // nodes' backing files, and a control plane whose sealed key died comes back through berth recover.
 func checkDayTwo(t *testing.T, c *cluster, restartOut string) {
 	if m := regexp.MustCompile(`power cut -> all Ready: [0-9.]+s`).FindString(restartOut); m != "" {
@@ -73,6 +73,15 @@ func checkDayTwo(t *testing.T, c *cluster, restartOut string) {
 	}
 	out = c.must(5*time.Minute, c.berth, "mini", "restart", "--dir", c.dir, "w1", "--genuine-boot", "w1")
 	t.Logf("w1 rebooted genuine again:\n%s", out)
+
+	// A worker whose TPM was cleared (sealed key gone, boot unchanged) gets its disk key from a
+	// rejoin ticket and comes back by itself.
+	logW2 := filepath.Join(c.dir, "nodes", "w2", "logs", "bootstrapper.log")
+	mark = logSize(t, logW2)
+	out = c.must(5*time.Minute, c.berth, "mini", "restart", "--dir", c.dir, "w2", "--clear-tpm", "w2")
+	t.Logf("w2 rebooted with a cleared TPM:\n%s", out)
+	waitLog(t, logW2, mark, `"source":"rejoin"`, time.Minute)
+	t.Logf("w2's boot stage:\n%s", grepLines(logSince(t, logW2, mark), `"logger":"bootstage"`))
 
 	// 4. At rest: nothing secret in any node's backing files; a marker on a state disk is readable
 	// through the node's mounts and not in the backing files, a marker outside it is (control).
