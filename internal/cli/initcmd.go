@@ -298,24 +298,11 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 	if err := checkWorkspace(o.workspace); err != nil {
 		return err
 	}
-	creds := insecure.NewCredentials()
-	verdict := &attestVerdict{}
-	if validator == nil {
-		_, _ = fmt.Fprintln(out, "WARNING: attestation is skipped; the node's identity is not verified")
-	} else {
-		if creds, err = atls.NewCredentials(nil, validator, atls.WithObserver(verdict.observe)); err != nil {
-			return fmt.Errorf("creating attested TLS credentials: %w", err)
-		}
-	}
-	conn, err := grpc.NewClient(o.endpoint, grpc.WithTransportCredentials(creds))
+	conn, verdict, err := dialNode(ctx, out, o.endpoint, validator, o.connectTimeout)
 	if err != nil {
-		return usageErr("--endpoint %q: %w", o.endpoint, err)
-	}
-	defer func() { _ = conn.Close() }()
-	_, _ = fmt.Fprintf(out, "Connecting to %s ...\n", o.endpoint)
-	if err := waitConnected(ctx, conn, o.connectTimeout, verdict); err != nil {
 		return err
 	}
+	defer func() { _ = conn.Close() }()
 	if ev := verdict.accepted(); ev != nil {
 		_, _ = fmt.Fprintf(out, "Node attested (%s): %d measurements match the policy\n", ev.Variant, len(ev.Result.Measurements))
 		for _, w := range ev.Result.Warnings {
@@ -483,4 +470,30 @@ func writeInitResult(out io.Writer, dir string, s *initproto.InitSuccess, took t
 	_, _ = fmt.Fprintf(out, "\nCluster initialized in %s.\nCluster ID: %s\nAdmin kubeconfig: %s\n  export KUBECONFIG=%s\n",
 		took.Round(time.Millisecond), idHex, adminPath, adminPath)
 	return nil
+}
+
+// dialNode connects to a node's attested gRPC endpoint (the InitServer, the recovery server), checking
+// its attestation with validator (nil: skipped, with a warning), and waits until the connection is up
+// or the verdict is known.
+func dialNode(ctx context.Context, out io.Writer, endpoint string, validator atls.Validator, timeout time.Duration) (*grpc.ClientConn, *attestVerdict, error) {
+	creds := insecure.NewCredentials()
+	verdict := &attestVerdict{}
+	if validator == nil {
+		_, _ = fmt.Fprintln(out, "WARNING: attestation is skipped; the node's identity is not verified")
+	} else {
+		var err error
+		if creds, err = atls.NewCredentials(nil, validator, atls.WithObserver(verdict.observe)); err != nil {
+			return nil, nil, fmt.Errorf("creating attested TLS credentials: %w", err)
+		}
+	}
+	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(creds))
+	if err != nil {
+		return nil, nil, usageErr("--endpoint %q: %w", endpoint, err)
+	}
+	_, _ = fmt.Fprintf(out, "Connecting to %s ...\n", endpoint)
+	if err := waitConnected(ctx, conn, timeout, verdict); err != nil {
+		_ = conn.Close()
+		return nil, nil, err
+	}
+	return conn, verdict, nil
 }

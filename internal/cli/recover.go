@@ -15,9 +15,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/berth-k8s/berth/internal/atls"
@@ -97,28 +95,19 @@ func runRecover(ctx context.Context, out io.Writer, o recoverOptions) error {
 	if err != nil {
 		return err
 	}
-	creds := insecure.NewCredentials()
-	verdict := &attestVerdict{}
-	if o.insecure {
-		_, _ = fmt.Fprintln(out, "WARNING: attestation is skipped; the node's identity is not verified")
-	} else {
-		_, validator, err := loadValidator(o.policyPath)
+	var validator atls.Validator
+	if !o.insecure {
+		_, v, err := loadValidator(o.policyPath)
 		if err != nil {
 			return err
 		}
-		if creds, err = atls.NewCredentials(nil, validator, atls.WithObserver(verdict.observe)); err != nil {
-			return fmt.Errorf("creating attested TLS credentials: %w", err)
-		}
+		validator = v
 	}
-	conn, err := grpc.NewClient(o.endpoint, grpc.WithTransportCredentials(creds))
+	conn, verdict, err := dialNode(ctx, out, o.endpoint, validator, o.connectTimeout)
 	if err != nil {
-		return usageErr("--endpoint %q: %w", o.endpoint, err)
-	}
-	defer func() { _ = conn.Close() }()
-	_, _ = fmt.Fprintf(out, "Connecting to %s ...\n", o.endpoint)
-	if err := waitConnected(ctx, conn, o.connectTimeout, verdict); err != nil {
 		return err
 	}
+	defer func() { _ = conn.Close() }()
 	if ev := verdict.accepted(); !o.insecure {
 		if ev == nil {
 			return &exitError{code: exitRejected, err: errors.New("the connection carries no attestation of the node; nothing was sent")}
