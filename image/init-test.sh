@@ -78,6 +78,8 @@ chmod 0600 "$WORK/workspace/init-secret"
 cat >"$WORK/files/bootstrapper.env" <<'EOF'
 # init test: the daemon serves only insecure-none so far; images are imported, never pulled.
 BERTH_ATTESTATION=insecure-none
+# no berth-state partition on the guest's disks: the state disk (LUKS2) is make test-luks's
+BERTH_STATE_DISK_BACKEND=none
 BERTH_METADATA_FILE=/etc/berth/metadata.json
 BERTH_NEVER_PULL=true
 BERTH_JOINSERVICE_IMAGE=berth.local/joinservice:dev

@@ -57,6 +57,8 @@ func TestTreeBinaries(t *testing.T) {
 		"/usr/bin/containerd", "/usr/bin/containerd-shim-runc-v2", "/usr/sbin/runc",
 		"/usr/libexec/berth/cmdline-env", "/usr/bin/systemctl",
 		// kubeadm's preflight checks look these up in PATH (through /etc/alternatives for some).
+		// the state disk (internal/statedisk's LUKS2 backend)
+		"cryptsetup", "mkfs.ext4",
 		"iptables", "ip6tables", "ip", "mount", "nsenter", "conntrack", "ebtables", "ethtool", "socat", "tc", "touch", "modprobe",
 	} {
 		if reason := checkExecutable(root, b); reason != "" {
@@ -108,6 +110,16 @@ func TestTreeBootstrapperUnit(t *testing.T) {
 			t.Errorf("After= lacks %s", want)
 		}
 	}
+	if got := MountNamespaceOptions(u); len(got) != 0 {
+		t.Errorf("the bootstrapper runs in a mount namespace of its own (%q): its state disk mounts would be hidden from kubelet", got)
+	}
+	kubelet, err := LoadUnit(root, "kubelet.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !OrderedAfter(kubelet, "berth-bootstrapper.service") {
+		t.Error("kubelet.service may start before berth-bootstrapper.service opened the state disk")
+	}
 
 	info := buildInfo(t, root)
 	vars, err := ReadEnvironmentFile(root, "/usr/lib/berth/bootstrapper.env")
@@ -119,12 +131,16 @@ func TestTreeBootstrapperUnit(t *testing.T) {
 		got[kv[0]] = kv[1]
 	}
 	want := map[string]string{
-		"BERTH_ATTESTATION":  info["IMAGE_ATTESTATION"],
-		"BERTH_METADATA":     info["IMAGE_METADATA"],
-		"BERTH_KUBELET":      "systemd",
-		"BERTH_KUBEADM_PATH": "/usr/bin/kubeadm",
-		"BERTH_STATE_DIR":    "/var/lib/berth",
-		"BERTH_CRI_SOCKET":   "unix:///run/containerd/containerd.sock",
+		"BERTH_ATTESTATION":        info["IMAGE_ATTESTATION"],
+		"BERTH_METADATA":           info["IMAGE_METADATA"],
+		"BERTH_KUBELET":            "systemd",
+		"BERTH_KUBEADM_PATH":       "/usr/bin/kubeadm",
+		"BERTH_STATE_DIR":          "/var/lib/berth",
+		"BERTH_CRI_SOCKET":         "unix:///run/containerd/containerd.sock",
+		"BERTH_STATE_DISK_BACKEND": "luks",
+		"BERTH_STATE_DISK":         "/dev/disk/by-partlabel/berth-state",
+		"BERTH_STATE_MOUNT":        "/run/berth/state-disk",
+		"BERTH_ETCD_DIR":           "/var/lib/etcd",
 	}
 	for k, v := range want {
 		if got[k] != v {

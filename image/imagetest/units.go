@@ -12,6 +12,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -677,4 +678,73 @@ func Preset(root, unit string) (string, error) {
 		}
 	}
 	return "enable", nil
+}
+
+// mountNamespaceLists are the list settings that make systemd run a service in a mount namespace of
+// its own whenever they are not empty (systemd.exec(5); exec_needs_mount_namespace in systemd).
+var mountNamespaceLists = []string{
+	"ReadWritePaths", "ReadOnlyPaths", "InaccessiblePaths", "ExecPaths", "NoExecPaths",
+	"BindPaths", "BindReadOnlyPaths", "TemporaryFileSystem", "MountImages", "ExtensionImages",
+	"ExtensionDirectories",
+}
+
+// mountNamespaceSettings are the single-valued settings that make systemd run a service in a mount
+// namespace of its own, each with the values that do not.
+var mountNamespaceSettings = map[string][]string{
+	"RootDirectory":         {""},
+	"RootImage":             {""},
+	"PrivateTmp":            falseValues,
+	"PrivateDevices":        falseValues,
+	"PrivateMounts":         falseValues,
+	"PrivateNetwork":        falseValues, // PrivateMounts= defaults to on with a network namespace
+	"NetworkNamespacePath":  {""},
+	"PrivateIPC":            falseValues,
+	"IPCNamespacePath":      {""},
+	"DynamicUser":           falseValues, // implies ProtectSystem=strict and PrivateTmp=
+	"ProtectSystem":         falseValues,
+	"ProtectHome":           falseValues,
+	"ProtectKernelTunables": falseValues,
+	"ProtectKernelModules":  falseValues,
+	"ProtectKernelLogs":     falseValues,
+	"ProtectControlGroups":  falseValues,
+	"ProtectProc":           {"", "default"},
+	"ProcSubset":            {"", "all"},
+	"LogNamespace":          {""},
+	"MountFlags":            {"", "shared"},
+}
+
+// falseValues are systemd's spellings of a false boolean, and the empty assignment (the default).
+var falseValues = []string{"", "0", "no", "n", "false", "f", "off"}
+
+// MountNamespaceOptions returns the [Service] settings of u that make systemd start the service in
+// a mount namespace of its own ("Key=value", sorted), in which the mounts the service makes are not
+// seen by the rest of the node.
+func MountNamespaceOptions(u *Unit) []string {
+	var out []string
+	for _, key := range mountNamespaceLists {
+		for _, v := range u.Values("Service", key) {
+			out = append(out, key+"="+v)
+		}
+	}
+	for key, harmless := range mountNamespaceSettings {
+		vs := u.Values("Service", key)
+		if len(vs) == 0 {
+			continue
+		}
+		v := vs[len(vs)-1] // the last assignment wins
+		if !slices.Contains(harmless, strings.ToLower(strings.TrimSpace(v))) {
+			out = append(out, key+"="+v)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// OrderedAfter reports whether u starts only after dep started successfully: dep is in its After=
+// and in its Requires= or BindsTo= (a dependency without the ordering would start both at once).
+func OrderedAfter(u *Unit, dep string) bool {
+	listed := func(key string) bool {
+		return slices.Contains(strings.Fields(strings.Join(u.Values("Unit", key), " ")), dep)
+	}
+	return listed("After") && (listed("Requires") || listed("BindsTo"))
 }

@@ -242,9 +242,6 @@ func syntheticImage(t *testing.T) string {
 	} {
 		writeFile(t, root, "usr/lib/systemd/system/"+u, "[Unit]\n", 0o644)
 	}
-	if err := os.MkdirAll(filepath.Join(root, "etc/kubernetes"), 0o755); err != nil {
-		t.Fatal(err)
-	}
 	return root
 }
 
@@ -259,7 +256,7 @@ func TestImageUnitsInSyntheticTree(t *testing.T) {
 	}
 
 	// The negative case: take away what make image and tmpfiles.d would have provided.
-	for _, p := range []string{"usr/bin/bootstrapper", "usr/bin/kubeadm", "etc/kubernetes", "usr/lib/berth/bootstrapper.env"} {
+	for _, p := range []string{"usr/bin/bootstrapper", "usr/bin/kubeadm", "usr/lib/berth/bootstrapper.env"} {
 		if err := os.RemoveAll(filepath.Join(root, p)); err != nil {
 			t.Fatal(err)
 		}
@@ -271,7 +268,6 @@ func TestImageUnitsInSyntheticTree(t *testing.T) {
 	want := []string{
 		"berth-bootstrapper.service: EnvironmentFile=/usr/lib/berth/bootstrapper.env: missing from the tree",
 		"berth-bootstrapper.service: ExecStart=/usr/bin/bootstrapper: missing from the tree",
-		"berth-bootstrapper.service: ReadWritePaths=/etc/kubernetes: missing from the tree",
 	}
 	if got := problemStrings(problems); !reflect.DeepEqual(got, want) {
 		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -295,6 +291,90 @@ func TestImageUnitsInSyntheticTree(t *testing.T) {
 	}
 	if !found {
 		t.Errorf("missing kubeadm named by BERTH_KUBEADM_PATH not reported; problems:\n%s", strings.Join(problemStrings(problems), "\n"))
+	}
+}
+
+// TestBootstrapperSharesMountNamespace: the daemon mounts the node's state disk over
+// /etc/kubernetes, /var/lib/kubelet, /var/lib/etcd and /var/lib/berth for kubelet and containerd, so
+// its unit must not give it a mount namespace of its own.
+func TestBootstrapperSharesMountNamespace(t *testing.T) {
+	root := syntheticImage(t)
+	u, err := LoadUnit(root, "berth-bootstrapper.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := MountNamespaceOptions(u); len(got) != 0 {
+		t.Errorf("berth-bootstrapper.service runs in a mount namespace of its own because of %q", got)
+	}
+	// What the check keeps: sandboxing without a mount namespace.
+	for _, key := range []string{"NoNewPrivileges", "SystemCallFilter", "RestrictAddressFamilies"} {
+		if len(u.Values("Service", key)) == 0 {
+			t.Errorf("berth-bootstrapper.service lost %s=", key)
+		}
+	}
+
+	// The negative cases: each drop-in brings a mount namespace back, and the check says which.
+	dropin := "etc/systemd/system/berth-bootstrapper.service.d/50-test.conf"
+	for conf, want := range map[string][]string{
+		"PrivateTmp=yes":                     {"PrivateTmp=yes"},
+		"ProtectSystem=full":                 {"ProtectSystem=full"},
+		"ProtectHome=read-only":              {"ProtectHome=read-only"},
+		"ReadWritePaths=/etc/kubernetes":     {"ReadWritePaths=/etc/kubernetes"},
+		"ProtectKernelTunables=true":         {"ProtectKernelTunables=true"},
+		"ProtectKernelLogs=on":               {"ProtectKernelLogs=on"},
+		"ProtectControlGroups=1":             {"ProtectControlGroups=1"},
+		"MountFlags=slave":                   {"MountFlags=slave"},
+		"PrivateTmp=yes\nPrivateTmp=no":      nil, // the last assignment wins
+		"MountFlags=shared":                  nil,
+		"ReadWritePaths=/a\nReadWritePaths=": nil, // an empty assignment resets the list
+	} {
+		t.Run(conf, func(t *testing.T) {
+			writeFile(t, root, dropin, "[Service]\n"+conf+"\n", 0o644)
+			u, err := LoadUnit(root, "berth-bootstrapper.service")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := MountNamespaceOptions(u); !reflect.DeepEqual(got, want) {
+				t.Errorf("MountNamespaceOptions with %q = %q, want %q", conf, got, want)
+			}
+		})
+	}
+}
+
+// TestKubeletAfterBootstrapper: kubelet starts only once the bootstrapper is ready, that is once the
+// state disk is open and mounted over kubelet's directories.
+func TestKubeletAfterBootstrapper(t *testing.T) {
+	root := syntheticImage(t)
+	u, err := LoadUnit(root, "kubelet.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !OrderedAfter(u, "berth-bootstrapper.service") {
+		t.Errorf("kubelet.service is not ordered after berth-bootstrapper.service with Requires= or BindsTo=: After=%q Requires=%q",
+			u.Values("Unit", "After"), u.Values("Unit", "Requires"))
+	}
+
+	// The negative cases: a copy in /etc (which hides the image's) without the ordering, or without
+	// the requirement.
+	src, err := os.ReadFile(filepath.Join("..", "mkosi.extra", "usr", "lib", "systemd", "system", "kubelet.service"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range []string{"After=berth-bootstrapper.service\n", "Requires=berth-bootstrapper.service\n"} {
+		t.Run("without "+strings.TrimSpace(line), func(t *testing.T) {
+			broken := strings.Replace(string(src), line, "", 1)
+			if broken == string(src) {
+				t.Fatalf("%q not found in kubelet.service", line)
+			}
+			writeFile(t, root, "etc/systemd/system/kubelet.service", broken, 0o644)
+			u, err := LoadUnit(root, "kubelet.service")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if OrderedAfter(u, "berth-bootstrapper.service") {
+				t.Error("OrderedAfter accepted kubelet.service")
+			}
+		})
 	}
 }
 
