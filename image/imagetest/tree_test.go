@@ -258,11 +258,27 @@ func TestTreeTmpfiles(t *testing.T) {
 	}
 }
 
+// TestTreeStateDiskModules: the image's kernel has the device-mapper targets of the LUKS2 state
+// disk (the CI machines' kernel does not, so this is the only place they are checked before a boot).
+func TestTreeStateDiskModules(t *testing.T) {
+	root := imageRoot(t)
+	for _, mod := range []string{"dm-crypt", "dm-integrity"} {
+		found, err := filepath.Glob(filepath.Join(root, "usr/lib/modules/*/kernel/drivers/md", mod+".ko*"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(found) == 0 {
+			t.Errorf("no %s module under /usr/lib/modules/*/kernel/drivers/md", mod)
+		}
+	}
+}
+
 func TestTreeKernelSettings(t *testing.T) {
 	root := imageRoot(t)
 	for file, wants := range map[string][]string{
 		"/usr/lib/sysctl.d/90-berth-kubernetes.conf":        {"net.ipv4.ip_forward = 1", "net.bridge.bridge-nf-call-iptables = 1"},
 		"/usr/lib/modules-load.d/berth-kubernetes.conf":     {"overlay", "br_netfilter"},
+		"/usr/lib/modules-load.d/berth-state-disk.conf":     {"dm_crypt", "dm_integrity"},
 		"/etc/systemd/network/80-berth-dhcp.network":        {"DHCP=yes"},
 		"/etc/dpkg/dpkg.cfg.d/01-berth-nodoc":               {"path-include /usr/share/doc/*/copyright"},
 		"/usr/lib/systemd/system/berth-cmdline-env.service": {"ExecStart=/usr/libexec/berth/cmdline-env"},
