@@ -19,13 +19,16 @@ type Systemd struct {
 	Exec commander
 }
 
-// Start enables and starts the kubelet unit. kubeadm restarts it itself after writing its config.
+// Start enables and starts the kubelet unit without waiting for the start job: kubelet.service is
+// ordered after the bootstrapper's READY (the state disk must be open first), and the daemon calls
+// Start before it notifies, so waiting would deadlock. kubeadm restarts it itself after writing its
+// config.
 func (s *Systemd) Start(ctx context.Context) error {
 	unit := s.Unit
 	if unit == "" {
 		unit = "kubelet.service"
 	}
-	if err := s.Exec.Run(ctx, io.Discard, "systemctl", "enable", "--now", unit); err != nil {
+	if err := s.Exec.Run(ctx, io.Discard, "systemctl", "enable", "--now", "--no-block", unit); err != nil {
 		return fmt.Errorf("starting %s: %w", unit, err)
 	}
 	return nil

@@ -26,7 +26,7 @@ func TestSystemdStart(t *testing.T) {
 	if err := s.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := rec.String(), "systemctl enable --now kubelet.service"; got != want {
+	if got, want := rec.String(), "systemctl enable --now --no-block kubelet.service"; got != want {
 		t.Fatalf("calls = %q, want %q", got, want)
 	}
 }

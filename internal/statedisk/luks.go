@@ -316,8 +316,10 @@ func (l *LUKS) mount(ctx context.Context) error {
 // readToken returns the header token; ErrNotFormatted if the device is not LUKS2 or has no token
 // (a format cut short).
 func (l *LUKS) readToken(ctx context.Context) (luksToken, error) {
+	// Only exit status 1 means "not LUKS2"; 4 and 5 are device errors, which must never make a
+	// bound disk look blank (Format would wipe it).
 	err := l.run.Run(ctx, Cmd{Name: "cryptsetup", Args: []string{"isLuks", "--type", "luks2", l.device}})
-	if exitCode(err) > 0 {
+	if exitCode(err) == 1 {
 		return luksToken{}, ErrNotFormatted
 	}
 	if err != nil {
@@ -325,7 +327,7 @@ func (l *LUKS) readToken(ctx context.Context) (luksToken, error) {
 	}
 	var out bytes.Buffer
 	err = l.run.Run(ctx, Cmd{Name: "cryptsetup", Args: []string{"token", "export", "--token-id", luksTokenID, l.device}, Stdout: &out})
-	if exitCode(err) > 0 {
+	if exitCode(err) == 1 {
 		return luksToken{}, ErrNotFormatted
 	}
 	if err != nil {
