@@ -510,11 +510,14 @@ func (s *Stage) Bind(ctx context.Context, diskKey, clusterID, binding []byte) er
 	if err := s.cfg.Disk.Rekey(ctx, s.freshKey, diskKey); err != nil {
 		return fmt.Errorf("re-keying the state disk: %w", err)
 	}
+	// Until the header records the cluster, diskKey is the key a retried Bind re-keys from.
 	clear(s.freshKey)
-	s.freshKey = nil
+	s.freshKey = append([]byte(nil), diskKey...)
 	if err := s.cfg.Disk.SetBinding(ctx, clusterID, binding); err != nil {
 		return fmt.Errorf("recording the cluster in the state disk header: %w", err)
 	}
+	clear(s.freshKey)
+	s.freshKey = nil
 	s.header.ClusterID, s.header.Binding = append([]byte(nil), clusterID...), append([]byte(nil), binding...)
 	s.log.Info("state disk re-keyed to the cluster's disk key", zap.String("clusterID", hex.EncodeToString(clusterID)))
 	s.seal(ctx, diskKey)

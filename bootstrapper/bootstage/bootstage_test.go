@@ -1122,6 +1122,36 @@ func TestBindRekeyFails(t *testing.T) {
 	}
 }
 
+func TestBindSetBindingFailsCanBeRetried(t *testing.T) {
+	f := newFixture(t)
+	s := New(f.cfg)
+	if _, err := s.Open(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	diskKey, cluster := randomBytes(t, 32), randomBytes(t, 32)
+	f.disk.setBindingErr = errors.New("header write failed")
+	if err := s.Bind(t.Context(), diskKey, cluster, []byte("b")); !errors.Is(err, f.disk.setBindingErr) {
+		t.Fatalf("Bind = %v; want the header error", err)
+	}
+	if n := len(f.sealer.sealedSecrets()); n != 0 {
+		t.Error("sealed a key of an unbound disk")
+	}
+	// The disk is keyed with diskKey now; the init that failed is retried within the same boot.
+	f.disk.setBindingErr = nil
+	if err := s.Bind(t.Context(), diskKey, cluster, []byte("b")); err != nil {
+		t.Fatalf("Bind retried = %v", err)
+	}
+	if last := f.disk.rekeys[len(f.disk.rekeys)-1]; !bytes.Equal(last[0], diskKey) || !bytes.Equal(last[1], diskKey) {
+		t.Error("the retry did not re-key from the key the disk has")
+	}
+	if h, _ := f.disk.Header(t.Context()); !bytes.Equal(h.ClusterID, cluster) || !bytes.Equal(f.disk.slotKey(), diskKey) {
+		t.Errorf("header = %+v; want bound, keyed with the disk key", h)
+	}
+	if s.freshKey != nil {
+		t.Error("the key is still kept after the disk was bound")
+	}
+}
+
 func TestBindSealFailsStillBinds(t *testing.T) {
 	f := newFixture(t)
 	f.sealer.sealErr = errors.New("TPM busy")
