@@ -42,7 +42,7 @@ import (
 // Named reasons the daemon cannot run.
 var (
 	ErrIncompleteJoin    = errors.New("node took the lock to join but the join did not finish; reset the node (with a state disk this cannot happen: the next boot wipes it)")
-	ErrInconsistentState = errors.New("node is marked bootstrapped but has no node state; reset the node")
+	ErrInconsistentState = errors.New("node is marked bootstrapped but has no node state; reboot the node (the lock register resets, and with a state disk the node starts fresh) or reset it")
 )
 
 // Deps are the daemon's parts, built by the command from its configuration.
