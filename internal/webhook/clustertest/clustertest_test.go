@@ -115,6 +115,18 @@ func TestInstallFailsClosed(t *testing.T) {
 		t.Skip("already armed by an earlier test")
 	}
 	t5Objects(t, e)
+	// Whatever step fails, the tests after this one get the shared runner back as they expect it:
+	// genuine certificates, the https port, no pod left from a failed step.
+	t.Cleanup(func() {
+		e.runner.setPaused(true)
+		e.runner.setForeign(false)
+		e.runner.setPortName("https")
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := e.runner.killAll(ctx); err != nil {
+			t.Errorf("stopping this test's pods: %v", err)
+		}
+	})
 	e.runner.setPaused(true)
 	start := time.Now()
 	_, err := newInstaller(t, e, 3*time.Second).Install(ctxFor(t, time.Minute))
