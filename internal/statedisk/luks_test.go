@@ -38,6 +38,8 @@ type fakeCryptsetup struct {
 	active    bool
 	mounted   bool
 	failMkfs  bool
+	// deviceError makes isLuks fail as cryptsetup does for a missing or unreadable device.
+	deviceError bool
 }
 
 func newFakeLUKS(t *testing.T) (*LUKS, *fakeCryptsetup) {
@@ -139,6 +141,9 @@ func (f *fakeCryptsetup) Run(_ context.Context, c Cmd) error {
 		}
 		f.formatted, f.key, f.token = true, bytes.Clone(c.Stdin), nil
 	case "isLuks":
+		if f.deviceError {
+			return exitErr("cryptsetup", 4)
+		}
 		if !f.formatted {
 			return exitErr("cryptsetup", 1)
 		}
@@ -404,5 +409,16 @@ func TestFakeCatchesKeyLeaks(t *testing.T) {
 	_ = f.Run(ctx, Cmd{Name: "cryptsetup", Args: []string{"luksChangeKey", "--key-file", "/dev/fd/3", "/dev/vdb", "-"}, Stdin: key})
 	if len(reports) != 3 {
 		t.Fatalf("the fake reported %q, want 3 reports (a file key, a key in argv, /dev/fd/3 without a pipe)", reports)
+	}
+}
+
+// TestLUKSDeviceErrorIsNotBlank: a device error is an error, never "not formatted" (which would make
+// the boot stage format, and so wipe, a disk bound to a cluster).
+func TestLUKSDeviceErrorIsNotBlank(t *testing.T) {
+	l, f := newFakeLUKS(t)
+	f.formatted, f.deviceError = true, true
+	_, err := l.Header(context.Background())
+	if err == nil || errors.Is(err, ErrNotFormatted) {
+		t.Fatalf("Header() on a failing device = %v, want an error other than ErrNotFormatted", err)
 	}
 }
