@@ -66,6 +66,7 @@ replace k8s.io/sample-controller => k8s.io/sample-controller v0.34.2
 
 require (
 	github.com/edgelesssys/go-tdx-qpl v0.0.0-20250129202750-607ac61e2377
+	github.com/go-logr/zapr v1.3.0
 	github.com/google/go-tpm v0.9.8
 	github.com/spf13/afero v1.15.0
 	github.com/spf13/cobra v1.10.2
@@ -88,7 +89,7 @@ require (
 	github.com/davecgh/go-spew v1.1.1 // indirect
 	github.com/emicklei/go-restful/v3 v3.12.2 // indirect
 	github.com/fxamacker/cbor/v2 v2.9.0 // indirect
-	github.com/go-logr/logr v1.4.3 // indirect
+	github.com/go-logr/logr v1.4.3
 	github.com/go-openapi/jsonpointer v0.21.0 // indirect
 	github.com/go-openapi/jsonreference v0.20.2 // indirect
 	github.com/go-openapi/swag v0.23.0 // indirect
@@ -135,7 +136,7 @@ require (
 	k8s.io/client-go v0.34.2
 	k8s.io/cluster-bootstrap v0.0.0 // indirect
 	k8s.io/component-base v0.34.2 // indirect
-	k8s.io/klog/v2 v2.130.1 // indirect
+	k8s.io/klog/v2 v2.130.1
 	k8s.io/kube-openapi v0.0.0-20250710124328-f3f2b991d03b // indirect
 	k8s.io/utils v0.0.0-20250604170112-4c0f3b243397 // indirect
 	sigs.k8s.io/json v0.0.0-20241014173422-cfa47c3a1cc8 // indirect
