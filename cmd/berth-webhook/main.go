@@ -18,6 +18,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/berth-k8s/berth/internal/logging"
 	"github.com/berth-k8s/berth/internal/webhook"
 )
 
@@ -33,7 +34,7 @@ func run() error {
 		listen, probeListen string
 		cfg                 webhook.Config
 		exempt              string
-		devLog              bool
+		logCfg              = logging.Defaults()
 	)
 	flag.StringVar(&listen, "listen", ":8443", "address of the admission (HTTPS) listener")
 	flag.StringVar(&probeListen, "probe-listen", ":8081", "address of the plain-HTTP listener for /readyz, /livez and /metrics")
@@ -45,7 +46,7 @@ func run() error {
 	flag.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound of the graceful shutdown after the delay")
 	flag.DurationVar(&cfg.HandlerDeadline, "handler-deadline", 4*time.Second, "deadline of one decision: the webhook configuration's timeoutSeconds minus 1 s")
 	flag.StringVar(&exempt, "exempt-namespaces", "kube-system,kube-node-lease,kube-public", "comma-separated namespaces that are always allowed (the pod's own namespace is added)")
-	flag.BoolVar(&devLog, "dev-log", false, "human-readable logs")
+	logCfg.AddGoFlags(flag.CommandLine)
 	flag.Parse()
 
 	for _, ns := range strings.Split(exempt, ",") {
@@ -56,13 +57,8 @@ func run() error {
 	if own := os.Getenv("POD_NAMESPACE"); own != "" {
 		cfg.ExemptNamespaces = append(cfg.ExemptNamespaces, own)
 	}
-	var log *zap.Logger
-	var err error
-	if devLog {
-		log, err = zap.NewDevelopment()
-	} else {
-		log, err = zap.NewProduction()
-	}
+	logCfg.Sample = true // the API server's requests can make it log
+	log, err := logging.New(logCfg, os.Stderr)
 	if err != nil {
 		return fmt.Errorf("creating logger: %w", err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/berth-k8s/berth/internal/logging"
 	"github.com/berth-k8s/berth/internal/version"
 )
 
@@ -29,6 +30,10 @@ type exitError struct {
 func (e *exitError) Error() string { return e.err.Error() }
 func (e *exitError) Unwrap() error { return e.err }
 
+// diagnostics is how the CLI logs (--log-level, --log-format) to stderr: client-go's and gRPC's
+// lines and the mini cluster's progress. What a command reports is plain text on stdout.
+var diagnostics = logging.Config{Level: "info", Format: logging.FormatConsole}
+
 // NewRootCmd builds the berth command tree.
 func NewRootCmd() *cobra.Command {
 	root := &cobra.Command{
@@ -42,7 +47,14 @@ cluster's joinservice and joins on its own.`,
 		Version:       version.Version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := logging.New(diagnostics, cmd.ErrOrStderr()); err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			return nil
+		},
 	}
+	diagnostics.AddFlags(root.PersistentFlags())
 	root.AddCommand(
 		newInitCmd(), newRecoverCmd(),
 		newMiniCmd(),

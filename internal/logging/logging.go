@@ -10,6 +10,10 @@
 // klog lines come out under the name "klog" at klog's own verbosity (its -v stays 0: V(0) lines
 // and errors). gRPC's info and warning lines are debug lines here, its errors errors, under the
 // name "grpc": gRPC itself prints only errors unless told otherwise, and a peer can make it warn.
+//
+// Importing the package routes klog and grpclog through it, to stderr as with Defaults() until the
+// first New: their SetLogger calls are not safe once anything logs, so they happen only at
+// initialization.
 package logging
 
 import (
@@ -107,7 +111,7 @@ func (c Config) Validate() error {
 }
 
 // New builds the logger that writes to w (a daemon's os.Stderr) and makes it the sink of klog and
-// grpclog, from now on and for the rest of the process (a later New takes over). Lines carry
+// grpclog from now on (a later New takes over). Lines carry
 // priority prefixes when w is the journal's stream (JOURNAL_STREAM). The caller syncs the logger
 // before it exits.
 func New(c Config, w io.Writer) (*zap.Logger, error) {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -325,5 +326,27 @@ func TestLibrariesThroughZap(t *testing.T) {
 	got = parse(t, buf.String())
 	if len(got) != 1 || got[0].Msg != "klog info" {
 		t.Fatalf("at info level: %q", buf.String())
+	}
+}
+
+// TestBeforeNew checks that klog and grpclog lines are JSON on stderr before any New (in a child
+// process: this one has called New).
+func TestBeforeNew(t *testing.T) {
+	if os.Getenv("BERTH_LOGGING_CHILD") == "1" {
+		klog.Info("klog before New")
+		grpclog.Error("grpc before New")
+		grpclog.Info("grpc info before New") // debug: left out
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestBeforeNew$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "BERTH_LOGGING_CHILD=1", JournalStreamEnv+"=")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("child: %v: %s", err, stderr.String())
+	}
+	got := parse(t, stderr.String())
+	if len(got) != 2 || got[0].Logger != "klog" || got[0].Msg != "klog before New" || got[1].Logger != "grpc" || got[1].Level != "error" {
+		t.Fatalf("stderr before New: %q", stderr.String())
 	}
 }

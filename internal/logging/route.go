@@ -2,6 +2,7 @@ package logging
 
 import (
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 
@@ -20,25 +21,46 @@ type sinks struct {
 }
 
 var (
-	current    atomic.Pointer[sinks]
-	installing sync.Once
+	current      atomic.Pointer[sinks]
+	fallback     *sinks
+	makeFallback sync.Once
 )
 
-// route makes log the sink of klog and grpclog. klog.SetLogger and grpclog.SetLoggerV2 are not
-// safe while anything logs, so they run once, with forwarders that read current on every line; a
-// later route only swaps current.
-func route(log *zap.Logger) {
+// klog.SetLogger and grpclog.SetLoggerV2 are not safe while anything logs (a test process may run
+// gRPC while it calls New), so they run once, at package initialization, with forwarders that read
+// current on every line; New only swaps current. Until the first New, lines go to stderr as with
+// Defaults().
+func init() {
+	klog.SetLogger(logr.New(klogForwarder{}))
+	grpclog.SetLoggerV2(grpcForwarder{})
+}
+
+// route makes log the sink of klog and grpclog.
+func route(log *zap.Logger) { current.Store(newSinks(log)) }
+
+func newSinks(log *zap.Logger) *sinks {
 	// The caller of a line is the code that called klog or grpclog: one frame more than zapr
 	// expects (klogForwarder -> zapr's sink); three above the Check in grpcForwarder.write
 	// (write, grpcForwarder.Info, grpclog.Info).
-	current.Store(&sinks{
+	return &sinks{
 		klog: zapr.NewLogger(log.Named("klog").WithOptions(zap.AddCallerSkip(1))).GetSink(),
 		grpc: log.Named("grpc").WithOptions(zap.AddCallerSkip(3)),
+	}
+}
+
+// target is the sinks of the last New, or of a default logger on stderr before any.
+func target() *sinks {
+	if s := current.Load(); s != nil {
+		return s
+	}
+	makeFallback.Do(func() {
+		log, err := build(Defaults(), os.Stderr, os.Getenv(JournalStreamEnv))
+		if err != nil {
+			panic(err) // Defaults() are valid: TestBadConfig
+		}
+		fallback = newSinks(log)
 	})
-	installing.Do(func() {
-		klog.SetLogger(logr.New(klogForwarder{}))
-		grpclog.SetLoggerV2(grpcForwarder{})
-	})
+	return fallback
 }
 
 // klogForwarder is a logr.LogSink that hands each line to the current klog sink, with the names,
@@ -55,7 +77,7 @@ var (
 )
 
 func (f klogForwarder) sink() logr.LogSink {
-	s := current.Load().klog
+	s := target().klog
 	if f.depth > 0 {
 		if d, ok := s.(logr.CallDepthLogSink); ok {
 			s = d.WithCallDepth(f.depth)
@@ -103,7 +125,7 @@ var _ grpclog.DepthLoggerV2 = grpcForwarder{}
 // write logs msg at lvl; skip is the number of frames more than grpclog.Info's between the code
 // that logged and the forwarder (a depth call's depth).
 func (grpcForwarder) write(skip int, lvl zapcore.Level, msg string) {
-	log := current.Load().grpc
+	log := target().grpc
 	if skip > 0 {
 		log = log.WithOptions(zap.AddCallerSkip(skip))
 	}
@@ -142,7 +164,7 @@ func (g grpcForwarder) Fatalf(format string, args ...any) {
 // V reports whether verbose level l is on: as gRPC's own default (verbosity 0), and only when
 // debug lines are written at all.
 func (grpcForwarder) V(l int) bool {
-	return l <= 0 && current.Load().grpc.Core().Enabled(zapcore.DebugLevel)
+	return l <= 0 && target().grpc.Core().Enabled(zapcore.DebugLevel)
 }
 
 // The depth calls come from grpclog.*Depth and the component loggers; depth 0 is their caller.

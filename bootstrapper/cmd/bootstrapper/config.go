@@ -10,6 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/logging"
 	"github.com/berth-k8s/berth/internal/version"
 )
 
@@ -41,7 +42,7 @@ type config struct {
 	webhookImage  string
 	joinPort      int
 	diskUUID      string
-	logLevel      string
+	log           logging.Config
 	stateDisk     string
 	diskBackend   string
 	stateMount    string
@@ -62,7 +63,7 @@ func defaultConfig() *config {
 		criSocket:     "unix:///run/containerd/containerd.sock",
 		joinImage:     "berth.local/joinservice:" + version.Version,
 		joinPort:      joinconfig.JoinPort,
-		logLevel:      "info",
+		log:           logging.Defaults(),
 		lockPCR:       15,
 		conntrackMax:  -1,
 		diskBackend:   "none",
@@ -106,7 +107,7 @@ func (c *config) register(f *pflag.FlagSet) {
 	f.StringVar(&c.etcdDir, "etcd-dir", c.etcdDir, "etcd's data directory on control planes (kept on the state disk)")
 	f.StringVar(&c.recoverListen, "recovery-listen", c.recoverListen, "address the recovery server listens on while the state disk waits for 'berth recover'")
 	f.UintSliceVar(&c.sealPCRs, "seal-pcrs", c.sealPCRs, "boot PCRs the state disk key is sealed to (--attestation=tpm); the lock PCR is always required to be zero")
-	f.StringVar(&c.logLevel, "log-level", c.logLevel, "log level: debug, info, warn or error")
+	c.log.AddFlags(f)
 }
 
 func (c *config) validate() error {
@@ -190,10 +191,8 @@ func (c *config) validate() error {
 	if c.conntrackMax < -1 {
 		errs = append(errs, fmt.Errorf("--kube-proxy-conntrack-max-per-core %d: want -1 or more", c.conntrackMax))
 	}
-	switch c.logLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		errs = append(errs, fmt.Errorf("--log-level %q: want debug, info, warn or error", c.logLevel))
+	if err := c.log.Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

@@ -11,7 +11,6 @@ import (
 
 	"github.com/spf13/afero"
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 
@@ -25,6 +24,7 @@ import (
 	"github.com/berth-k8s/berth/internal/command"
 	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/kubelet"
+	"github.com/berth-k8s/berth/internal/logging"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/internal/metadata/mini"
 	"github.com/berth-k8s/berth/internal/metadata/static"
@@ -42,22 +42,9 @@ type metadataProvider interface {
 	InitSecretHash(ctx context.Context) ([]byte, error)
 }
 
-func newLogger(level string) (*zap.Logger, error) {
-	lvl, err := zapcore.ParseLevel(level)
-	if err != nil {
-		return nil, err
-	}
-	cfg := zap.NewProductionConfig()
-	cfg.Level = zap.NewAtomicLevelAt(lvl)
-	cfg.EncoderConfig.TimeKey = "time"
-	cfg.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
-	cfg.Sampling = nil
-	return cfg.Build()
-}
-
 // daemon builds the daemon's parts from cfg and runs it.
 func daemon(ctx context.Context, cfg *config) error {
-	log, err := newLogger(cfg.logLevel)
+	log, err := logging.New(cfg.log, os.Stderr)
 	if err != nil {
 		return &configError{err}
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/logging"
 	"github.com/berth-k8s/berth/internal/metadata/mini"
 	"github.com/berth-k8s/berth/internal/metadata/static"
 	"github.com/berth-k8s/berth/joinservice"
@@ -41,13 +42,15 @@ type options struct {
 	replica      string
 	limits       atls.Limits
 	attestLimits atls.Limits
+	log          logging.Config
 }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	o := options{listen: fmt.Sprintf(":%d", joinconfig.JoinPort), metricsAddr: fmt.Sprintf(":%d", joinconfig.MetricsPort), pkiDir: "/etc/kubernetes/pki",
-		namespace: joinconfig.Namespace, limits: server.DefaultLimits, attestLimits: atls.DefaultLimits}
+		namespace: joinconfig.Namespace, limits: server.DefaultLimits, attestLimits: atls.DefaultLimits,
+		log: logging.Config{Level: envOr("BERTH_LOG_LEVEL", "info"), Format: envOr("BERTH_LOG_FORMAT", logging.FormatJSON), Sample: true}}
 	cmd := &cobra.Command{
 		Use:   "joinservice",
 		Short: "Issue join tickets to nodes that may join the cluster",
@@ -69,8 +72,9 @@ handshakes, each of which costs this node's TPM a quote (--attest-rate-*); contr
 serialized across replicas with Lease berth-control-plane-join. Prometheus metrics and /healthz are
 served on --metrics-listen.
 
---metadata, --metadata-url, --metadata-file, --attestation and --tpm default to BERTH_METADATA,
-BERTH_METADATA_URL, BERTH_METADATA_FILE, BERTH_ATTESTATION and BERTH_TPM.`,
+--metadata, --metadata-url, --metadata-file, --attestation, --tpm, --log-level and --log-format
+default to BERTH_METADATA, BERTH_METADATA_URL, BERTH_METADATA_FILE, BERTH_ATTESTATION, BERTH_TPM,
+BERTH_LOG_LEVEL and BERTH_LOG_FORMAT.`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -98,6 +102,7 @@ BERTH_METADATA_URL, BERTH_METADATA_FILE, BERTH_ATTESTATION and BERTH_TPM.`,
 	f.IntVar(&o.attestLimits.PerPeerBurst, "attest-rate-per-peer-burst", o.attestLimits.PerPeerBurst, "burst of --attest-rate-per-peer")
 	f.Float64Var((*float64)(&o.attestLimits.Global), "attest-rate-global", float64(o.attestLimits.Global), "attested handshakes and identity probes per second over all peers (two per join); size it to this node's TPM")
 	f.IntVar(&o.attestLimits.GlobalBurst, "attest-rate-global-burst", o.attestLimits.GlobalBurst, "burst of --attest-rate-global")
+	o.log.AddFlags(f)
 	cmd.SetArgs(os.Args[1:])
 	if err := cmd.ExecuteContext(ctx); err != nil {
 		fmt.Fprintf(os.Stderr, "joinservice: %v\n", err)
@@ -114,7 +119,7 @@ func envOr(key, def string) string {
 
 // run builds the service's parts from o and runs it.
 func run(ctx context.Context, o options) error {
-	log, err := zap.NewProduction()
+	log, err := logging.New(o.log, os.Stderr)
 	if err != nil {
 		return err
 	}
