@@ -130,7 +130,7 @@ func (s *Server) reloadKeypair() error {
 	}
 	cert.Leaf = leaf
 	s.keypair.Store(&keypair{cert: cert, leaf: leaf, certPEM: certPEM, keyPEM: keyPEM, loadedAt: time.Now()})
-	s.metrics.certExpiry.Store(leaf.NotAfter.Unix())
+	s.metrics.setCertExpiry(leaf.NotAfter)
 	s.log.Info("serving certificate loaded", zap.String("serial", leaf.SerialNumber.String()), zap.Time("notAfter", leaf.NotAfter))
 	return nil
 }
@@ -235,7 +235,7 @@ func (s *Server) Serve(ctx context.Context, ln, probeLn net.Listener) error {
 		s.log.Error("server failed", zap.Error(serveErr))
 	}
 	s.draining.Store(true)
-	s.metrics.ready.Store(false)
+	s.metrics.setReady(false)
 	s.handler.SetClosing()
 	if serveErr == nil {
 		s.log.Info("draining", zap.Duration("delay", s.cfg.ShutdownDelay))
@@ -339,7 +339,7 @@ func (s *Server) CheckReady(ctx context.Context) error {
 
 func (s *Server) serveReadyz(w http.ResponseWriter, r *http.Request) {
 	err := s.CheckReady(r.Context())
-	s.metrics.ready.Store(err == nil)
+	s.metrics.setReady(err == nil)
 	if err != nil {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		_, _ = fmt.Fprintf(w, "not ready: %v\n", err)

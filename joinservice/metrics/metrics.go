@@ -14,7 +14,8 @@
 //   - policy_reloads_total{result}: attestation policy updates applied ("applied") or refused
 //     ("rejected").
 //
-// The registry also holds the Go runtime and process collectors.
+// The registry also holds berth_build_info (internal/buildinfo) and the Go runtime and process
+// collectors.
 package metrics
 
 import (
@@ -29,6 +30,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
+
+	"github.com/berth-k8s/berth/internal/buildinfo"
 )
 
 const namespace = "berth_joinservice"
@@ -66,7 +69,7 @@ func New(l Ledger) *Metrics {
 			Namespace: namespace, Name: "policy_reloads_total", Help: "Attestation policy updates by result (applied, rejected).",
 		}, []string{"result"}),
 	}
-	m.reg.MustRegister(m.attempts, m.duration, m.inFlight, m.reloads,
+	m.reg.MustRegister(m.attempts, m.duration, m.inFlight, m.reloads, buildinfo.Collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if l != nil {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -99,6 +102,9 @@ func (m *Metrics) PolicyReload(applied bool) {
 	}
 	m.reloads.WithLabelValues(result).Inc()
 }
+
+// Registry is the registry the metrics are in.
+func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
 // Handler serves the metrics in the Prometheus exposition format.
 func (m *Metrics) Handler() http.Handler {

@@ -5,12 +5,15 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
+
+	"github.com/berth-k8s/berth/internal/version"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -54,6 +57,7 @@ func TestServeExposesJoinMetrics(t *testing.T) {
 		`berth_joinservice_ledger_superseded_total 9`,
 		`berth_joinservice_policy_reloads_total{result="rejected"} 1`,
 		`go_goroutines`,
+		`berth_build_info{commit="` + version.Commit() + `",go_version="` + runtime.Version() + `",version="` + version.Version + `"} 1`,
 	} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %s", want)
