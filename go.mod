@@ -68,6 +68,7 @@ require (
 	github.com/edgelesssys/go-tdx-qpl v0.0.0-20250129202750-607ac61e2377
 	github.com/go-logr/zapr v1.3.0
 	github.com/google/go-tpm v0.9.8
+	github.com/hanwen/go-fuse/v2 v2.9.0
 	github.com/spf13/afero v1.15.0
 	github.com/spf13/cobra v1.10.2
 	go.uber.org/goleak v1.3.0

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/spf13/afero"
 )
@@ -49,14 +50,26 @@ func checkRTMRIndex(index int) error {
 // OpenAuto returns an OpenFunc that prefers configfs-tsm (mainline kernels) and falls back to the legacy device.
 // The choice is made at each open, on the real filesystem.
 func OpenAuto() OpenFunc {
+	return OpenAutoUnder("/")
+}
+
+// OpenAutoUnder is OpenAuto with the guest interfaces looked up under root instead of "/":
+// root/sys/kernel/config/tsm/report, root/sys/class/misc/tdx_guest/measurements and root/dev/tdx-guest. A
+// container that has the host's configfs mounted elsewhere than /sys/kernel/config uses it (the joinservice's pod
+// mounts it outside /sys, where container runtimes' default AppArmor profile denies writes; see
+// internal/berthsystem), and so do tests that serve a software TD's configfs-tsm under a temporary root.
+func OpenAutoUnder(root string) OpenFunc {
+	tsmDir := filepath.Join(root, TSMReportDir)
+	mrDir := filepath.Join(root, MeasurementsDir)
+	legacy := filepath.Join(root, LegacyGuestDevice)
 	return func() (Device, error) {
 		fs := afero.NewOsFs()
-		if ok, _ := afero.DirExists(fs, TSMReportDir); ok {
-			return OpenTSM(fs, TSMReportDir, MeasurementsDir)()
+		if ok, _ := afero.DirExists(fs, tsmDir); ok {
+			return OpenTSM(fs, tsmDir, mrDir)()
 		}
-		if _, err := os.Stat(LegacyGuestDevice); err == nil {
-			return OpenLegacy(LegacyGuestDevice)()
+		if _, err := os.Stat(legacy); err == nil {
+			return OpenLegacy(legacy)()
 		}
-		return nil, ErrNoDevice
+		return nil, fmt.Errorf("looking under %s for %s and %s: %w", root, TSMReportDir, LegacyGuestDevice, ErrNoDevice)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"path"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -319,5 +320,46 @@ func TestTSMDeviceWithoutRegisterFiles(t *testing.T) {
 func TestOpenTSMWithoutConfigfs(t *testing.T) {
 	if _, err := OpenTSM(afero.NewMemMapFs(), TSMReportDir, MeasurementsDir)(); !errors.Is(err, ErrNoDevice) {
 		t.Errorf("OpenTSM() without report dir = %v, want %v", err, ErrNoDevice)
+	}
+}
+
+// OpenAutoUnder finds the interfaces under another root: configfs-tsm first, then the legacy device, else
+// ErrNoDevice naming the root.
+func TestOpenAutoUnder(t *testing.T) {
+	root := t.TempDir()
+	if _, err := OpenAutoUnder(root)(); !errors.Is(err, ErrNoDevice) || !strings.Contains(err.Error(), root) {
+		t.Fatalf("OpenAutoUnder(empty root) = %v, want %v naming %s", err, ErrNoDevice, root)
+	}
+
+	legacy := filepath.Join(root, LegacyGuestDevice)
+	if err := os.MkdirAll(filepath.Dir(legacy), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(legacy, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Without berth_qpl the legacy backend refuses, naming the device; with it the file opens.
+	dev, err := OpenAutoUnder(root)()
+	if err != nil && !strings.Contains(err.Error(), legacy) {
+		t.Fatalf("OpenAutoUnder(root with %s) = %v, want the legacy backend", LegacyGuestDevice, err)
+	}
+	if err == nil {
+		if _, ok := dev.(*legacyDevice); !ok {
+			t.Fatalf("OpenAutoUnder(root with %s) = %T, want the legacy backend", LegacyGuestDevice, dev)
+		}
+		_ = dev.Close()
+	}
+
+	if err := os.MkdirAll(filepath.Join(root, TSMReportDir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dev, err = OpenAutoUnder(root)()
+	if err != nil {
+		t.Fatalf("OpenAutoUnder(root with configfs-tsm) = %v", err)
+	}
+	defer dev.Close()
+	tsm, ok := dev.(*tsmDevice)
+	if !ok || tsm.reportDir != filepath.Join(root, TSMReportDir) || tsm.mrDir != filepath.Join(root, MeasurementsDir) {
+		t.Fatalf("OpenAutoUnder(root with configfs-tsm) = %#v, want configfs-tsm under %s", dev, root)
 	}
 }

@@ -33,6 +33,9 @@ var (
 	// ErrDebugTD: the TD runs with the DEBUG attribute, so the host can read and change its memory; its
 	// measurements prove nothing about what it runs.
 	ErrDebugTD = fmt.Errorf("tdx TD is debuggable: %w", attestation.ErrMeasurementMismatch)
+	// ErrCollateralUnavailable: no collateral could be had for the quote's platform (the PCS is unreachable and
+	// nothing is cached, or the offline bundle or directory has none for it), so the quote cannot be trusted.
+	ErrCollateralUnavailable = fmt.Errorf("tdx collateral unavailable: %w", attestation.ErrUntrustedRoot)
 )
 
 // intelQEVendorID is the QE vendor ID in the header of quotes from Intel's quoting enclave.
@@ -137,7 +140,10 @@ func (v *Verifier) verifyParsed(ctx context.Context, q *Quote) (*VerifiedQuote, 
 	// 2. Collateral for this platform.
 	raw, err := v.collateral.GetCollateral(ctx, CollateralRequest{CA: ca, FMSPC: hex.EncodeToString(ext.FMSPC[:])})
 	if err != nil {
-		return nil, fmt.Errorf("getting TDX collateral: %w", err)
+		if errors.Is(err, ErrCollateralUnavailable) {
+			return nil, fmt.Errorf("getting TDX collateral: %w", err)
+		}
+		return nil, fmt.Errorf("getting TDX collateral: %w: %w", ErrCollateralUnavailable, err)
 	}
 	col, err := v.checkCollateral(raw, now)
 	if err != nil {

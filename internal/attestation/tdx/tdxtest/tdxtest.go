@@ -51,8 +51,23 @@ type Platform struct {
 	root, pckCA, pck, tcbSigner               *x509.Certificate
 	collateral                                *tdx.Collateral
 
+	// td is the TD that Open and Quote act on.
+	td *TD
+}
+
+// TD is one trust domain on a Platform: RTMRs of its own, the platform's MRTD, attributes, PKI and quoting key.
+// Several TDs on one platform share one set of collateral and trust roots, the way the machines of one platform
+// family share Intel's.
+type TD struct {
+	p *Platform
+
 	mu   sync.Mutex
 	rtmr [4][tdx.MeasurementSize]byte
+}
+
+// NewTD returns a fresh TD on the platform, its RTMRs all zero.
+func (p *Platform) NewTD() *TD {
+	return &TD{p: p}
 }
 
 // Fixed platform facts the PCK certificate, TCB info and quotes agree on.
@@ -78,6 +93,7 @@ func New(opts Options) (*Platform, error) {
 		opts.TCBStatus = tdx.TCBUpToDate
 	}
 	p := &Platform{opts: opts}
+	p.td = p.NewTD()
 	keys := []**ecdsa.PrivateKey{&p.rootKey, &p.pckCAKey, &p.pckKey, &p.tcbKey, &p.attKey}
 	for _, k := range keys {
 		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -122,9 +138,24 @@ func (p *Platform) Collateral() *tdx.Collateral {
 	return &c
 }
 
-// Open implements tdx.OpenFunc.
+// CollateralRequest names the platform's collateral: its PCK CA and FMSPC.
+func (p *Platform) CollateralRequest() tdx.CollateralRequest {
+	return tdx.CollateralRequest{CA: tdx.PCKCAPlatform, FMSPC: hex.EncodeToString(fmspc)}
+}
+
+// Bundle returns the platform's collateral as a collateral bundle (tdx.ParseCollateralBundle).
+func (p *Platform) Bundle() ([]byte, error) {
+	return tdx.MarshalCollateralBundle(map[tdx.CollateralRequest]*tdx.Collateral{p.CollateralRequest(): p.Collateral()})
+}
+
+// Open implements tdx.OpenFunc for the platform's own TD.
 func (p *Platform) Open() (tdx.Device, error) {
-	return &device{p: p}, nil
+	return p.td.Open()
+}
+
+// Open implements tdx.OpenFunc.
+func (td *TD) Open() (tdx.Device, error) {
+	return &device{td: td}, nil
 }
 
 func (p *Platform) issue(serial int64, cn string, isCA bool, sgxExt []byte, parent *x509.Certificate, pub *ecdsa.PublicKey, signer *ecdsa.PrivateKey) (*x509.Certificate, error) {
@@ -318,12 +349,25 @@ func (p *Platform) buildCollateral() (*tdx.Collateral, error) {
 	}, nil
 }
 
-// Quote returns a quote over reportData with the platform's current measurements, signed like a real one.
+// Quote returns a quote of the platform's own TD over reportData, signed like a real one.
 func (p *Platform) Quote(reportData [tdx.ReportDataSize]byte) ([]byte, error) {
-	p.mu.Lock()
-	rtmr := p.rtmr
-	p.mu.Unlock()
+	return p.td.Quote(reportData)
+}
 
+// Quote returns a quote over reportData with the TD's current measurements, signed like a real one.
+func (td *TD) Quote(reportData [tdx.ReportDataSize]byte) ([]byte, error) {
+	return td.p.quote(td.RTMRs(), reportData)
+}
+
+// RTMRs returns the TD's current RTMR0..3.
+func (td *TD) RTMRs() [4][tdx.MeasurementSize]byte {
+	td.mu.Lock()
+	defer td.mu.Unlock()
+	return td.rtmr
+}
+
+// quote builds and signs a quote with the platform's MRTD and the given RTMRs.
+func (p *Platform) quote(rtmr [4][tdx.MeasurementSize]byte, reportData [tdx.ReportDataSize]byte) ([]byte, error) {
 	q := make([]byte, 0, 5000)
 	q = binary.LittleEndian.AppendUint16(q, 4)    // version
 	q = binary.LittleEndian.AppendUint16(q, 2)    // ECDSA P-256 attestation key
@@ -391,16 +435,16 @@ func (p *Platform) Quote(reportData [tdx.ReportDataSize]byte) ([]byte, error) {
 	return append(q, sigData...), nil
 }
 
-// device is the Platform's tdx.Device.
+// device is a TD's tdx.Device.
 type device struct {
-	p *Platform
+	td *TD
 }
 
 func (d *device) Quote(ctx context.Context, reportData [tdx.ReportDataSize]byte) ([]byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return d.p.Quote(reportData)
+	return d.td.Quote(reportData)
 }
 
 func (d *device) ExtendRTMR(_ context.Context, index int, data []byte) error {
@@ -408,16 +452,15 @@ func (d *device) ExtendRTMR(_ context.Context, index int, data []byte) error {
 		return fmt.Errorf("RTMR index %d out of range", index)
 	}
 	event := sha512.Sum384(data)
-	d.p.mu.Lock()
-	defer d.p.mu.Unlock()
-	d.p.rtmr[index] = sha512.Sum384(append(d.p.rtmr[index][:], event[:]...))
+	d.td.mu.Lock()
+	defer d.td.mu.Unlock()
+	d.td.rtmr[index] = sha512.Sum384(append(d.td.rtmr[index][:], event[:]...))
 	return nil
 }
 
 func (d *device) Measurements(context.Context) ([5][tdx.MeasurementSize]byte, error) {
-	d.p.mu.Lock()
-	defer d.p.mu.Unlock()
-	return [5][tdx.MeasurementSize]byte{d.p.opts.MRTD, d.p.rtmr[0], d.p.rtmr[1], d.p.rtmr[2], d.p.rtmr[3]}, nil
+	rtmr := d.td.RTMRs()
+	return [5][tdx.MeasurementSize]byte{d.td.p.opts.MRTD, rtmr[0], rtmr[1], rtmr[2], rtmr[3]}, nil
 }
 
 func (d *device) Close() error { return nil }
