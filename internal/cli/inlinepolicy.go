@@ -9,9 +9,10 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// inlinePolicy returns the policy with every `trustRoots: - file: X` replaced by `pem: <contents>`,
-// so that the node (and the joinservice reading it from a ConfigMap) needs no file beside it.
-// Relative files are resolved against baseDir.
+// inlinePolicy returns the policy with every `trustRoots: - file: X` replaced by `pem: <contents>`
+// and a `tdx: collateralBundle: file: X` by `json: <contents>`, so that the node (and the
+// joinservice reading it from a ConfigMap) needs no file beside it. Relative files are resolved
+// against baseDir.
 func inlinePolicy(data []byte, baseDir string) ([]byte, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
@@ -22,27 +23,20 @@ func inlinePolicy(data []byte, baseDir string) ([]byte, error) {
 	}
 	root := doc.Content[0]
 	for i := 0; i+1 < len(root.Content); i += 2 {
-		if root.Content[i].Value != "trustRoots" || root.Content[i+1].Kind != yaml.SequenceNode {
-			continue
-		}
-		for _, entry := range root.Content[i+1].Content {
-			if entry.Kind != yaml.MappingNode {
-				continue
-			}
-			for j := 0; j+1 < len(entry.Content); j += 2 {
-				if entry.Content[j].Value != "file" {
-					continue
-				}
-				path := entry.Content[j+1].Value
-				if !filepath.IsAbs(path) {
-					path = filepath.Join(baseDir, path)
-				}
-				pemData, err := os.ReadFile(path)
-				if err != nil {
+		switch key, val := root.Content[i].Value, root.Content[i+1]; {
+		case key == "trustRoots" && val.Kind == yaml.SequenceNode:
+			for _, entry := range val.Content {
+				if err := inlineFile(entry, "pem", baseDir); err != nil {
 					return nil, fmt.Errorf("attestation policy trust root: %w", err)
 				}
-				entry.Content[j].Value = "pem"
-				entry.Content[j+1] = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: string(pemData), Style: yaml.LiteralStyle}
+			}
+		case key == "tdx" && val.Kind == yaml.MappingNode:
+			for j := 0; j+1 < len(val.Content); j += 2 {
+				if val.Content[j].Value == "collateralBundle" {
+					if err := inlineFile(val.Content[j+1], "json", baseDir); err != nil {
+						return nil, fmt.Errorf("attestation policy TDX collateral bundle: %w", err)
+					}
+				}
 			}
 		}
 	}
@@ -53,4 +47,27 @@ func inlinePolicy(data []byte, baseDir string) ([]byte, error) {
 		return nil, fmt.Errorf("encoding attestation policy: %w", err)
 	}
 	return out.Bytes(), nil
+}
+
+// inlineFile replaces the `file: X` member of a mapping node with `<key>: <contents of X>`.
+func inlineFile(entry *yaml.Node, key, baseDir string) error {
+	if entry.Kind != yaml.MappingNode {
+		return nil // the node's parser reports what is wrong
+	}
+	for j := 0; j+1 < len(entry.Content); j += 2 {
+		if entry.Content[j].Value != "file" {
+			continue
+		}
+		path := entry.Content[j+1].Value
+		if !filepath.IsAbs(path) {
+			path = filepath.Join(baseDir, path)
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		entry.Content[j].Value = key
+		entry.Content[j+1] = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!str", Value: string(data), Style: yaml.LiteralStyle}
+	}
+	return nil
 }

@@ -36,3 +36,27 @@ func TestInlinePolicyIsSelfContained(t *testing.T) {
 		t.Fatal("inlinePolicy() with a missing file = nil")
 	}
 }
+
+// A TDX policy's collateral bundle file is inlined too, byte for byte.
+func TestInlinePolicyTDXBundle(t *testing.T) {
+	dir := t.TempDir()
+	bundle := "{\n  \"version\": 1,\n  \"collateral\": []\n}\n"
+	if err := os.WriteFile(filepath.Join(dir, "collateral.json"), []byte(bundle), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src := "variant: tdx\ntdx:\n  collateralBundle: {file: collateral.json}\n  acceptedTCBStatuses: [UpToDate]\n"
+	out, err := inlinePolicy([]byte(src), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Parse(out, "inlined", nil)
+	if err != nil {
+		t.Fatalf("inlined policy does not parse without files: %v\n%s", err, out)
+	}
+	if string(p.TDX.Bundle) != bundle || len(p.TDX.AcceptedTCBStatuses) != 1 {
+		t.Fatalf("inlined bundle = %q, want %q", p.TDX.Bundle, bundle)
+	}
+	if _, err := inlinePolicy([]byte("variant: tdx\ntdx:\n  collateralBundle: {file: missing.json}\n"), dir); err == nil {
+		t.Fatal("inlinePolicy() with a missing bundle file = nil")
+	}
+}

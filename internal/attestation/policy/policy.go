@@ -13,9 +13,16 @@
 //	  - pem: |
 //	      -----BEGIN CERTIFICATE-----
 //	tdx:                          # TDX only, all optional
-//	  collateralDir: collateral   # pre-fetched PCK CRL, TCB info, QE identity (relative to the policy)
+//	  collateralBundle:           # collateral the operator ships (tdx.ParseCollateralBundle); never fetched
+//	    file: collateral.json     # relative to the policy; or json: | with the bundle inline
+//	  collateralDir: collateral   # or: pre-fetched PCK CRL, TCB info, QE identity (relative to the policy)
+//	  pcsURL: https://pccs:8081   # or: where to fetch collateral (Intel's PCS API v4); default Intel's PCS
 //	  acceptedTCBStatuses: [UpToDate, SWHardeningNeeded]
 //	  allowDebugTD: false
+//
+// A TDX verifier gets its collateral from exactly one source: the bundle, the directory, or a PCS (Intel's
+// unless pcsURL names another, such as a caching service the operator runs). Only the PCS is ever reached
+// over the network, and only when neither offline source is set.
 //
 // Evaluate compares actual measurements with the expectations. An enforced deviation fails with a
 // *MismatchError (errors.Is attestation.ErrMeasurementMismatch) that names every deviating index, the
@@ -30,6 +37,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"path/filepath"
 	"sort"
@@ -130,12 +138,29 @@ type Policy struct {
 
 // TDXOptions are the TDX variant's verification options.
 type TDXOptions struct {
-	// CollateralDir holds pre-fetched collateral; relative paths are resolved against the policy file.
+	// CollateralBundle names collateral the operator ships with the policy (a file or inline JSON). When set,
+	// verification never fetches collateral.
+	CollateralBundle *BundleSource `yaml:"collateralBundle"`
+	// Bundle is the bundle's content, read at parse time from CollateralBundle.
+	Bundle []byte `yaml:"-"`
+	// CollateralDir holds pre-fetched collateral; relative paths are resolved against the policy file. When set,
+	// verification never fetches collateral.
 	CollateralDir string `yaml:"collateralDir"`
+	// PCSURL is the base URL of the Intel PCS (API v4) compatible service collateral is fetched from when
+	// neither CollateralBundle nor CollateralDir is set; empty means Intel's PCS. http is allowed for a caching
+	// service on a trusted network: collateral is signed, so a party on the path cannot forge it, but it could
+	// hold back newer collateral (a newer CRL) for as long as the older is current.
+	PCSURL string `yaml:"pcsURL"`
 	// AcceptedTCBStatuses lists the TCB statuses that pass (empty: only UpToDate).
 	AcceptedTCBStatuses []string `yaml:"acceptedTCBStatuses"`
 	// AllowDebugTD accepts debuggable TDs (development only).
 	AllowDebugTD bool `yaml:"allowDebugTD"`
+}
+
+// BundleSource is where a TDX collateral bundle comes from: a file (relative to the policy) or inline JSON.
+type BundleSource struct {
+	File string `yaml:"file"`
+	JSON string `yaml:"json"`
 }
 
 // Violation is one deviation from an expectation.
@@ -285,7 +310,56 @@ func Parse(data []byte, origin string, readFile func(name string) ([]byte, error
 		}
 		p.TrustRoots = append(p.TrustRoots, certs...)
 	}
+	if p.TDX != nil {
+		if err := p.TDX.load(readFile); err != nil {
+			return nil, fmt.Errorf("%w: %s: tdx: %w", ErrInvalid, origin, err)
+		}
+	}
 	return p, nil
+}
+
+// load checks that at most one collateral source is set and reads the bundle.
+func (o *TDXOptions) load(readFile func(string) ([]byte, error)) error {
+	sources := 0
+	for _, set := range []bool{o.CollateralBundle != nil, o.CollateralDir != "", o.PCSURL != ""} {
+		if set {
+			sources++
+		}
+	}
+	if sources > 1 {
+		return errors.New("set one of collateralBundle, collateralDir and pcsURL")
+	}
+	if o.PCSURL != "" {
+		u, err := url.Parse(o.PCSURL)
+		if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
+			return fmt.Errorf("pcsURL %q is not an http(s) base URL", o.PCSURL)
+		}
+	}
+	if o.CollateralBundle == nil {
+		return nil
+	}
+	b := o.CollateralBundle
+	switch {
+	case b.File != "" && b.JSON != "":
+		return errors.New("collateralBundle: set file or json, not both")
+	case b.File != "":
+		if readFile == nil {
+			return errors.New("collateralBundle: file references are not allowed here")
+		}
+		data, err := readFile(b.File)
+		if err != nil {
+			return fmt.Errorf("collateralBundle: reading %s: %w", b.File, err)
+		}
+		if len(data) > MaxFileSize {
+			return fmt.Errorf("collateralBundle: %s is larger than %d bytes", b.File, MaxFileSize)
+		}
+		o.Bundle = data
+	case b.JSON != "":
+		o.Bundle = []byte(b.JSON)
+	default:
+		return errors.New("collateralBundle: empty entry")
+	}
+	return nil
 }
 
 // fileDoc is the on-disk shape of a policy file.

@@ -111,6 +111,16 @@ func TestParseRejects(t *testing.T) {
 		"two documents":     "variant: tpm\n---\nvariant: tdx\n",
 		"file without fs":   "variant: tpm\ntrustRoots:\n  - file: ca.pem\n",
 		"pem garbage":       "variant: tpm\ntrustRoots:\n  - pem: nothing\n",
+		"bundle and dir":    "variant: tdx\ntdx:\n  collateralBundle: {json: '{}'}\n  collateralDir: c\n",
+		"bundle and pcs":    "variant: tdx\ntdx:\n  collateralBundle: {json: '{}'}\n  pcsURL: https://pccs\n",
+		"dir and pcs":       "variant: tdx\ntdx:\n  collateralDir: c\n  pcsURL: https://pccs\n",
+		"bundle both kinds": "variant: tdx\ntdx:\n  collateralBundle: {json: '{}', file: b.json}\n",
+		"bundle empty":      "variant: tdx\ntdx:\n  collateralBundle: {}\n",
+		"bundle file no fs": "variant: tdx\ntdx:\n  collateralBundle: {file: b.json}\n",
+		"bundle unknown":    "variant: tdx\ntdx:\n  collateralBundle: {url: b.json}\n",
+		"pcs not a URL":     "variant: tdx\ntdx:\n  pcsURL: pccs:8081\n",
+		"pcs ftp":           "variant: tdx\ntdx:\n  pcsURL: ftp://pccs\n",
+		"pcs with query":    "variant: tdx\ntdx:\n  pcsURL: https://pccs/?x=1\n",
 	}
 	for name, in := range testCases {
 		t.Run(name, func(t *testing.T) {
@@ -146,6 +156,37 @@ func TestLoadResolvesTrustRootFiles(t *testing.T) {
 	}
 	if len(p.TrustRoots) != 2 || p.TrustRoots[0].Subject.CommonName != "test EK CA" {
 		t.Fatalf("got %d trust roots, want 2", len(p.TrustRoots))
+	}
+}
+
+// The TDX collateral sources: a bundle file relative to the policy (read at load), an inline bundle, a PCS URL.
+func TestTDXCollateralSources(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "bundle.json"), []byte(`{"version": 1}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	doc := "variant: tdx\ntdx:\n  collateralBundle: {file: bundle.json}\n"
+	if err := os.WriteFile(filepath.Join(dir, "policy.yaml"), []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := Load(filepath.Join(dir, "policy.yaml"))
+	if err != nil || string(p.TDX.Bundle) != `{"version": 1}` {
+		t.Fatalf("Load() with a bundle file = %v; want the file's content as the bundle", err)
+	}
+	if err := os.Remove(filepath.Join(dir, "bundle.json")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Load(filepath.Join(dir, "policy.yaml")); !errors.Is(err, ErrInvalid) || !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Load() with a missing bundle file = %v, want ErrInvalid and not exist", err)
+	}
+
+	p, err = Parse([]byte("variant: tdx\ntdx:\n  collateralBundle:\n    json: |\n      {\"version\": 1}\n"), "p.yaml", nil)
+	if err != nil || strings.TrimSpace(string(p.TDX.Bundle)) != `{"version": 1}` {
+		t.Fatalf("Parse() with an inline bundle = %v", err)
+	}
+	p, err = Parse([]byte("variant: tdx\ntdx:\n  pcsURL: http://127.0.0.1:8081/pccs\n"), "p.yaml", nil)
+	if err != nil || p.TDX.PCSURL != "http://127.0.0.1:8081/pccs" || p.TDX.Bundle != nil {
+		t.Fatalf("Parse() with a PCS URL = %+v, %v", p, err)
 	}
 }
 
