@@ -21,9 +21,12 @@ test-webhook-load-nodrain: ## negative control of test-webhook-load: backends wi
 	BERTH_KUBE_BIN=$$(./scripts/build-k8s.sh k8s) BERTH_ETCD_BIN=$$(./scripts/build-k8s.sh etcd) BERTH_WEBHOOK_LOAD=1 BERTH_WEBHOOK_NO_DRAIN=1 \
 	  $(GO) test -count=1 -v -timeout 20m -run 'TestRollingRestartsUnderLoad|TestLeafRotationUnderLoad|TestCARotationUnderLoad' ./internal/webhook/clustertest/
 
-bench-webhook: ## admission latency at 500 req/s: the webhook alone over TLS loopback, then through a real API server (root)
-	$(GO) test -count=1 -run '^$$' -bench 'Admission|Decide' -benchtime 5000x ./internal/webhook/
-	BERTH_KUBE_BIN=$$(./scripts/build-k8s.sh k8s) BERTH_ETCD_BIN=$$(./scripts/build-k8s.sh etcd) \
+# bench-webhook also draws each run (requests per second, p50 and p99 latency by second) into
+# bin/bench-webhook.png (the webhook alone) and bin/bench-webhook-apiserver.png (through the API server).
+bench-webhook: ## admission latency at 500 req/s: the webhook alone over TLS loopback, then through a real API server (root); charts in bin/
+	@mkdir -p $(BIN)
+	BERTH_BENCH_CHART=$(CURDIR)/$(BIN)/bench-webhook.png $(GO) test -count=1 -run '^$$' -bench 'Admission|Decide' -benchtime 5000x ./internal/webhook/
+	BERTH_KUBE_BIN=$$(./scripts/build-k8s.sh k8s) BERTH_ETCD_BIN=$$(./scripts/build-k8s.sh etcd) BERTH_BENCH_CHART=$(CURDIR)/$(BIN)/bench-webhook-apiserver.png \
 	  $(GO) test -count=1 -run '^$$' -bench AdmissionViaAPIServer -benchtime 5000x -timeout 20m ./internal/webhook/clustertest/
 
 test-e2e-webhook: build mini-build ## only TestMiniWebhook (also part of make test): rollout restarts under load, every backend gone, enforcing after berth mini restart, the re-check writes nothing (root)

@@ -32,6 +32,8 @@ import (
 	"go.uber.org/zap/zaptest/observer"
 	admissionv1 "k8s.io/api/admission/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/berth-k8s/berth/internal/loadchart"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -431,6 +433,10 @@ func BenchmarkAdmission(b *testing.B) {
 	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
 	b.ResetTimer()
+	chart, err := loadchart.NewRecorder(time.Now(), time.Second)
+	if err != nil {
+		b.Fatal(err)
+	}
 	for i := 0; i < b.N; i++ {
 		<-tick.C
 		wg.Add(1)
@@ -445,13 +451,17 @@ func BenchmarkAdmission(b *testing.B) {
 			_, _ = io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 			d := time.Since(start)
+			chart.Add(start, d)
 			mu.Lock()
 			lat = append(lat, d)
 			mu.Unlock()
 		}(bodies[i%2])
 	}
+	chart.Stop(time.Now()) // the last request started
 	wg.Wait()
 	b.StopTimer()
+	writeBenchChart(b, fmt.Sprintf("make bench-webhook: the webhook alone over TLS on loopback, %d req/s", rate),
+		loadchart.Series{Name: "admission reviews", Points: chart.Points()})
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	if len(lat) == 0 {
 		return
@@ -461,6 +471,20 @@ func BenchmarkAdmission(b *testing.B) {
 	b.ReportMetric(float64(q(0.99).Microseconds()), "p99-us")
 	b.ReportMetric(float64(slices.Max(lat).Microseconds()), "max-us")
 	b.ReportMetric(float64(rate), "req/s")
+}
+
+// writeBenchChart draws the series (requests per second, p50 and p99 latency by second) into the
+// PNG file BERTH_BENCH_CHART names, if it names one; each run of the benchmark overwrites it, so
+// the last (largest b.N) stays.
+func writeBenchChart(b *testing.B, title string, series ...loadchart.Series) {
+	path := os.Getenv("BERTH_BENCH_CHART")
+	if path == "" {
+		return
+	}
+	if err := loadchart.WritePNG(path, title, series...); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("chart: %s", path)
 }
 
 // BenchmarkDecide measures the handler alone (no network).

@@ -36,6 +36,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
 	"github.com/berth-k8s/berth/internal/joindial"
+	"github.com/berth-k8s/berth/internal/loadchart"
 	"github.com/berth-k8s/berth/internal/proctest"
 	"github.com/berth-k8s/berth/joinproto"
 )
@@ -167,6 +168,8 @@ func TestJoinLoadAttested(t *testing.T) {
 	if acc.OK == 0 || rej.Rejected == 0 {
 		t.Fatalf("a phase made no progress: %d accepted, %d rejected", acc.OK, rej.Rejected)
 	}
+	writeChart(t, fmt.Sprintf("make bench-join, attested (%d clients)", clients), loadchart.Series{Name: "accepted joins", Points: acc.Accepted},
+		loadchart.Series{Name: "rejected on claims", Points: rej.Refused}, loadchart.Series{Name: "rejected after validation", Points: full.Refused})
 	fmt.Printf("joins/s=%.0f p50_ms=%.2f p99_ms=%.2f reject_cost_ratio=%.3f\n", joinsPerSec, acc.P50ms, acc.P99ms, rejCost/accCost)
 }
 

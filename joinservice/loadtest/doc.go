@@ -30,7 +30,9 @@
 // /metrics), swtpm's and the API server's. Last line: joins/s=<accepted tickets per second>
 // p50_ms=<n> p99_ms=<n> (client-observed latency of a whole join: probe, handshake, ticket)
 // reject_cost_ratio=<server CPU per rejection on claims / server CPU per accepted join>, server
-// meaning joinservice + swtpm + API server.
+// meaning joinservice + swtpm + API server. With BENCH_JOIN_CHART=FILE (make bench-join:
+// bin/bench-join.png) both harnesses also draw a PNG chart (internal/loadchart) of their phases one
+// after the other: attempts per second, and p50 and p99 latency, by the second they began in.
 //
 // The clients share the machine's CPUs with the server: on a 2-core machine each accepted join costs
 // the clients about 4 ms of CPU (software TPM quotes and activations, their own handshakes and

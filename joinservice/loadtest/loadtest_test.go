@@ -47,6 +47,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/loadchart"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/internal/proctest"
 	"github.com/berth-k8s/berth/joinproto"
@@ -128,8 +129,10 @@ type phaseResult struct {
 	OK, Rejected, Failed int
 	P50ms, P99ms         float64
 	ClientCPU            float64
-	elapsed              time.Duration
-	cpu                  float64
+	// Accepted and Refused are the phase's accepted and refused attempts by second (the chart).
+	Accepted, Refused []loadchart.Point
+	elapsed           time.Duration
+	cpu               float64
 }
 
 func TestJoinLoad(t *testing.T) {
@@ -270,7 +273,31 @@ func TestJoinLoad(t *testing.T) {
 	fmt.Printf("rejected phase: %d MEASUREMENT_MISMATCH, %d other, %.0f/s, server cpu %.3f ms/rejection (clients %.3f)\n",
 		rej.Rejected, rej.Failed+rej.OK, float64(rej.Rejected)/rej.elapsed.Seconds(), cpuRej*1000, rej.ClientCPU/float64(max(rej.Rejected, 1))*1000)
 	fmt.Printf("ledger: %d entries dropped (queue full), %d superseded (more than %d per write interval)\n", journal.Dropped(), journal.Superseded(), ledger.Capacity)
+	writeChart(t, fmt.Sprintf("make bench-join, in process (api=%s, %d clients)", mode, clients),
+		loadchart.Series{Name: "accepted joins", Points: acc.Accepted}, loadchart.Series{Name: "rejections", Points: rej.Refused})
 	fmt.Printf("joins/s=%.0f p50_ms=%.2f p99_ms=%.2f reject_cost_ratio=%.3f\n", joinsPerSec, acc.P50ms, acc.P99ms, cpuRej/cpuAcc)
+}
+
+// chartInterval is the width of a point of the chart.
+const chartInterval = time.Second
+
+// writeChart draws the phases one after the other (throughput, p50 and p99 latency by second) into
+// the PNG file BENCH_JOIN_CHART names, if it names one, and says where.
+func writeChart(t *testing.T, title string, phases ...loadchart.Series) {
+	path := os.Getenv("BENCH_JOIN_CHART")
+	if path == "" {
+		return
+	}
+	var at float64
+	var series []loadchart.Series
+	for _, p := range phases {
+		series = append(series, p.Shift(at))
+		at += p.End(chartInterval)
+	}
+	if err := loadchart.WritePNG(path, title, series...); err != nil {
+		t.Fatal(err)
+	}
+	fmt.Printf("chart (throughput and latency by second, the phases one after the other): %s\n", path)
 }
 
 // productionLogger logs like the joinservice binary (zap.NewProduction: JSON, info level, sampled to
@@ -404,7 +431,10 @@ func runClientPhase(t *testing.T, clients int, warmup, phase time.Duration, atte
 	drive := func(d time.Duration) (res phaseResult, lat *histogram) {
 		lat = newHistogram()
 		var mu sync.Mutex
-		deadline := time.Now().Add(d)
+		start := time.Now()
+		deadline := start.Add(d)
+		acceptedAt, _ := loadchart.NewRecorder(start, chartInterval)
+		refusedAt, _ := loadchart.NewRecorder(start, chartInterval)
 		var wg sync.WaitGroup
 		for i := range clients {
 			wg.Add(1)
@@ -413,12 +443,16 @@ func runClientPhase(t *testing.T, clients int, warmup, phase time.Duration, atte
 				var mine phaseResult
 				for n := 0; time.Now().Before(deadline); n++ {
 					t0 := time.Now()
-					switch attempt(i, n) {
+					o := attempt(i, n)
+					took := time.Since(t0)
+					switch o {
 					case accepted:
 						mine.OK++
-						lat.add(time.Since(t0))
+						lat.add(took)
+						acceptedAt.Add(t0, took)
 					case refused:
 						mine.Rejected++
+						refusedAt.Add(t0, took)
 					default:
 						mine.Failed++
 					}
@@ -429,6 +463,9 @@ func runClientPhase(t *testing.T, clients int, warmup, phase time.Duration, atte
 			}()
 		}
 		wg.Wait()
+		acceptedAt.Stop(deadline)
+		refusedAt.Stop(deadline)
+		res.Accepted, res.Refused = acceptedAt.Points(), refusedAt.Points()
 		return res, lat
 	}
 	_, _ = drive(warmup) // connections, caches, activations

@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/loadchart"
 	"github.com/berth-k8s/berth/internal/webhook/install"
 )
 
@@ -784,12 +785,17 @@ func BenchmarkAdmissionViaAPIServer(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	var charts []loadchart.Series
 	run := func(ns string) []time.Duration {
 		var mu sync.Mutex
 		lat := make([]time.Duration, 0, b.N)
 		var wg sync.WaitGroup
 		tick := time.NewTicker(time.Second / time.Duration(rate))
 		defer tick.Stop()
+		chart, err := loadchart.NewRecorder(time.Now(), time.Second)
+		if err != nil {
+			b.Fatal(err)
+		}
 		for i := 0; i < b.N; i++ {
 			<-tick.C
 			wg.Add(1)
@@ -802,12 +808,19 @@ func BenchmarkAdmissionViaAPIServer(b *testing.B) {
 					b.Error(err)
 					return
 				}
+				chart.Add(start, d)
 				mu.Lock()
 				lat = append(lat, d)
 				mu.Unlock()
 			}()
 		}
+		chart.Stop(time.Now()) // the last request started
 		wg.Wait()
+		s := loadchart.Series{Name: ns, Points: chart.Points()}
+		if len(charts) > 0 {
+			s = s.Shift(charts[len(charts)-1].End(time.Second))
+		}
+		charts = append(charts, s)
 		sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 		return lat
 	}
@@ -835,6 +848,13 @@ func BenchmarkAdmissionViaAPIServer(b *testing.B) {
 	b.ReportMetric(q(baseline, 0.5), "exempt-p50-ms")
 	b.ReportMetric(q(baseline, 0.99), "exempt-p99-ms")
 	b.ReportMetric(share, "%webhook<=5ms")
+	if path := os.Getenv("BERTH_BENCH_CHART"); path != "" {
+		charts[0].Name, charts[1].Name = "checked (namespace bench)", "exempt (kube-system)"
+		if err := loadchart.WritePNG(path, fmt.Sprintf("make bench-webhook: dry-run pod creates through the API server, %d req/s", rate), charts...); err != nil {
+			b.Fatal(err)
+		}
+		fmt.Printf("chart (requests per second, p50 and p99 by second; checked, then exempt): %s\n", path)
+	}
 	fmt.Printf("admission via the API server at %d req/s, %d requests: checked p50 %.2f ms p99 %.2f ms max %.2f ms; exempt (kube-system) p50 %.2f ms p99 %.2f ms; webhook calls timed by the API server: %.0f, %.2f%% within 5 ms\n",
 		rate, b.N, q(checked, 0.5), q(checked, 0.99), q(checked, 1), q(baseline, 0.5), q(baseline, 0.99), calls, share)
 }
