@@ -1,14 +1,22 @@
 package joinservice
 
 import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"errors"
 	"fmt"
+	"time"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/joinservice/health"
 	"github.com/berth-k8s/berth/joinservice/policywatch"
 	"github.com/berth-k8s/berth/joinservice/server"
 )
@@ -35,4 +43,81 @@ func transportCredentials(d Deps, policyYAML string, journal server.HandshakeJou
 		return nil, nil, fmt.Errorf("creating attested TLS credentials: %w", err)
 	}
 	return creds, holder, nil
+}
+
+// The attestation self-check behind readiness: every issuerCheckInterval the issuer makes a document
+// for a fresh nonce, bounded by issuerCheckTimeout. One quote a minute is nothing next to the
+// handshakes' rate limit (atls.DefaultLimits), and it finds a TPM or TDX device that stopped
+// answering before a joining node does.
+const (
+	issuerCheckInterval = time.Minute
+	issuerCheckTimeout  = 20 * time.Second
+)
+
+// selfCheckUserData is the user data of the self-check's documents. They never leave the process.
+var selfCheckUserData = sha256.Sum256([]byte("berth joinservice readiness self-check"))
+
+// checkIssuer runs the self-check until ctx ends, recording each result as condIssuer.
+func checkIssuer(ctx context.Context, issuer atls.Issuer, probes *health.Probes, log *zap.Logger) {
+	var failing bool
+	for {
+		err := issueOnce(ctx, issuer)
+		if ctx.Err() != nil {
+			return
+		}
+		probes.Set(condIssuer, err)
+		switch {
+		case err != nil && !failing:
+			log.Warn("attestation self-check failed: not ready", zap.Error(err))
+		case err == nil && failing:
+			log.Info("attestation self-check passes again")
+		}
+		failing = err != nil
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(issuerCheckInterval):
+		}
+	}
+}
+
+func issueOnce(ctx context.Context, issuer atls.Issuer) error {
+	if issuer == nil {
+		return errors.New("no attestation issuer")
+	}
+	nonce := make([]byte, 32)
+	if _, err := rand.Read(nonce); err != nil {
+		return fmt.Errorf("making a nonce: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, issuerCheckTimeout)
+	defer cancel()
+	doc, err := issuer.Issue(ctx, selfCheckUserData[:], nonce)
+	if err != nil {
+		return fmt.Errorf("issuing a %s attestation document: %w", issuer.Variant(), err)
+	}
+	if len(doc) == 0 {
+		return fmt.Errorf("issuing a %s attestation document: the issuer returned an empty document", issuer.Variant())
+	}
+	return nil
+}
+
+// waitPolicySynced records condPolicy: not ready, with the last list or watch error, until the
+// policy watcher has listed the join ConfigMap.
+func waitPolicySynced(ctx context.Context, w *policywatch.Watcher, probes *health.Probes) error {
+	const poll = time.Second
+	probes.Set(condPolicy, errors.New("the policy watcher has not listed the join ConfigMap yet"))
+	// It ends with ctx (or once synced); ctx's error is no failure of the service.
+	_ = wait.PollUntilContextCancel(ctx, poll, true, func(context.Context) (bool, error) {
+		select {
+		case <-w.Synced():
+			probes.Set(condPolicy, nil)
+			return true, nil
+		default:
+		}
+		if err := w.SyncError(); err != nil {
+			probes.Set(condPolicy, fmt.Errorf("the policy watcher cannot list the join ConfigMap: %w", err))
+		}
+		return false, nil
+	})
+	return nil
 }

@@ -31,6 +31,7 @@ import (
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
 	"github.com/berth-k8s/berth/joinservice/cplease"
+	"github.com/berth-k8s/berth/joinservice/health"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 	"github.com/berth-k8s/berth/joinservice/metrics"
 	"github.com/berth-k8s/berth/joinservice/policywatch"
@@ -73,29 +74,81 @@ type Deps struct {
 	Limits, AttestLimits atls.Limits
 }
 
+// Readiness conditions of /readyz (package health), in the order they are met at start.
+const (
+	condSecrets    = "cluster-secrets"    // the cluster Secret read and decoded, keys derived
+	condJoinConfig = "join-config"        // the join ConfigMap read and decoded, the attestation policy built
+	condCA         = "cluster-ca"         // the cluster CA loaded from the PKI directory
+	condPolicy     = "policy-watch"       // the policy watcher listed the join ConfigMap (with attestation)
+	condIssuer     = "attestation-issuer" // the last attestation self-check made a document (with attestation)
+	condServing    = "join-server"        // the gRPC server serves on its listener
+)
+
 // Run serves until ctx ends and everything has stopped; it returns nil then. A failure to start, or
-// of the gRPC server, is returned.
+// of the gRPC server, is returned. The metrics port (with /livez and /readyz) is served from the start,
+// so that the probes answer while the joinservice waits for the cluster secrets.
 func Run(ctx context.Context, d Deps) error {
 	log := d.Log
-	keys, salt, err := loadKeysPatiently(ctx, d.Client, d.Namespace, startupPatience, log)
+	conditions := []string{condSecrets, condJoinConfig, condCA, condServing}
+	if d.Attestation != "insecure-none" {
+		conditions = []string{condSecrets, condJoinConfig, condCA, condPolicy, condIssuer, condServing}
+	}
+	probes := health.New(conditions...)
+	journal := ledger.NewWriter(d.Client, d.Namespace, d.Replica, log.Named("ledger"))
+	m := metrics.New(journal)
+
+	g, gctx := errgroup.WithContext(ctx)
+	if d.MetricsAddress != "" {
+		mlis, err := d.Listen.Listen(ctx, "tcp", d.MetricsAddress)
+		if err != nil {
+			return fmt.Errorf("listening for metrics: %w", err)
+		}
+		g.Go(func() error {
+			if err := m.Serve(gctx, mlis, probes, log.Named("metrics")); err != nil {
+				log.Error("metrics server stopped", zap.Error(err))
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		err := start(gctx, g, d, probes, journal, m)
+		if err != nil {
+			probes.Stopping()
+		}
+		return err
+	})
+	return g.Wait()
+}
+
+// start reads what the service needs, then runs its loops on g. It returns once they run, or with
+// the reason it could not start.
+func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes, journal *ledger.Writer, m *metrics.Metrics) error {
+	log := d.Log
+	keys, salt, err := loadKeysPatiently(ctx, d.Client, d.Namespace, startupPatience, log,
+		func(err error) { probes.Set(condSecrets, err) })
+	probes.Set(condSecrets, err)
 	if err != nil {
 		return err
 	}
 	cm, err := d.Client.CoreV1().ConfigMaps(d.Namespace).Get(ctx, joinconfig.JoinConfigName, metav1.GetOptions{})
 	if err != nil {
-		return fmt.Errorf("reading join configuration: %w", err)
+		err = fmt.Errorf("reading join configuration: %w", err)
+		probes.Set(condJoinConfig, err)
+		return err
 	}
 	cfg, err := joinconfig.DecodeConfig(cm.Data)
 	if err != nil {
-		return fmt.Errorf("reading join configuration: %w", err)
+		err = fmt.Errorf("reading join configuration: %w", err)
+		probes.Set(condJoinConfig, err)
+		return err
 	}
 	authority, err := ca.Load(d.PKIDir)
+	probes.Set(condCA, err)
 	if err != nil {
 		return err
 	}
-	journal := ledger.NewWriter(d.Client, d.Namespace, d.Replica, log.Named("ledger"))
-	m := metrics.New(journal)
 	creds, holder, err := transportCredentials(d, string(cfg.AttestationPolicy), journal, m)
+	probes.Set(condJoinConfig, err)
 	if err != nil {
 		return err
 	}
@@ -112,57 +165,67 @@ func Run(ctx context.Context, d Deps) error {
 		server.WithJournal(journal), server.WithLimits(d.Limits), server.WithObserver(m),
 		server.WithControlPlaneLock(cplease.New(d.Client, d.Namespace, d.Replica, log.Named("lease"))))
 
-	var mlis net.Listener
-	if d.MetricsAddress != "" {
-		if mlis, err = d.Listen.Listen(ctx, "tcp", d.MetricsAddress); err != nil {
-			return fmt.Errorf("listening for metrics: %w", err)
-		}
-	}
 	lis, err := d.Listen.Listen(ctx, "tcp", d.Address)
 	if err != nil {
-		if mlis != nil {
-			mlis.Close()
-		}
-		return fmt.Errorf("listening: %w", err)
+		err = fmt.Errorf("listening: %w", err)
+		probes.Set(condServing, err)
+		return err
 	}
 	gs := grpc.NewServer(append(server.GRPCServerOptions(), grpc.Creds(creds))...)
 	joinproto.RegisterJoinServiceServer(gs, srv)
 
-	g, gctx := errgroup.WithContext(ctx)
 	// The ledger writer outlives the gRPC server by its final flush: it stops after the server.
 	ledgerCtx, stopLedger := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopLedger()
-	g.Go(func() error { return journal.Run(ledgerCtx) })
-	if holder != nil {
-		w := policywatch.NewWatcher(d.Client, d.Namespace, joinconfig.JoinConfigName, d.Replica, holder, m, log.Named("policy"))
-		g.Go(func() error {
-			if err := w.Run(gctx); err != nil {
-				log.Error("policy watcher stopped", zap.Error(err))
-			}
-			return nil
-		})
-	}
-	if mlis != nil {
-		g.Go(func() error {
-			if err := m.Serve(gctx, mlis, log.Named("metrics")); err != nil {
-				log.Error("metrics server stopped", zap.Error(err))
-			}
-			return nil
-		})
-	}
+	ledgerEnded := probes.Started("ledger")
 	g.Go(func() error {
 		defer stopLedger()
-		return serve(gctx, gs, lis)
+		err := journal.Run(ledgerCtx)
+		ledgerEnded(err)
+		return err
+	})
+	if holder != nil {
+		w := policywatch.NewWatcher(d.Client, d.Namespace, joinconfig.JoinConfigName, d.Replica, holder, m, log.Named("policy"))
+		watchEnded := probes.Started("policy-watch")
+		g.Go(func() error {
+			err := w.Run(ctx)
+			if err != nil {
+				log.Error("policy watcher stopped", zap.Error(err))
+			}
+			watchEnded(err)
+			return nil
+		})
+		g.Go(func() error { return waitPolicySynced(ctx, w, probes) })
+		checkEnded := probes.Started("attestation-check")
+		g.Go(func() error {
+			checkIssuer(ctx, d.Issuer, probes, log)
+			checkEnded(nil)
+			return nil
+		})
+	}
+	serveEnded := probes.Started("join-server")
+	g.Go(func() error {
+		defer stopLedger()
+		err := serve(ctx, gs, lis, func() { probes.Set(condServing, nil) })
+		serveEnded(err)
+		return err
+	})
+	// Readiness fails as soon as the service starts stopping, before the gRPC server drains.
+	g.Go(func() error {
+		<-ctx.Done()
+		probes.Stopping()
+		return nil
 	})
 	log.Info("joinservice serving", zap.String("address", lis.Addr().String()), zap.String("version", version.Version))
-	return g.Wait()
+	return nil
 }
 
 // serve serves gs on lis until ctx ends, then stops it gracefully, forcibly after stopGrace. A forced
-// stop closes the connections but leaves the graceful stop waiting for handlers still running.
-func serve(ctx context.Context, gs *grpc.Server, lis net.Listener) error {
+// stop closes the connections but leaves the graceful stop waiting for handlers still running. It
+// calls serving once gs serves.
+func serve(ctx context.Context, gs *grpc.Server, lis net.Listener, serving func()) error {
 	errc := make(chan error, 1)
 	go func() { errc <- gs.Serve(lis) }()
+	serving()
 	select {
 	case err := <-errc:
 		return fmt.Errorf("serving: %w", err)

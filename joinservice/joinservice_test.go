@@ -8,11 +8,13 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
@@ -20,14 +22,17 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/atls/atlstest"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca/catest"
+	"github.com/berth-k8s/berth/joinservice/health"
 	"github.com/berth-k8s/berth/joinservice/server"
 )
 
@@ -101,6 +106,12 @@ func TestRunServesAndStops(t *testing.T) {
 		t.Errorf("metrics lack %s", want)
 	}
 
+	for _, path := range []string{"/livez", "/readyz"} {
+		if code, body := probe(t, metricsAddr, path); code != http.StatusOK {
+			t.Errorf("%s while serving = %d %q, want 200", path, code, body)
+		}
+	}
+
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run() = %v after its context ended, want nil", err)
@@ -125,7 +136,112 @@ func TestRunWithoutJoinConfiguration(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "reading join configuration") {
 		t.Fatalf("Run() = %v, want an error reading the join configuration", err)
 	}
-	if len(l.addrs) != 0 {
-		t.Fatal("Run listened although it could not start")
+	// Only the probes' port was opened (it answers from the start), and it is closed again.
+	if len(l.addrs) != 1 {
+		t.Fatalf("Run opened %d listeners although it could not start, want only the metrics port", len(l.addrs))
 	}
+	if _, err := net.Dial("tcp", <-l.addrs); err == nil {
+		t.Fatal("the metrics listener is still open after a failed start")
+	}
+}
+
+// probe GETs path on the metrics port.
+func probe(t *testing.T, addr, path string) (int, string) {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := hc.Get("http://" + addr + path)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// TestProbesWhileWaitingForSecrets: right after init the cluster Secret may not be readable yet.
+// The joinservice then is live (the kubelet must not restart it) and not ready, saying why; once
+// the Secret is there it serves and is ready.
+func TestProbesWhileWaitingForSecrets(t *testing.T) {
+	client := cluster()
+	secret, err := client.CoreV1().Secrets(joinconfig.Namespace).Get(context.Background(), joinconfig.SecretName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := client.CoreV1().Secrets(joinconfig.Namespace).Delete(context.Background(), joinconfig.SecretName, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	l := listener{addrs: make(chan string, 2)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, deps(t, client, l)) }()
+	metricsAddr := <-l.addrs
+
+	// Not ready, naming the Secret, once the first read has failed.
+	var body string
+	if err := wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		var code int
+		code, body = probe(t, metricsAddr, "/readyz")
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "[-]cluster-secrets: reading cluster secrets"), nil
+	}); err != nil {
+		t.Fatalf("/readyz while the Secret is missing: %q, want 503 naming cluster-secrets", body)
+	}
+	if !strings.Contains(body, "[-]join-server: not checked yet") {
+		t.Errorf("/readyz while the Secret is missing does not say the server is not serving yet: %q", body)
+	}
+	if code, body := probe(t, metricsAddr, "/livez"); code != http.StatusOK {
+		t.Fatalf("/livez while waiting for the Secret = %d %q, want 200", code, body)
+	}
+
+	if _, err := client.CoreV1().Secrets(joinconfig.Namespace).Create(ctx, secret, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 20*time.Second, true, func(context.Context) (bool, error) {
+		var code int
+		code, body = probe(t, metricsAddr, "/readyz")
+		return code == http.StatusOK, nil
+	}); err != nil {
+		t.Fatalf("/readyz after the Secret appeared: %q, want 200", body)
+	}
+	<-l.addrs // the join listener
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run() = %v", err)
+	}
+}
+
+type failingIssuer struct{ err error }
+
+func (failingIssuer) Variant() string { return "tpm" }
+func (i failingIssuer) Issue(context.Context, []byte, []byte) ([]byte, error) {
+	return nil, i.err
+}
+
+// TestIssuerSelfCheck: the readiness self-check passes with an issuer that makes documents and fails,
+// naming the variant and the reason, with one that does not, or with none.
+func TestIssuerSelfCheck(t *testing.T) {
+	if err := issueOnce(context.Background(), atlstest.Issuer{}); err != nil {
+		t.Fatalf("self-check with a working issuer: %v", err)
+	}
+	err := issueOnce(context.Background(), failingIssuer{errors.New("opening TPM: no such device")})
+	if err == nil || !strings.Contains(err.Error(), "tpm") || !strings.Contains(err.Error(), "no such device") {
+		t.Fatalf("self-check with a failing issuer = %v", err)
+	}
+	if err := issueOnce(context.Background(), nil); err == nil {
+		t.Fatal("self-check without an issuer passed")
+	}
+
+	// The loop records the result as the attestation-issuer condition until its context ends.
+	probes := health.New(condIssuer)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); checkIssuer(ctx, failingIssuer{errors.New("TPM gone")}, probes, zap.NewNop()) }()
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+		err := probes.Ready()
+		return err != nil && strings.Contains(err.Error(), "TPM gone"), nil
+	}); err != nil {
+		t.Fatalf("readiness after a failed self-check: %v", probes.Ready())
+	}
+	cancel()
+	<-done
 }

@@ -28,8 +28,9 @@ const (
 )
 
 // loadKeysPatiently retries loadKeys with a capped backoff until it succeeds or patience runs out,
-// logging each new reason once. It returns the last reason when it gives up.
-func loadKeysPatiently(ctx context.Context, client kubernetes.Interface, ns string, patience time.Duration, log *zap.Logger) (*clusterkeys.Keys, []byte, error) {
+// logging each new reason once and passing every failure to report (unless it is nil). It returns the
+// last reason when it gives up.
+func loadKeysPatiently(ctx context.Context, client kubernetes.Interface, ns string, patience time.Duration, log *zap.Logger, report func(error)) (*clusterkeys.Keys, []byte, error) {
 	ctx, cancel := context.WithTimeout(ctx, patience)
 	defer cancel()
 	retry, last := wait.Backoff{Duration: secretsRetryInitial, Factor: 2, Cap: secretsRetryCap, Steps: math.MaxInt32}, ""
@@ -37,6 +38,9 @@ func loadKeysPatiently(ctx context.Context, client kubernetes.Interface, ns stri
 		keys, salt, err := loadKeys(ctx, client, ns)
 		if err == nil {
 			return keys, salt, nil
+		}
+		if report != nil {
+			report(err)
 		}
 		if msg := err.Error(); msg != last {
 			log.Warn("waiting for the cluster secrets", zap.Error(err))

@@ -35,7 +35,7 @@ func TestLoadKeysPatiently(t *testing.T) {
 			return false, nil, nil
 		})
 		start := time.Now()
-		keys, salt, err := loadKeysPatiently(context.Background(), client, joinconfig.Namespace, time.Minute, zap.NewNop())
+		keys, salt, err := loadKeysPatiently(context.Background(), client, joinconfig.Namespace, time.Minute, zap.NewNop(), nil)
 		if err != nil || keys == nil || len(salt) != 32 || failures != 0 {
 			t.Fatalf("loadKeysPatiently = %v, %d bytes of salt, %v; %d failures left", keys, len(salt), err, failures)
 		}
@@ -48,7 +48,7 @@ func TestLoadKeysPatiently(t *testing.T) {
 			return true, nil, errors.New("dial tcp 10.96.0.1:443: connect: connection refused")
 		})
 		start = time.Now()
-		if _, _, err := loadKeysPatiently(context.Background(), down, joinconfig.Namespace, time.Minute, zap.NewNop()); err == nil {
+		if _, _, err := loadKeysPatiently(context.Background(), down, joinconfig.Namespace, time.Minute, zap.NewNop(), nil); err == nil {
 			t.Fatal("loadKeysPatiently succeeded without an API server")
 		}
 		if waited := time.Since(start); waited != time.Minute {

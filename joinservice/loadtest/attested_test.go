@@ -105,7 +105,7 @@ func TestJoinLoadAttested(t *testing.T) {
 			"--metrics-listen=" + metricsAddr, "--pki-dir=" + writePKI(t, "ecdsa"), "--replica=cp-0"}, lifted...),
 	})
 	if err := proctest.WaitReady(ctx, 100*time.Millisecond, 2*time.Minute, healthy(metricsAddr), js); err != nil {
-		t.Fatalf("waiting for the joinservice's /healthz: %v", err)
+		t.Fatalf("waiting for the joinservice's /readyz: %v", err)
 	}
 
 	jsPID, tpmPID, apiPIDs := js.PID(), serviceTPM.PID(), env.PIDs()
@@ -330,10 +330,10 @@ func indent(s, prefix string) string {
 	return strings.Join(lines, "\n") + "\n"
 }
 
-// healthy reports whether the joinservice's /healthz answers OK.
+// healthy reports whether the joinservice is ready to serve joins (/readyz answers OK).
 func healthy(metricsAddr string) func(context.Context) error {
 	return func(ctx context.Context) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/healthz", nil)
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/readyz", nil)
 		if err != nil {
 			return err
 		}
@@ -343,7 +343,7 @@ func healthy(metricsAddr string) func(context.Context) error {
 		}
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/healthz: %s", resp.Status)
+			return fmt.Errorf("/readyz: %s", resp.Status)
 		}
 		return nil
 	}

@@ -111,11 +111,14 @@ func (m *Metrics) Handler() http.Handler {
 	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg})
 }
 
-// Serve serves /metrics (and /healthz, always 200) on lis until ctx ends.
-func (m *Metrics) Serve(ctx context.Context, lis net.Listener, log *zap.Logger) error {
+// Serve serves /metrics on lis until ctx ends, and /livez and /readyz from probes unless it is nil.
+func (m *Metrics) Serve(ctx context.Context, lis net.Listener, probes http.Handler, log *zap.Logger) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", m.Handler())
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+	if probes != nil {
+		mux.Handle("/livez", probes)
+		mux.Handle("/readyz", probes)
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(lis) }()

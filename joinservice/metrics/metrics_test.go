@@ -34,7 +34,7 @@ func TestServeExposesJoinMetrics(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- m.Serve(ctx, lis, zap.NewNop()) }()
+	go func() { done <- m.Serve(ctx, lis, nil, zap.NewNop()) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {
@@ -69,3 +69,40 @@ type counts struct{ dropped, superseded uint64 }
 
 func (c counts) Dropped() uint64    { return c.dropped }
 func (c counts) Superseded() uint64 { return c.superseded }
+
+// TestServeRoutesProbes: /livez and /readyz go to the probes handler when there is one, and are not
+// served without one.
+func TestServeRoutesProbes(t *testing.T) {
+	for _, withProbes := range []bool{true, false} {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var probes http.Handler
+		if withProbes {
+			probes = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte("probe " + r.URL.Path)) })
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- New(nil).Serve(ctx, lis, probes, zap.NewNop()) }()
+		client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+		for _, path := range []string{"/livez", "/readyz"} {
+			resp, err := client.Get("http://" + lis.Addr().String() + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if withProbes && (resp.StatusCode != http.StatusOK || string(body) != "probe "+path) {
+				t.Errorf("%s with probes = %d %q", path, resp.StatusCode, body)
+			}
+			if !withProbes && resp.StatusCode != http.StatusNotFound {
+				t.Errorf("%s without probes = %d, want 404", path, resp.StatusCode)
+			}
+		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
+}

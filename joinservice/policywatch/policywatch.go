@@ -152,6 +152,9 @@ type Watcher struct {
 	obs       ReloadObserver
 	log       *zap.Logger
 	eventSeq  atomic.Uint64
+	synced    chan struct{}
+	// syncErr is the last error listing or watching the ConfigMap before the first sync.
+	syncErr atomic.Pointer[error]
 }
 
 // NewWatcher watches ConfigMap namespace/name for holder. obs may be nil.
@@ -159,7 +162,20 @@ func NewWatcher(client kubernetes.Interface, namespace, name, replica string, ho
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Watcher{client: client, namespace: namespace, name: name, replica: replica, holder: holder, obs: obs, log: log}
+	return &Watcher{client: client, namespace: namespace, name: name, replica: replica, holder: holder, obs: obs, log: log,
+		synced: make(chan struct{})}
+}
+
+// Synced is closed once Run's informer has listed the ConfigMap: from then on every update reaches
+// the policy. It stays open while listing fails (the joinservice's RBAC, say); SyncError says why.
+func (w *Watcher) Synced() <-chan struct{} { return w.synced }
+
+// SyncError returns the last error listing or watching the ConfigMap before the first sync, or nil.
+func (w *Watcher) SyncError() error {
+	if err := w.syncErr.Load(); err != nil {
+		return *err
+	}
+	return nil
 }
 
 // Run watches until ctx ends and returns nil then; its informer's goroutines have ended when it returns.
@@ -179,7 +195,20 @@ func (w *Watcher) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("watching join configuration: %w", err)
 	}
+	if err := inf.SetWatchErrorHandlerWithContext(func(ctx context.Context, r *cache.Reflector, err error) {
+		cache.DefaultWatchErrorHandler(ctx, r, err)
+		select {
+		case <-w.synced:
+		default:
+			w.syncErr.Store(&err)
+		}
+	}); err != nil {
+		return fmt.Errorf("watching join configuration: %w", err)
+	}
 	factory.Start(ctx.Done())
+	if cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		close(w.synced)
+	}
 	<-ctx.Done()
 	factory.Shutdown()
 	return nil

@@ -48,7 +48,7 @@ type options struct {
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	o := options{listen: fmt.Sprintf(":%d", joinconfig.JoinPort), metricsAddr: fmt.Sprintf(":%d", joinconfig.MetricsPort), pkiDir: "/etc/kubernetes/pki",
+	o := options{listen: fmt.Sprintf(":%d", joinconfig.JoinPort), metricsAddr: fmt.Sprintf("127.0.0.1:%d", joinconfig.MetricsPort), pkiDir: "/etc/kubernetes/pki",
 		namespace: joinconfig.Namespace, limits: server.DefaultLimits, attestLimits: atls.DefaultLimits,
 		log: logging.Config{Level: envOr("BERTH_LOG_LEVEL", "info"), Format: envOr("BERTH_LOG_FORMAT", logging.FormatJSON), Sample: true}}
 	cmd := &cobra.Command{
@@ -69,8 +69,11 @@ node quotes or activates anything for it.
 Every attempt goes to the join ledger (ConfigMap berth-join-ledger and Events on it; berth status
 prints it). Calls are rate-limited per peer address and overall (--rate-*), and so are attested
 handshakes, each of which costs this node's TPM a quote (--attest-rate-*); control-plane joins are
-serialized across replicas with Lease berth-control-plane-join. Prometheus metrics and /healthz are
-served on --metrics-listen.
+serialized across replicas with Lease berth-control-plane-join. Prometheus metrics (/metrics) and
+the probes are served on --metrics-listen (loopback unless told; the DaemonSet binds the node's own
+address): /livez is 200 while every loop of the service runs, /readyz only once it has read the
+cluster secrets and the join configuration, loaded the CA, synced its policy watcher, made an
+attestation document in its last self-check and serves joins.
 
 --metadata, --metadata-url, --metadata-file, --attestation, --tpm, --log-level and --log-format
 default to BERTH_METADATA, BERTH_METADATA_URL, BERTH_METADATA_FILE, BERTH_ATTESTATION, BERTH_TPM,
@@ -84,7 +87,7 @@ BERTH_LOG_LEVEL and BERTH_LOG_FORMAT.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&o.listen, "listen", o.listen, "address to serve on")
-	f.StringVar(&o.metricsAddr, "metrics-listen", o.metricsAddr, "address to serve Prometheus metrics (/metrics) and /healthz on; empty disables")
+	f.StringVar(&o.metricsAddr, "metrics-listen", o.metricsAddr, "address to serve Prometheus metrics (/metrics) and the probes (/livez, /readyz) on; empty disables")
 	f.StringVar(&o.pkiDir, "pki-dir", o.pkiDir, "kubeadm's PKI directory")
 	f.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "kubeconfig; empty means in-cluster")
 	f.StringVar(&o.namespace, "namespace", o.namespace, "namespace of Berth's configuration")
