@@ -2,7 +2,6 @@ package choose
 
 import (
 	"context"
-	"encoding/pem"
 	"errors"
 	"net"
 	"net/http"
@@ -53,7 +52,7 @@ func TestNewValidator(t *testing.T) {
 // tdxPolicy is a policy for p's TD (MRTD zero, RTMRs zero) with p's root and the given tdx section.
 func tdxPolicy(t *testing.T, p *tdxtest.Platform, tdxSection string) *policy.Policy {
 	t.Helper()
-	root := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: rootCert(t, p)})
+	root := p.RootPEM()
 	doc := "variant: tdx\nmeasurements:\n  0: {expected: '" + strings.Repeat("00", 48) + "'}\ntrustRoots:\n  - pem: |\n      " +
 		strings.ReplaceAll(strings.TrimSpace(string(root)), "\n", "\n      ") + "\n" + tdxSection
 	pol, err := policy.Parse([]byte(doc), "p.yaml", nil)
@@ -61,21 +60,6 @@ func tdxPolicy(t *testing.T, p *tdxtest.Platform, tdxSection string) *policy.Pol
 		t.Fatal(err)
 	}
 	return pol
-}
-
-// rootCert returns the DER of p's root CA, taken from the issuer chain of its collateral.
-func rootCert(t *testing.T, p *tdxtest.Platform) []byte {
-	t.Helper()
-	rest := p.Collateral().TCBInfoIssuerChain
-	var last []byte
-	for {
-		var b *pem.Block
-		if b, rest = pem.Decode(rest); b == nil {
-			break
-		}
-		last = b.Bytes
-	}
-	return last
 }
 
 func validateTD(t *testing.T, p *tdxtest.Platform, pol *policy.Policy) error {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"syscall"
 
 	"github.com/spf13/afero"
@@ -39,6 +40,7 @@ type options struct {
 	metadataFile string
 	attestation  string
 	tpm          string
+	tdxRoot      string
 	replica      string
 	limits       atls.Limits
 	attestLimits atls.Limits
@@ -66,6 +68,12 @@ Event and the old policy stays) decides; a rejected node is told which measureme
 that claims its measurements up front (TPM nodes do) and claims wrong ones is refused before this
 node quotes or activates anything for it.
 
+With --attestation=tdx this node quotes through configfs-tsm (or, in a build with the tag
+berth_qpl, the legacy /dev/tdx-guest) under --tdx-root, and checks TDX nodes with the collateral
+the policy's tdx section names: collateralBundle (shipped with the policy, never fetched),
+collateralDir, or a PCS (pcsURL, default Intel's), cached in memory; a node whose collateral
+cannot be had is refused as UNTRUSTED_ROOT with the reason in the join ledger.
+
 Every attempt goes to the join ledger (ConfigMap berth-join-ledger and Events on it; berth status
 prints it). Calls are rate-limited per peer address and overall (--rate-*), and so are attested
 handshakes, each of which costs this node's TPM a quote (--attest-rate-*); control-plane joins are
@@ -75,9 +83,9 @@ address): /livez is 200 while every loop of the service runs, /readyz only once 
 cluster secrets and the join configuration, loaded the CA, synced its policy watcher, made an
 attestation document in its last self-check and serves joins.
 
---metadata, --metadata-url, --metadata-file, --attestation, --tpm, --log-level and --log-format
-default to BERTH_METADATA, BERTH_METADATA_URL, BERTH_METADATA_FILE, BERTH_ATTESTATION, BERTH_TPM,
-BERTH_LOG_LEVEL and BERTH_LOG_FORMAT.`,
+--metadata, --metadata-url, --metadata-file, --attestation, --tpm, --tdx-root, --log-level and
+--log-format default to BERTH_METADATA, BERTH_METADATA_URL, BERTH_METADATA_FILE, BERTH_ATTESTATION,
+BERTH_TPM, BERTH_TDX_ROOT, BERTH_LOG_LEVEL and BERTH_LOG_FORMAT.`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -96,6 +104,7 @@ BERTH_LOG_LEVEL and BERTH_LOG_FORMAT.`,
 	f.StringVar(&o.metadataFile, "metadata-file", envOr("BERTH_METADATA_FILE", ""), "metadata file for --metadata=static")
 	f.StringVar(&o.attestation, "attestation", envOr("BERTH_ATTESTATION", ""), "attestation variant: tpm, tdx, or insecure-none (development only)")
 	f.StringVar(&o.tpm, "tpm", envOr("BERTH_TPM", ""), "TPM of this node for --attestation=tpm (device path, tcp:HOST:PORT or unix:PATH)")
+	f.StringVar(&o.tdxRoot, "tdx-root", envOr("BERTH_TDX_ROOT", "/"), "directory under which --attestation=tdx finds this node's TD guest interface: ROOT"+tdx.TSMReportDir+" (configfs-tsm), else ROOT"+tdx.LegacyGuestDevice+" (only in a build with the tag berth_qpl)")
 	f.StringVar(&o.replica, "replica", envOr("NODE_NAME", ""), "name of this replica in the join ledger and the control-plane Lease (default: NODE_NAME, else the host name)")
 	f.Float64Var((*float64)(&o.limits.PerPeer), "rate-per-peer", float64(o.limits.PerPeer), "join tickets per second per peer address")
 	f.IntVar(&o.limits.PerPeerBurst, "rate-per-peer-burst", o.limits.PerPeerBurst, "burst of --rate-per-peer")
@@ -162,7 +171,11 @@ func deps(o options, log *zap.Logger) (joinservice.Deps, error) {
 		}
 		d.Issuer = vtpm.NewIssuer(open, log.Named("tpm"))
 	case "tdx":
-		d.Issuer = tdx.NewIssuer(tdx.OpenAuto(), log.Named("tdx"))
+		open, err := tdxOpener(o.tdxRoot)
+		if err != nil {
+			return d, err
+		}
+		d.Issuer = tdx.NewIssuer(open, log.Named("tdx"))
 	}
 	restCfg, err := restConfig(o.kubeconfig)
 	if err != nil {
@@ -177,6 +190,23 @@ func deps(o options, log *zap.Logger) (joinservice.Deps, error) {
 		}
 	}
 	return d, nil
+}
+
+// tdxOpener returns the opener of the TD guest interface under root, after checking that one is there:
+// without it this node cannot attest, and no node could join through it.
+func tdxOpener(root string) (tdx.OpenFunc, error) {
+	if !filepath.IsAbs(root) {
+		return nil, fmt.Errorf("--tdx-root %q: want an absolute path", root)
+	}
+	open := tdx.OpenAutoUnder(root)
+	dev, err := open()
+	if err != nil {
+		return nil, fmt.Errorf("--attestation=tdx: %w", err)
+	}
+	if err := dev.Close(); err != nil {
+		return nil, fmt.Errorf("--attestation=tdx: closing the TD guest interface: %w", err)
+	}
+	return open, nil
 }
 
 func restConfig(kubeconfig string) (*rest.Config, error) {

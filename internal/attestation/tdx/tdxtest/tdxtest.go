@@ -132,6 +132,11 @@ func (p *Platform) Roots() *x509.CertPool {
 	return pool
 }
 
+// RootPEM returns the platform's root CA certificate in PEM, for a policy's trustRoots.
+func (p *Platform) RootPEM() []byte {
+	return pemChain(p.root)
+}
+
 // Collateral returns collateral matching the platform.
 func (p *Platform) Collateral() *tdx.Collateral {
 	c := *p.collateral
