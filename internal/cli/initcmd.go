@@ -115,10 +115,14 @@ The config file (YAML):
   apiServerCertSANs: [198.51.100.10]
   initSecretFile: init-secret        # or initSecret: <hex>
   attestationPolicyFile: policy.yaml # optional
-  components: {skipKubeProxy: false, skipCoreDNS: false}`,
+  components: {skipKubeProxy: false, skipCoreDNS: false}
+
+The node's progress goes to stderr; the result (cluster ID, admin kubeconfig) to stdout.`,
+		Example: `  berth init --endpoint 198.51.100.10:9000 --config cluster.yaml --workspace ./my-cluster
+  export KUBECONFIG=$PWD/my-cluster/admin.conf && berth status`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runInit(cmd.Context(), cmd.OutOrStdout(), o)
+			return runInit(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), o)
 		},
 	}
 	f := cmd.Flags()
@@ -132,10 +136,6 @@ The config file (YAML):
 	_ = cmd.MarkFlagRequired("endpoint")
 	_ = cmd.MarkFlagRequired("config")
 	return cmd
-}
-
-func usageErr(format string, args ...any) error {
-	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
 }
 
 func loadInitConfig(path string) (initConfig, []byte, error) {
@@ -261,7 +261,8 @@ func writeExclusive(path string, data []byte) error {
 	return f.Close()
 }
 
-func runInit(ctx context.Context, out io.Writer, o initOptions) error {
+// runInit initializes the cluster: progress and warnings go to errOut, the result to out.
+func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 	cfg, secret, err := loadInitConfig(o.configPath)
 	if err != nil {
 		return err
@@ -298,20 +299,20 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 	if err := checkWorkspace(o.workspace); err != nil {
 		return err
 	}
-	conn, verdict, err := dialNode(ctx, out, o.endpoint, validator, o.connectTimeout)
+	conn, verdict, err := dialNode(ctx, errOut, o.endpoint, validator, o.connectTimeout)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = conn.Close() }()
 	if ev := verdict.accepted(); ev != nil {
-		_, _ = fmt.Fprintf(out, "Node attested (%s): %d measurements match the policy\n", ev.Variant, len(ev.Result.Measurements))
+		_, _ = fmt.Fprintf(errOut, "Node attested (%s): %d measurements match the policy\n", ev.Variant, len(ev.Result.Measurements))
 		for _, w := range ev.Result.Warnings {
-			_, _ = fmt.Fprintf(out, "  warning: %s\n", w)
+			_, _ = fmt.Fprintf(errOut, "  warning: %s\n", w)
 		}
 	}
 	// Only now, with the node verified, the cluster's secrets come into being (or are reloaded to
 	// resume an earlier attempt); they reach the disk before they reach the wire.
-	master, salt, err := prepareWorkspace(o.workspace, out)
+	master, salt, err := prepareWorkspace(o.workspace, errOut)
 	if err != nil {
 		return err
 	}
@@ -342,7 +343,7 @@ func runInit(ctx context.Context, out io.Writer, o initOptions) error {
 		return fmt.Errorf("opening init log: %w", err)
 	}
 	defer logFile.Close()
-	return receiveInit(stream, out, logFile, o)
+	return receiveInit(stream, out, errOut, logFile, o)
 }
 
 // attestVerdict remembers what the node proved, or why it was rejected, in the last handshake.
@@ -408,7 +409,9 @@ func waitConnected(ctx context.Context, conn *grpc.ClientConn, timeout time.Dura
 	return nil
 }
 
-func receiveInit(stream initproto.InitService_InitClient, out, logFile io.Writer, o initOptions) error {
+// receiveInit shows the node's progress on errOut (and its output with --verbose) and writes the
+// result to out.
+func receiveInit(stream initproto.InitService_InitClient, out, errOut, logFile io.Writer, o initOptions) error {
 	start := time.Now()
 	started := map[string]time.Time{}
 	for {
@@ -429,18 +432,18 @@ func receiveInit(stream initproto.InitService_InitClient, out, logFile io.Writer
 			switch p.GetState() {
 			case initproto.PhaseState_PHASE_STATE_STARTED:
 				started[p.GetPhase()] = time.Now()
-				_, _ = fmt.Fprintf(out, "%s started\n", label)
+				_, _ = fmt.Fprintf(errOut, "%s started\n", label)
 			case initproto.PhaseState_PHASE_STATE_SUCCEEDED:
-				_, _ = fmt.Fprintf(out, "%s done in %s\n", label, time.Since(started[p.GetPhase()]).Round(time.Millisecond))
+				_, _ = fmt.Fprintf(errOut, "%s done in %s\n", label, time.Since(started[p.GetPhase()]).Round(time.Millisecond))
 			case initproto.PhaseState_PHASE_STATE_SKIPPED:
-				_, _ = fmt.Fprintf(out, "%s skipped (%s)\n", label, p.GetMessage())
+				_, _ = fmt.Fprintf(errOut, "%s skipped (%s)\n", label, p.GetMessage())
 			case initproto.PhaseState_PHASE_STATE_FAILED:
-				_, _ = fmt.Fprintf(out, "%s FAILED after %s\n", label, time.Since(started[p.GetPhase()]).Round(time.Millisecond))
+				_, _ = fmt.Fprintf(errOut, "%s FAILED after %s\n", label, time.Since(started[p.GetPhase()]).Round(time.Millisecond))
 			}
 		case *initproto.InitResponse_Log:
 			_, _ = logFile.Write(k.Log.GetData())
 			if o.verbose {
-				_, _ = out.Write(k.Log.GetData())
+				_, _ = errOut.Write(k.Log.GetData())
 			}
 		case *initproto.InitResponse_Failure:
 			f := k.Failure
@@ -467,19 +470,22 @@ func writeInitResult(out io.Writer, dir string, s *initproto.InitSuccess, took t
 	if err := os.WriteFile(filepath.Join(dir, fileClusterID), []byte(idHex+"\n"), 0o600); err != nil {
 		return fmt.Errorf("writing cluster ID: %w", err)
 	}
-	_, _ = fmt.Fprintf(out, "\nCluster initialized in %s.\nCluster ID: %s\nAdmin kubeconfig: %s\n  export KUBECONFIG=%s\n",
+	if abs, err := filepath.Abs(adminPath); err == nil {
+		adminPath = abs // the printed commands work from any directory
+	}
+	_, _ = fmt.Fprintf(out, "\nCluster initialized in %s.\nCluster ID: %s\nAdmin kubeconfig: %s\nUse it with:\n  export KUBECONFIG=%s\n  berth status\n",
 		took.Round(time.Millisecond), idHex, adminPath, adminPath)
 	return nil
 }
 
 // dialNode connects to a node's attested gRPC endpoint (the InitServer, the recovery server), checking
 // its attestation with validator (nil: skipped, with a warning), and waits until the connection is up
-// or the verdict is known.
-func dialNode(ctx context.Context, out io.Writer, endpoint string, validator atls.Validator, timeout time.Duration) (*grpc.ClientConn, *attestVerdict, error) {
+// or the verdict is known. Its warning and progress go to errOut.
+func dialNode(ctx context.Context, errOut io.Writer, endpoint string, validator atls.Validator, timeout time.Duration) (*grpc.ClientConn, *attestVerdict, error) {
 	creds := insecure.NewCredentials()
 	verdict := &attestVerdict{}
 	if validator == nil {
-		_, _ = fmt.Fprintln(out, "WARNING: attestation is skipped; the node's identity is not verified")
+		_, _ = fmt.Fprintln(errOut, "WARNING: attestation is skipped; the node's identity is not verified")
 	} else {
 		var err error
 		if creds, err = atls.NewCredentials(nil, validator, atls.WithObserver(verdict.observe)); err != nil {
@@ -490,7 +496,7 @@ func dialNode(ctx context.Context, out io.Writer, endpoint string, validator atl
 	if err != nil {
 		return nil, nil, usageErr("--endpoint %q: %w", endpoint, err)
 	}
-	_, _ = fmt.Fprintf(out, "Connecting to %s ...\n", endpoint)
+	_, _ = fmt.Fprintf(errOut, "Connecting to %s ...\n", endpoint)
 	if err := waitConnected(ctx, conn, timeout, verdict); err != nil {
 		_ = conn.Close()
 		return nil, nil, err

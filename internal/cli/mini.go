@@ -44,7 +44,17 @@ Kubernetes, etcd, CoreDNS and flannel are built from their Go modules (scripts/b
 by version), and every image is assembled locally and imported into each node: nothing is pulled.
 
 Needs root, cgroup v1 or hybrid, and the Debian packages containerd, runc,
-containernetworking-plugins, swtpm, swtpm-tools, nftables and iproute2 (scripts/install-deps.sh).`,
+containernetworking-plugins, swtpm, swtpm-tools, nftables and iproute2 (scripts/install-deps.sh).
+
+Progress (build, phases and their times) goes to stderr; what the cluster is and how to use it
+goes to stdout.`,
+		Example: `  sudo berth mini up --workers 2 --tampered-workers 1
+  export KUBECONFIG=/var/lib/berth-mini/admin.conf; berth status
+  sudo berth mini restart w1 --tamper-boot w1
+  sudo berth mini add --workers 1
+  sudo berth mini down`,
+		Args: cobra.NoArgs,
+		RunE: groupHelp,
 	}
 	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniRestartCmd(), newMiniAddCmd(), newMiniAgentCmd())
 	return cmd
@@ -99,7 +109,14 @@ With --no-bootstrap it stops once every node has its TPM, containerd with all im
 its kubelet ready to be started; no bootstrapper runs and no Kubernetes cluster is formed.
 
 If up fails half-way, what it created stays for inspection (logs under DIR/nodes/*/logs);
-berth mini down removes it.`,
+berth mini down removes it.
+
+The first up builds Kubernetes, etcd, CoreDNS and flannel from source (scripts/build-k8s.sh,
+about ten minutes on two cores; the build says what it builds and estimates how long is left);
+later ones find them cached.`,
+		Example: `  sudo berth mini up
+  sudo berth mini up --control-planes 3 --workers 2 --tampered-workers 1
+  sudo berth mini up --attestation insecure-none --workers 1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := requireRoot(); err != nil {
@@ -172,8 +189,8 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 		}
 	}
 	start := time.Now()
-	phase := printPhase(out)
-	_, _ = fmt.Fprintf(out, "berth mini up: %d control plane(s), %d worker(s) in %s\n", cfg.ControlPlanes, cfg.Workers, dir)
+	phase := printPhase(errOut)
+	_, _ = fmt.Fprintf(errOut, "berth mini up: %d control plane(s), %d worker(s) in %s\n", cfg.ControlPlanes, cfg.Workers, dir)
 
 	t0 := time.Now()
 	script := f.buildScript
@@ -229,17 +246,17 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 		_, _ = fmt.Fprintf(errOut, "berth mini up failed; logs are under %s/nodes/*/logs; remove the cluster with: berth mini down --dir %s\n", dir, dir)
 		return err
 	}
-	_, _ = fmt.Fprintf(out, "nodes up in %.1fs:", time.Since(start).Seconds())
+	_, _ = fmt.Fprintf(errOut, "nodes up in %.1fs:", time.Since(start).Seconds())
 	for _, n := range cfg.Nodes() {
-		_, _ = fmt.Fprintf(out, " %s=%s", n.Name, n.IP)
+		_, _ = fmt.Fprintf(errOut, " %s=%s", n.Name, n.IP)
 	}
-	_, _ = fmt.Fprintln(out)
+	_, _ = fmt.Fprintln(errOut)
 	if f.noBootstrap {
 		_, _ = fmt.Fprintf(out, "no bootstrapper started (--no-bootstrap). Run a command in a node with:\n  nsenter --net=/run/netns/%s --mount=%s --uts=%s -- CMD\n",
 			cfg.NodeNetns(cfg.Nodes()[0].Name), cfg.MountNS(cfg.Nodes()[0].Name), cfg.UTSNS(cfg.Nodes()[0].Name))
 		return nil
 	}
-	status := func(s string) { _, _ = fmt.Fprintf(out, "    %s\n", strings.ReplaceAll(s, "\n", "\n    ")) }
+	status := func(s string) { _, _ = fmt.Fprintf(errOut, "    %s\n", strings.ReplaceAll(s, "\n", "\n    ")) }
 	if _, err := cl.Bootstrap(ctx, mini.BootstrapOptions{Progress: phase, Status: status, ReadyTimeout: f.readyTimeout}); err != nil {
 		_, _ = fmt.Fprintf(errOut, "berth mini up failed; logs are under %s/nodes/*/logs; remove the cluster with: berth mini down --dir %s\n", dir, dir)
 		return err
@@ -255,13 +272,54 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 			_, _ = fmt.Fprintf(out, "  tampered %s: JOINED the cluster (attestation %s did not stop it)\n", r.Node, f.attestation)
 			continue
 		}
-		_, _ = fmt.Fprintf(out, "  tampered %s: rejected: %s\n", r.Node, r.Reason)
+		_, _ = fmt.Fprintf(out, "  tampered %s: rejected: %s\n", r.Node, printable(r.Reason))
 	}
 	if len(joined) > 0 && f.attestation == mini.AttestationTPM {
 		return fmt.Errorf("tampered nodes joined an attested cluster: %s", strings.Join(joined, " "))
 	}
-	_, _ = fmt.Fprintf(out, "cluster ready in %.1fs. Use it with:\n  export KUBECONFIG=%s\n  kubectl get nodes\n", time.Since(start).Seconds(), cfg.AdminKubeconfig())
+	_, _ = fmt.Fprintf(out, "cluster ready in %.1fs. Use it with:\n", time.Since(start).Seconds())
+	for _, l := range useClusterLines(env.Self, bins.K8s, cfg.AdminKubeconfig()) {
+		_, _ = fmt.Fprintf(out, "  %s\n", l)
+	}
 	return nil
+}
+
+// lookPath is exec.LookPath; tests replace it.
+var lookPath = exec.LookPath
+
+// useClusterLines are the shell commands that use a new cluster as printed: the kubeconfig, a PATH
+// with berth (self) and kubectl (from k8sBin) when the shell would not find these ones, then
+// berth status and kubectl get nodes.
+func useClusterLines(self, k8sBin, kubeconfig string) []string {
+	lines := []string{"export KUBECONFIG=" + shellQuote(kubeconfig)}
+	var path []string
+	if p, err := lookPath("berth"); err != nil || !sameFile(p, self) {
+		path = append(path, filepath.Dir(self))
+	}
+	if _, err := lookPath("kubectl"); err != nil && k8sBin != "" {
+		path = append(path, k8sBin)
+	}
+	if len(path) > 0 {
+		for i := range path {
+			path[i] = shellQuote(path[i])
+		}
+		lines = append(lines, "export PATH="+strings.Join(path, ":")+":$PATH")
+	}
+	return append(lines, "berth status", "kubectl get nodes")
+}
+
+func sameFile(a, b string) bool {
+	fa, errA := os.Stat(a)
+	fb, errB := os.Stat(b)
+	return errA == nil && errB == nil && os.SameFile(fa, fb)
+}
+
+// shellQuote quotes s for a POSIX shell when it holds anything but plain path characters.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789/._-+=,:@") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // writeBerthArchive writes a throwaway archive of Berth's own images (the joinservice, and the
@@ -326,6 +384,8 @@ cgroups, containers included), unpins the nodes' namespaces, deletes the network
 links, the cgroups, the host mount points it created and the cluster directory. It works from the
 state file, is idempotent, and also cleans up after a crashed up. Without a state file it does
 nothing.`,
+		Example: `  sudo berth mini down
+  sudo berth mini down --dir /tmp/other-cluster`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := requireRoot(); err != nil {
@@ -344,10 +404,10 @@ nothing.`,
 			if err != nil {
 				return err
 			}
-			_, _ = fmt.Fprintf(out, "berth mini down: %s\n", dir)
+			_, _ = fmt.Fprintf(cmd.ErrOrStderr(), "berth mini down: %s\n", dir)
 			t, err := cl.Down(cmd.Context())
 			for _, p := range t.Phases {
-				printPhase(out)(p)
+				printPhase(cmd.ErrOrStderr())(p)
 			}
 			if err != nil {
 				return err
@@ -422,9 +482,9 @@ func runMiniRestart(ctx context.Context, out, errOut io.Writer, names []string, 
 	if err != nil {
 		return &exitError{code: exitUsage, err: err}
 	}
-	_, _ = fmt.Fprintf(out, "berth mini restart: %s: %s\n", f.dir, strings.Join(nodeNames(nodes), " "))
+	_, _ = fmt.Fprintf(errOut, "berth mini restart: %s: %s\n", f.dir, strings.Join(nodeNames(nodes), " "))
 	start := time.Now()
-	t, err := cl.Restart(ctx, mini.RestartOptions{Progress: printPhase(out), Nodes: names,
+	t, err := cl.Restart(ctx, mini.RestartOptions{Progress: printPhase(errOut), Nodes: names,
 		TamperBoot: f.tamperBoot, GenuineBoot: f.genuineBoot, ClearTPM: f.clearTPM})
 	if errors.Is(err, mini.ErrUnknownNode) || errors.Is(err, mini.ErrNotRestarted) {
 		return &exitError{code: exitUsage, err: err}
@@ -432,7 +492,7 @@ func runMiniRestart(ctx context.Context, out, errOut io.Writer, names []string, 
 	if err != nil {
 		return err
 	}
-	_, _ = fmt.Fprintf(out, "nodes restarted in %.2fs\n", t.Total().Seconds())
+	_, _ = fmt.Fprintf(errOut, "nodes restarted in %.2fs\n", t.Total().Seconds())
 	for _, n := range f.clearTPM {
 		_, _ = fmt.Fprintf(out, "  %s: TPM cleared before its boot was measured (sealed keys gone, EK kept)\n", n)
 	}
@@ -453,11 +513,11 @@ func runMiniRestart(ctx context.Context, out, errOut io.Writer, names []string, 
 		return nil // never bootstrapped (--no-bootstrap): nothing to wait for
 	}
 	t0 := time.Now()
-	status := func(s string) { _, _ = fmt.Fprintf(out, "    %s\n", s) }
+	status := func(s string) { _, _ = fmt.Fprintf(errOut, "    %s\n", s) }
 	if err := cl.WaitNodesReady(ctx, nodes, start, f.readyTimeout, status); err != nil {
 		return err
 	}
-	printPhase(out)(mini.Phase{Name: "ready", Duration: time.Since(t0)})
+	printPhase(errOut)(mini.Phase{Name: "ready", Duration: time.Since(t0)})
 	_, _ = fmt.Fprintf(out, "power cut -> all Ready: %.2fs\n", time.Since(start).Seconds())
 	return nil
 }
@@ -529,7 +589,7 @@ func runMiniAdd(ctx context.Context, out, errOut io.Writer, f miniAddFlags) erro
 	for _, n := range next {
 		names = append(names, n.Name+"="+n.IP.String())
 	}
-	_, _ = fmt.Fprintf(out, "berth mini add: %s: %s\n", f.dir, strings.Join(names, " "))
+	_, _ = fmt.Fprintf(errOut, "berth mini add: %s: %s\n", f.dir, strings.Join(names, " "))
 	start := time.Now()
 	var archive string
 	if cfg.Bootstrapper != "" {
@@ -539,9 +599,9 @@ func runMiniAdd(ctx context.Context, out, errOut io.Writer, f miniAddFlags) erro
 		}
 		defer cleanup()
 		archive = a
-		printPhase(out)(mini.Phase{Name: "image-archive", Duration: time.Since(start)})
+		printPhase(errOut)(mini.Phase{Name: "image-archive", Duration: time.Since(start)})
 	}
-	added, t, err := cl.Add(ctx, mini.AddOptions{Progress: printPhase(out), ControlPlanes: f.controlPlanes, Workers: f.workers, BerthArchive: archive})
+	added, t, err := cl.Add(ctx, mini.AddOptions{Progress: printPhase(errOut), ControlPlanes: f.controlPlanes, Workers: f.workers, BerthArchive: archive})
 	if errors.Is(err, mini.ErrInvalidConfig) {
 		return &exitError{code: exitUsage, err: err}
 	}
@@ -551,7 +611,7 @@ func runMiniAdd(ctx context.Context, out, errOut io.Writer, f miniAddFlags) erro
 		}
 		return err
 	}
-	_, _ = fmt.Fprintf(out, "nodes added in %.2fs\n", t.Total().Seconds())
+	_, _ = fmt.Fprintf(errOut, "nodes added in %.2fs\n", t.Total().Seconds())
 	if f.noWait || cfg.Bootstrapper == "" {
 		return nil
 	}
@@ -559,11 +619,11 @@ func runMiniAdd(ctx context.Context, out, errOut io.Writer, f miniAddFlags) erro
 		return nil // never bootstrapped: nothing to join
 	}
 	t0 := time.Now()
-	status := func(s string) { _, _ = fmt.Fprintf(out, "    %s\n", s) }
+	status := func(s string) { _, _ = fmt.Fprintf(errOut, "    %s\n", s) }
 	if err := cl.WaitNodesReady(ctx, added, time.Time{}, f.readyTimeout, status); err != nil {
 		return err
 	}
-	printPhase(out)(mini.Phase{Name: "ready", Duration: time.Since(t0)})
+	printPhase(errOut)(mini.Phase{Name: "ready", Duration: time.Since(t0)})
 	_, _ = fmt.Fprintf(out, "added -> all Ready: %.2fs\n", time.Since(start).Seconds())
 	return nil
 }
@@ -571,10 +631,11 @@ func runMiniAdd(ctx context.Context, out, errOut io.Writer, f miniAddFlags) erro
 func newMiniAgentCmd() *cobra.Command {
 	var dir string
 	cmd := &cobra.Command{
-		Use:    "agent",
-		Short:  "Host daemon of a mini cluster (started by up): metadata API and CNI configs",
-		Hidden: true,
-		Args:   cobra.NoArgs,
+		Use:     "agent",
+		Short:   "Host daemon of a mini cluster (started by up): metadata API and CNI configs",
+		Example: `  berth mini agent --dir /var/lib/berth-mini   # berth mini up starts it; it runs until SIGTERM`,
+		Hidden:  true,
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGINT, syscall.SIGTERM)
 			defer stop()

@@ -10,9 +10,11 @@ import (
 
 func newPolicyCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "policy",
-		Short: "Work with attestation policies",
-		Args:  cobra.NoArgs,
+		Use:     "policy",
+		Short:   "Work with attestation policies",
+		Example: `  berth policy check --policy policy.yaml --evidence node.evidence`,
+		Args:    cobra.NoArgs,
+		RunE:    groupHelp,
 	}
 	cmd.AddCommand(newPolicyCheckCmd())
 	return cmd
@@ -20,13 +22,18 @@ func newPolicyCmd() *cobra.Command {
 
 func newPolicyCheckCmd() *cobra.Command {
 	var policyPath, evidencePath string
+	var output outputFormat
 	cmd := &cobra.Command{
 		Use:   "check --policy FILE --evidence FILE",
 		Short: "Judge recorded evidence against a policy, offline",
 		Long: `berth policy check reaches the verdict berth verify would, without a network: it validates
 evidence recorded with berth verify --save-evidence against a policy file (the same checks:
 signatures, trust roots, nonce, key binding and measurements). Use it to try a policy change on
-real nodes' evidence before rolling it out. The exit code is 3 when the evidence is rejected.`,
+real nodes' evidence before rolling it out. The exit code is 3 when the evidence is rejected; the
+report is printed either way (-o json|yaml: the fields of berth verify -o json).`,
+		Example: `  berth verify --endpoint 198.51.100.10:9000 --policy policy.yaml --save-evidence cp1.evidence
+  berth policy check --policy next-policy.yaml --evidence cp1.evidence
+  berth policy check --policy next-policy.yaml --evidence cp1.evidence -o yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if policyPath == "" || evidencePath == "" {
@@ -40,17 +47,18 @@ real nodes' evidence before rolling it out. The exit code is 3 when the evidence
 			if err != nil {
 				return &exitError{code: exitUsage, err: err}
 			}
-			out := cmd.OutOrStdout()
 			seen, verdict := atls.VerifyRecorded(cmd.Context(), validator, ev.Certificate, ev.Nonce)
-			_, _ = fmt.Fprintf(out, "evidence: %s (from %s, captured %s)\n", evidencePath, ev.Endpoint, ev.CapturedAt.Format("2006-01-02T15:04:05Z"))
 			if verdict == nil && p.Variant == "tpm" {
-				_, _ = fmt.Fprintln(out, "note: the attestation key's activation was checked when the evidence was recorded; it cannot be repeated offline")
+				_, _ = fmt.Fprintln(cmd.ErrOrStderr(), "note: the attestation key's activation was checked when the evidence was recorded; it cannot be repeated offline")
 			}
-			return report(out, p, seen, verdict)
+			r := newVerdictReport(p, seen, verdict)
+			r.Endpoint, r.EvidenceFile, r.CapturedAt, r.recorded = ev.Endpoint, evidencePath, ev.CapturedAt.UTC(), true
+			return r.print(cmd.OutOrStdout(), output, verdict)
 		},
 	}
 	f := cmd.Flags()
 	f.StringVar(&policyPath, "policy", "", "attestation policy file (YAML)")
 	f.StringVar(&evidencePath, "evidence", "", "evidence file written by berth verify --save-evidence")
+	addOutputFlag(f, &output)
 	return cmd
 }

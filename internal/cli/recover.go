@@ -63,10 +63,11 @@ key is printed.
 
 Exit code 3: the node failed attestation, the master secret is not that of the node's cluster,
 or the node refused the key. Only with --insecure-skip-attestation (development only) does
-recover talk to an unattested node.`,
-		Args: cobra.NoArgs,
+recover talk to an unattested node. Progress goes to stderr, the result to stdout.`,
+		Example: `  berth recover --endpoint 198.51.100.10:9001 --master-secret my-cluster/master-secret.json --policy policy.yaml`,
+		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return runRecover(cmd.Context(), cmd.OutOrStdout(), o)
+			return runRecover(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), o)
 		},
 	}
 	f := cmd.Flags()
@@ -82,7 +83,8 @@ recover talk to an unattested node.`,
 // diskUUID is the canonical form of a state disk's UUID.
 var diskUUID = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 
-func runRecover(ctx context.Context, out io.Writer, o recoverOptions) error {
+// runRecover sends a waiting node its disk key: progress and warnings go to errOut, the result to out.
+func runRecover(ctx context.Context, out, errOut io.Writer, o recoverOptions) error {
 	switch {
 	case o.endpoint == "" || o.masterSecret == "":
 		return usageErr("recover needs --endpoint and --master-secret")
@@ -103,7 +105,7 @@ func runRecover(ctx context.Context, out io.Writer, o recoverOptions) error {
 		}
 		validator = v
 	}
-	conn, verdict, err := dialNode(ctx, out, o.endpoint, validator, o.connectTimeout)
+	conn, verdict, err := dialNode(ctx, errOut, o.endpoint, validator, o.connectTimeout)
 	if err != nil {
 		return err
 	}
@@ -115,9 +117,9 @@ func runRecover(ctx context.Context, out io.Writer, o recoverOptions) error {
 		if err := lockRegisterZero(ev); err != nil {
 			return &exitError{code: exitRejected, err: fmt.Errorf("%w; nothing was sent", err)}
 		}
-		_, _ = fmt.Fprintf(out, "Node attested (%s): %d measurements match the policy\n", ev.Variant, len(ev.Result.Measurements))
+		_, _ = fmt.Fprintf(errOut, "Node attested (%s): %d measurements match the policy\n", ev.Variant, len(ev.Result.Measurements))
 		for _, w := range ev.Result.Warnings {
-			_, _ = fmt.Fprintf(out, "  warning: %s\n", w)
+			_, _ = fmt.Fprintf(errOut, "  warning: %s\n", w)
 		}
 	}
 
@@ -140,7 +142,7 @@ func runRecover(ctx context.Context, out io.Writer, o recoverOptions) error {
 		return &exitError{code: exitRejected, err: fmt.Errorf("the master secret in %s derives cluster ID %s; the node's state disk belongs to cluster %s: %w; nothing was sent",
 			o.masterSecret, shortID(ours), shortID(nodeCluster), ErrWrongMasterSecret)}
 	}
-	_, _ = fmt.Fprintf(out, "The node waits for state disk %s of cluster %s, the cluster of this master secret\n", uuid, shortID(nodeCluster))
+	_, _ = fmt.Fprintf(errOut, "The node waits for state disk %s of cluster %s, the cluster of this master secret\n", uuid, shortID(nodeCluster))
 
 	if _, err := client.Recover(ctx, &recoverproto.RecoverRequest{DiskKey: keys.DiskKey(uuid)}); err != nil {
 		switch status.Code(err) {

@@ -2,40 +2,19 @@
 package cli
 
 import (
-	"context"
-	"errors"
-	"fmt"
-	"io"
-
 	"github.com/spf13/cobra"
 
 	"github.com/berth-k8s/berth/internal/logging"
 	"github.com/berth-k8s/berth/internal/version"
 )
 
-// Exit codes shared by every berth command.
-const (
-	exitOK       = 0
-	exitFailure  = 1
-	exitUsage    = 2
-	exitRejected = 3 // attestation or policy said no
-)
-
-// exitError carries a specific exit code up to Execute.
-type exitError struct {
-	code int
-	err  error
-}
-
-func (e *exitError) Error() string { return e.err.Error() }
-func (e *exitError) Unwrap() error { return e.err }
-
-// diagnostics is how the CLI logs (--log-level, --log-format) to stderr: client-go's and gRPC's
-// lines and the mini cluster's progress. What a command reports is plain text on stdout.
-var diagnostics = logging.Config{Level: "info", Format: logging.FormatConsole}
+// defaultDiagnostics is how the CLI logs (--log-level, --log-format) to stderr: client-go's and
+// gRPC's lines and the mini cluster's progress. What a command reports goes to stdout.
+var defaultDiagnostics = logging.Config{Level: "info", Format: logging.FormatConsole}
 
 // NewRootCmd builds the berth command tree.
 func NewRootCmd() *cobra.Command {
+	diagnostics := defaultDiagnostics // each tree its own: flags of one run never leak into the next
 	root := &cobra.Command{
 		Use:   "berth",
 		Short: "Attested node bootstrapping for Kubernetes",
@@ -43,7 +22,19 @@ func NewRootCmd() *cobra.Command {
 
 Every node runs the bootstrapper daemon. berth init checks the first node's attestation and
 sends it the secrets it needs to run kubeadm init; every later node proves itself to the
-cluster's joinservice and joins on its own.`,
+cluster's joinservice and joins on its own.
+
+Commands that talk to a cluster (status) find it as kubectl does: --kubeconfig, else the files
+in KUBECONFIG, else ~/.kube/config; --context picks a context. Commands that print state (status,
+verify, policy check, version) take -o json|yaml for scripts. Data goes to stdout; progress,
+warnings and errors go to stderr.
+
+` + exitCodesHelp,
+		Example: `  sudo ./scripts/mini-up.sh                  # a local attested cluster, then:
+  export KUBECONFIG=/var/lib/berth-mini/admin.conf
+  berth status
+  berth verify --endpoint 198.51.100.10:9000 --policy policy.yaml -o json
+  berth version`,
 		Version:       version.Version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -60,24 +51,7 @@ cluster's joinservice and joins on its own.`,
 		newMiniCmd(),
 		newVerifyCmd(), newPolicyCmd(),
 		newStatusCmd(),
+		newVersionCmd(),
 	)
 	return root
-}
-
-// Execute runs the CLI with args and returns the process exit code.
-func Execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	root := NewRootCmd()
-	root.SetArgs(args)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
-	if err == nil {
-		return exitOK
-	}
-	_, _ = fmt.Fprintf(stderr, "Error: %v\n", err)
-	var ee *exitError
-	if errors.As(err, &ee) {
-		return ee.code
-	}
-	return exitFailure
 }

@@ -5,85 +5,171 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/berth-k8s/berth/internal/joinledger"
 )
 
 func newStatusCmd() *cobra.Command {
-	var kubeconfig, namespace string
+	var kube kubeOptions
+	var output outputFormat
+	var namespace string
 	var limit int
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "status --kubeconfig FILE",
+		Use:   "status",
 		Short: "Show the cluster's join ledger: rejected nodes and why, then accepted joins",
 		Long: `berth status reads the join ledger the joinservice keeps in the cluster (ConfigMap
 berth-join-ledger in berth-system: the latest join attempts of every joinservice replica) and
 prints the rejected attempts first, newest first, with their reason code and message, then the
 accepted ones. The same attempts are Events on that ConfigMap:
-  kubectl -n berth-system get events --field-selector involvedObject.name=berth-join-ledger`,
+  kubectl -n berth-system get events --field-selector involvedObject.name=berth-join-ledger
+
+The cluster is found as kubectl finds it: --kubeconfig, else the files in KUBECONFIG, else
+~/.kube/config; --context picks another context. With -o json or -o yaml the same report comes
+as one document (fields in internal/cli/README.md); --limit applies to both.`,
+		Example: `  export KUBECONFIG=/var/lib/berth-mini/admin.conf
+  berth status
+  berth status --kubeconfig admin.conf --context berth-admin@berth
+  berth status -o json | jq -r '.rejected[] | [.peer, .reason] | @tsv'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if kubeconfig == "" {
-				return usageErr("status needs --kubeconfig")
+			if limit < 0 {
+				return usageErr("--limit %d: want 0 (all) or more", limit)
 			}
-			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
-			defer cancel()
-			cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+			cfg, err := kube.restConfig()
 			if err != nil {
-				return fmt.Errorf("loading kubeconfig: %w", err)
+				return err
 			}
 			client, err := kubernetes.NewForConfig(cfg)
 			if err != nil {
 				return fmt.Errorf("creating Kubernetes client: %w", err)
 			}
-			return runStatus(ctx, cmd.OutOrStdout(), client, namespace, limit)
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			return runStatus(ctx, cmd.OutOrStdout(), client, namespace, limit, output)
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&kubeconfig, "kubeconfig", "", "the cluster's admin kubeconfig")
-	f.StringVar(&namespace, "namespace", "berth-system", "namespace of Berth's components")
+	kube.addFlags(f)
+	addOutputFlag(f, &output)
+	f.StringVarP(&namespace, "namespace", "n", "berth-system", "namespace of Berth's components")
 	f.IntVar(&limit, "limit", 50, "most attempts to print per section (0: all)")
 	f.DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for the API server")
 	return cmd
 }
 
-func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, namespace string, limit int) error {
+// statusReport is what berth status -o json|yaml prints. Its field names are stable.
+type statusReport struct {
+	// Namespace is where the ledger was looked for.
+	Namespace string `json:"namespace"`
+	// LedgerFound is false when the cluster has no ledger ConfigMap yet (no join attempt so far).
+	LedgerFound bool `json:"ledgerFound"`
+	// Records is the number of ledger entries; Attempts counts the attempts they stand for.
+	Records          int `json:"records"`
+	Attempts         int `json:"attempts"`
+	RejectedAttempts int `json:"rejectedAttempts"`
+	AcceptedAttempts int `json:"acceptedAttempts"`
+	// Rejected and Accepted are the entries, newest first, at most --limit of each.
+	Rejected []ledgerRecord `json:"rejected"`
+	Accepted []ledgerRecord `json:"accepted"`
+	// Omitted counts the entries --limit left out of the two lists.
+	OmittedRejected int `json:"omittedRejected"`
+	OmittedAccepted int `json:"omittedAccepted"`
+}
+
+// ledgerRecord is one ledger entry in statusReport.
+type ledgerRecord struct {
+	Time    time.Time `json:"time"`
+	Peer    string    `json:"peer"`
+	Node    string    `json:"node"`
+	Role    string    `json:"role"`
+	RPC     string    `json:"rpc"`
+	Outcome string    `json:"outcome"`
+	Reason  string    `json:"reason"`
+	Message string    `json:"message"`
+	// Count is how many attempts the entry stands for (1, or more for rate-limited attempts).
+	Count          int    `json:"count"`
+	EvidenceSHA256 string `json:"evidenceSHA256"`
+	Replica        string `json:"replica"`
+}
+
+func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, namespace string, limit int, output outputFormat) error {
 	entries, err := joinledger.Read(ctx, client, namespace)
-	if errors.Is(err, joinledger.ErrNoLedger) {
+	found := !errors.Is(err, joinledger.ErrNoLedger)
+	if err != nil && found {
+		return err
+	}
+	if output.structured() {
+		return output.encode(out, newStatusReport(namespace, found, entries, limit))
+	}
+	if !found {
 		_, _ = fmt.Fprintln(out, "No join attempts recorded yet (no ConfigMap "+namespace+"/"+joinledger.ConfigMapName+").")
 		return nil
-	}
-	if err != nil {
-		return err
 	}
 	printLedger(out, entries, limit)
 	return nil
 }
 
-// printLedger prints rejected attempts, then accepted ones, each newest first.
-func printLedger(out io.Writer, entries []joinledger.Entry, limit int) {
-	var rejected, accepted []joinledger.Entry
-	attempts := 0
+// splitLedger returns the rejected and the accepted entries, each newest first.
+func splitLedger(entries []joinledger.Entry) (rejected, accepted []joinledger.Entry) {
 	for i := len(entries) - 1; i >= 0; i-- {
-		e := entries[i]
-		attempts += max(e.Count, 1)
-		if e.Outcome == joinledger.OutcomeAccepted {
+		if e := entries[i]; e.Outcome == joinledger.OutcomeAccepted {
 			accepted = append(accepted, e)
 		} else {
 			rejected = append(rejected, e)
 		}
 	}
-	nRejected := 0
-	for _, e := range rejected {
-		nRejected += max(e.Count, 1)
+	return rejected, accepted
+}
+
+func attemptsOf(es []joinledger.Entry) int {
+	n := 0
+	for _, e := range es {
+		n += max(e.Count, 1)
 	}
+	return n
+}
+
+func newStatusReport(namespace string, found bool, entries []joinledger.Entry, limit int) statusReport {
+	rejected, accepted := splitLedger(entries)
+	r := statusReport{
+		Namespace: namespace, LedgerFound: found, Records: len(entries),
+		RejectedAttempts: attemptsOf(rejected), AcceptedAttempts: attemptsOf(accepted),
+		Rejected: []ledgerRecord{}, Accepted: []ledgerRecord{},
+	}
+	r.Attempts = r.RejectedAttempts + r.AcceptedAttempts
+	records := func(es []joinledger.Entry) ([]ledgerRecord, int) {
+		out := []ledgerRecord{}
+		for n, e := range es {
+			if limit > 0 && n == limit {
+				return out, len(es) - limit
+			}
+			out = append(out, ledgerRecord{
+				Time: e.Time.UTC(), Peer: e.Peer, Node: e.Node, Role: e.Role, RPC: e.RPC, Outcome: e.Outcome,
+				Reason: e.Reason, Message: e.Message, Count: max(e.Count, 1), EvidenceSHA256: e.EvidenceSHA256, Replica: e.Replica,
+			})
+		}
+		return out, 0
+	}
+	r.Rejected, r.OmittedRejected = records(rejected)
+	r.Accepted, r.OmittedAccepted = records(accepted)
+	return r
+}
+
+// printLedger prints rejected attempts, then accepted ones, each newest first.
+func printLedger(out io.Writer, entries []joinledger.Entry, limit int) {
+	rejected, accepted := splitLedger(entries)
+	nRejected := attemptsOf(rejected)
+	attempts := nRejected + attemptsOf(accepted)
 	_, _ = fmt.Fprintf(out, "Join ledger: %d attempts in the last %d records, %d rejected, %d accepted.\n", attempts, len(entries), nRejected, len(accepted))
 	section := func(title string, es []joinledger.Entry, withReason bool) {
 		_, _ = fmt.Fprintf(out, "\n%s (%d, newest first)\n", title, len(es))
@@ -106,6 +192,9 @@ func printLedger(out io.Writer, entries []joinledger.Entry, limit int) {
 				row = append(row, e.Reason, fmt.Sprint(max(e.Count, 1)), shortDigest(e.EvidenceSHA256), dash(e.Replica), oneLine(e.Message))
 			} else {
 				row = append(row, shortDigest(e.EvidenceSHA256), dash(e.Replica))
+			}
+			for i := range row {
+				row[i] = printable(row[i]) // the ledger holds what nodes claimed
 			}
 			_, _ = fmt.Fprintln(tw, strings.Join(row, "\t"))
 		}
@@ -130,3 +219,20 @@ func shortDigest(d string) string {
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// printable escapes what a terminal would act on (control characters, invalid UTF-8, tabs that would
+// shift the table) as Go escapes, and keeps every other character.
+func printable(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		switch {
+		case r == utf8.RuneError && !strings.HasPrefix(s[i:], string(utf8.RuneError)):
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case r == '\t' || !unicode.IsPrint(r) && r != ' ':
+			b.WriteString(strings.Trim(strconv.QuoteRune(r), "'"))
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}

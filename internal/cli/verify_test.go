@@ -3,8 +3,15 @@ package cli
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/json"
 	"errors"
+	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,6 +21,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"sigs.k8s.io/yaml"
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/atls/atlstest"
@@ -163,5 +171,121 @@ func TestVerifyMutualServer(t *testing.T) {
 	code, out := run("verify", "--endpoint", addr, "--policy", policyPath)
 	if code != 0 || !strings.Contains(out, "verdict: ACCEPTED") || !strings.Contains(out, "attestation key: activated") {
 		t.Fatalf("verify against a mutual server: exit %d\n%s", code, out)
+	}
+}
+
+// decodeVerdict decodes berth verify / policy check -o json|yaml output.
+func decodeVerdict(t *testing.T, format, out string) map[string]any {
+	t.Helper()
+	var m map[string]any
+	var err error
+	if format == "json" {
+		err = json.Unmarshal([]byte(out), &m)
+	} else {
+		err = yaml.Unmarshal([]byte(out), &m)
+	}
+	if err != nil {
+		t.Fatalf("decoding -o %s: %v\n%s", format, err, out)
+	}
+	for _, k := range []string{"endpoint", "evidenceFile", "capturedAt", "variant", "attestationKeyActivated", "policy",
+		"measurementsVerified", "measurements", "warnings", "verdict", "reason"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("-o %s lacks %q:\n%s", format, k, out)
+		}
+	}
+	return m
+}
+
+// runSplit runs berth and returns the exit code, stdout and stderr apart.
+func runSplit(args ...string) (int, string, string) {
+	var out, errOut bytes.Buffer
+	code := Execute(context.Background(), args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+// TestVerifyStructured: verify and policy check print their report as JSON and YAML with the
+// documented fields, on stdout only, accepted (exit 0) and rejected (exit 3).
+func TestVerifyStructured(t *testing.T) {
+	addr, caPEM := attestingNode(t)
+	dir := t.TempDir()
+	zero := strings.Repeat("00", 32)
+	good := writePolicy(t, dir, "good.yaml", "  15: {expected: "+zero+"}\n", caPEM)
+	strict := writePolicy(t, dir, "strict.yaml", "  0: {expected: "+strings.Repeat("ab", 32)+"}\n", caPEM)
+	evidence := filepath.Join(dir, "node.evidence")
+
+	code, out, stderr := runSplit("verify", "--endpoint", addr, "--policy", good, "--save-evidence", evidence, "-o", "json")
+	m := decodeVerdict(t, "json", out)
+	if code != exitOK || m["verdict"] != "ACCEPTED" || m["endpoint"] != addr || m["evidenceFile"] != evidence || m["variant"] != "tpm" ||
+		m["attestationKeyActivated"] != true || m["measurementsVerified"] != true || m["reason"] != "" {
+		t.Fatalf("verify -o json: exit %d\n%s", code, out)
+	}
+	if !strings.Contains(stderr, "evidence saved to") || strings.Contains(out, "evidence saved to") {
+		t.Errorf("the evidence note belongs on stderr: stdout %q stderr %q", out, stderr)
+	}
+	var found bool
+	for _, e := range m["measurements"].([]any) {
+		mr := e.(map[string]any)
+		if mr["index"] == float64(15) {
+			found = mr["value"] == zero && mr["mode"] == "enforce"
+		}
+	}
+	if !found {
+		t.Errorf("verify -o json: no enforced measurement 15 = %s:\n%s", zero, out)
+	}
+
+	code, out, _ = runSplit("policy", "check", "--policy", strict, "--evidence", evidence, "-o", "yaml")
+	m = decodeVerdict(t, "yaml", out)
+	if code != exitRejected || m["verdict"] != "REJECTED" || !strings.Contains(m["reason"].(string), "index 0") || m["evidenceFile"] != evidence || m["endpoint"] != addr {
+		t.Fatalf("policy check -o yaml of a rejected node: exit %d\n%s", code, out)
+	}
+	code, out, _ = runSplit("verify", "--endpoint", addr, "--policy", strict, "-o", "json")
+	if m = decodeVerdict(t, "json", out); code != exitRejected || m["verdict"] != "REJECTED" || m["evidenceFile"] != "" {
+		t.Fatalf("verify -o json of a rejected node: exit %d\n%s", code, out)
+	}
+}
+
+// writeUnattestedEvidence writes an evidence file whose certificate carries no attestation and a
+// TPM policy that trusts a fresh EK CA; no TPM is needed.
+func writeUnattestedEvidence(t *testing.T, dir string) (policyPath, evidencePath string) {
+	t.Helper()
+	ca, err := vtpmtest.NewCA("node EK CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	policyPath = writePolicy(t, dir, "p.yaml", "  15: {expected: "+strings.Repeat("00", 32)+"}\n", ca.PEM())
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "not attested"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := json.Marshal(evidenceFile{Version: 1, Endpoint: "198.51.100.10:9000", CapturedAt: time.Now().UTC(),
+		Nonce: bytes.Repeat([]byte{1}, 32), Certificate: der})
+	evidencePath = filepath.Join(dir, "unattested.evidence")
+	if err := os.WriteFile(evidencePath, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return policyPath, evidencePath
+}
+
+// TestPolicyCheckUnattested runs without a TPM: evidence without attestation is rejected (exit 3)
+// in every format, and the JSON says why.
+func TestPolicyCheckUnattested(t *testing.T) {
+	p, ev := writeUnattestedEvidence(t, t.TempDir())
+	code, out, _ := runSplit("policy", "check", "--policy", p, "--evidence", ev)
+	if code != exitRejected || !strings.Contains(out, "verdict: REJECTED") || !strings.Contains(out, "evidence: "+ev+" (from 198.51.100.10:9000") {
+		t.Fatalf("policy check (text): exit %d\n%s", code, out)
+	}
+	code, out, _ = runSplit("policy", "check", "--policy", p, "--evidence", ev, "-o", "json")
+	m := decodeVerdict(t, "json", out)
+	if code != exitRejected || m["verdict"] != "REJECTED" || m["reason"] == "" || m["variant"] != "" {
+		t.Fatalf("policy check -o json: exit %d\n%s", code, out)
+	}
+	if code, _, stderr := runSplit("policy", "check", "--policy", p, "--evidence", ev, "-o", "xml"); code != exitUsage || !strings.Contains(stderr, "unknown output format") {
+		t.Fatalf("-o xml: exit %d, stderr %q", code, stderr)
 	}
 }
