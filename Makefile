@@ -4,7 +4,12 @@ GO ?= go
 BIN := bin
 TOOLS_BIN := $(CURDIR)/.tools/bin
 VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
-LDFLAGS := -s -w -X github.com/berth-k8s/berth/internal/version.Version=$(VERSION)
+# `berth version` shows these. The build date is the source date of reproducible builds:
+# SOURCE_DATE_EPOCH when set, else the commit's date, so that one commit always builds the same binary.
+GIT_COMMIT ?= $(shell c=$$(git rev-parse HEAD 2>/dev/null) && { git diff --quiet HEAD 2>/dev/null && echo $$c || echo $$c-dirty; })
+BUILD_DATE ?= $(shell d=$${SOURCE_DATE_EPOCH:-$$(git log -1 --format=%ct 2>/dev/null)}; [ -n "$$d" ] && date -u -d @$$d +%Y-%m-%dT%H:%M:%SZ)
+VERSION_PKG := github.com/berth-k8s/berth/internal/version
+LDFLAGS := -s -w -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).GitCommit=$(GIT_COMMIT) -X $(VERSION_PKG).BuildDate=$(BUILD_DATE)
 GOTEST_FLAGS ?= -race -count=1
 # A race-enabled test binary sleeps 1 s before it exits so that late reports get out; every package
 # that starts goroutines checks for leaks (goleak), so nothing should run that late. Saves ~1 s a package.
