@@ -13,7 +13,12 @@
 //     device functions (quote through the quote generation service envelope, RTMR extend, TD report). That
 //     extend ioctl carries no register index, so the backend reads the registers around it and fails unless the
 //     requested RTMR took the event. go-tdx-qpl is AGPL-3.0, so this backend is built
-//     only with the build tag berth_qpl; without it OpenAuto uses configfs-tsm alone.
+//     only with the build tag berth_qpl; without it OpenAuto uses configfs-tsm alone. Only a TDX image's
+//     bootstrapper is built with the tag; the joinservice and the CLI are not (see README.md). The mainline
+//     /dev/tdx_guest device gives TD reports, not quotes, and is not used.
+//
+// OpenAutoUnder looks for both below another root, for a container that has them mounted elsewhere (the
+// joinservice's --tdx-root) and for tests.
 //
 // Issuer.Issue binds user data and the verifier's nonce into the quote's REPORTDATA (see ReportData) and wraps
 // the quote in a versioned document (see Document). LockRegister extends the cluster ID into an RTMR.
@@ -40,6 +45,8 @@
 // own checks of the collateral's update times and of revocation.
 // Collateral is injected through CollateralGetter. CachingGetter keeps it in memory and, optionally, on disk, so
 // that a verifier can run with pre-fetched collateral (StoreCollateral seeds a directory) and no upstream at all;
-// PCSGetter fetches from an Intel PCS (API v4) compatible service where one is reachable. Validator adds the report data
+// PCSGetter fetches from an Intel PCS (API v4) compatible service where one is reachable; a CollateralBundle is
+// collateral an operator ships in one file (the attestation policy's tdx.collateralBundle) and never fetches.
+// Collateral that cannot be had fails a quote with ErrCollateralUnavailable (an ErrUntrustedRoot). Validator adds the report data
 // binding and the measurement policy (indices: 0 = MRTD, 1..4 = RTMR0..3).
 package tdx
