@@ -169,7 +169,8 @@ func isJournal(w io.Writer, journalStream string) bool {
 		return false
 	}
 	st, ok := fi.Sys().(*syscall.Stat_t)
-	return ok && uint64(st.Dev) == dev && uint64(st.Ino) == ino //nolint:unconvert // Dev and Ino differ in type between architectures
+	// Dev and Ino differ in type between architectures.
+	return ok && uint64(st.Dev) == dev && uint64(st.Ino) == ino
 }
 
 // priority is the sd-daemon prefix of a level (sd-daemon.h: SD_CRIT 2, SD_ERR 3, SD_WARNING 4,
