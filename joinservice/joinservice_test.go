@@ -235,7 +235,10 @@ func TestIssuerSelfCheck(t *testing.T) {
 	probes := health.New(condIssuer)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); checkIssuer(ctx, failingIssuer{errors.New("TPM gone")}, probes, zap.NewNop()) }()
+	go func() {
+		defer close(done)
+		checkIssuer(ctx, failingIssuer{errors.New("TPM gone")}, probes, zap.NewNop())
+	}()
 	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		err := probes.Ready()
 		return err != nil && strings.Contains(err.Error(), "TPM gone"), nil
