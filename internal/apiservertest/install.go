@@ -5,8 +5,6 @@ import (
 	"context"
 	"fmt"
 
-	"k8s.io/client-go/dynamic"
-
 	"github.com/berth-k8s/berth/internal/apply"
 	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
@@ -41,7 +39,7 @@ func ClusterID() []byte {
 // with policyYAML, the joinservice's ServiceAccount, RBAC and DaemonSet). Nothing runs the DaemonSet:
 // there are no nodes.
 func (e *Env) InstallBerth(ctx context.Context, policyYAML string) error {
-	dyn, err := dynamic.NewForConfig(e.Config(AdminUser))
+	applier, err := apply.NewForConfig(e.Config(AdminUser))
 	if err != nil {
 		return err
 	}
@@ -59,7 +57,7 @@ func (e *Env) InstallBerth(ctx context.Context, policyYAML string) error {
 	if err != nil {
 		return fmt.Errorf("building berth-system's objects: %w", err)
 	}
-	if err := apply.New(dyn).Apply(ctx, objs...); err != nil {
+	if err := applier.Apply(ctx, objs...); err != nil {
 		return fmt.Errorf("applying berth-system's objects: %w", err)
 	}
 	return nil

@@ -1,59 +1,84 @@
 // Package apply server-side applies Kubernetes objects with one fixed field manager, so that
 // re-applying the same objects is a no-op and conflicts with other managers are visible.
+//
+// The resource of each object's kind is found through the API server's discovery (a RESTMapper over
+// a memory-cached discovery client), so any kind the API server serves applies, custom resources
+// included: an applied CustomResourceDefinition is waited for until it is established, then the
+// cached discovery is dropped, so that its custom resources later in the same manifests find their
+// resource. A kind the API server does not serve fails with ErrUnknownKind.
+//
+// Berth's own objects are built with client-go's typed apply configurations
+// (k8s.io/client-go/applyconfigurations) and turned into the unstructured objects Apply takes with
+// Unstructured.
 package apply
 
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
 // FieldManager is the field manager of every object Berth applies.
 const FieldManager = "berth-bootstrapper"
 
-// ErrUnknownKind is returned for an object whose kind Applier has no resource mapping for.
+// ErrUnknownKind is returned for an object whose kind the API server does not serve (after a fresh
+// discovery).
 var ErrUnknownKind = errors.New("unknown kind")
 
-// resources maps the kinds Berth applies to their resources, so that applying needs no discovery.
-var resources = map[schema.GroupVersionKind]struct {
-	resource   string
-	namespaced bool
-}{
-	{Version: "v1", Kind: "Namespace"}:                                                               {"namespaces", false},
-	{Version: "v1", Kind: "ConfigMap"}:                                                               {"configmaps", true},
-	{Version: "v1", Kind: "Secret"}:                                                                  {"secrets", true},
-	{Version: "v1", Kind: "Service"}:                                                                 {"services", true},
-	{Version: "v1", Kind: "ServiceAccount"}:                                                          {"serviceaccounts", true},
-	{Group: "apps", Version: "v1", Kind: "DaemonSet"}:                                                {"daemonsets", true},
-	{Group: "apps", Version: "v1", Kind: "Deployment"}:                                               {"deployments", true},
-	{Group: "policy", Version: "v1", Kind: "PodDisruptionBudget"}:                                    {"poddisruptionbudgets", true},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRole"}:                         {"clusterroles", false},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "ClusterRoleBinding"}:                  {"clusterrolebindings", false},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "Role"}:                                {"roles", true},
-	{Group: "rbac.authorization.k8s.io", Version: "v1", Kind: "RoleBinding"}:                         {"rolebindings", true},
-	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingWebhookConfiguration"}:   {"validatingwebhookconfigurations", false},
-	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingAdmissionPolicy"}:        {"validatingadmissionpolicies", false},
-	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "ValidatingAdmissionPolicyBinding"}: {"validatingadmissionpolicybindings", false},
-	{Group: "admissionregistration.k8s.io", Version: "v1", Kind: "MutatingWebhookConfiguration"}:     {"mutatingwebhookconfigurations", false},
-}
+// ErrNotEstablished is returned when an applied CustomResourceDefinition is not established in time.
+var ErrNotEstablished = errors.New("custom resource definition not established")
+
+// How long an applied CustomResourceDefinition gets to be established, and how often it is read
+// meanwhile. The API server establishes a new CRD within a second or two.
+const (
+	establishTimeout = time.Minute
+	establishPoll    = 200 * time.Millisecond
+)
+
+var crdKind = schema.GroupKind{Group: "apiextensions.k8s.io", Kind: "CustomResourceDefinition"}
 
 // Applier applies objects through a dynamic client.
 type Applier struct {
 	client dynamic.Interface
+	mapper *restmapper.DeferredDiscoveryRESTMapper
 }
 
-// New returns an Applier for client.
-func New(client dynamic.Interface) *Applier { return &Applier{client: client} }
+// New returns an Applier for client that maps kinds to resources with disc's discovery, cached in
+// memory.
+func New(client dynamic.Interface, disc discovery.DiscoveryInterface) *Applier {
+	return &Applier{client: client, mapper: restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(disc))}
+}
+
+// NewForConfig returns an Applier for the cluster of cfg.
+func NewForConfig(cfg *rest.Config) (*Applier, error) {
+	client, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating client: %w", err)
+	}
+	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("creating discovery client: %w", err)
+	}
+	return New(client, disc), nil
+}
 
 // NewFromKubeconfig returns an Applier for the cluster named by the kubeconfig at path.
 func NewFromKubeconfig(path string) (*Applier, error) {
@@ -61,11 +86,7 @@ func NewFromKubeconfig(path string) (*Applier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("loading kubeconfig: %w", err)
 	}
-	client, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("creating client: %w", err)
-	}
-	return New(client), nil
+	return NewForConfig(cfg)
 }
 
 // ClientsFromKubeconfig returns a typed and a dynamic client for the cluster named by the
@@ -86,7 +107,9 @@ func ClientsFromKubeconfig(path string) (kubernetes.Interface, dynamic.Interface
 	return kube, dyn, nil
 }
 
-// Apply server-side applies objs in order and stops at the first failure.
+// Apply server-side applies objs in order and stops at the first failure. After a
+// CustomResourceDefinition it waits until the definition is established, so that its custom
+// resources can follow.
 func (a *Applier) Apply(ctx context.Context, objs ...*unstructured.Unstructured) error {
 	for _, obj := range objs {
 		ri, err := a.Resource(obj)
@@ -96,27 +119,89 @@ func (a *Applier) Apply(ctx context.Context, objs ...*unstructured.Unstructured)
 		if _, err := ri.Apply(ctx, obj.GetName(), obj, metav1.ApplyOptions{FieldManager: FieldManager, Force: true}); err != nil {
 			return fmt.Errorf("applying %s %s: %w", obj.GetKind(), obj.GetName(), err)
 		}
+		if obj.GroupVersionKind().GroupKind() == crdKind {
+			if err := a.waitEstablished(ctx, ri, obj.GetName()); err != nil {
+				return fmt.Errorf("applying %s %s: %w", obj.GetKind(), obj.GetName(), err)
+			}
+			// Its resource is new to discovery: drop what the mapper cached.
+			a.mapper.Reset()
+		}
+	}
+	return nil
+}
+
+// waitEstablished waits until the CRD name has the condition Established.
+func (a *Applier) waitEstablished(ctx context.Context, crds dynamic.ResourceInterface, name string) error {
+	var last string
+	err := wait.PollUntilContextTimeout(ctx, establishPoll, establishTimeout, true, func(ctx context.Context) (bool, error) {
+		live, err := crds.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
+		}
+		conds, _, _ := unstructured.NestedSlice(live.Object, "status", "conditions")
+		for _, c := range conds {
+			m, ok := c.(map[string]any)
+			if !ok || m["type"] != "Established" {
+				continue
+			}
+			if m["status"] == "True" {
+				return true, nil
+			}
+			last = fmt.Sprintf("Established is %v: %v", m["status"], m["message"])
+		}
+		return false, nil
+	})
+	if err != nil {
+		if last != "" {
+			return fmt.Errorf("%w (%s): %w", ErrNotEstablished, last, err)
+		}
+		return fmt.Errorf("%w: %w", ErrNotEstablished, err)
 	}
 	return nil
 }
 
 // Resource returns the client for obj's resource (in obj's namespace when the kind is namespaced),
-// to read or delete the live object.
+// to read or delete the live object. A kind discovery does not know is looked up once more with a
+// fresh discovery before it fails with ErrUnknownKind.
 func (a *Applier) Resource(obj *unstructured.Unstructured) (dynamic.ResourceInterface, error) {
 	gvk := obj.GroupVersionKind()
-	res, ok := resources[gvk]
-	if !ok {
-		return nil, ErrUnknownKind
+	mapping, err := a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+	if meta.IsNoMatchError(err) {
+		a.mapper.Reset()
+		mapping, err = a.mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 	}
-	gvr := gvk.GroupVersion().WithResource(res.resource)
-	if !res.namespaced {
-		return a.client.Resource(gvr), nil
+	if meta.IsNoMatchError(err) {
+		return nil, fmt.Errorf("%w: the API server serves no %s in %s (is its CustomResourceDefinition applied?)", ErrUnknownKind, gvk.Kind, gvk.GroupVersion())
+	}
+	if err != nil {
+		return nil, fmt.Errorf("finding the resource of %s: %w", gvk, err)
+	}
+	if mapping.Scope.Name() != meta.RESTScopeNameNamespace {
+		return a.client.Resource(mapping.Resource), nil
 	}
 	ns := obj.GetNamespace()
 	if ns == "" {
-		return nil, errors.New("namespaced object without namespace")
+		return nil, fmt.Errorf("%s %s is namespaced but names no namespace", gvk.Kind, obj.GetName())
 	}
-	return a.client.Resource(gvr).Namespace(ns), nil
+	return a.client.Resource(mapping.Resource).Namespace(ns), nil
+}
+
+// Unstructured turns a typed apply configuration (k8s.io/client-go/applyconfigurations) into the
+// object Apply takes. The configuration must name its kind and name.
+func Unstructured(applyConfiguration any) (*unstructured.Unstructured, error) {
+	data, err := json.Marshal(applyConfiguration)
+	if err != nil {
+		return nil, fmt.Errorf("encoding apply configuration: %w", err)
+	}
+	obj := &unstructured.Unstructured{}
+	if err := obj.UnmarshalJSON(data); err != nil {
+		return nil, fmt.Errorf("decoding apply configuration: %w", err)
+	}
+	if obj.GetName() == "" {
+		return nil, fmt.Errorf("decoding apply configuration: %s without a name", obj.GetKind())
+	}
+	return obj, nil
 }
 
 // Decode parses a multi-document YAML or JSON stream into objects, skipping empty documents.

@@ -3,20 +3,37 @@ package apply
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	fakediscovery "k8s.io/client-go/discovery/fake"
 	dynamicfake "k8s.io/client-go/dynamic/fake"
+	k8stesting "k8s.io/client-go/testing"
 )
+
+// discovers is a discovery of the core group's ConfigMaps and Namespaces.
+func discovers() *fakediscovery.FakeDiscovery {
+	return &fakediscovery.FakeDiscovery{Fake: &k8stesting.Fake{Resources: []*metav1.APIResourceList{{
+		GroupVersion: "v1",
+		APIResources: []metav1.APIResource{
+			{Name: "configmaps", Kind: "ConfigMap", Namespaced: true, Verbs: metav1.Verbs{"get", "patch"}},
+			{Name: "namespaces", Kind: "Namespace", Namespaced: false, Verbs: metav1.Verbs{"get", "patch"}},
+		},
+	}}}}
+}
 
 func TestResource(t *testing.T) {
 	cm := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "v1", "kind": "ConfigMap",
 		"metadata": map[string]any{"name": "c", "namespace": "berth-system"},
 	}}
-	a := New(dynamicfake.NewSimpleDynamicClient(runtime.NewScheme(), cm))
+	disc := discovers()
+	a := New(dynamicfake.NewSimpleDynamicClient(runtime.NewScheme(), cm), disc)
 	res, err := a.Resource(cm)
 	if err != nil {
 		t.Fatal(err)
@@ -26,14 +43,47 @@ func TestResource(t *testing.T) {
 	}
 
 	unknown := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "example.com/v1", "kind": "Widget", "metadata": map[string]any{"name": "w"}}}
-	if _, err := a.Resource(unknown); !errors.Is(err, ErrUnknownKind) {
-		t.Errorf("Resource of an unknown kind = %v, want ErrUnknownKind", err)
+	_, err = a.Resource(unknown)
+	if !errors.Is(err, ErrUnknownKind) || !strings.Contains(err.Error(), "Widget") || !strings.Contains(err.Error(), "example.com/v1") {
+		t.Errorf("Resource of an unknown kind = %v, want ErrUnknownKind naming the kind", err)
 	}
 	if err := a.Apply(context.Background(), unknown); !errors.Is(err, ErrUnknownKind) {
 		t.Errorf("Apply of an unknown kind = %v, want ErrUnknownKind", err)
 	}
-	noNamespace := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Secret", "metadata": map[string]any{"name": "s"}}}
+	noNamespace := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "ConfigMap", "metadata": map[string]any{"name": "s"}}}
 	if _, err := a.Resource(noNamespace); err == nil {
 		t.Error("Resource of a namespaced object without namespace succeeded")
+	}
+
+	// A kind discovery learns about later (a CRD applied by someone else) is found: an unknown kind
+	// is looked up again with a fresh discovery.
+	disc.Resources = append(disc.Resources, &metav1.APIResourceList{GroupVersion: "example.com/v1", APIResources: []metav1.APIResource{
+		{Name: "widgets", Kind: "Widget", Namespaced: false, Verbs: metav1.Verbs{"get", "patch"}},
+	}})
+	if _, err := a.Resource(unknown); err != nil {
+		t.Errorf("Resource of a kind discovery has learnt since = %v", err)
+	}
+}
+
+func TestUnstructured(t *testing.T) {
+	obj, err := Unstructured(corev1ac.ConfigMap("c", "berth-system").WithData(map[string]string{"k": "v"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if obj.GetAPIVersion() != "v1" || obj.GetKind() != "ConfigMap" || obj.GetName() != "c" || obj.GetNamespace() != "berth-system" {
+		t.Fatalf("Unstructured = %v", obj.Object)
+	}
+	if v, _, _ := unstructured.NestedString(obj.Object, "data", "k"); v != "v" {
+		t.Fatalf("data = %v", obj.Object["data"])
+	}
+	var typed corev1.ConfigMap
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(obj.Object, &typed); err != nil || typed.Data["k"] != "v" {
+		t.Fatalf("the object does not decode as a ConfigMap: %v", err)
+	}
+	if _, err := Unstructured(corev1ac.ConfigMap("", "berth-system")); err == nil {
+		t.Error("Unstructured of a configuration without a name succeeded")
+	}
+	if _, err := Unstructured(&corev1ac.ConfigMapApplyConfiguration{}); err == nil {
+		t.Error("Unstructured of a configuration without a kind succeeded")
 	}
 }

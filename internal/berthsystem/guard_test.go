@@ -12,7 +12,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/dynamic"
 
 	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/apply"
@@ -27,8 +26,10 @@ func TestNamespaceGuardOnAPIServer(t *testing.T) {
 	env := apiservertest.Start(t)
 	ctx := context.Background()
 	kube := env.Client(t, apiservertest.AdminUser)
-	dyn := dynamic.NewForConfigOrDie(env.Config(apiservertest.AdminUser))
-	a := apply.New(dyn)
+	a, err := apply.NewForConfig(env.Config(apiservertest.AdminUser))
+	if err != nil {
+		t.Fatal(err)
+	}
 	guard := func(images ...string) {
 		t.Helper()
 		for _, o := range berthsystem.Guard(images) {

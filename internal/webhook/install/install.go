@@ -177,7 +177,7 @@ type Installer struct {
 // New returns an installer using the given clients; progress goes to out.
 func New(cfg Config, kube kubernetes.Interface, dyn dynamic.Interface, out io.Writer) *Installer {
 	cfg.defaults()
-	return &Installer{cfg: cfg, kube: kube, objects: apply.New(dyn), out: out}
+	return &Installer{cfg: cfg, kube: kube, objects: apply.New(dyn, kube.Discovery()), out: out}
 }
 
 // NewFromKubeconfig returns an installer for the cluster named by the kubeconfig at path.
