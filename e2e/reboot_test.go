@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/joinconfig"
 )
 
 // checkDayTwo runs on TestMiniCluster's cluster (1 control plane, 2 workers) after its power cut of
@@ -41,7 +43,7 @@ func checkDayTwo(t *testing.T, c *cluster, restartOut string) {
 	var out string
 	var err error
 	if werr := wait.PollUntilContextTimeout(context.Background(), 2*time.Second, 3*time.Minute, true, func(context.Context) (bool, error) {
-		out, err = c.run(time.Minute, c.berth, "verify", "--endpoint", cpIP+":30090", "--policy", joinPolicy)
+		out, err = c.run(time.Minute, c.berth, "verify", "--endpoint", cpIP+":"+strconv.Itoa(joinconfig.JoinPort), "--policy", joinPolicy)
 		return err == nil && strings.Contains(out, "verdict: ACCEPTED"), nil
 	}); werr != nil {
 		t.Fatalf("berth verify against the rebooted joinservice: %v\n%s", err, out)

@@ -29,7 +29,7 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// JoinService runs on control-plane nodes (port 30090, mutual attested TLS). Rejections are gRPC statuses
+// JoinService runs on control-plane nodes (port 9002, mutual attested TLS). Rejections are gRPC statuses
 // whose message states the reason and whose google.rpc.ErrorInfo detail carries a stable reason code.
 type JoinServiceClient interface {
 	// IssueJoinTicket gives an attested fresh node everything it needs to run kubeadm join.
@@ -70,7 +70,7 @@ func (c *joinServiceClient) IssueRejoinTicket(ctx context.Context, in *IssueRejo
 // All implementations must embed UnimplementedJoinServiceServer
 // for forward compatibility.
 //
-// JoinService runs on control-plane nodes (port 30090, mutual attested TLS). Rejections are gRPC statuses
+// JoinService runs on control-plane nodes (port 9002, mutual attested TLS). Rejections are gRPC statuses
 // whose message states the reason and whose google.rpc.ErrorInfo detail carries a stable reason code.
 type JoinServiceServer interface {
 	// IssueJoinTicket gives an attested fresh node everything it needs to run kubeadm join.

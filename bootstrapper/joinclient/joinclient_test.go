@@ -132,10 +132,10 @@ func TestRunLogsRejectionsAndJoins(t *testing.T) {
 			self,
 			{Name: "cp-0", Role: metadata.RoleControlPlane, IPs: []string{"198.51.100.10"}},
 		}}
-		dial := startBufJoinService(t, svc, "198.51.100.10:30090")
+		dial := startBufJoinService(t, svc, "198.51.100.10:9002")
 		core, logs := observer.New(zap.InfoLevel)
 		joiner := &recordingJoiner{}
-		c := New(zap.New(core), meta, dial, joiner, "disk-1").WithPort(30090)
+		c := New(zap.New(core), meta, dial, joiner, "disk-1").WithPort(9002)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		start := time.Now()

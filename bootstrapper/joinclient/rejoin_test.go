@@ -118,7 +118,7 @@ func refusal(code codes.Code, reason, msg string) error {
 }
 
 func rejoin(ctx context.Context, log *zap.Logger, dial dialFunc) ([]byte, []byte, error) {
-	return Rejoin(ctx, log, cluster, dial, 30090, rejoinDiskUUID, rejoinBinding)
+	return Rejoin(ctx, log, cluster, dial, 9002, rejoinDiskUUID, rejoinBinding)
 }
 
 func TestRejoinRetriesUntilAJoinserviceAnswers(t *testing.T) {
@@ -126,7 +126,7 @@ func TestRejoinRetriesUntilAJoinserviceAnswers(t *testing.T) {
 		// cp-0 is down; cp-1 answers Unavailable twice (its joinservice still starting), then gives
 		// the key.
 		cp1 := &rejoinService{errs: []error{status.Error(codes.Unavailable, "starting"), status.Error(codes.Unavailable, "starting")}}
-		dial := serveRejoin(t, map[string]*rejoinService{"198.51.100.11:30090": cp1}, "198.51.100.12:30090")
+		dial := serveRejoin(t, map[string]*rejoinService{"198.51.100.11:9002": cp1}, "198.51.100.12:9002")
 		core, logs := observer.New(zap.DebugLevel)
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -151,7 +151,7 @@ func TestRejoinRetriesUntilAJoinserviceAnswers(t *testing.T) {
 			}
 		}
 		got := logs.FilterMessage("rejoin ticket received").All()
-		if len(got) != 1 || got[0].ContextMap()["attempt"] != int64(3) || got[0].ContextMap()["endpoint"] != "198.51.100.11:30090" {
+		if len(got) != 1 || got[0].ContextMap()["attempt"] != int64(3) || got[0].ContextMap()["endpoint"] != "198.51.100.11:9002" {
 			t.Fatalf("logs %v, want the ticket from cp-1 at attempt 3", got)
 		}
 		for _, e := range logs.All() {
@@ -169,14 +169,14 @@ func TestRejoinReturnsARefusal(t *testing.T) {
 		msg := "this disk does not belong to the attested machine\x1b[2J\n\u202e"
 		cp0 := &rejoinService{errs: []error{refusal(codes.PermissionDenied, "DISK_NOT_BOUND", msg)}, always: true}
 		cp1 := &rejoinService{errs: []error{status.Error(codes.Unavailable, "starting")}, always: true}
-		dial := serveRejoin(t, map[string]*rejoinService{"198.51.100.10:30090": cp0, "198.51.100.11:30090": cp1}, "")
+		dial := serveRejoin(t, map[string]*rejoinService{"198.51.100.10:9002": cp0, "198.51.100.11:9002": cp1}, "")
 		core, logs := observer.New(zap.InfoLevel)
 		key, _, err := rejoin(context.Background(), zap.New(core), dial)
 		if key != nil || !errors.Is(err, ErrRejoinRefused) {
 			t.Fatalf("Rejoin() = %x, %v, want ErrRejoinRefused", key, err)
 		}
 		var r *RejoinRefusedError
-		if !errors.As(err, &r) || r.Reason != "DISK_NOT_BOUND" || r.Code != codes.PermissionDenied || r.Endpoint != "198.51.100.10:30090" || r.Unverified {
+		if !errors.As(err, &r) || r.Reason != "DISK_NOT_BOUND" || r.Code != codes.PermissionDenied || r.Endpoint != "198.51.100.10:9002" || r.Unverified {
 			t.Fatalf("refusal %+v", r)
 		}
 		if want := "this disk does not belong to the attested machine?[2J??"; r.Message != want {
@@ -200,7 +200,7 @@ func TestRejoinPrefersAnAnswerToARefusal(t *testing.T) {
 		// cp-0 refuses (its policy not updated yet), cp-1 gives the key in the same round.
 		cp0 := &rejoinService{errs: []error{refusal(codes.PermissionDenied, "MEASUREMENT_MISMATCH", "index 4: expected aa, got bb")}, always: true}
 		cp1 := &rejoinService{}
-		dial := serveRejoin(t, map[string]*rejoinService{"198.51.100.10:30090": cp0, "198.51.100.11:30090": cp1}, "")
+		dial := serveRejoin(t, map[string]*rejoinService{"198.51.100.10:9002": cp0, "198.51.100.11:9002": cp1}, "")
 		key, _, err := rejoin(context.Background(), zap.NewNop(), dial)
 		if err != nil || !bytes.Equal(key, rejoinKey) {
 			t.Fatalf("Rejoin() = %x, %v", key, err)
@@ -213,7 +213,7 @@ func TestRejoinNamesARefusalInTheHandshake(t *testing.T) {
 		claims := status.Error(codes.Unavailable, `connection error: desc = "transport: authentication handshake failed: probing attestation identity: `+
 			`attestation refused on claimed measurements: MEASUREMENT_MISMATCH: claimed measurements do not satisfy the cluster policy (index 4: claimed bb)"`)
 		cp0 := &rejoinService{errs: []error{claims}, always: true}
-		dial := serveRejoin(t, map[string]*rejoinService{"198.51.100.10:30090": cp0}, "")
+		dial := serveRejoin(t, map[string]*rejoinService{"198.51.100.10:9002": cp0}, "")
 		_, _, err := rejoin(context.Background(), zap.NewNop(), dial)
 		var r *RejoinRefusedError
 		if !errors.As(err, &r) || !r.Unverified || r.Reason != "MEASUREMENT_MISMATCH" || !strings.Contains(r.Message, "index 4: claimed bb") {
@@ -237,7 +237,7 @@ func TestRejoinKeepsTryingUntilTheContextEnds(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				services := map[string]*rejoinService{}
 				if cp0 != nil {
-					services["198.51.100.10:30090"] = cp0
+					services["198.51.100.10:9002"] = cp0
 				}
 				dial := serveRejoin(t, services, "")
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -250,7 +250,7 @@ func TestRejoinKeepsTryingUntilTheContextEnds(t *testing.T) {
 				if cp0 != nil && cp0.calls() < 7 {
 					t.Fatalf("asked %d times in 10 s, want at least 7", cp0.calls())
 				}
-				if cp0 != nil && !strings.Contains(err.Error(), "198.51.100.10:30090: ") {
+				if cp0 != nil && !strings.Contains(err.Error(), "198.51.100.10:9002: ") {
 					t.Fatalf("error %q does not say what cp-0 answered", err)
 				}
 				t.Logf("error: %v", err)
@@ -275,7 +275,7 @@ func TestRejoinBackoff(t *testing.T) {
 		meta := staticMeta{peers: []metadata.Instance{{Name: "cp-0", Role: metadata.RoleControlPlane, IPs: []string{"198.51.100.10"}}}}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
-		if _, _, err := Rejoin(ctx, zap.NewNop(), meta, dial, 30090, rejoinDiskUUID, rejoinBinding); !errors.Is(err, context.DeadlineExceeded) {
+		if _, _, err := Rejoin(ctx, zap.NewNop(), meta, dial, 9002, rejoinDiskUUID, rejoinBinding); !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("Rejoin() = %v", err)
 		}
 		mu.Lock()

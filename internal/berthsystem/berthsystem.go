@@ -100,7 +100,10 @@ func joinService(cfg Config) []map[string]any {
 	if pull == "" {
 		pull = "IfNotPresent"
 	}
-	env := []any{map[string]any{"name": "NODE_NAME", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "spec.nodeName"}}}}
+	env := []any{
+		map[string]any{"name": "NODE_NAME", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "spec.nodeName"}}},
+		map[string]any{"name": "HOST_IP", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "status.hostIP"}}},
+	}
 	for _, k := range slices.Sorted(maps.Keys(cfg.JoinServiceEnv)) {
 		env = append(env, map[string]any{"name": k, "value": cfg.JoinServiceEnv[k]})
 	}
@@ -161,16 +164,21 @@ func joinService(cfg Config) []map[string]any {
 							"args": []any{
 								fmt.Sprintf("--listen=:%d", joinconfig.JoinPort),
 								"--pki-dir=" + pkiDir,
-								fmt.Sprintf("--metrics-listen=:%d", joinconfig.MetricsPort),
+								// Metrics and probes on the node's own address, not every interface.
+								fmt.Sprintf("--metrics-listen=$(HOST_IP):%d", joinconfig.MetricsPort),
 							},
 							"ports": []any{
 								map[string]any{"name": "join", "containerPort": joinconfig.JoinPort, "protocol": "TCP"},
 								map[string]any{"name": "metrics", "containerPort": joinconfig.MetricsPort, "protocol": "TCP"},
 							},
 							"livenessProbe": map[string]any{
-								"httpGet":          map[string]any{"path": "/healthz", "port": joinconfig.MetricsPort},
+								"httpGet":          map[string]any{"path": "/livez", "port": joinconfig.MetricsPort},
 								"periodSeconds":    10,
 								"failureThreshold": 6,
+							},
+							"readinessProbe": map[string]any{
+								"httpGet":       map[string]any{"path": "/readyz", "port": joinconfig.MetricsPort},
+								"periodSeconds": 5,
 							},
 							"env":             env,
 							"volumeMounts":    mounts,

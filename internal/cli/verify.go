@@ -49,7 +49,7 @@ printed either way (-o json|yaml: one document, fields in internal/cli/README.md
 With --save-evidence the node's attested certificate and the nonce are written to a file that
 berth policy check judges offline, for example against a policy you are about to roll out.`,
 		Example: `  berth verify --endpoint 198.51.100.10:9000 --policy policy.yaml
-  berth verify --endpoint 198.51.100.10:30090 --policy join-policy.yaml --save-evidence cp1.evidence
+  berth verify --endpoint 198.51.100.10:9002 --policy join-policy.yaml --save-evidence cp1.evidence
   berth verify --endpoint 198.51.100.10:9000 --policy policy.yaml -o json | jq -r .verdict`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -27,14 +27,28 @@ const (
 	JoinServiceName = "berth-joinservice"
 	// ServiceAccountName is the joinservice's ServiceAccount.
 	ServiceAccountName = "berth-joinservice"
+	// ControlPlaneJoinLease is the Lease that serializes control-plane joins across the joinservice's
+	// replicas.
+	ControlPlaneJoinLease = "berth-control-plane-join"
 )
 
-// Ports of the joinservice on the host network of every control plane.
+// Ports of the joinservice on the host network of every control plane. Berth's host ports are one
+// block, 9000-9003: the bootstrapper's init server (9000) and recovery server (9001, recoverproto),
+// then these two. They stay out of Kubernetes' NodePort range (30000-32767), where kube-proxy forwards
+// a port the API server hands to any NodePort Service on every node's addresses, which would take the
+// join traffic; out of the kernel's ephemeral range (32768-60999), where an outgoing connection may
+// hold the port; and off the ports of the usual monitoring and control-plane components (Prometheus
+// 9090-9094, node exporter 9100, Calico 9091/9099, the Kubernetes components' 10248-10259, etcd
+// 2379-2381, the API server 6443).
 const (
-	// JoinPort serves the JoinService gRPC API over mutual attested TLS.
-	JoinPort = 30090
-	// MetricsPort serves /metrics and /healthz.
-	MetricsPort = 30091
+	// JoinPort serves the JoinService gRPC API over mutual attested TLS, on every address of the node:
+	// joining nodes dial it.
+	JoinPort = 9002
+	// MetricsPort serves /metrics, /livez and /readyz over plain HTTP. The DaemonSet binds it to the
+	// node's own address (the pod's status.hostIP), not every interface: the kubelet probes it there
+	// and Prometheus scrapes it there (pod discovery gives the pod's IP, the node's with host network,
+	// and the port named "metrics").
+	MetricsPort = 9003
 )
 
 // Keys of the join ConfigMap.

@@ -26,11 +26,12 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/joinservice/server"
 )
 
 // LeaseName is the Lease that serializes control-plane joins.
-const LeaseName = "berth-control-plane-join"
+const LeaseName = joinconfig.ControlPlaneJoinLease
 
 // Defaults.
 const (
