@@ -6,10 +6,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -168,24 +170,6 @@ func TestMiniCluster(t *testing.T) {
 			t.Errorf("API server -> pod on %s = %q", n, got)
 		}
 	}
-
-	// A wrong init secret gets nothing from the control plane's InitServer.
-	ws := t.TempDir()
-	bad := filepath.Join(ws, "init.yaml")
-	if err := os.WriteFile(bad, []byte("clusterName: impostor\nkubernetesVersion: v1.34.2\nserviceCIDR: 10.96.0.0/12\npodCIDR: 10.244.0.0/16\n"+
-		"initSecret: 00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cp := strings.TrimSpace(c.kube("get", "node", "cp1", "-o", "jsonpath={.status.addresses[?(@.type==\"InternalIP\")].address}"))
-	out, err = c.run(2*time.Minute, c.berth, "init", "--endpoint", cp+":9000", "--config", bad, "--workspace", ws,
-		"--insecure-skip-attestation", "--connect-timeout", "20s")
-	if err == nil {
-		t.Errorf("berth init with a wrong secret succeeded:\n%s", out)
-	}
-	if _, serr := os.Stat(filepath.Join(ws, "admin.conf")); serr == nil {
-		t.Errorf("berth init with a wrong secret wrote an admin.conf")
-	}
-	t.Logf("berth init with a wrong init secret (rejected as expected):\n%s", out)
 
 	// Power cut of all nodes; the cluster comes back by itself.
 	start = time.Now()
@@ -367,9 +351,11 @@ func checkNoResidue(t *testing.T, dir string, pids []int) {
 
 func itoa(i int) string { return strconv.Itoa(i) }
 
-// TestMiniAttestedInit brings up one control plane with TPM attestation: berth init checks the
-// node's quote (EK certificate from the cluster's mini CA, simulated boot in PCR 4) against the
-// policy before it sends any secret.
+// TestMiniAttestedInit brings up one control plane with TPM attestation and initializes it the way
+// an operator does: berth init checks the node's quote (EK certificate from the cluster's mini CA,
+// simulated boot in PCR 4) against the policy before it sends any secret. First with a wrong init
+// secret over the same attested connection: the node answers with the one generic rejection, writes
+// nothing and stays initializable; then with the right one.
 func TestMiniAttestedInit(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
@@ -378,8 +364,8 @@ func TestMiniAttestedInit(t *testing.T) {
 	c := &cluster{t: t, root: root, dir: filepath.Join(t.TempDir(), "cluster"), berth: filepath.Join(root, "bin", "berth")}
 	start := time.Now()
 	out, err := c.run(30*time.Minute, c.berth, "mini", "up", "--dir", c.dir, "--name", clusterName, "--subnet", subnet,
-		"--control-planes", "1", "--workers", "0", "--attestation", "tpm")
-	t.Logf("berth mini up --attestation tpm (%.1fs):\n%s", time.Since(start).Seconds(), out)
+		"--control-planes", "1", "--workers", "0", "--attestation", "tpm", "--no-init")
+	t.Logf("berth mini up --attestation tpm --no-init (%.1fs):\n%s", time.Since(start).Seconds(), out)
 	procs := recordedPIDs(t, c.dir)
 	defer func() {
 		out, err := c.run(5*time.Minute, c.berth, "mini", "down", "--dir", c.dir)
@@ -392,9 +378,56 @@ func TestMiniAttestedInit(t *testing.T) {
 		dumpLogs(t, c.dir)
 		t.Fatalf("berth mini up: %v", err)
 	}
-	if !strings.Contains(out, "Node attested (tpm)") {
-		t.Errorf("up output does not show a TPM-attested init")
+	cfgPath := filepath.Join(c.dir, "init.yaml")
+	good, err := os.ReadFile(cfgPath)
+	if err != nil {
+		t.Fatal(err)
 	}
+	if !strings.Contains(string(good), "attestationPolicyFile:") {
+		t.Fatalf("init.yaml has no attestation policy:\n%s", good)
+	}
+	initArgs := []string{"init", "--endpoint", nodeIP(t, c.dir, "cp1") + ":9000", "--connect-timeout", "2m"}
+
+	// A wrong init secret, over an attested connection (the node passed attestation): the node says
+	// only that it rejected the request, and nothing is written.
+	ws := t.TempDir()
+	wrongSecret := filepath.Join(ws, "wrong-init-secret")
+	if err := os.WriteFile(wrongSecret, []byte("00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad := regexp.MustCompile(`(?m)^initSecretFile: .*$`).ReplaceAllString(string(good), "initSecretFile: "+wrongSecret)
+	if bad == string(good) {
+		t.Fatalf("init.yaml has no initSecretFile line:\n%s", good)
+	}
+	badPath := filepath.Join(ws, "init.yaml")
+	if err := os.WriteFile(badPath, []byte(bad), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, err = c.run(3*time.Minute, c.berth, append(initArgs, "--config", badPath, "--workspace", ws)...)
+	t.Logf("berth init with a wrong init secret (%v):\n%s", err, out)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 3 {
+		t.Errorf("berth init with a wrong init secret: want exit 3 (rejected), got %v", err)
+	}
+	if !strings.Contains(out, "Node attested (tpm)") {
+		t.Errorf("the wrong-secret init did not get past attestation, so it does not test the init secret")
+	}
+	if !strings.Contains(out, "the node rejected the init request: wrong init secret, or not the node you meant") {
+		t.Errorf("the wrong-secret init does not end with the generic rejection")
+	}
+	if _, serr := os.Stat(filepath.Join(ws, "admin.conf")); serr == nil {
+		t.Errorf("berth init with a wrong secret wrote an admin.conf")
+	}
+
+	// The right secret: the same node is still fresh and initializes.
+	start = time.Now()
+	out = c.must(10*time.Minute, c.berth, append(initArgs, "--config", cfgPath, "--workspace", c.dir)...)
+	t.Logf("berth init (%.1fs):\n%s", time.Since(start).Seconds(), out)
+	if !strings.Contains(out, "Node attested (tpm)") {
+		t.Errorf("init output does not show a TPM-attested init")
+	}
+	c.kubectl = filepath.Join(strings.TrimSpace(c.must(30*time.Minute, filepath.Join(root, "scripts", "build-k8s.sh"), "k8s")), "kubectl")
+	c.kube("wait", "--for=condition=Ready", "node/cp1", "--timeout=180s")
 }
 
 // TestMiniTamperedWorkerRejected brings up an attested cluster with one genuine and one tampered

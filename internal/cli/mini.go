@@ -94,6 +94,7 @@ type miniUpFlags struct {
 	bootstrapper  string
 	attestation   string
 	noBootstrap   bool
+	noInit        bool
 	readyTimeout  time.Duration
 }
 
@@ -137,6 +138,7 @@ later ones find them cached.`,
 	fl.StringVar(&f.bootstrapper, "bootstrapper", "", "bootstrapper binary (default: bootstrapper next to the berth binary)")
 	fl.StringVar(&f.attestation, "attestation", mini.AttestationTPM, "attestation variant of the bootstrappers: tpm (swtpm per node, EK certificates from a mini-local CA) or insecure-none (development only)")
 	fl.BoolVar(&f.noBootstrap, "no-bootstrap", false, "prepare the nodes but start no bootstrapper")
+	fl.BoolVar(&f.noInit, "no-init", false, "start the nodes and their bootstrappers but do not initialize the cluster: up writes the policy and init config and prints the berth init command to run")
 	fl.DurationVar(&f.readyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for every node to be Ready after init")
 	return cmd
 }
@@ -254,6 +256,15 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 	if f.noBootstrap {
 		_, _ = fmt.Fprintf(out, "no bootstrapper started (--no-bootstrap). Run a command in a node with:\n  nsenter --net=/run/netns/%s --mount=%s --uts=%s -- CMD\n",
 			cfg.NodeNetns(cfg.Nodes()[0].Name), cfg.MountNS(cfg.Nodes()[0].Name), cfg.UTSNS(cfg.Nodes()[0].Name))
+		return nil
+	}
+	if f.noInit {
+		args, err := cl.PrepareInit()
+		if err != nil {
+			return err
+		}
+		_, _ = fmt.Fprintf(out, "the nodes wait for berth init (--no-init). Initialize the cluster with:\n  %s %s\nthen wait for the nodes with:\n  kubectl --kubeconfig %s wait --for=condition=Ready nodes --all\n",
+			env.Self, strings.Join(args, " "), filepath.Join(dir, "admin.conf"))
 		return nil
 	}
 	status := func(s string) { _, _ = fmt.Fprintf(errOut, "    %s\n", strings.ReplaceAll(s, "\n", "\n    ")) }

@@ -53,23 +53,34 @@ initSecretFile: %s
 
 func (c *Cluster) initSecretPath() string { return filepath.Join(c.cfg.Dir, "init-secret") }
 
+// PrepareInit writes the attestation policy and `berth init`'s config file into the cluster
+// directory and returns the arguments of the `berth init` command that initializes the cluster
+// through the first control plane (without the berth binary itself).
+func (c *Cluster) PrepareInit() ([]string, error) {
+	if err := writeFile(c.cfg.PolicyPath(), c.policyFile(), 0o644); err != nil {
+		return nil, err
+	}
+	cfgPath := filepath.Join(c.cfg.Dir, "init.yaml")
+	if err := writeFile(cfgPath, c.initConfig(), 0o600); err != nil {
+		return nil, err
+	}
+	cp := c.cfg.Nodes()[0]
+	args := []string{"init", "--endpoint", netip.AddrPortFrom(cp.IP, InitPort).String(), "--config", cfgPath,
+		"--workspace", c.cfg.Dir, "--connect-timeout", "2m"}
+	if c.cfg.Attestation == AttestationInsecureNone {
+		args = append(args, "--insecure-skip-attestation")
+	}
+	return args, nil
+}
+
 // Bootstrap initializes the cluster through the first control plane's InitServer with `berth init`
 // (the same command an operator runs) and waits until every node joined by itself and is Ready.
 func (c *Cluster) Bootstrap(ctx context.Context, opts BootstrapOptions) (Timings, error) {
 	var t Timings
-	cp := c.cfg.Nodes()[0]
 	err := t.run("init", opts.Progress, func() error {
-		if err := writeFile(c.cfg.PolicyPath(), c.policyFile(), 0o644); err != nil {
+		args, err := c.PrepareInit()
+		if err != nil {
 			return err
-		}
-		cfgPath := filepath.Join(c.cfg.Dir, "init.yaml")
-		if err := writeFile(cfgPath, c.initConfig(), 0o600); err != nil {
-			return err
-		}
-		args := []string{"init", "--endpoint", netip.AddrPortFrom(cp.IP, InitPort).String(), "--config", cfgPath,
-			"--workspace", c.cfg.Dir, "--connect-timeout", "2m"}
-		if c.cfg.Attestation == AttestationInsecureNone {
-			args = append(args, "--insecure-skip-attestation")
 		}
 		out, err := c.run.Run(ctx, Cmd{Path: c.env.Self, Args: args})
 		if err != nil {
