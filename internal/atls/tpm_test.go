@@ -111,9 +111,13 @@ func benchServer(b *testing.B, cfg *tls.Config) string {
 			if err != nil {
 				return
 			}
-			tc := tls.Server(c, cfg)
-			_ = tc.Handshake()
-			tc.Close()
+			wg.Add(1)
+			go func() { // concurrent, as a server's connections are
+				defer wg.Done()
+				tc := tls.Server(c, cfg)
+				_ = tc.Handshake()
+				tc.Close()
+			}()
 		}
 	}()
 	b.Cleanup(func() {

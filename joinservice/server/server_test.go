@@ -47,7 +47,7 @@ type peers []metadata.Instance
 
 func (p peers) Peers(context.Context) ([]metadata.Instance, error) { return p, nil }
 
-func writePKI(t *testing.T) string {
+func writePKI(t testing.TB) string {
 	t.Helper()
 	dir := t.TempDir()
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
@@ -113,7 +113,7 @@ func start(t *testing.T, meta peers, opts ...Option) joinproto.JoinServiceClient
 	return joinproto.NewJoinServiceClient(conn)
 }
 
-func csr(t *testing.T, cn string) []byte {
+func csr(t testing.TB, cn string) []byte {
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: cn}}, key)
 	if err != nil {
