@@ -177,18 +177,14 @@ func (v *Validator) identityBound(id identity, key string, challenged bool) func
 		if err != nil {
 			return attestation.Result{}, err
 		}
-		akPub, err := tpm2.Unmarshal[tpm2.TPMTPublic](doc.AKPublic)
+		akName, err := v.akName(doc)
 		if err != nil {
-			return attestation.Result{}, fmt.Errorf("%w: decoding AK public area: %w", attestation.ErrMalformed, err)
+			return attestation.Result{}, err
 		}
-		akName, err := tpm2.ObjectName(akPub)
-		if err != nil {
-			return attestation.Result{}, fmt.Errorf("%w: AK name: %w", attestation.ErrMalformed, err)
-		}
-		if !bytes.Equal(akName.Buffer, id.akName) || !bytes.Equal(doc.EKPublic, id.ekPublic) {
+		if !bytes.Equal(akName, id.akName) || !bytes.Equal(doc.EKPublic, id.ekPublic) {
 			return attestation.Result{}, fmt.Errorf("%w: document is not from the challenged EK and AK", attestation.ErrUntrustedRoot)
 		}
-		res, err := v.Validate(ctx, raw, nonce)
+		res, _, err := v.validate(doc, nonce)
 		if challenged && errors.Is(err, attestation.ErrNonceMismatch) {
 			// Either a replay, or the attester could not recover the secret: its AK does not live with the EK.
 			return res, fmt.Errorf("%w: AK activation not proven: %w", attestation.ErrUntrustedRoot, err)
@@ -199,6 +195,23 @@ func (v *Validator) identityBound(id identity, key string, challenged bool) func
 		}
 		return res, err
 	}
+}
+
+// akName is the name of the document's AK: remembered for an identity that verified before, else
+// computed from its public area.
+func (v *Validator) akName(doc *Document) ([]byte, error) {
+	if known := v.knownIdentity(identityKey(doc)); known != nil {
+		return known.akName, nil
+	}
+	akPub, err := tpm2.Unmarshal[tpm2.TPMTPublic](doc.AKPublic)
+	if err != nil {
+		return nil, fmt.Errorf("%w: decoding AK public area: %w", attestation.ErrMalformed, err)
+	}
+	name, err := tpm2.ObjectName(akPub)
+	if err != nil {
+		return nil, fmt.Errorf("%w: AK name: %w", attestation.ErrMalformed, err)
+	}
+	return name.Buffer, nil
 }
 
 func (v *Validator) isActivated(key string) bool {

@@ -10,11 +10,13 @@ import (
 	"crypto/subtle"
 	"crypto/x509"
 	"encoding/asn1"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/big"
 	"sort"
 	"sync"
+	"time"
 
 	"github.com/google/go-tpm/tpm2"
 	"go.uber.org/zap"
@@ -24,14 +26,37 @@ import (
 )
 
 // Validator checks TPM attestation documents against a policy. It is safe for concurrent use.
+//
+// It pays for a TPM's identity once: the EK certificate chain, the EK public area and the AK's
+// creation record of a document that passed are remembered (identities, keyed by a hash of their
+// exact bytes, up to maxIdentities), and later documents with the same bytes only have their quote
+// checked. A policy change builds a new Validator (the joinservice's policywatch does), so nothing
+// verified under an old policy carries over.
 type Validator struct {
 	policy *policy.Policy
 	roots  *x509.CertPool
 	log    *zap.Logger
+	now    func() time.Time
+	// maxIdentities bounds identities (the constant of that name; tests lower it).
+	maxIdentities int
 
-	mu        sync.Mutex
-	activated map[string]struct{} // identities whose AK was proven to live with the EK
+	mu         sync.Mutex
+	activated  map[string]struct{}                     // identities whose AK was proven to live with the EK
+	identities map[[sha256.Size]byte]*verifiedIdentity // EK chains and AK creation records that verified
 }
+
+// verifiedIdentity is what a verified EK chain and AK creation record leave for later validations.
+type verifiedIdentity struct {
+	akKey    crypto.PublicKey // the AK's public key, checked to be a restricted, TPM-bound signing key
+	akName   []byte           // the AK's name
+	identity []byte           // the machine identity, SHA-256 of the EK public area
+	// notAfter is when the first certificate of the EK chain expires: then it is verified again.
+	notAfter time.Time
+}
+
+// maxIdentities bounds the identities a Validator remembers; when full, one is forgotten for each
+// new one, which then costs a full verification again the next time.
+const maxIdentities = 4096
 
 // NewValidator returns a Validator for p, whose variant must be "tpm" and whose trust roots are the
 // EK CA certificates (roots or intermediates; any of them anchors a chain).
@@ -55,7 +80,8 @@ func NewValidator(p *policy.Policy, log *zap.Logger) (*Validator, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Validator{policy: p, roots: p.CertPool(), log: log, activated: map[string]struct{}{}}, nil
+	return &Validator{policy: p, roots: p.CertPool(), log: log, now: time.Now, maxIdentities: maxIdentities, activated: map[string]struct{}{},
+		identities: map[[sha256.Size]byte]*verifiedIdentity{}}, nil
 }
 
 // Variant returns "tpm".
@@ -71,70 +97,103 @@ func (v *Validator) Validate(_ context.Context, raw, nonce []byte) (attestation.
 	if err != nil {
 		return attestation.Result{}, err
 	}
-	measurements, err := verifyQuote(doc, nonce)
+	res, _, err := v.validate(doc, nonce)
+	return res, err
+}
+
+// validate checks a parsed document, cheapest checks first, and returns the verified identity with
+// the result (nil when the identity did not verify).
+func (v *Validator) validate(doc *Document, nonce []byte) (attestation.Result, *verifiedIdentity, error) {
+	quote, err := decodeAttest(doc.Quote)
 	if err != nil {
-		return attestation.Result{}, err
+		return attestation.Result{}, nil, fmt.Errorf("%w: decoding quote: %w", attestation.ErrMalformed, err)
 	}
-	if err := v.verifyEK(doc); err != nil {
-		return attestation.Result{}, err
+	if quote.typ != tpm2.TPMSTAttestQuote {
+		return attestation.Result{}, nil, fmt.Errorf("%w: quote has type %#x", attestation.ErrMalformed, quote.typ)
 	}
-	if len(doc.EventLog) > 0 {
-		if err := verifyEventLog(doc.EventLog, measurements); err != nil {
-			return attestation.Result{}, err
+	if !quoteBinds(doc, quote.extraData, extraData(doc.UserData, nonce)) {
+		return attestation.Result{}, nil, fmt.Errorf("%w: the quote was made for another nonce or other user data", attestation.ErrNonceMismatch)
+	}
+	key := identityKey(doc)
+	known := v.knownIdentity(key)
+	var akKey crypto.PublicKey
+	if known != nil {
+		akKey = known.akKey
+	} else if akKey, err = attestationKey(doc.AKPublic); err != nil {
+		return attestation.Result{}, nil, err
+	}
+	if err := verifySignature(akKey, doc.Quote, doc.QuoteSignature); err != nil {
+		return attestation.Result{}, nil, fmt.Errorf("%w: quote: %w", attestation.ErrBadSignature, err)
+	}
+	selected, banks := quote.sha256PCRs()
+	if banks != 1 || len(selected) != len(doc.PCRs) {
+		return attestation.Result{}, nil, fmt.Errorf("%w: quote selects %v, document carries %d PCRs", attestation.ErrMalformed, selected, len(doc.PCRs))
+	}
+	for _, p := range selected {
+		if _, ok := doc.PCRs[uint32(p)]; !ok {
+			return attestation.Result{}, nil, fmt.Errorf("%w: quoted PCR %d missing from document", attestation.ErrMalformed, p)
 		}
 	}
-	res := attestation.Result{Variant: Variant, UserData: doc.UserData, Measurements: measurements, Identity: ekIdentity(doc.EKPublic)}
+	if subtle.ConstantTimeCompare(quote.pcrDigest, pcrDigest(doc.PCRs, selected)) != 1 {
+		return attestation.Result{}, nil, fmt.Errorf("%w: PCR values do not match the quoted digest", attestation.ErrBadSignature)
+	}
+	if known == nil {
+		if known, err = v.verifyEK(doc, akKey); err != nil {
+			return attestation.Result{}, nil, err
+		}
+		v.rememberIdentity(key, known)
+	}
+	measurements := attestation.Measurements(doc.PCRs)
+	if len(doc.EventLog) > 0 {
+		if err := verifyEventLog(doc.EventLog, measurements); err != nil {
+			return attestation.Result{}, nil, err
+		}
+	}
+	res := attestation.Result{Variant: Variant, UserData: doc.UserData, Measurements: measurements, Identity: known.identity}
 	res.Warnings, err = v.policy.Evaluate(measurements)
 	for _, w := range res.Warnings {
 		v.log.Warn("measurement deviates from warn-only expectation", zap.String("detail", w))
 	}
-	if err != nil {
-		return res, err
-	}
-	return res, nil
+	return res, known, err
 }
 
-// verifyQuote checks everything that needs no trust anchor: the nonce binding, the AK's attributes,
-// the quote signature and the quoted PCR digest. It returns the quoted measurements.
-func verifyQuote(doc *Document, nonce []byte) (attestation.Measurements, error) {
-	attest, err := tpm2.Unmarshal[tpm2.TPMSAttest](doc.Quote)
-	if err != nil {
-		return nil, fmt.Errorf("%w: decoding quote: %w", attestation.ErrMalformed, err)
+// identityKey is the cache key of a document's TPM identity: a hash over the exact bytes of every
+// field the identity checks read, each length-prefixed.
+func identityKey(doc *Document) [sha256.Size]byte {
+	h := sha256.New()
+	var n [4]byte
+	for _, f := range [][]byte{doc.EKCert, doc.EKPublic, doc.AKPublic, doc.AKCreationData, doc.AKCertifyInfo, doc.AKCertifySignature} {
+		binary.BigEndian.PutUint32(n[:], uint32(len(f)))
+		h.Write(n[:])
+		h.Write(f)
 	}
-	if attest.Type != tpm2.TPMSTAttestQuote {
-		return nil, fmt.Errorf("%w: quote has type %#x", attestation.ErrMalformed, attest.Type)
+	var k [sha256.Size]byte
+	h.Sum(k[:0])
+	return k
+}
+
+// knownIdentity returns the remembered identity for key, or nil (also once its EK chain expired).
+func (v *Validator) knownIdentity(key [sha256.Size]byte) *verifiedIdentity {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	id := v.identities[key]
+	if id != nil && v.now().After(id.notAfter) {
+		delete(v.identities, key)
+		return nil
 	}
-	if !quoteBinds(doc, attest.ExtraData.Buffer, extraData(doc.UserData, nonce)) {
-		return nil, fmt.Errorf("%w: the quote was made for another nonce or other user data", attestation.ErrNonceMismatch)
-	}
-	akPub, err := attestationKey(doc.AKPublic)
-	if err != nil {
-		return nil, err
-	}
-	if err := verifySignature(akPub, doc.Quote, doc.QuoteSignature); err != nil {
-		return nil, fmt.Errorf("%w: quote: %w", attestation.ErrBadSignature, err)
-	}
-	info, err := attest.Attested.Quote()
-	if err != nil {
-		return nil, fmt.Errorf("%w: decoding quote info: %w", attestation.ErrMalformed, err)
-	}
-	selected := selectedPCRs(info.PCRSelect)
-	if len(info.PCRSelect.PCRSelections) != 1 || len(selected) != len(doc.PCRs) {
-		return nil, fmt.Errorf("%w: quote selects %v, document carries %d PCRs", attestation.ErrMalformed, selected, len(doc.PCRs))
-	}
-	for _, p := range selected {
-		if _, ok := doc.PCRs[uint32(p)]; !ok {
-			return nil, fmt.Errorf("%w: quoted PCR %d missing from document", attestation.ErrMalformed, p)
+	return id
+}
+
+func (v *Validator) rememberIdentity(key [sha256.Size]byte, id *verifiedIdentity) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if len(v.identities) >= v.maxIdentities {
+		for k := range v.identities { // map order: an arbitrary one
+			delete(v.identities, k)
+			break
 		}
 	}
-	if !bytes.Equal(info.PCRDigest.Buffer, pcrDigest(doc.PCRs, selected)) {
-		return nil, fmt.Errorf("%w: PCR values do not match the quoted digest", attestation.ErrBadSignature)
-	}
-	m := attestation.Measurements{}
-	for idx, val := range doc.PCRs {
-		m[idx] = val
-	}
-	return m, nil
+	v.identities[key] = id
 }
 
 // quoteBinds reports whether a quote with qualifying data covers leaf: directly, or through the
@@ -170,99 +229,97 @@ func attestationKey(raw []byte) (crypto.PublicKey, error) {
 
 // verifySignature checks a TPMT_SIGNATURE over SHA-256(msg).
 func verifySignature(pub crypto.PublicKey, msg, rawSig []byte) error {
-	sig, err := tpm2.Unmarshal[tpm2.TPMTSignature](rawSig)
+	sig, err := decodeSignature(rawSig)
 	if err != nil {
 		return fmt.Errorf("decoding signature: %w", err)
 	}
 	digest := sha256.Sum256(msg)
 	switch k := pub.(type) {
 	case *ecdsa.PublicKey:
-		s, err := sig.Signature.ECDSA()
-		if err != nil || sig.SigAlg != tpm2.TPMAlgECDSA || s.Hash != tpm2.TPMAlgSHA256 {
+		if sig.alg != tpm2.TPMAlgECDSA || sig.hash != tpm2.TPMAlgSHA256 {
 			return errors.New("not an ECDSA-SHA256 signature")
 		}
-		r, ss := new(big.Int).SetBytes(s.SignatureR.Buffer), new(big.Int).SetBytes(s.SignatureS.Buffer)
+		r, ss := new(big.Int).SetBytes(sig.r), new(big.Int).SetBytes(sig.s)
 		if !ecdsa.Verify(k, digest[:], r, ss) {
 			return errors.New("signature does not verify")
 		}
 		return nil
 	case *rsa.PublicKey:
-		s, err := sig.Signature.RSASSA()
-		if err != nil || sig.SigAlg != tpm2.TPMAlgRSASSA || s.Hash != tpm2.TPMAlgSHA256 {
+		if sig.alg != tpm2.TPMAlgRSASSA || sig.hash != tpm2.TPMAlgSHA256 {
 			return errors.New("not an RSASSA-SHA256 signature")
 		}
-		return rsa.VerifyPKCS1v15(k, crypto.SHA256, digest[:], s.Sig.Buffer)
+		return rsa.VerifyPKCS1v15(k, crypto.SHA256, digest[:], sig.rsa)
 	default:
 		return fmt.Errorf("unsupported key type %T", pub)
 	}
 }
 
 // verifyEK checks that the EK certificate chains to a trust root, that it certifies the document's EK,
-// and that the AK was created under that EK (TPM2_CertifyCreation, signed by the AK).
-func (v *Validator) verifyEK(doc *Document) error {
+// and that the AK (akKey, from doc.AKPublic) was created under that EK (TPM2_CertifyCreation, signed
+// by the AK). It returns what later validations of the same identity reuse.
+func (v *Validator) verifyEK(doc *Document, akKey crypto.PublicKey) (*verifiedIdentity, error) {
 	cert, err := parseEKCert(doc.EKCert)
 	if err != nil {
-		return fmt.Errorf("%w: %w", attestation.ErrUntrustedRoot, err)
+		return nil, fmt.Errorf("%w: %w", attestation.ErrUntrustedRoot, err)
 	}
-	if _, err := cert.Verify(x509.VerifyOptions{Roots: v.roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}}); err != nil {
-		return fmt.Errorf("%w: EK certificate: %w", attestation.ErrUntrustedRoot, err)
+	chains, err := cert.Verify(x509.VerifyOptions{Roots: v.roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}, CurrentTime: v.now()})
+	if err != nil {
+		return nil, fmt.Errorf("%w: EK certificate: %w", attestation.ErrUntrustedRoot, err)
 	}
 	ekPub, err := tpm2.Unmarshal[tpm2.TPMTPublic](doc.EKPublic)
 	if err != nil {
-		return fmt.Errorf("%w: decoding EK public area: %w", attestation.ErrMalformed, err)
+		return nil, fmt.Errorf("%w: decoding EK public area: %w", attestation.ErrMalformed, err)
 	}
 	if a := ekPub.ObjectAttributes; !a.FixedTPM || !a.Restricted || !a.Decrypt {
-		return fmt.Errorf("%w: EK is not a restricted TPM-bound decryption key", attestation.ErrUntrustedRoot)
+		return nil, fmt.Errorf("%w: EK is not a restricted TPM-bound decryption key", attestation.ErrUntrustedRoot)
 	}
 	ekKey, err := tpm2.Pub(*ekPub)
 	if err != nil {
-		return fmt.Errorf("%w: EK public key: %w", attestation.ErrMalformed, err)
+		return nil, fmt.Errorf("%w: EK public key: %w", attestation.ErrMalformed, err)
 	}
 	if k, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !k.Equal(ekKey) {
-		return fmt.Errorf("%w: EK certificate is for another key", attestation.ErrUntrustedRoot)
+		return nil, fmt.Errorf("%w: EK certificate is for another key", attestation.ErrUntrustedRoot)
 	}
 	ekName, err := tpm2.ObjectName(ekPub)
 	if err != nil {
-		return fmt.Errorf("%w: EK name: %w", attestation.ErrMalformed, err)
+		return nil, fmt.Errorf("%w: EK name: %w", attestation.ErrMalformed, err)
 	}
 
 	// The AK's creation record names its parent; the CertifyCreation attestation, signed by the AK,
 	// ties that record to the AK.
 	akPubArea, err := tpm2.Unmarshal[tpm2.TPMTPublic](doc.AKPublic)
 	if err != nil {
-		return fmt.Errorf("%w: decoding AK public area: %w", attestation.ErrMalformed, err)
+		return nil, fmt.Errorf("%w: decoding AK public area: %w", attestation.ErrMalformed, err)
 	}
 	akName, err := tpm2.ObjectName(akPubArea)
 	if err != nil {
-		return fmt.Errorf("%w: AK name: %w", attestation.ErrMalformed, err)
-	}
-	akKey, err := attestationKey(doc.AKPublic)
-	if err != nil {
-		return err
+		return nil, fmt.Errorf("%w: AK name: %w", attestation.ErrMalformed, err)
 	}
 	if err := verifySignature(akKey, doc.AKCertifyInfo, doc.AKCertifySignature); err != nil {
-		return fmt.Errorf("%w: AK creation certificate: %w", attestation.ErrUntrustedRoot, err)
+		return nil, fmt.Errorf("%w: AK creation certificate: %w", attestation.ErrUntrustedRoot, err)
 	}
-	certify, err := tpm2.Unmarshal[tpm2.TPMSAttest](doc.AKCertifyInfo)
-	if err != nil || certify.Type != tpm2.TPMSTAttestCreation {
-		return fmt.Errorf("%w: AK creation certificate is not a creation attestation", attestation.ErrUntrustedRoot)
-	}
-	creation, err := certify.Attested.Creation()
-	if err != nil {
-		return fmt.Errorf("%w: decoding creation info: %w", attestation.ErrMalformed, err)
+	creation, err := decodeAttest(doc.AKCertifyInfo)
+	if err != nil || creation.typ != tpm2.TPMSTAttestCreation {
+		return nil, fmt.Errorf("%w: AK creation certificate is not a creation attestation", attestation.ErrUntrustedRoot)
 	}
 	creationHash := sha256.Sum256(doc.AKCreationData)
-	if !bytes.Equal(creation.ObjectName.Buffer, akName.Buffer) || !bytes.Equal(creation.CreationHash.Buffer, creationHash[:]) {
-		return fmt.Errorf("%w: AK creation certificate is for another key", attestation.ErrUntrustedRoot)
+	if !bytes.Equal(creation.objectName, akName.Buffer) || !bytes.Equal(creation.creationHash, creationHash[:]) {
+		return nil, fmt.Errorf("%w: AK creation certificate is for another key", attestation.ErrUntrustedRoot)
 	}
 	cd, err := tpm2.Unmarshal[tpm2.TPMSCreationData](doc.AKCreationData)
 	if err != nil {
-		return fmt.Errorf("%w: decoding AK creation data: %w", attestation.ErrMalformed, err)
+		return nil, fmt.Errorf("%w: decoding AK creation data: %w", attestation.ErrMalformed, err)
 	}
 	if !bytes.Equal(cd.ParentName.Buffer, ekName.Buffer) {
-		return fmt.Errorf("%w: AK was not created under the certified EK", attestation.ErrUntrustedRoot)
+		return nil, fmt.Errorf("%w: AK was not created under the certified EK", attestation.ErrUntrustedRoot)
 	}
-	return nil
+	notAfter := cert.NotAfter
+	for _, c := range chains[0] {
+		if c.NotAfter.Before(notAfter) {
+			notAfter = c.NotAfter
+		}
+	}
+	return &verifiedIdentity{akKey: akKey, akName: akName.Buffer, identity: ekIdentity(doc.EKPublic), notAfter: notAfter}, nil
 }
 
 // oidSubjectAltName is the SAN extension; EK certificates mark it critical and fill it with TPM
