@@ -3,18 +3,28 @@
 // ServiceAccount, RBAC and DaemonSet. The names, ports and data encodings are joinconfig's; this
 // package only assembles them into objects, so the bootstrapper installs exactly what a test harness
 // installs.
+//
+// Every object is built with client-go's typed apply configurations
+// (k8s.io/client-go/applyconfigurations) and handed out as the unstructured objects internal/apply
+// applies.
 package berthsystem
 
 import (
-	"encoding/base64"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 
+	"github.com/berth-k8s/berth/internal/apply"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 )
 
@@ -26,6 +36,8 @@ const (
 	// joinServiceRole names the joinservice's Role and RoleBinding.
 	joinServiceRole = "berth:joinservice"
 	pkiDir          = "/etc/kubernetes/pki"
+	partOfLabel     = "app.kubernetes.io/part-of"
+	nameLabel       = "app.kubernetes.io/name"
 )
 
 // Config is how the components are deployed.
@@ -56,138 +68,133 @@ func Objects(cfg Config, c Cluster) ([]*unstructured.Unstructured, error) {
 	if cfg.JoinServiceImage == "" {
 		return nil, ErrNoJoinServiceImage
 	}
-	objs := []map[string]any{{
-		"apiVersion": "v1", "kind": "Namespace",
-		"metadata": map[string]any{"name": joinconfig.Namespace, "labels": map[string]any{"app.kubernetes.io/part-of": "berth"}},
-	}}
-	objs = append(objs, Guard(append([]string{cfg.JoinServiceImage}, cfg.GuardImages...))...)
-	objs = append(objs, clusterData(c)...)
-	objs = append(objs, joinService(cfg)...)
-	out := make([]*unstructured.Unstructured, len(objs))
-	for n, o := range objs {
-		out[n] = &unstructured.Unstructured{Object: o}
+	policy, binding := Guard(append([]string{cfg.JoinServiceImage}, cfg.GuardImages...))
+	typed := []any{Namespace(), policy, binding}
+	typed = append(typed, clusterData(c)...)
+	typed = append(typed, joinService(cfg)...)
+	out := make([]*unstructured.Unstructured, len(typed))
+	for n, ac := range typed {
+		obj, err := apply.Unstructured(ac)
+		if err != nil {
+			return nil, fmt.Errorf("building berth-system's objects: %w", err)
+		}
+		out[n] = obj
 	}
 	return out, nil
 }
 
+// Namespace returns the berth-system namespace.
+func Namespace() *corev1ac.NamespaceApplyConfiguration {
+	return corev1ac.Namespace(joinconfig.Namespace).WithLabels(map[string]string{partOfLabel: "berth"})
+}
+
 // clusterData returns the cluster Secret and the join ConfigMap.
-func clusterData(c Cluster) []map[string]any {
-	secretData := map[string]any{}
-	for k, v := range c.Secrets.Data() {
-		secretData[k] = base64.StdEncoding.EncodeToString(v)
-	}
-	configData := map[string]any{}
-	for k, v := range c.Join.Data() {
-		configData[k] = v
-	}
-	return []map[string]any{
-		{
-			"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-			"metadata": map[string]any{"name": joinconfig.SecretName, "namespace": joinconfig.Namespace},
-			"data":     secretData,
-		},
-		{
-			"apiVersion": "v1", "kind": "ConfigMap",
-			"metadata": map[string]any{"name": joinconfig.JoinConfigName, "namespace": joinconfig.Namespace},
-			"data":     configData,
-		},
+func clusterData(c Cluster) []any {
+	return []any{
+		corev1ac.Secret(joinconfig.SecretName, joinconfig.Namespace).
+			WithType(corev1.SecretTypeOpaque).
+			WithData(c.Secrets.Data()),
+		corev1ac.ConfigMap(joinconfig.JoinConfigName, joinconfig.Namespace).
+			WithData(c.Join.Data()),
 	}
 }
 
 // joinService returns the joinservice's ServiceAccount, Role, RoleBinding and DaemonSet.
-func joinService(cfg Config) []map[string]any {
-	pull := cfg.ImagePullPolicy
-	if pull == "" {
-		pull = "IfNotPresent"
+func joinService(cfg Config) []any {
+	ns := joinconfig.Namespace
+	return []any{
+		corev1ac.ServiceAccount(joinconfig.ServiceAccountName, ns),
+		// Everything the joinservice touches is in berth-system: a Role, not a ClusterRole.
+		rbacv1ac.Role(joinServiceRole, ns).WithRules(
+			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("secrets").
+				WithResourceNames(joinconfig.SecretName).WithVerbs("get"),
+			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
+				WithVerbs("get", "list", "watch", "create"),
+			// The join ledger is the one ConfigMap the joinservice rewrites.
+			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
+				WithResourceNames(joinconfig.JoinLedgerName).WithVerbs("update"),
+			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("events").WithVerbs("create", "patch"),
+			rbacv1ac.PolicyRule().WithAPIGroups("coordination.k8s.io").WithResources("leases").
+				WithVerbs("create", "get", "update", "delete"),
+		),
+		rbacv1ac.RoleBinding(joinServiceRole, ns).
+			WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("Role").WithName(joinServiceRole)).
+			WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(joinconfig.ServiceAccountName).WithNamespace(ns)),
+		joinServiceDaemonSet(cfg),
 	}
-	env := []any{
-		map[string]any{"name": "NODE_NAME", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "spec.nodeName"}}},
-		map[string]any{"name": "HOST_IP", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "status.hostIP"}}},
+}
+
+// joinServiceDaemonSet returns the joinservice's DaemonSet: one pod on every control plane, on the
+// host's network, with the kubeadm PKI and the node's TPM.
+func joinServiceDaemonSet(cfg Config) *appsv1ac.DaemonSetApplyConfiguration {
+	pull := corev1.PullPolicy(cfg.ImagePullPolicy)
+	if pull == "" {
+		pull = corev1.PullIfNotPresent
+	}
+	env := []*corev1ac.EnvVarApplyConfiguration{
+		fieldEnv("NODE_NAME", "spec.nodeName"),
+		fieldEnv("HOST_IP", "status.hostIP"),
 	}
 	for _, k := range slices.Sorted(maps.Keys(cfg.JoinServiceEnv)) {
-		env = append(env, map[string]any{"name": k, "value": cfg.JoinServiceEnv[k]})
+		env = append(env, corev1ac.EnvVar().WithName(k).WithValue(cfg.JoinServiceEnv[k]))
 	}
-	labels := map[string]any{"app.kubernetes.io/name": joinconfig.JoinServiceName, "app.kubernetes.io/part-of": "berth"}
-	mounts := []any{map[string]any{"name": "pki", "mountPath": pkiDir, "readOnly": true}}
-	volumes := []any{map[string]any{"name": "pki", "hostPath": map[string]any{"path": pkiDir, "type": "Directory"}}}
+	labels := map[string]string{nameLabel: joinconfig.JoinServiceName, partOfLabel: "berth"}
+	mounts := []*corev1ac.VolumeMountApplyConfiguration{
+		corev1ac.VolumeMount().WithName("pki").WithMountPath(pkiDir).WithReadOnly(true),
+	}
+	volumes := []*corev1ac.VolumeApplyConfiguration{
+		corev1ac.Volume().WithName("pki").WithHostPath(corev1ac.HostPathVolumeSource().WithPath(pkiDir).WithType(corev1.HostPathDirectory)),
+	}
 	privileged := false
 	for n, p := range cfg.JoinServiceHostPaths {
 		name := fmt.Sprintf("host-%d", n)
-		mounts = append(mounts, map[string]any{"name": name, "mountPath": p})
-		volumes = append(volumes, map[string]any{"name": name, "hostPath": map[string]any{"path": p}})
+		mounts = append(mounts, corev1ac.VolumeMount().WithName(name).WithMountPath(p))
+		volumes = append(volumes, corev1ac.Volume().WithName(name).WithHostPath(corev1ac.HostPathVolumeSource().WithPath(p)))
 		if strings.HasPrefix(p, "/dev/") {
 			privileged = true // a TPM character device needs device access
 		}
 	}
-	ns := joinconfig.Namespace
-	return []map[string]any{
-		{
-			"apiVersion": "v1", "kind": "ServiceAccount",
-			"metadata": map[string]any{"name": joinconfig.ServiceAccountName, "namespace": ns},
-		},
-		{
-			// Everything the joinservice touches is in berth-system: a Role, not a ClusterRole.
-			"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-			"metadata": map[string]any{"name": joinServiceRole, "namespace": ns},
-			"rules": []any{
-				map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "resourceNames": []any{joinconfig.SecretName}, "verbs": []any{"get"}},
-				map[string]any{"apiGroups": []any{""}, "resources": []any{"configmaps"}, "verbs": []any{"get", "list", "watch", "create"}},
-				// The join ledger is the one ConfigMap the joinservice rewrites.
-				map[string]any{"apiGroups": []any{""}, "resources": []any{"configmaps"}, "resourceNames": []any{joinconfig.JoinLedgerName}, "verbs": []any{"update"}},
-				map[string]any{"apiGroups": []any{""}, "resources": []any{"events"}, "verbs": []any{"create", "patch"}},
-				map[string]any{"apiGroups": []any{"coordination.k8s.io"}, "resources": []any{"leases"}, "verbs": []any{"create", "get", "update", "delete"}},
-			},
-		},
-		{
-			"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-			"metadata": map[string]any{"name": joinServiceRole, "namespace": ns},
-			"roleRef":  map[string]any{"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": joinServiceRole},
-			"subjects": []any{map[string]any{"kind": "ServiceAccount", "name": joinconfig.ServiceAccountName, "namespace": ns}},
-		},
-		{
-			"apiVersion": "apps/v1", "kind": "DaemonSet",
-			"metadata": map[string]any{"name": joinconfig.JoinServiceName, "namespace": ns, "labels": labels},
-			"spec": map[string]any{
-				"selector": map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": joinconfig.JoinServiceName}},
-				"template": map[string]any{
-					"metadata": map[string]any{"labels": labels},
-					"spec": map[string]any{
-						"serviceAccountName": joinconfig.ServiceAccountName,
-						"hostNetwork":        true,
-						"priorityClassName":  "system-cluster-critical",
-						"nodeSelector":       map[string]any{controlPlaneLabel: ""},
-						"tolerations":        []any{map[string]any{"operator": "Exists"}},
-						"containers": []any{map[string]any{
-							"name":            "joinservice",
-							"image":           cfg.JoinServiceImage,
-							"imagePullPolicy": pull,
-							"args": []any{
-								fmt.Sprintf("--listen=:%d", joinconfig.JoinPort),
-								"--pki-dir=" + pkiDir,
-								// Metrics and probes on the node's own address, not every interface.
-								fmt.Sprintf("--metrics-listen=$(HOST_IP):%d", joinconfig.MetricsPort),
-							},
-							"ports": []any{
-								map[string]any{"name": "join", "containerPort": joinconfig.JoinPort, "protocol": "TCP"},
-								map[string]any{"name": "metrics", "containerPort": joinconfig.MetricsPort, "protocol": "TCP"},
-							},
-							"livenessProbe": map[string]any{
-								"httpGet":          map[string]any{"path": "/livez", "port": joinconfig.MetricsPort},
-								"periodSeconds":    10,
-								"failureThreshold": 6,
-							},
-							"readinessProbe": map[string]any{
-								"httpGet":       map[string]any{"path": "/readyz", "port": joinconfig.MetricsPort},
-								"periodSeconds": 5,
-							},
-							"env":             env,
-							"volumeMounts":    mounts,
-							"securityContext": map[string]any{"privileged": privileged},
-						}},
-						"volumes": volumes,
-					},
-				},
-			},
-		},
-	}
+	container := corev1ac.Container().
+		WithName("joinservice").
+		WithImage(cfg.JoinServiceImage).
+		WithImagePullPolicy(pull).
+		WithArgs(
+			fmt.Sprintf("--listen=:%d", joinconfig.JoinPort),
+			"--pki-dir="+pkiDir,
+			// Metrics and probes on the node's own address, not every interface.
+			fmt.Sprintf("--metrics-listen=$(HOST_IP):%d", joinconfig.MetricsPort),
+		).
+		WithPorts(
+			corev1ac.ContainerPort().WithName("join").WithContainerPort(joinconfig.JoinPort).WithProtocol(corev1.ProtocolTCP),
+			corev1ac.ContainerPort().WithName("metrics").WithContainerPort(joinconfig.MetricsPort).WithProtocol(corev1.ProtocolTCP),
+		).
+		WithLivenessProbe(corev1ac.Probe().
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/livez").WithPort(intstr.FromInt32(joinconfig.MetricsPort))).
+			WithPeriodSeconds(10).WithFailureThreshold(6)).
+		WithReadinessProbe(corev1ac.Probe().
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath("/readyz").WithPort(intstr.FromInt32(joinconfig.MetricsPort))).
+			WithPeriodSeconds(5)).
+		WithEnv(env...).
+		WithVolumeMounts(mounts...).
+		WithSecurityContext(corev1ac.SecurityContext().WithPrivileged(privileged))
+	return appsv1ac.DaemonSet(joinconfig.JoinServiceName, joinconfig.Namespace).
+		WithLabels(labels).
+		WithSpec(appsv1ac.DaemonSetSpec().
+			WithSelector(metav1ac.LabelSelector().WithMatchLabels(map[string]string{nameLabel: joinconfig.JoinServiceName})).
+			WithTemplate(corev1ac.PodTemplateSpec().
+				WithLabels(labels).
+				WithSpec(corev1ac.PodSpec().
+					WithServiceAccountName(joinconfig.ServiceAccountName).
+					WithHostNetwork(true).
+					WithPriorityClassName("system-cluster-critical").
+					WithNodeSelector(map[string]string{controlPlaneLabel: ""}).
+					WithTolerations(corev1ac.Toleration().WithOperator(corev1.TolerationOpExists)).
+					WithContainers(container).
+					WithVolumes(volumes...))))
+}
+
+// fieldEnv is an environment variable set from a field of the pod.
+func fieldEnv(name, fieldPath string) *corev1ac.EnvVarApplyConfiguration {
+	return corev1ac.EnvVar().WithName(name).
+		WithValueFrom(corev1ac.EnvVarSource().WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath(fieldPath)))
 }

@@ -6,6 +6,11 @@ import (
 	"strconv"
 	"strings"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	admissionv1ac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+
 	"github.com/berth-k8s/berth/internal/joinconfig"
 )
 
@@ -20,7 +25,7 @@ const GuardName = "berth-system-images"
 // never hold up a restart. A pod may only bring in images from the list; images a pod already runs
 // stay allowed on UPDATE, so finalizers and labels of older pods can always be changed. Deleting the
 // binding is the documented break-glass.
-func Guard(images []string) []map[string]any {
+func Guard(images []string) (*admissionv1ac.ValidatingAdmissionPolicyApplyConfiguration, *admissionv1ac.ValidatingAdmissionPolicyBindingApplyConfiguration) {
 	images = slices.Compact(slices.Sorted(slices.Values(images)))
 	quoted := make([]string, len(images))
 	for n, img := range images {
@@ -31,41 +36,31 @@ func Guard(images []string) []map[string]any {
 			" + (has(" + o + ".spec.initContainers) ? " + o + ".spec.initContainers.map(c, c.image) : [])" +
 			" + (has(" + o + ".spec.ephemeralContainers) ? " + o + ".spec.ephemeralContainers.map(c, c.image) : [])"
 	}
-	labels := map[string]any{"app.kubernetes.io/part-of": "berth", "app.kubernetes.io/managed-by": "berth-bootstrapper"}
-	return []map[string]any{
-		{
-			"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
-			"metadata": map[string]any{"name": GuardName, "labels": labels},
-			"spec": map[string]any{
-				"failurePolicy": "Fail",
-				"matchConstraints": map[string]any{
-					"namespaceSelector": map[string]any{"matchLabels": map[string]any{"kubernetes.io/metadata.name": joinconfig.Namespace}},
-					"resourceRules": []any{map[string]any{
-						"apiGroups": []any{""}, "apiVersions": []any{"v1"},
-						"operations": []any{"CREATE", "UPDATE"},
-						"resources":  []any{"pods", "pods/ephemeralcontainers"},
-					}},
-				},
-				"variables": []any{
-					map[string]any{"name": "allowed", "expression": "[" + strings.Join(quoted, ", ") + "]"},
-					map[string]any{"name": "images", "expression": podImages("object")},
-					map[string]any{"name": "running", "expression": "oldObject == null ? [] : " + podImages("oldObject")},
-				},
-				"validations": []any{map[string]any{
-					"expression": "variables.images.all(i, i in variables.allowed || i in variables.running)",
-					"message": fmt.Sprintf("namespace %s is exempt from the image policy, so it runs only Berth's own images (%s); "+
-						"policy %s enforces this", joinconfig.Namespace, strings.Join(images, ", "), GuardName),
-					"reason": "Forbidden",
-				}},
-			},
-		},
-		{
-			"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
-			"metadata": map[string]any{"name": GuardName, "labels": labels},
-			"spec": map[string]any{
-				"policyName":        GuardName,
-				"validationActions": []any{"Deny"},
-			},
-		},
-	}
+	labels := map[string]string{partOfLabel: "berth", "app.kubernetes.io/managed-by": "berth-bootstrapper"}
+	policy := admissionv1ac.ValidatingAdmissionPolicy(GuardName).
+		WithLabels(labels).
+		WithSpec(admissionv1ac.ValidatingAdmissionPolicySpec().
+			WithFailurePolicy(admissionv1.Fail).
+			WithMatchConstraints(admissionv1ac.MatchResources().
+				WithNamespaceSelector(metav1ac.LabelSelector().WithMatchLabels(map[string]string{"kubernetes.io/metadata.name": joinconfig.Namespace})).
+				WithResourceRules(admissionv1ac.NamedRuleWithOperations().
+					WithAPIGroups("").WithAPIVersions("v1").
+					WithOperations(admissionv1.Create, admissionv1.Update).
+					WithResources("pods", "pods/ephemeralcontainers"))).
+			WithVariables(
+				admissionv1ac.Variable().WithName("allowed").WithExpression("["+strings.Join(quoted, ", ")+"]"),
+				admissionv1ac.Variable().WithName("images").WithExpression(podImages("object")),
+				admissionv1ac.Variable().WithName("running").WithExpression("oldObject == null ? [] : "+podImages("oldObject")),
+			).
+			WithValidations(admissionv1ac.Validation().
+				WithExpression("variables.images.all(i, i in variables.allowed || i in variables.running)").
+				WithMessage(fmt.Sprintf("namespace %s is exempt from the image policy, so it runs only Berth's own images (%s); "+
+					"policy %s enforces this", joinconfig.Namespace, strings.Join(images, ", "), GuardName)).
+				WithReason(metav1.StatusReasonForbidden)))
+	binding := admissionv1ac.ValidatingAdmissionPolicyBinding(GuardName).
+		WithLabels(labels).
+		WithSpec(admissionv1ac.ValidatingAdmissionPolicyBindingSpec().
+			WithPolicyName(GuardName).
+			WithValidationActions(admissionv1.Deny))
+	return policy, binding
 }

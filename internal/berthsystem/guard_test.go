@@ -9,7 +9,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -32,8 +31,13 @@ func TestNamespaceGuardOnAPIServer(t *testing.T) {
 	}
 	guard := func(images ...string) {
 		t.Helper()
-		for _, o := range berthsystem.Guard(images) {
-			if err := a.Apply(ctx, &unstructured.Unstructured{Object: o}); err != nil {
+		policy, binding := berthsystem.Guard(images)
+		for _, ac := range []any{policy, binding} {
+			o, err := apply.Unstructured(ac)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Apply(ctx, o); err != nil {
 				t.Fatalf("applying the guard: %v", err)
 			}
 		}

@@ -2,15 +2,18 @@ package install
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"strings"
 	"time"
 
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/wait"
+	admissionv1ac "k8s.io/client-go/applyconfigurations/admissionregistration/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	admissionregistrationv1 "k8s.io/client-go/kubernetes/typed/admissionregistration/v1"
 
 	"github.com/berth-k8s/berth/internal/apply"
@@ -28,50 +31,46 @@ const endToEndPoll = 500 * time.Millisecond
 // ValidatingWebhookConfiguration returns the configuration: the final one, or with canaryOnly the
 // first stage, which matches only the canary namespace.
 func (w *Installer) ValidatingWebhookConfiguration(caPEM []byte, canaryOnly bool) *unstructured.Unstructured {
-	selector := map[string]any{"matchExpressions": []any{map[string]any{
-		"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": toAny(w.exemptNamespaces()),
-	}}}
+	selector := metav1ac.LabelSelector().WithMatchExpressions(metav1ac.LabelSelectorRequirement().
+		WithKey("kubernetes.io/metadata.name").WithOperator(metav1.LabelSelectorOpNotIn).WithValues(w.exemptNamespaces()...))
 	if canaryOnly {
-		selector = map[string]any{"matchExpressions": []any{map[string]any{
-			"key": "kubernetes.io/metadata.name", "operator": "In", "values": []any{CanaryNamespace},
-		}}}
+		selector = metav1ac.LabelSelector().WithMatchExpressions(metav1ac.LabelSelectorRequirement().
+			WithKey("kubernetes.io/metadata.name").WithOperator(metav1.LabelSelectorOpIn).WithValues(CanaryNamespace))
 	}
-	rule := func(group string, resources ...string) map[string]any {
-		return map[string]any{
-			"apiGroups": []any{group}, "apiVersions": []any{"v1"}, "operations": []any{"CREATE", "UPDATE"},
-			"resources": toAny(resources), "scope": "Namespaced",
-		}
+	rule := func(group string, resources ...string) *admissionv1ac.RuleWithOperationsApplyConfiguration {
+		return admissionv1ac.RuleWithOperations().
+			WithAPIGroups(group).WithAPIVersions("v1").WithOperations(admissionv1.Create, admissionv1.Update).
+			WithResources(resources...).WithScope(admissionv1.NamespacedScope)
 	}
-	return normalize(obj(map[string]any{
-		"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingWebhookConfiguration",
-		"metadata": map[string]any{"name": ConfigName, "labels": ownLabels()},
-		"webhooks": []any{map[string]any{
-			"name":                    HookName,
-			"admissionReviewVersions": []any{"v1"},
-			"sideEffects":             "None",
-			"timeoutSeconds":          w.cfg.TimeoutSeconds,
-			"failurePolicy":           "Fail",
-			"matchPolicy":             "Equivalent",
-			"clientConfig": map[string]any{
-				"caBundle": base64.StdEncoding.EncodeToString(caPEM),
-				"service":  map[string]any{"name": Name, "namespace": namespace, "path": webhook.Path, "port": 443},
-			},
-			"rules": []any{
+	return typed(admissionv1ac.ValidatingWebhookConfiguration(ConfigName).
+		WithLabels(ownLabels()).
+		WithWebhooks(admissionv1ac.ValidatingWebhook().
+			WithName(HookName).
+			WithAdmissionReviewVersions("v1").
+			WithSideEffects(admissionv1.SideEffectClassNone).
+			WithTimeoutSeconds(int32(w.cfg.TimeoutSeconds)).
+			WithFailurePolicy(admissionv1.Fail).
+			WithMatchPolicy(admissionv1.Equivalent).
+			WithClientConfig(admissionv1ac.WebhookClientConfig().
+				WithCABundle(caPEM...).
+				WithService(admissionv1ac.ServiceReference().WithName(Name).WithNamespace(namespace).WithPath(webhook.Path).WithPort(443))).
+			WithRules(
 				rule("", "pods", "pods/ephemeralcontainers", "replicationcontrollers"),
 				rule("apps", "deployments", "replicasets", "statefulsets", "daemonsets"),
 				rule("batch", "jobs", "cronjobs"),
-			},
-			"namespaceSelector": selector,
-			"objectSelector":    map[string]any{},
+			).
+			WithNamespaceSelector(selector).
+			WithObjectSelector(metav1ac.LabelSelector()).
 			// Evaluated by the API server, so they hold with every webhook pod gone. Null-safe:
 			// oldObject is null on CREATE, and an evaluation error would reject under Fail.
-			"matchConditions": []any{
-				map[string]any{"name": "not-terminating", "expression": "oldObject == null || !has(oldObject.metadata.deletionTimestamp)"},
-				map[string]any{"name": "not-node-lease-csr", "expression": "!(request.resource.resource in ['nodes', 'leases', 'certificatesigningrequests', 'events', 'namespaces'])"},
-				map[string]any{"name": "not-a-node", "expression": "!has(request.userInfo.groups) || !('system:nodes' in request.userInfo.groups)"},
-			},
-		}},
-	}))
+			WithMatchConditions(
+				admissionv1ac.MatchCondition().WithName("not-terminating").
+					WithExpression("oldObject == null || !has(oldObject.metadata.deletionTimestamp)"),
+				admissionv1ac.MatchCondition().WithName("not-node-lease-csr").
+					WithExpression("!(request.resource.resource in ['nodes', 'leases', 'certificatesigningrequests', 'events', 'namespaces'])"),
+				admissionv1ac.MatchCondition().WithName("not-a-node").
+					WithExpression("!has(request.userInfo.groups) || !('system:nodes' in request.userInfo.groups)"),
+			)))
 }
 
 func (w *Installer) vwcs() admissionregistrationv1.ValidatingWebhookConfigurationInterface {
@@ -167,11 +166,10 @@ func (w *Installer) rollback(ctx context.Context, previous *unstructured.Unstruc
 		w.say("rolled back: configuration %s deleted", ConfigName)
 		return
 	}
-	restored := obj(map[string]any{
-		"apiVersion": previous.GetAPIVersion(), "kind": previous.GetKind(),
-		"metadata": map[string]any{"name": previous.GetName(), "labels": toAnyMap(previous.GetLabels())},
-		"webhooks": previous.Object["webhooks"],
-	})
+	restored := &unstructured.Unstructured{Object: map[string]any{"webhooks": previous.Object["webhooks"]}}
+	restored.SetGroupVersionKind(previous.GroupVersionKind())
+	restored.SetName(previous.GetName())
+	restored.SetLabels(previous.GetLabels())
 	if err := w.objects.Apply(ctx, restored); err != nil {
 		w.say("rolling back: restoring configuration %s failed: %v", ConfigName, err)
 		return
@@ -236,7 +234,7 @@ func (w *Installer) Uninstall(ctx context.Context) error {
 		return err
 	}
 	for _, o := range []*unstructured.Unstructured{w.deployment(), w.pdb(), w.service(), w.policyConfigMap(),
-		obj(map[string]any{"apiVersion": "v1", "kind": "Secret", "metadata": map[string]any{"name": TLSSecret, "namespace": namespace}}),
+		typed(corev1ac.Secret(TLSSecret, namespace)),
 		w.serviceAccount(), w.canaryNamespace()} {
 		res, err := w.objects.Resource(o)
 		if err != nil {

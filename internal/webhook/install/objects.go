@@ -2,16 +2,22 @@ package install
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"reflect"
 	"slices"
 	"strings"
 	"time"
 
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
+	policyv1ac "k8s.io/client-go/applyconfigurations/policy/v1"
 
 	"github.com/berth-k8s/berth/internal/apply"
 	"github.com/berth-k8s/berth/internal/joinconfig"
@@ -46,7 +52,6 @@ func (w *Installer) get(ctx context.Context, obj *unstructured.Unstructured) (*u
 
 // ensure applies obj unless the live object already holds every field of it (observe, diff, apply).
 func (w *Installer) ensure(ctx context.Context, obj *unstructured.Unstructured) error {
-	obj = normalize(obj)
 	live, err := w.get(ctx, obj)
 	if err != nil {
 		return failure(ErrApply, "check the API server and retry", "%v", err)
@@ -60,19 +65,6 @@ func (w *Installer) ensure(ctx context.Context, obj *unstructured.Unstructured) 
 	w.result.Writes = append(w.result.Writes, "apply "+obj.GetKind()+" "+qualifiedName(obj))
 	w.say("applied %s %s", obj.GetKind(), qualifiedName(obj))
 	return nil
-}
-
-// normalize round-trips obj through JSON so that numbers have the types decoded objects have.
-func normalize(obj *unstructured.Unstructured) *unstructured.Unstructured {
-	data, err := json.Marshal(obj.Object)
-	if err != nil {
-		return obj
-	}
-	out := &unstructured.Unstructured{}
-	if err := out.UnmarshalJSON(data); err != nil {
-		return obj
-	}
-	return out
 }
 
 // contains reports whether every field of want is in have with the same value (lists element-wise,
@@ -108,10 +100,7 @@ func contains(have, want any) bool {
 }
 
 func (w *Installer) ensureBackend(ctx context.Context) ([]byte, error) {
-	ns := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "v1", "kind": "Namespace",
-		"metadata": map[string]any{"name": namespace, "labels": map[string]any{"app.kubernetes.io/part-of": "berth"}},
-	}}
+	ns := typed(corev1ac.Namespace(namespace).WithLabels(map[string]string{"app.kubernetes.io/part-of": "berth"}))
 	if live, err := w.get(ctx, ns); err != nil {
 		return nil, failure(ErrApply, "check the API server and retry", "%v", err)
 	} else if live == nil {
@@ -160,40 +149,51 @@ func (w *Installer) waitNotTerminating(ctx context.Context, name string) error {
 	return nil
 }
 
-func ownLabels() map[string]any {
-	return map[string]any{"app.kubernetes.io/name": Name, "app.kubernetes.io/part-of": "berth", managedByLabel: apply.FieldManager}
+func ownLabels() map[string]string {
+	return map[string]string{"app.kubernetes.io/name": Name, "app.kubernetes.io/part-of": "berth", managedByLabel: apply.FieldManager}
 }
 
-func obj(m map[string]any) *unstructured.Unstructured { return &unstructured.Unstructured{Object: m} }
+// selector selects the webhook's pods.
+func selector() *metav1ac.LabelSelectorApplyConfiguration {
+	return metav1ac.LabelSelector().WithMatchLabels(map[string]string{"app.kubernetes.io/name": Name})
+}
+
+// typed turns one of the installer's typed apply configurations into the object apply takes.
+func typed(ac any) *unstructured.Unstructured {
+	obj, err := apply.Unstructured(ac)
+	if err != nil {
+		// Every configuration here is built in this file with a kind and a name; encoding one cannot fail.
+		panic(fmt.Sprintf("building the webhook's objects: %v", err))
+	}
+	return obj
+}
 
 func (w *Installer) canaryNamespace() *unstructured.Unstructured {
-	return obj(map[string]any{"apiVersion": "v1", "kind": "Namespace",
-		"metadata": map[string]any{"name": CanaryNamespace, "labels": ownLabels()}})
+	return typed(corev1ac.Namespace(CanaryNamespace).WithLabels(ownLabels()))
 }
 
 func (w *Installer) canaryServiceAccount() *unstructured.Unstructured {
-	return obj(map[string]any{"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": false,
-		"metadata": map[string]any{"name": "berth-webhook-canary", "namespace": CanaryNamespace, "labels": ownLabels()}})
+	return typed(corev1ac.ServiceAccount("berth-webhook-canary", CanaryNamespace).
+		WithLabels(ownLabels()).WithAutomountServiceAccountToken(false))
 }
 
 func (w *Installer) serviceAccount() *unstructured.Unstructured {
-	return obj(map[string]any{"apiVersion": "v1", "kind": "ServiceAccount", "automountServiceAccountToken": false,
-		"metadata": map[string]any{"name": Name, "namespace": namespace, "labels": ownLabels()}})
+	return typed(corev1ac.ServiceAccount(Name, namespace).WithLabels(ownLabels()).WithAutomountServiceAccountToken(false))
 }
 
 func (w *Installer) policyConfigMap() *unstructured.Unstructured {
-	return obj(map[string]any{"apiVersion": "v1", "kind": "ConfigMap",
-		"metadata": map[string]any{"name": PolicyConfigMap, "namespace": namespace, "labels": ownLabels()},
-		"data":     map[string]any{"policy.yaml": string(w.cfg.Policy)}})
+	return typed(corev1ac.ConfigMap(PolicyConfigMap, namespace).
+		WithLabels(ownLabels()).
+		WithData(map[string]string{"policy.yaml": string(w.cfg.Policy)}))
 }
 
 func (w *Installer) service() *unstructured.Unstructured {
-	return obj(map[string]any{"apiVersion": "v1", "kind": "Service",
-		"metadata": map[string]any{"name": Name, "namespace": namespace, "labels": ownLabels()},
-		"spec": map[string]any{
-			"selector": map[string]any{"app.kubernetes.io/name": Name},
-			"ports":    []any{map[string]any{"name": "https", "port": 443, "targetPort": servingPort, "protocol": "TCP"}},
-		}})
+	return typed(corev1ac.Service(Name, namespace).
+		WithLabels(ownLabels()).
+		WithSpec(corev1ac.ServiceSpec().
+			WithSelector(map[string]string{"app.kubernetes.io/name": Name}).
+			WithPorts(corev1ac.ServicePort().WithName("https").WithPort(443).
+				WithTargetPort(intstr.FromInt32(servingPort)).WithProtocol(corev1.ProtocolTCP))))
 }
 
 func (w *Installer) exemptNamespaces() []string {
@@ -213,90 +213,88 @@ func (w *Installer) deployment() *unstructured.Unstructured {
 	if w.cfg.TimeoutSeconds <= 1 {
 		handlerDeadline = 500 * time.Millisecond
 	}
-	grace := int((shutdownDelay + time.Duration(w.cfg.TimeoutSeconds)*time.Second).Seconds()) + 15
-	httpProbe := func(path string, period, failures int) map[string]any {
-		return map[string]any{
-			"httpGet":       map[string]any{"path": path, "port": probePort, "scheme": "HTTP"},
-			"periodSeconds": period, "timeoutSeconds": 2, "failureThreshold": failures, "successThreshold": 1,
-		}
+	grace := int64((shutdownDelay + time.Duration(w.cfg.TimeoutSeconds)*time.Second).Seconds()) + 15
+	httpProbe := func(path string, period, failures int32) *corev1ac.ProbeApplyConfiguration {
+		return corev1ac.Probe().
+			WithHTTPGet(corev1ac.HTTPGetAction().WithPath(path).WithPort(intstr.FromInt32(probePort)).WithScheme(corev1.URISchemeHTTP)).
+			WithPeriodSeconds(period).WithTimeoutSeconds(2).WithFailureThreshold(failures).WithSuccessThreshold(1)
 	}
-	return obj(map[string]any{"apiVersion": "apps/v1", "kind": "Deployment",
-		"metadata": map[string]any{"name": Name, "namespace": namespace, "labels": labels},
-		"spec": map[string]any{
-			"replicas": w.cfg.Replicas,
-			"selector": map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": Name}},
-			"strategy": map[string]any{"type": "RollingUpdate", "rollingUpdate": map[string]any{"maxUnavailable": 0, "maxSurge": 1}},
-			"template": map[string]any{
-				"metadata": map[string]any{"labels": labels},
-				"spec": map[string]any{
-					"serviceAccountName":            Name,
-					"automountServiceAccountToken":  false,
-					"priorityClassName":             "system-cluster-critical",
-					"terminationGracePeriodSeconds": grace,
-					"tolerations": []any{
-						map[string]any{"key": controlPlaneLabel, "operator": "Exists", "effect": "NoSchedule"},
-					},
-					"topologySpreadConstraints": []any{map[string]any{
-						"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "ScheduleAnyway",
-						"labelSelector": map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": Name}},
-					}},
-					"securityContext": map[string]any{"runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532},
-					"containers": []any{map[string]any{
-						"name":            "webhook",
-						"image":           w.cfg.Image,
-						"imagePullPolicy": w.cfg.ImagePullPolicy,
-						"args": []any{
-							fmt.Sprintf("--listen=:%d", servingPort),
-							fmt.Sprintf("--probe-listen=:%d", probePort),
-							"--cert-file=/etc/berth-webhook/tls/tls.crt",
-							"--key-file=/etc/berth-webhook/tls/tls.key",
-							"--policy-file=/etc/berth-webhook/policy/policy.yaml",
-							"--shutdown-delay=" + shutdownDelay.String(),
-							"--handler-deadline=" + handlerDeadline.String(),
-							"--exempt-namespaces=" + strings.Join(w.exemptNamespaces(), ","),
-						},
-						"env": []any{map[string]any{"name": "POD_NAMESPACE", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "metadata.namespace"}}}},
-						"ports": []any{
-							map[string]any{"name": "https", "containerPort": servingPort, "protocol": "TCP"},
-							map[string]any{"name": "probes", "containerPort": probePort, "protocol": "TCP"},
-						},
-						// /readyz flips at once on SIGTERM; the threshold only rides out a slow probe on a
-						// loaded node (the endpoint is marked terminating on deletion anyway).
-						"readinessProbe": httpProbe("/readyz", 2, 2),
-						"livenessProbe":  httpProbe("/livez", 10, 3),
-						"startupProbe":   httpProbe("/livez", 1, 120),
-						"securityContext": map[string]any{
-							"allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
-							"capabilities": map[string]any{"drop": []any{"ALL"}},
-						},
-						"volumeMounts": []any{
-							map[string]any{"name": "tls", "mountPath": "/etc/berth-webhook/tls", "readOnly": true},
-							map[string]any{"name": "policy", "mountPath": "/etc/berth-webhook/policy", "readOnly": true},
-						},
-					}},
-					"volumes": []any{
-						map[string]any{"name": "tls", "secret": map[string]any{
-							"secretName": TLSSecret, "defaultMode": 0o440,
+	container := corev1ac.Container().
+		WithName("webhook").
+		WithImage(w.cfg.Image).
+		WithImagePullPolicy(corev1.PullPolicy(w.cfg.ImagePullPolicy)).
+		WithArgs(
+			fmt.Sprintf("--listen=:%d", servingPort),
+			fmt.Sprintf("--probe-listen=:%d", probePort),
+			"--cert-file=/etc/berth-webhook/tls/tls.crt",
+			"--key-file=/etc/berth-webhook/tls/tls.key",
+			"--policy-file=/etc/berth-webhook/policy/policy.yaml",
+			"--shutdown-delay="+shutdownDelay.String(),
+			"--handler-deadline="+handlerDeadline.String(),
+			"--exempt-namespaces="+strings.Join(w.exemptNamespaces(), ","),
+		).
+		WithEnv(corev1ac.EnvVar().WithName("POD_NAMESPACE").
+			WithValueFrom(corev1ac.EnvVarSource().WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath("metadata.namespace")))).
+		WithPorts(
+			corev1ac.ContainerPort().WithName("https").WithContainerPort(servingPort).WithProtocol(corev1.ProtocolTCP),
+			corev1ac.ContainerPort().WithName("probes").WithContainerPort(probePort).WithProtocol(corev1.ProtocolTCP),
+		).
+		// /readyz flips at once on SIGTERM; the threshold only rides out a slow probe on a
+		// loaded node (the endpoint is marked terminating on deletion anyway).
+		WithReadinessProbe(httpProbe("/readyz", 2, 2)).
+		WithLivenessProbe(httpProbe("/livez", 10, 3)).
+		WithStartupProbe(httpProbe("/livez", 1, 120)).
+		WithSecurityContext(corev1ac.SecurityContext().
+			WithAllowPrivilegeEscalation(false).
+			WithReadOnlyRootFilesystem(true).
+			WithCapabilities(corev1ac.Capabilities().WithDrop("ALL"))).
+		WithVolumeMounts(
+			corev1ac.VolumeMount().WithName("tls").WithMountPath("/etc/berth-webhook/tls").WithReadOnly(true),
+			corev1ac.VolumeMount().WithName("policy").WithMountPath("/etc/berth-webhook/policy").WithReadOnly(true),
+		)
+	return typed(appsv1ac.Deployment(Name, namespace).
+		WithLabels(labels).
+		WithSpec(appsv1ac.DeploymentSpec().
+			WithReplicas(int32(w.cfg.Replicas)).
+			WithSelector(selector()).
+			WithStrategy(appsv1ac.DeploymentStrategy().
+				WithType(appsv1.RollingUpdateDeploymentStrategyType).
+				WithRollingUpdate(appsv1ac.RollingUpdateDeployment().
+					WithMaxUnavailable(intstr.FromInt32(0)).WithMaxSurge(intstr.FromInt32(1)))).
+			WithTemplate(corev1ac.PodTemplateSpec().
+				WithLabels(labels).
+				WithSpec(corev1ac.PodSpec().
+					WithServiceAccountName(Name).
+					WithAutomountServiceAccountToken(false).
+					WithPriorityClassName("system-cluster-critical").
+					WithTerminationGracePeriodSeconds(grace).
+					WithTolerations(corev1ac.Toleration().WithKey(controlPlaneLabel).
+						WithOperator(corev1.TolerationOpExists).WithEffect(corev1.TaintEffectNoSchedule)).
+					WithTopologySpreadConstraints(corev1ac.TopologySpreadConstraint().
+						WithMaxSkew(1).WithTopologyKey("kubernetes.io/hostname").
+						WithWhenUnsatisfiable(corev1.ScheduleAnyway).
+						WithLabelSelector(selector())).
+					WithSecurityContext(corev1ac.PodSecurityContext().
+						WithRunAsNonRoot(true).WithRunAsUser(65532).WithRunAsGroup(65532).WithFSGroup(65532)).
+					WithContainers(container).
+					WithVolumes(
+						corev1ac.Volume().WithName("tls").WithSecret(corev1ac.SecretVolumeSource().
+							WithSecretName(TLSSecret).WithDefaultMode(0o440).
 							// The CA key stays in the Secret; the pods get only their keypair.
-							"items": []any{
-								map[string]any{"key": "tls.crt", "path": "tls.crt"},
-								map[string]any{"key": "tls.key", "path": "tls.key"},
-							},
-						}},
-						map[string]any{"name": "policy", "configMap": map[string]any{"name": PolicyConfigMap}},
-					},
-				},
-			},
-		}})
+							WithItems(
+								corev1ac.KeyToPath().WithKey("tls.crt").WithPath("tls.crt"),
+								corev1ac.KeyToPath().WithKey("tls.key").WithPath("tls.key"),
+							)),
+						corev1ac.Volume().WithName("policy").WithConfigMap(corev1ac.ConfigMapVolumeSource().WithName(PolicyConfigMap)),
+					)))))
 }
 
 func (w *Installer) pdb() *unstructured.Unstructured {
-	return obj(map[string]any{"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-		"metadata": map[string]any{"name": Name, "namespace": namespace, "labels": ownLabels()},
-		"spec": map[string]any{
-			"maxUnavailable": 1,
-			"selector":       map[string]any{"matchLabels": map[string]any{"app.kubernetes.io/name": Name}},
-		}})
+	return typed(policyv1ac.PodDisruptionBudget(Name, namespace).
+		WithLabels(ownLabels()).
+		WithSpec(policyv1ac.PodDisruptionBudgetSpec().
+			WithMaxUnavailable(intstr.FromInt32(1)).
+			WithSelector(selector())))
 }
 
 func qualifiedName(obj *unstructured.Unstructured) string {
@@ -304,20 +302,4 @@ func qualifiedName(obj *unstructured.Unstructured) string {
 		return ns + "/" + obj.GetName()
 	}
 	return obj.GetName()
-}
-
-func toAny(s []string) []any {
-	out := make([]any, len(s))
-	for n, v := range s {
-		out[n] = v
-	}
-	return out
-}
-
-func toAnyMap(m map[string]string) map[string]any {
-	out := make(map[string]any, len(m))
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
 }

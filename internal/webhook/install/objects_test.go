@@ -3,7 +3,7 @@ package install
 import (
 	"testing"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 )
 
 func TestContains(t *testing.T) {
@@ -23,9 +23,17 @@ func TestContains(t *testing.T) {
 			t.Errorf("contains(%v) = %v, want %v", tc.want, got, tc.ok)
 		}
 	}
-	// Desired objects compare after normalization (ints become int64 as in decoded objects).
-	d := normalize(&unstructured.Unstructured{Object: map[string]any{"kind": "X", "spec": map[string]any{"replicas": 2}}})
-	if !contains(map[string]any{"kind": "X", "spec": map[string]any{"replicas": int64(2), "paused": false}}, d.Object) {
-		t.Fatal("normalized desired object not contained in its live twin")
+	// Desired objects come out of their typed apply configurations as a decoded live object has
+	// them (numbers int64), so that an unchanged object compares equal to its live twin.
+	d := typed(appsv1ac.Deployment("x", "ns").WithSpec(appsv1ac.DeploymentSpec().WithReplicas(2)))
+	live := map[string]any{"apiVersion": "apps/v1", "kind": "Deployment",
+		"metadata": map[string]any{"name": "x", "namespace": "ns", "uid": "u"},
+		"spec":     map[string]any{"replicas": int64(2), "paused": false}}
+	if !contains(live, d.Object) {
+		t.Fatalf("desired object %v not contained in its live twin", d.Object)
+	}
+	live["spec"].(map[string]any)["replicas"] = int64(3)
+	if contains(live, d.Object) {
+		t.Fatal("desired object contained in a live object with other replicas")
 	}
 }

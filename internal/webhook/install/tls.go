@@ -8,16 +8,17 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/base64"
 	"encoding/pem"
 	"fmt"
 	"math/big"
 	"slices"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 
 	"github.com/berth-k8s/berth/internal/pemcerts"
 )
@@ -39,13 +40,13 @@ type tlsMaterial struct {
 }
 
 func (m tlsMaterial) secret() *unstructured.Unstructured {
-	b64 := base64.StdEncoding.EncodeToString
-	return obj(map[string]any{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-		"metadata": map[string]any{"name": TLSSecret, "namespace": namespace, "labels": ownLabels()},
-		"data": map[string]any{
-			"ca.crt": b64(m.caPEM), "ca.key": b64(m.caKeyPEM), "tls.crt": b64(m.certPEM), "tls.key": b64(m.keyPEM),
-			"ca-bundle.crt": b64(m.bundlePEM),
-		}})
+	return typed(corev1ac.Secret(TLSSecret, namespace).
+		WithType(corev1.SecretTypeOpaque).
+		WithLabels(ownLabels()).
+		WithData(map[string][]byte{
+			"ca.crt": m.caPEM, "ca.key": m.caKeyPEM, "tls.crt": m.certPEM, "tls.key": m.keyPEM,
+			"ca-bundle.crt": m.bundlePEM,
+		}))
 }
 
 // rotating reports whether the bundle still holds a CA besides the current one.
