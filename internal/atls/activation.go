@@ -195,10 +195,11 @@ func probeIdentity(ctx context.Context, conn net.Conn, claims []string) ([]byte,
 	return nil, fmt.Errorf("probing attestation identity: %w", err)
 }
 
-// Dial connects to addr with attested TLS as a client: for a Challenger validator it probes the
-// server's identity over a first connection, then attests and activates over the second.
+// Dial connects to addr with attested TLS as a client: for a Challenger validator that certifies no
+// keys it probes the server's identity over a first connection, then attests and activates over the
+// second.
 func Dial(ctx context.Context, dialer *net.Dialer, addr string, issuer Issuer, validator Validator, opts ...Option) (*tls.Conn, error) {
-	if _, ok := validator.(Challenger); ok {
+	if needsProbe(validator) {
 		raw, err := dialer.DialContext(ctx, "tcp", addr)
 		if err != nil {
 			return nil, fmt.Errorf("connecting to %s: %w", addr, err)

@@ -13,6 +13,12 @@
 //
 // Modes: server attests (berth init: the node attests to the CLI), client attests, and mutual (join).
 //
+// An attesting server with a SessionProof (session.go) presents one certificate, quoted in the
+// background every SessionRenewal over its key and the time, to clients that accept it: no TPM work
+// per connection. Clients accept one up to DefaultSessionMaxAge old, when their validator needs no
+// challenge (a TDX validator, or a TPM validator whose policy trusts a CA that certified the server's
+// attestation key, KeyCertifier); such a client makes no identity probe either.
+//
 // An attesting client that is a Claimer also states its measurements in its ClientHello, and a
 // validating server with WithClaimCheck refuses a client whose claims fail before it quotes,
 // activates or validates anything (claims.go): a rejected node costs a plain TLS handshake.
@@ -20,7 +26,8 @@
 // Validators that are Challengers (TPM) also require key activation inside the handshake; see
 // activation.go. A client validating such a server first probes the server's identity over a separate
 // connection (Dial and Credentials do this), so its handshake costs one extra TLS round trip but no
-// extra quote.
+// extra quote; unless its policy certifies attestation keys (KeyCertifier), which replaces the
+// activation.
 //
 // Every document costs a quote, so an attesting server rate-limits handshakes that ask for one: per
 // peer IP 2/s with a burst of 8, and globally 20/s with a burst of 40 (DefaultLimits). A quote takes
@@ -121,6 +128,9 @@ type Evidence struct {
 	// Certificate is the peer's DER leaf certificate, which holds the document; with Nonce it is all
 	// VerifyRecorded needs to reach the same verdict again.
 	Certificate []byte
+	// IssuedAt is when a session proof was made (session.go); zero for a document made for this
+	// handshake's nonce.
+	IssuedAt time.Time
 	// Result is the validation result; its Measurements are set also when the policy rejected them.
 	Result attestation.Result
 }
@@ -144,11 +154,13 @@ func keyHash(pub any) ([]byte, error) {
 	return h[:], nil
 }
 
-// attestedCertificate creates a fresh key and a certificate attesting it with nonce.
-func attestedCertificate(ctx context.Context, issuer Issuer, nonce []byte) (*tls.Certificate, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("generating TLS key: %w", err)
+// attestedCertificate creates a certificate attesting key (nil: a fresh one) with nonce.
+func attestedCertificate(ctx context.Context, issuer Issuer, key *ecdsa.PrivateKey, nonce []byte) (*tls.Certificate, error) {
+	if key == nil {
+		var err error
+		if key, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader); err != nil {
+			return nil, fmt.Errorf("generating TLS key: %w", err)
+		}
 	}
 	userData, err := keyHash(&key.PublicKey)
 	if err != nil {
@@ -205,6 +217,11 @@ type peerCheck struct {
 	validate  func(ctx context.Context, doc, nonce []byte) (attestation.Result, error)
 	nonce     []byte
 	activated bool
+	// session allows a session proof (session.go), no older than sessionMaxAge by now (0: any age,
+	// for re-verifying recorded evidence).
+	session       bool
+	sessionMaxAge time.Duration
+	now           func() time.Time
 }
 
 // plainCheck validates with validator and nonce, without activation.
@@ -222,7 +239,7 @@ func checkPeer(ctx context.Context, chk peerCheck, rawCerts [][]byte) (Evidence,
 	if err != nil {
 		return ev, fmt.Errorf("%w: parsing peer certificate: %w", attestation.ErrMalformed, err)
 	}
-	var raw []byte
+	var raw, session []byte
 	for _, e := range cert.Extensions {
 		switch {
 		case e.Id.Equal(OIDRefusal):
@@ -231,14 +248,36 @@ func checkPeer(ctx context.Context, chk peerCheck, rawCerts [][]byte) (Evidence,
 			return ev, parseRejection(e.Value)
 		case e.Id.Equal(OIDAttestation):
 			raw = e.Value
+		case e.Id.Equal(OIDSessionAttestation):
+			session = e.Value
 		}
 	}
-	if raw == nil {
-		return ev, ErrNoAttestation
-	}
 	var ext extension
-	if rest, err := asn1.Unmarshal(raw, &ext); err != nil || len(rest) != 0 {
-		return ev, fmt.Errorf("%w: attestation extension is not valid ASN.1", attestation.ErrMalformed)
+	switch {
+	case raw != nil && session != nil:
+		return ev, fmt.Errorf("%w: both a per-connection and a session attestation", attestation.ErrMalformed)
+	case session != nil:
+		if !chk.session {
+			return ev, fmt.Errorf("%w: a session attestation this side did not ask for", ErrNoAttestation)
+		}
+		var s sessionExtension
+		if rest, err := asn1.Unmarshal(session, &s); err != nil || len(rest) != 0 {
+			return ev, fmt.Errorf("%w: session attestation extension is not valid ASN.1", attestation.ErrMalformed)
+		}
+		ev.IssuedAt, ev.Nonce = time.Unix(s.IssuedAt, 0), sessionNonce(s.IssuedAt)
+		if chk.sessionMaxAge > 0 {
+			if err := checkSessionAge(s.IssuedAt, chk.sessionMaxAge, chk.now()); err != nil {
+				ev.Variant, ev.Document = s.Variant, s.Document
+				return ev, err
+			}
+		}
+		ext, chk.nonce = extension{Variant: s.Variant, Document: s.Document}, ev.Nonce
+	case raw != nil:
+		if rest, err := asn1.Unmarshal(raw, &ext); err != nil || len(rest) != 0 {
+			return ev, fmt.Errorf("%w: attestation extension is not valid ASN.1", attestation.ErrMalformed)
+		}
+	default:
+		return ev, ErrNoAttestation
 	}
 	ev.Variant, ev.Document = ext.Variant, ext.Document
 	if ext.Variant != chk.variant {
@@ -268,7 +307,9 @@ func checkPeer(ctx context.Context, chk peerCheck, rawCerts [][]byte) (Evidence,
 // the nonce its document binds (Evidence.Nonce): the same checks and errors, except that a key
 // activation cannot be repeated without the peer.
 func VerifyRecorded(ctx context.Context, validator Validator, certificate, nonce []byte) (Evidence, error) {
-	return checkPeer(ctx, plainCheck(validator, nonce), [][]byte{certificate})
+	chk := plainCheck(validator, nonce)
+	chk.session = true // a recorded session proof: its own nonce; its age is no longer the question
+	return checkPeer(ctx, chk, [][]byte{certificate})
 }
 
 // sanitize renders untrusted bytes printable and short for error messages.

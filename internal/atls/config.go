@@ -11,6 +11,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -26,6 +28,11 @@ type options struct {
 	claimCheck   ClaimCheck
 	claims       []string // a client's encoded claims, when claimsRead (read once per dial)
 	claimsRead   bool
+	// attestKey is the key a client's attested certificates use (Credentials reuse one); nil: a new one.
+	attestKey     *ecdsa.PrivateKey
+	session       *SessionProof
+	sessionMaxAge time.Duration
+	now           func() time.Time
 }
 
 // withClaims gives a client config the claims its dial already read for the probe.
@@ -48,7 +55,7 @@ func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
 func WithPeerIdentity(id []byte) Option { return func(o *options) { o.peerIdentity = id } }
 
 func buildOptions(opts []Option) options {
-	o := options{log: zap.NewNop()}
+	o := options{log: zap.NewNop(), sessionMaxAge: DefaultSessionMaxAge, now: time.Now}
 	for _, f := range opts {
 		f(&o)
 	}
@@ -73,14 +80,28 @@ func NewServerConfig(issuer Issuer, validator Validator, opts ...Option) (*tls.C
 	return serverConfig(issuer, validator, buildOptions(opts), certs), nil
 }
 
-// serverCerts are the key and certificates a server reuses: made once, because refusing must stay cheap.
+// serverCerts are the keys and certificates a server (or a client's Credentials) reuses: made once,
+// because refusing must stay cheap.
 type serverCerts struct {
 	key            *ecdsa.PrivateKey
 	plain, refusal *tls.Certificate
+	// attestKey is the key of attested certificates made per connection: the document binds it with
+	// that connection's nonce, so one key serves every connection.
+	attestKey *ecdsa.PrivateKey
+
+	mu        sync.Mutex
+	verdicts  map[string]*tls.Certificate // claim refusals by verdict, up to maxVerdictCerts
 }
+
+// maxVerdictCerts bounds the claim refusals a server keeps signed.
+const maxVerdictCerts = 256
 
 func newServerCerts() (*serverCerts, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generating TLS key: %w", err)
+	}
+	attestKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("generating TLS key: %w", err)
 	}
@@ -92,7 +113,28 @@ func newServerCerts() (*serverCerts, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &serverCerts{key: key, plain: plain, refusal: refusal}, nil
+	return &serverCerts{key: key, plain: plain, refusal: refusal, attestKey: attestKey, verdicts: map[string]*tls.Certificate{}}, nil
+}
+
+// verdict returns the refusal certificate carrying ext, signing it only the first time.
+func (c *serverCerts) verdict(ext pkix.Extension) (*tls.Certificate, error) {
+	c.mu.Lock()
+	cert := c.verdicts[string(ext.Value)]
+	c.mu.Unlock()
+	if cert != nil {
+		return cert, nil
+	}
+	cert, err := selfSigned(c.key, ext)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.verdicts) >= maxVerdictCerts {
+		clear(c.verdicts) // verdicts repeat: the next ones are signed again
+	}
+	c.verdicts[string(ext.Value)] = cert
+	return cert, nil
 }
 
 func serverConfig(issuer Issuer, validator Validator, o options, certs *serverCerts) *tls.Config {
@@ -124,21 +166,28 @@ func serverConfig(issuer Issuer, validator Validator, o options, certs *serverCe
 						return refused, err
 					}
 				}
-				if challenge := fromALPN(alpnChallenge, chi.SupportedProtos); challenge != nil {
-					if a, ok := issuer.(Activator); ok {
-						secret, err := a.Activate(ctx, challenge)
-						if err != nil {
-							// Answer anyway: the client's validation names the failure.
-							o.log.Info("activating attestation key failed", zap.String("peer", peer), zap.Error(err))
-							secret = nil
-						}
-						nonce = mixNonce(nonce, secret)
-					}
+				challenge := fromALPN(alpnChallenge, chi.SupportedProtos)
+				var cert *tls.Certificate
+				if o.session != nil && challenge == nil && offersSession(chi.SupportedProtos) {
+					cert = o.session.current() // nil when renewals fail: quote for this connection
 				}
-				cert, err := attestedCertificate(ctx, issuer, nonce)
-				if err != nil {
-					o.log.Error("issuing attestation failed", zap.String("peer", peer), zap.Error(err))
-					return nil, errors.New("attestation unavailable")
+				if cert == nil {
+					if challenge != nil {
+						if a, ok := issuer.(Activator); ok {
+							secret, err := a.Activate(ctx, challenge)
+							if err != nil {
+								// Answer anyway: the client's validation names the failure.
+								o.log.Info("activating attestation key failed", zap.String("peer", peer), zap.Error(err))
+								secret = nil
+							}
+							nonce = mixNonce(nonce, secret)
+						}
+					}
+					var err error
+					if cert, err = attestedCertificate(ctx, issuer, certs.attestKey, nonce); err != nil {
+						o.log.Error("issuing attestation failed", zap.String("peer", peer), zap.Error(err))
+						return nil, errors.New("attestation unavailable")
+					}
 				}
 				cfg.Certificates = []tls.Certificate{*cert}
 			}
@@ -231,19 +280,31 @@ func NewClientConfig(ctx context.Context, issuer Issuer, validator Validator, op
 		}
 		cfg.ServerName = encodeSNINonce(nonce)
 		chk := plainCheck(validator, nonce)
+		challenged := false
 		if ch, ok := validator.(Challenger); ok {
-			if o.peerIdentity == nil {
+			kc, certifies := certifier(validator)
+			switch {
+			case o.peerIdentity != nil:
+				challenge, secret, validate, err := ch.Challenge(o.peerIdentity)
+				if err != nil {
+					return nil, fmt.Errorf("challenging server: %w", err)
+				}
+				chk = peerCheck{variant: validator.Variant(), validate: validate, nonce: nonce, activated: true}
+				if challenge != nil {
+					cfg.NextProtos = append(cfg.NextProtos, toALPN(alpnChallenge, challenge)...)
+					chk.nonce = mixNonce(nonce, secret)
+					challenged = true
+				}
+			case certifies:
+				// The server's key must be certified by a CA of the policy: no challenge.
+				chk = peerCheck{variant: validator.Variant(), validate: kc.ValidateCertified, nonce: nonce, activated: true}
+			default:
 				return nil, fmt.Errorf("creating aTLS client config: %w: the validator requires key activation and no server identity was probed", ErrNotActivated)
 			}
-			challenge, secret, validate, err := ch.Challenge(o.peerIdentity)
-			if err != nil {
-				return nil, fmt.Errorf("challenging server: %w", err)
-			}
-			chk = peerCheck{variant: validator.Variant(), validate: validate, nonce: nonce, activated: true}
-			if challenge != nil {
-				cfg.NextProtos = append(cfg.NextProtos, toALPN(alpnChallenge, challenge)...)
-				chk.nonce = mixNonce(nonce, secret)
-			}
+		}
+		if o.sessionMaxAge > 0 && !challenged {
+			cfg.NextProtos = append(cfg.NextProtos, alpnSession)
+			chk.session, chk.sessionMaxAge, chk.now = true, o.sessionMaxAge, o.now
 		}
 		cfg.VerifyPeerCertificate = func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
 			return verifyPeer(ctx, chk, rawCerts, o.observe)
@@ -284,7 +345,7 @@ func NewClientConfig(ctx context.Context, issuer Issuer, validator Validator, op
 					nonce = mixNonce(nonce, secret)
 				}
 			}
-			return attestedCertificate(cri.Context(), issuer, nonce)
+			return attestedCertificate(cri.Context(), issuer, o.attestKey, nonce)
 		}
 	}
 	return cfg, nil
@@ -309,7 +370,7 @@ func claimRefusal(ctx context.Context, o options, certs *serverCerts, peer strin
 		return nil, nil
 	}
 	o.log.Info("refusing attestation: claimed measurements rejected", zap.String("peer", peer))
-	cert, err := selfSigned(certs.key, *ext)
+	cert, err := certs.verdict(*ext)
 	if err != nil {
 		return nil, err
 	}

@@ -86,13 +86,14 @@ func (r *recorder) evidence() *Evidence {
 }
 
 // ClientHandshake runs the client side of attested TLS on rawConn.
-// With a Challenger validator it first probes the server's identity over a separate connection to
-// authority, which must therefore be the server's HOST:PORT.
+// With a Challenger validator that certifies no keys it first probes the server's identity over a
+// separate connection to authority, which must therefore be the server's HOST:PORT.
 func (c *Credentials) ClientHandshake(ctx context.Context, authority string, rawConn net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	rec := &recorder{forward: c.opts.observe}
 	o := c.opts
 	o.observe = rec.observe
-	if _, ok := c.validator.(Challenger); ok {
+	o.attestKey = c.certs.attestKey
+	if needsProbe(c.validator) {
 		// Key activation needs the server's identity first: probe it over a connection of our own.
 		var d net.Dialer
 		probe, err := d.DialContext(ctx, "tcp", authority)

@@ -12,6 +12,9 @@
 //	  - file: ek-ca.pem           # TDX: Intel's SGX root, the default); files relative to the policy
 //	  - pem: |
 //	      -----BEGIN CERTIFICATE-----
+//	akRoots:                      # TPM only, optional: CAs that certify attestation keys they saw
+//	  - file: cluster-ak-ca.pem   # activated (vtpm.AKCA, a cluster's); a key they certified needs no
+//	                              # activation in the handshake (file or pem, like trustRoots)
 //	tdx:                          # TDX only, all optional
 //	  collateralBundle:           # collateral the operator ships (tdx.ParseCollateralBundle); never fetched
 //	    file: collateral.json     # relative to the policy; or json: | with the bundle inline
@@ -130,6 +133,10 @@ type Policy struct {
 	Expectations []Expectation
 	// TrustRoots are the CA certificates the variant roots attestation keys in.
 	TrustRoots []*x509.Certificate
+	// AKRoots are the CAs whose certificate for a TPM attestation key proves that the key lives with
+	// the certified EK (it was activated when the CA certified it); empty: keys are activated in the
+	// handshake.
+	AKRoots []*x509.Certificate
 	// Origin names where the policy was read from (a file path), for messages.
 	Origin string
 	// TDX holds the TDX variant's options; nil when the file has no tdx section.
@@ -310,6 +317,13 @@ func Parse(data []byte, origin string, readFile func(name string) ([]byte, error
 		}
 		p.TrustRoots = append(p.TrustRoots, certs...)
 	}
+	for i, r := range doc.AKRoots {
+		certs, err := r.load(readFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: akRoots[%d]: %w", ErrInvalid, origin, i, err)
+		}
+		p.AKRoots = append(p.AKRoots, certs...)
+	}
 	if p.TDX != nil {
 		if err := p.TDX.load(readFile); err != nil {
 			return nil, fmt.Errorf("%w: %s: tdx: %w", ErrInvalid, origin, err)
@@ -367,6 +381,7 @@ type fileDoc struct {
 	Variant      string      `yaml:"variant"`
 	Measurements yaml.Node   `yaml:"measurements"`
 	TrustRoots   []trustRoot `yaml:"trustRoots"`
+	AKRoots      []trustRoot `yaml:"akRoots"`
 	TDX          *TDXOptions `yaml:"tdx"`
 }
 

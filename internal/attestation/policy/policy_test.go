@@ -146,7 +146,7 @@ func TestLoadResolvesTrustRootFiles(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "ca.pem"), pemBytes, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	doc := "variant: tpm\ntrustRoots:\n  - file: ca.pem\n  - pem: |\n" + indent(string(pemBytes), "      ")
+	doc := "variant: tpm\ntrustRoots:\n  - file: ca.pem\n  - pem: |\n" + indent(string(pemBytes), "      ") + "akRoots:\n  - file: ca.pem\n"
 	if err := os.WriteFile(filepath.Join(dir, "policy.yaml"), []byte(doc), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -156,6 +156,12 @@ func TestLoadResolvesTrustRootFiles(t *testing.T) {
 	}
 	if len(p.TrustRoots) != 2 || p.TrustRoots[0].Subject.CommonName != "test EK CA" {
 		t.Fatalf("got %d trust roots, want 2", len(p.TrustRoots))
+	}
+	if len(p.AKRoots) != 1 || p.AKRoots[0].Subject.CommonName != "test EK CA" {
+		t.Fatalf("got %d AK roots, want 1", len(p.AKRoots))
+	}
+	if _, err := Parse([]byte("variant: tpm\nakRoots:\n  - pem: nothing\n"), "p", nil); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("akRoots without a certificate: got %v, want ErrInvalid", err)
 	}
 }
 

@@ -123,6 +123,11 @@ func (i *Issuer) Activate(ctx context.Context, challenge []byte) ([]byte, error)
 	if err := i.ensureAK(c); err != nil {
 		return nil, err
 	}
+	return i.activate(c, idObject, encSecret)
+}
+
+// activate runs TPM2_ActivateCredential for the AK with the EK. Callers hold i.mu and ensured the AK.
+func (i *Issuer) activate(c *conn, idObject, encSecret []byte) ([]byte, error) {
 	rsp, err := tpm2.ActivateCredential{
 		ActivateHandle: tpm2.AuthHandle{Handle: tpm2.TPMHandle(i.akHandle), Name: i.ak.name, Auth: tpm2.PasswordAuth(nil)},
 		KeyHandle:      tpm2.AuthHandle{Handle: tpm2.TPMHandle(DefaultEKHandle), Name: i.ak.ekName, Auth: endorsementPolicy()},

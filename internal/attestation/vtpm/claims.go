@@ -21,5 +21,10 @@ func (i *Issuer) Claims(ctx context.Context) (attestation.Measurements, error) {
 	if err != nil {
 		return nil, err
 	}
-	return attestation.Measurements(pcrs), nil
+	i.claimed = pcrs // the next quote starts from these (quote checks them against its digest)
+	out := make(attestation.Measurements, len(pcrs))
+	for k, v := range pcrs {
+		out[k] = v
+	}
+	return out, nil
 }

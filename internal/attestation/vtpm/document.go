@@ -34,6 +34,9 @@ type Document struct {
 	// AKCertifyInfo and AKCertifySignature are TPM2_CertifyCreation's output for the AK.
 	AKCertifyInfo      []byte `json:"akCertifyInfo"`
 	AKCertifySignature []byte `json:"akCertifySignature"`
+	// AKCert is an X.509 certificate for the AK from a CA that knows it lives with the EK (akcert.go);
+	// optional: without it a validator activates the AK.
+	AKCert []byte `json:"akCert,omitempty"`
 	// Quote and QuoteSignature are TPM2_Quote's output over the SHA-256 bank.
 	Quote          []byte `json:"quote"`
 	QuoteSignature []byte `json:"quoteSignature"`

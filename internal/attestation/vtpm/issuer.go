@@ -84,8 +84,11 @@ type Issuer struct {
 	akHandle    uint32
 	eventLog    func() ([]byte, error)
 
-	mu sync.Mutex // serializes TPM use and guards ak
+	mu sync.Mutex // serializes TPM use and guards ak and claimed
 	ak *akRecord
+	// claimed are the PCR values Claims read last, for the next quote to use instead of reading them
+	// again (a dial claims, then quotes); the quote's digest shows whether they are still current.
+	claimed map[uint32][]byte
 
 	batchMu sync.Mutex // guards pending and quoting
 	pending []*quoteRequest
@@ -103,6 +106,7 @@ type akRecord struct {
 	certifySig   []byte
 	ekPublic     []byte
 	ekCert       []byte
+	akCert       []byte // from CertifyAK; nil until then
 }
 
 // NewIssuer returns an Issuer that reaches the TPM through open.
@@ -163,6 +167,7 @@ func (i *Issuer) quote(ctx context.Context, qualifying []byte) (Document, error)
 		AKCreationData:     i.ak.creationData,
 		AKCertifyInfo:      i.ak.certifyInfo,
 		AKCertifySignature: i.ak.certifySig,
+		AKCert:             i.ak.akCert,
 	}
 	if i.eventLog != nil {
 		// Read before the quote: an event appended in between shows as a PCR the log does not explain.
@@ -172,9 +177,12 @@ func (i *Issuer) quote(ctx context.Context, qualifying []byte) (Document, error)
 	}
 	// The PCRs are read separately from the quote; retry when one changed in between.
 	for attempt := 0; ; attempt++ {
-		pcrs, err := readPCRs(c, i.pcrs)
-		if err != nil {
-			return Document{}, err
+		pcrs := i.claimed
+		i.claimed = nil
+		if pcrs == nil {
+			if pcrs, err = readPCRs(c, i.pcrs); err != nil {
+				return Document{}, err
+			}
 		}
 		q, err := tpm2.Quote{
 			SignHandle:     tpm2.AuthHandle{Handle: ak.Handle, Name: ak.Name, Auth: tpm2.PasswordAuth(nil)},
@@ -185,15 +193,17 @@ func (i *Issuer) quote(ctx context.Context, qualifying []byte) (Document, error)
 		if err != nil {
 			return Document{}, fmt.Errorf("quoting PCRs: %w", err)
 		}
-		attest, err := q.Quoted.Contents()
+		info, err := decodeAttest(q.Quoted.Bytes())
 		if err != nil {
 			return Document{}, fmt.Errorf("decoding quote: %w", err)
 		}
-		info, err := attest.Attested.Quote()
-		if err != nil {
-			return Document{}, fmt.Errorf("decoding quote: %w", err)
+		if string(info.pcrDigest) != string(pcrDigest(pcrs, i.pcrs)) {
+			// Claimed values may predate an extension: read them again for this quote.
+			if pcrs, err = readPCRs(c, i.pcrs); err != nil {
+				return Document{}, err
+			}
 		}
-		if string(info.PCRDigest.Buffer) != string(pcrDigest(pcrs, i.pcrs)) {
+		if string(info.pcrDigest) != string(pcrDigest(pcrs, i.pcrs)) {
 			if attempt < 3 {
 				continue
 			}

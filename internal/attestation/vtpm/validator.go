@@ -33,10 +33,11 @@ import (
 // checked. A policy change builds a new Validator (the joinservice's policywatch does), so nothing
 // verified under an old policy carries over.
 type Validator struct {
-	policy *policy.Policy
-	roots  *x509.CertPool
-	log    *zap.Logger
-	now    func() time.Time
+	policy  *policy.Policy
+	roots   *x509.CertPool
+	akRoots *x509.CertPool // nil: the policy certifies no attestation keys
+	log     *zap.Logger
+	now     func() time.Time
 	// maxIdentities bounds identities (the constant of that name; tests lower it).
 	maxIdentities int
 
@@ -50,7 +51,12 @@ type verifiedIdentity struct {
 	akKey    crypto.PublicKey // the AK's public key, checked to be a restricted, TPM-bound signing key
 	akName   []byte           // the AK's name
 	identity []byte           // the machine identity, SHA-256 of the EK public area
-	// notAfter is when the first certificate of the EK chain expires: then it is verified again.
+	// certified says the document's AK certificate verified against the policy's akRoots; certErr
+	// says why not.
+	certified bool
+	certErr   string
+	// notAfter is when the first certificate of the EK chain (and of a verified AK certificate's
+	// chain) expires: then it is verified again.
 	notAfter time.Time
 }
 
@@ -80,8 +86,37 @@ func NewValidator(p *policy.Policy, log *zap.Logger) (*Validator, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Validator{policy: p, roots: p.CertPool(), log: log, now: time.Now, maxIdentities: maxIdentities, activated: map[string]struct{}{},
-		identities: map[[sha256.Size]byte]*verifiedIdentity{}}, nil
+	v := &Validator{policy: p, roots: p.CertPool(), log: log, now: time.Now, maxIdentities: maxIdentities, activated: map[string]struct{}{},
+		identities: map[[sha256.Size]byte]*verifiedIdentity{}}
+	if len(p.AKRoots) > 0 {
+		v.akRoots = x509.NewCertPool()
+		for _, c := range p.AKRoots {
+			v.akRoots.AddCert(c)
+		}
+	}
+	return v, nil
+}
+
+// CertifiesKeys reports whether the policy trusts CAs that certify attestation keys (akRoots), so
+// that ValidateCertified can accept a document without an activation.
+func (v *Validator) CertifiesKeys() bool { return v.akRoots != nil }
+
+// ValidateCertified is Validate for a document whose AK was not activated in this handshake: it also
+// requires an AK certificate from one of the policy's akRoots for the document's AK and EK
+// (ErrUntrustedRoot otherwise).
+func (v *Validator) ValidateCertified(_ context.Context, raw, nonce []byte) (attestation.Result, error) {
+	doc, err := ParseDocument(raw)
+	if err != nil {
+		return attestation.Result{}, err
+	}
+	res, known, err := v.validate(doc, nonce)
+	if known == nil {
+		return res, err
+	}
+	if !known.certified {
+		return res, fmt.Errorf("%w: attestation key not certified by a CA the policy trusts: %s", attestation.ErrUntrustedRoot, known.certErr)
+	}
+	return res, err
 }
 
 // Variant returns "tpm".
@@ -141,6 +176,7 @@ func (v *Validator) validate(doc *Document, nonce []byte) (attestation.Result, *
 		if known, err = v.verifyEK(doc, akKey); err != nil {
 			return attestation.Result{}, nil, err
 		}
+		v.certify(doc, known)
 		v.rememberIdentity(key, known)
 	}
 	measurements := attestation.Measurements(doc.PCRs)
@@ -157,12 +193,29 @@ func (v *Validator) validate(doc *Document, nonce []byte) (attestation.Result, *
 	return res, known, err
 }
 
+// certify records in id whether the document's AK certificate verifies against the policy's akRoots.
+func (v *Validator) certify(doc *Document, id *verifiedIdentity) {
+	if v.akRoots == nil {
+		id.certErr = "the policy lists no akRoots"
+		return
+	}
+	notAfter, err := verifyAKCert(doc, id.akKey, v.akRoots, v.now())
+	if err != nil {
+		id.certErr = err.Error()
+		return
+	}
+	id.certified = true
+	if notAfter.Before(id.notAfter) {
+		id.notAfter = notAfter
+	}
+}
+
 // identityKey is the cache key of a document's TPM identity: a hash over the exact bytes of every
 // field the identity checks read, each length-prefixed.
 func identityKey(doc *Document) [sha256.Size]byte {
 	h := sha256.New()
 	var n [4]byte
-	for _, f := range [][]byte{doc.EKCert, doc.EKPublic, doc.AKPublic, doc.AKCreationData, doc.AKCertifyInfo, doc.AKCertifySignature} {
+	for _, f := range [][]byte{doc.EKCert, doc.EKPublic, doc.AKPublic, doc.AKCreationData, doc.AKCertifyInfo, doc.AKCertifySignature, doc.AKCert} {
 		binary.BigEndian.PutUint32(n[:], uint32(len(f)))
 		h.Write(n[:])
 		h.Write(f)

@@ -1,0 +1,175 @@
+package vtpm_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/berth-k8s/berth/internal/attestation"
+	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
+)
+
+// TestCertifiedAK: a document whose AK a trusted AK CA certified passes ValidateCertified without an
+// activation; every way around the certificate fails with ErrUntrustedRoot.
+func TestCertifiedAK(t *testing.T) {
+	ctx := context.Background()
+	ca := vtpmtest.NewSwtpmCA(t)
+	a, b := vtpmtest.StartSwtpm(t, ca), vtpmtest.StartSwtpm(t, ca)
+	roots := [][]byte{ca.RootPEM(t), ca.IssuerPEM(t)}
+	akCA, err := vtpm.NewAKCA(bytes.Repeat([]byte{7}, 32), "test cluster AK CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := vtpm.NewAKCA(bytes.Repeat([]byte{7}, 32), "test cluster AK CA")
+	if err != nil || !bytes.Equal(again.Cert.Raw, akCA.Cert.Raw) {
+		t.Fatalf("the same seed gave another CA certificate (%v)", err)
+	}
+	otherCA, err := vtpm.NewAKCA(bytes.Repeat([]byte{8}, 32), "test cluster AK CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	validator := func(akRoots ...[]byte) *vtpm.Validator {
+		p := policyFor(t, roots, "")
+		if len(akRoots) > 0 {
+			var b strings.Builder
+			b.WriteString("variant: tpm\ntrustRoots:\n")
+			for _, r := range roots {
+				b.WriteString("  - pem: |\n" + indentPEM(r))
+			}
+			b.WriteString("akRoots:\n")
+			for _, r := range akRoots {
+				b.WriteString("  - pem: |\n" + indentPEM(r))
+			}
+			p = parsePolicy(t, b.String())
+		}
+		v, err := vtpm.NewValidator(p, zap.NewNop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	issA, issB := vtpm.NewIssuer(a.Open, zap.NewNop()), vtpm.NewIssuer(b.Open, zap.NewNop())
+	nonce := []byte("nonce")
+	uncertified, err := issA.Issue(ctx, nil, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := issA.CertifyAK(ctx, akCA.Certify); err != nil {
+		t.Fatalf("CertifyAK: %v", err)
+	}
+	certified, err := issA.Issue(ctx, nil, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := validator(akCA.PEM())
+	if !v.CertifiesKeys() || validator().CertifiesKeys() {
+		t.Fatal("CertifiesKeys does not follow the policy's akRoots")
+	}
+	if _, err := v.ValidateCertified(ctx, certified, nonce); err != nil {
+		t.Fatalf("certified AK: %v", err)
+	}
+	if _, err := v.ValidateCertified(ctx, certified, nonce); err != nil {
+		t.Fatalf("certified AK, remembered identity: %v", err)
+	}
+	if _, err := v.ValidateCertified(ctx, certified, []byte("other nonce")); !errors.Is(err, attestation.ErrNonceMismatch) {
+		t.Fatalf("certified AK, replayed: got %v, want ErrNonceMismatch", err)
+	}
+
+	// b's AK in a document of b's, certified as if it lived with a's EK.
+	rawB, err := issB.Issue(ctx, nil, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var docA, docB vtpm.Document
+	if err := json.Unmarshal(certified, &docA); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(rawB, &docB); err != nil {
+		t.Fatal(err)
+	}
+	withCert := func(d vtpm.Document, cert []byte) []byte {
+		d.AKCert = cert
+		out, err := json.Marshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	crossCert, err := akCA.Certify(docB.AKPublic, docA.EKPublic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherCert, err := otherCA.Certify(docB.AKPublic, docB.EKPublic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		v   *vtpm.Validator
+		doc []byte
+	}{
+		"no certificate":                     {v, uncertified},
+		"policy without akRoots":             {validator(), certified},
+		"certificate from an untrusted CA":   {v, withCert(docB, otherCert)},
+		"certificate of another TPM's AK":    {v, withCert(docB, docA.AKCert)},
+		"certificate naming another EK":      {v, withCert(docB, crossCert)},
+		"certificate that is not a DER cert": {v, withCert(docB, []byte("garbage"))},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := tc.v.ValidateCertified(ctx, tc.doc, nonce); !errors.Is(err, attestation.ErrUntrustedRoot) {
+				t.Fatalf("got %v, want ErrUntrustedRoot", err)
+			}
+		})
+	}
+	// Plain validation ignores the certificate.
+	if _, err := validator().Validate(ctx, certified, nonce); err != nil {
+		t.Fatalf("Validate of a certified document: %v", err)
+	}
+}
+
+// TestClaimsThenQuote: a quote after Claims starts from the claimed PCR values; when a PCR was
+// extended in between, the document carries the new value and still validates.
+func TestClaimsThenQuote(t *testing.T) {
+	ctx := context.Background()
+	open, ca, _ := newSimulator(t)
+	issuer := vtpm.NewIssuer(open, zap.NewNop())
+	v, err := vtpm.NewValidator(policyFor(t, [][]byte{ca.PEM()}, ""), zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, extendBetween := range []bool{false, true} {
+		claims, err := issuer.Claims(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if extendBetween {
+			extend(t, open, 16, "between claims and quote")
+		}
+		raw, err := issuer.Issue(ctx, nil, []byte("n"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := v.Validate(ctx, raw, []byte("n"))
+		if err != nil {
+			t.Fatalf("extended in between %v: %v", extendBetween, err)
+		}
+		if changed := !bytes.Equal(res.Measurements[16], claims[16]); changed != extendBetween {
+			t.Fatalf("extended in between %v: PCR 16 quoted %x, claimed %x", extendBetween, res.Measurements[16], claims[16])
+		}
+	}
+}
+
+func parsePolicy(t *testing.T, doc string) *policy.Policy {
+	t.Helper()
+	p, err := policy.Parse([]byte(doc), "test-policy.yaml", nil)
+	if err != nil {
+		t.Fatalf("parsing policy: %v\n%s", err, doc)
+	}
+	return p
+}
