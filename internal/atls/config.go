@@ -89,8 +89,8 @@ type serverCerts struct {
 	// that connection's nonce, so one key serves every connection.
 	attestKey *ecdsa.PrivateKey
 
-	mu        sync.Mutex
-	verdicts  map[string]*tls.Certificate // claim refusals by verdict, up to maxVerdictCerts
+	mu       sync.Mutex
+	verdicts map[string]*tls.Certificate // claim refusals by verdict, up to maxVerdictCerts
 }
 
 // maxVerdictCerts bounds the claim refusals a server keeps signed.
