@@ -103,6 +103,7 @@ type Env struct {
 	dir     string
 	certDir string
 	url     string
+	etcdURL string
 	caData  []byte
 	tokens  map[string]string // user -> token
 	cmds    []proctest.Cmd    // etcd, kube-apiserver: what Restart starts again
@@ -242,6 +243,7 @@ func start(o options) (e *Env, err error) {
 		}
 	}
 	clientURL := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	e.etcdURL = clientURL
 	peerURL := fmt.Sprintf("http://127.0.0.1:%d", ports[1])
 	saKey, saPub, err := writeServiceAccountKey(dir)
 	if err != nil {
@@ -391,6 +393,10 @@ current-context: test
 `, e.url, base64.StdEncoding.EncodeToString(e.caData), e.tokens[user])
 	return path, os.WriteFile(path, []byte(doc), 0o600)
 }
+
+// EtcdURL is the client URL of the Env's etcd (plain HTTP on loopback), for tests that read what the
+// API server stored, as it is stored.
+func (e *Env) EtcdURL() string { return e.etcdURL }
 
 // Dir is the Env's directory, for files a test keeps beside the API server's (removed with it).
 func (e *Env) Dir() string { return e.dir }

@@ -6,6 +6,13 @@
 //	measurement secret  "berth/v1/measurement-secret"
 //	disk key            "berth/v1/disk-key/" + lower-case disk UUID
 //	disk binding key    "berth/v1/disk-binding/" + lower-case disk UUID
+//	KMS key             "berth/v1/kms-kek/" + generation (decimal, 1, 2, ...)
+//
+// A KMS key is the key-encryption key of the KMS v2 plugin every control plane runs (etcd encryption
+// at rest, internal/kmsplugin): it encrypts the API servers' data-encryption keys. Each generation
+// has its own label, so `berth secrets rotate-key` moves to a key that no earlier one tells anything
+// about, and every control plane that holds the master secret's derivations can rebuild any
+// generation.
 //
 // A disk binding is HMAC-SHA256 under the disk binding key of the disk's UUID over the identity of
 // the machine the disk belongs to (attestation.Result.Identity, or "instance/" + instance name where
@@ -21,6 +28,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -69,6 +77,12 @@ func (k *Keys) MeasurementSecret() []byte { return k.derive("berth/v1/measuremen
 // DiskKey is the key for the state disk with the given UUID (case-insensitive).
 func (k *Keys) DiskKey(diskUUID string) []byte {
 	return k.derive("berth/v1/disk-key/" + strings.ToLower(diskUUID))
+}
+
+// KMSKey is generation's key-encryption key of the control planes' KMS plugins. Generations start
+// at 1.
+func (k *Keys) KMSKey(generation uint32) []byte {
+	return k.derive("berth/v1/kms-kek/" + strconv.FormatUint(uint64(generation), 10))
 }
 
 // DiskBinding binds the state disk with the given UUID (case-insensitive) to the machine with the

@@ -31,6 +31,17 @@ func TestDerivations(t *testing.T) {
 	if bytes.Equal(k.DiskKey("a"), k.DiskKey("b")) {
 		t.Error("disk keys of two disks are equal")
 	}
+	if !bytes.Equal(k.KMSKey(1), k.KMSKey(1)) || len(k.KMSKey(1)) != KeySize {
+		t.Error("KMS key is not a deterministic 32-byte key")
+	}
+	for name, other := range map[string][]byte{
+		"generation 2": k.KMSKey(2), "cluster ID": k.ClusterID(), "disk key of UUID 1": k.DiskKey("1"),
+		"other salt": k2.KMSKey(1), "measurement secret": k.MeasurementSecret(),
+	} {
+		if bytes.Equal(k.KMSKey(1), other) {
+			t.Errorf("KMS key of generation 1 equals the %s", name)
+		}
+	}
 	if len(k.ClusterID()) != KeySize {
 		t.Errorf("len(ClusterID()) = %d", len(k.ClusterID()))
 	}
