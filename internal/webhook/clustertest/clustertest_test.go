@@ -721,7 +721,10 @@ func TestCARotationUnderLoad(t *testing.T) {
 	inst := install.New(install.Config{
 		Image: "berth.local/berth-webhook:test", ImagePullPolicy: "Never",
 		Budget: 2 * time.Minute, StableInterval: 300 * time.Millisecond, MaxBackoff: time.Second, EndToEndWindow: 4 * time.Second,
-		CARenewBefore: 11 * 365 * 24 * time.Hour, // longer than the CA's life: it is due now
+		// A rotation window just under the CA's whole life: the installed CA, older than a
+		// millisecond, is due now; the new one is made with the default validity, so the tests
+		// after this one find a CA that is not due.
+		Lifetimes: install.Lifetimes{CARenewBefore: install.DefaultCAValidity - time.Millisecond},
 	}, e.kube, e.dyn, logWriter{t})
 	res, err := inst.Install(ctx)
 	if err != nil {

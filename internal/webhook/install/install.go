@@ -12,6 +12,11 @@
 //
 // A re-run on a healthy cluster writes nothing. Reconcile is the same run after a restart of the node
 // that initialized the cluster, with the policy the cluster holds.
+//
+// After the install, the Keeper (keep.go) owns the trust chain for the cluster's whole life: the
+// same steps, run by the joinservice's certificate keeper on whichever control plane holds its
+// lease, writing only the TLS Secret and the configuration's caBundle. lifetimes.go holds the
+// validity periods (ConfigMap berth-webhook-certificates) and when each certificate is renewed.
 package install
 
 import (
@@ -109,9 +114,9 @@ type Config struct {
 	// ProbeServiceIP also probes the Service's ClusterIP (needs kube-proxy on this host; without
 	// --enable-aggregator-routing that is the path the API server takes).
 	ProbeServiceIP bool
-	// CARenewBefore starts a CA rotation when the CA has less than this left (default: a leaf's
-	// lifetime plus 90 days, so the last leaf of the old CA never outlives it).
-	CARenewBefore time.Duration
+	// Lifetimes are the validity periods of the CA and the serving certificate and when each is
+	// renewed; zero periods take their defaults (a year and ten years).
+	Lifetimes Lifetimes
 	// Now is the clock (default time.Now).
 	Now func() time.Time
 }
@@ -147,9 +152,7 @@ func (c *Config) defaults() {
 	if c.EndToEndWindow == 0 {
 		c.EndToEndWindow = 15 * time.Second
 	}
-	if c.CARenewBefore == 0 {
-		c.CARenewBefore = leafLifetime + 90*24*time.Hour
-	}
+	c.Lifetimes = c.Lifetimes.WithDefaults()
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -172,6 +175,12 @@ type Installer struct {
 	result  Result
 	// started is when the running Install began; progress lines say how long ago.
 	started time.Time
+	// keep makes this installer the keeper of an installed webhook (keep.go): it writes only the TLS
+	// Secret (on the resourceVersion it read) and the configuration's caBundle, and it needs one
+	// ready endpoint instead of every replica.
+	keep bool
+	// What the run changed in the TLS Secret: a new leaf, a new CA, a finished CA rotation.
+	leafRenewed, caRenewed, rotationDone bool
 }
 
 // New returns an installer using the given clients; progress goes to out.
@@ -210,6 +219,9 @@ func (w *Installer) Install(ctx context.Context) (Result, error) {
 	}
 	if _, err := webhook.ParsePolicy(w.cfg.Policy); err != nil {
 		return w.result, failure(ErrInvalidConfiguration, "fix the image policy", "%v", err)
+	}
+	if err := w.cfg.Lifetimes.Validate(); err != nil {
+		return w.result, failure(ErrInvalidConfiguration, "fix the certificate validity periods", "%v", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.Budget)
 	defer cancel()

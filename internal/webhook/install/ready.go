@@ -93,14 +93,16 @@ func (w *Installer) waitServing(ctx context.Context, caPEM []byte) ([]string, er
 	return endpoints, nil
 }
 
+// readyEndpoints returns the endpoints to probe. The installer waits for the whole Deployment; the
+// keeper needs one ready endpoint: it probes every endpoint the API server may call, and a pod that
+// starts later mounts the Secret as it is then.
 func (w *Installer) readyEndpoints(ctx context.Context) ([]string, *Error) {
-	dep, err := w.kube.AppsV1().Deployments(namespace).Get(ctx, Name, metav1.GetOptions{})
-	if err != nil {
-		return nil, failure(ErrDeploymentNotReady, "check the Deployment berth-system/berth-webhook", "%v", err)
-	}
-	if !deploymentAvailable(dep, w.cfg.Replicas) {
-		return nil, failure(ErrDeploymentNotReady, "check the berth-webhook pods, their image and their readiness (kubectl -n berth-system describe pods)",
-			"generation %d observed %d, %d updated, %d available of %d", dep.Generation, dep.Status.ObservedGeneration, dep.Status.UpdatedReplicas, dep.Status.AvailableReplicas, w.cfg.Replicas)
+	minReady := 1
+	if !w.keep {
+		if err := w.deploymentReady(ctx); err != nil {
+			return nil, err
+		}
+		minReady = w.cfg.Replicas
 	}
 	svc, err := w.kube.CoreV1().Services(namespace).Get(ctx, Name, metav1.GetOptions{})
 	if err != nil {
@@ -114,11 +116,23 @@ func (w *Installer) readyEndpoints(ctx context.Context) ([]string, *Error) {
 	if w.cfg.ProbeServiceIP && svc.Spec.ClusterIP != "" && svc.Spec.ClusterIP != corev1.ClusterIPNone {
 		eps = append(eps, net.JoinHostPort(svc.Spec.ClusterIP, "443"))
 	}
-	if len(readyAddresses(list.Items)) < w.cfg.Replicas {
+	if len(readyAddresses(list.Items)) < minReady {
 		return nil, failure(ErrNoReadyEndpoints, "check the berth-webhook pods' readiness (/readyz on port 8081)",
-			"%d ready endpoints, want %d", len(readyAddresses(list.Items)), w.cfg.Replicas)
+			"%d ready endpoints, want %d", len(readyAddresses(list.Items)), minReady)
 	}
 	return eps, nil
+}
+
+func (w *Installer) deploymentReady(ctx context.Context) *Error {
+	dep, err := w.kube.AppsV1().Deployments(namespace).Get(ctx, Name, metav1.GetOptions{})
+	if err != nil {
+		return failure(ErrDeploymentNotReady, "check the Deployment berth-system/berth-webhook", "%v", err)
+	}
+	if !deploymentAvailable(dep, w.cfg.Replicas) {
+		return failure(ErrDeploymentNotReady, "check the berth-webhook pods, their image and their readiness (kubectl -n berth-system describe pods)",
+			"generation %d observed %d, %d updated, %d available of %d", dep.Generation, dep.Status.ObservedGeneration, dep.Status.UpdatedReplicas, dep.Status.AvailableReplicas, w.cfg.Replicas)
+	}
+	return nil
 }
 
 func deploymentAvailable(d *appsv1.Deployment, replicas int) bool {

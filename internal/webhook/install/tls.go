@@ -1,6 +1,7 @@
 package install
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -37,6 +38,21 @@ func serverName() string { return Name + "." + namespace + ".svc" }
 // except during a CA rotation, when it also holds the previous CA.
 type tlsMaterial struct {
 	caPEM, caKeyPEM, certPEM, keyPEM, bundlePEM []byte
+	// resourceVersion is the Secret's when the material was read from it.
+	resourceVersion string
+}
+
+func (m tlsMaterial) data() map[string][]byte {
+	return map[string][]byte{"ca.crt": m.caPEM, "ca.key": m.caKeyPEM, "tls.crt": m.certPEM, "tls.key": m.keyPEM, "ca-bundle.crt": m.bundlePEM}
+}
+
+func (m tlsMaterial) equal(o tlsMaterial) bool {
+	for k, v := range m.data() {
+		if !bytes.Equal(v, o.data()[k]) {
+			return false
+		}
+	}
+	return true
 }
 
 func (m tlsMaterial) secret() *unstructured.Unstructured {
@@ -68,7 +84,8 @@ func (w *Installer) readTLS(ctx context.Context) (tlsMaterial, error) {
 		return tlsMaterial{}, failure(ErrApply, "check the API server and retry", "reading Secret %s: %v", TLSSecret, err)
 	}
 	d := existing.Data
-	return tlsMaterial{caPEM: d["ca.crt"], caKeyPEM: d["ca.key"], certPEM: d["tls.crt"], keyPEM: d["tls.key"], bundlePEM: d["ca-bundle.crt"]}, nil
+	return tlsMaterial{caPEM: d["ca.crt"], caKeyPEM: d["ca.key"], certPEM: d["tls.crt"], keyPEM: d["tls.key"], bundlePEM: d["ca-bundle.crt"],
+		resourceVersion: existing.ResourceVersion}, nil
 }
 
 // tlsSecret returns the TLS Secret to apply and the CA bundle to publish.
@@ -77,7 +94,11 @@ func (w *Installer) tlsSecret(ctx context.Context) (*unstructured.Unstructured, 
 	if err != nil {
 		return nil, nil, err
 	}
-	next, err := planTLS(cur, w.cfg.Now(), w.cfg.CARenewBefore, w.say)
+	armed, err := w.bundleHolds(ctx, cur.caPEM)
+	if err != nil {
+		return nil, nil, err
+	}
+	next, err := planTLS(cur, w.cfg.Now(), w.cfg.Lifetimes, armed, w.say)
 	if err != nil {
 		return nil, nil, failure(ErrApply, "retry", "%v", err)
 	}
@@ -87,14 +108,21 @@ func (w *Installer) tlsSecret(ctx context.Context) (*unstructured.Unstructured, 
 // planTLS decides this run's TLS material from the Secret's. A re-run never regenerates
 // what is still good. The CA and the leaf are never replaced in one step:
 //   - no usable CA: a new CA and leaf, the bundle is the new CA (nothing depends on the old one);
-//   - the CA is due (less than renewBefore left) and no rotation is under way: a new CA joins the
-//     bundle next to the old one, and the leaf stays; it is switched on a later step, once the
-//     bundle is published;
-//   - the leaf is missing, due (2/3 of its life) or not signed by the current CA: a new leaf from
-//     the current CA. The bundle still holds every CA that can have signed a served leaf.
+//   - the CA is due (less than l.CARenewBefore left, or valid for longer than l.CA allows) and no
+//     rotation is under way: a new CA joins the bundle next to the old one, and the leaf stays; it
+//     is switched on a later step, once the bundle is published;
+//   - the leaf is missing, due (less than l.LeafRenewBefore left, or valid for longer than l.Leaf
+//     allows) or not signed by the current CA: a new leaf from the current CA. The bundle still
+//     holds every CA that can have signed a served leaf.
 //
-// Certificates in the bundle that have expired are dropped.
-func planTLS(cur tlsMaterial, now time.Time, renewBefore time.Duration, say func(string, ...any)) (tlsMaterial, error) {
+// armed says that the configuration publishes the Secret's current CA: only then may a rotation's
+// new CA issue the leaf. Until then a leaf that an older CA of the bundle verifies stays, due or not.
+// Certificates in the bundle that have expired are dropped. l may leave periods at zero (defaults).
+func planTLS(cur tlsMaterial, now time.Time, l Lifetimes, armed bool, say func(string, ...any)) (tlsMaterial, error) {
+	l = l.WithDefaults()
+	if err := l.Validate(); err != nil {
+		return tlsMaterial{}, err
+	}
 	next := cur
 	ca, caKey, caOK := parseCA(cur.caPEM, cur.caKeyPEM, now)
 	var bundle []*x509.Certificate
@@ -111,31 +139,43 @@ func planTLS(cur tlsMaterial, now time.Time, renewBefore time.Duration, say func
 	switch {
 	case !caOK:
 		var err error
-		if ca, caKey, next.caPEM, next.caKeyPEM, err = newCA(now); err != nil {
+		if ca, caKey, next.caPEM, next.caKeyPEM, err = newCA(now, l.CA); err != nil {
 			return tlsMaterial{}, fmt.Errorf("creating the webhook CA: %w", err)
 		}
 		next.certPEM, next.keyPEM = nil, nil
 		bundle = nil
 		say("created a new webhook CA")
-	case !inRotation && now.Add(renewBefore).After(ca.NotAfter):
+	case !inRotation && due(ca.NotAfter, now, l.CA, l.CARenewBefore):
 		old := ca
 		var err error
-		if ca, caKey, next.caPEM, next.caKeyPEM, err = newCA(now); err != nil {
+		if ca, caKey, next.caPEM, next.caKeyPEM, err = newCA(now, l.CA); err != nil {
 			return tlsMaterial{}, fmt.Errorf("creating the webhook CA: %w", err)
 		}
 		if !containsCert(bundle, old) {
 			bundle = append(bundle, old)
 		}
-		say("CA rotation: a new CA joins the bundle; the old one (expires %s) stays until no endpoint serves a certificate it signed", old.NotAfter.Format(time.DateOnly))
-		if leafValid(cur.certPEM, cur.keyPEM, old, now) {
-			// The leaf follows once the bundle with both CAs is in place (finishCARotation).
+		say("CA rotation: a new CA joins the bundle; the old one (expires %s) stays until no endpoint serves a certificate it signed", old.NotAfter.UTC().Format(time.RFC3339))
+		if leafUsable(cur.certPEM, cur.keyPEM, old, now) {
+			// The leaf follows once the bundle with both CAs is in place (finishCARotation), even
+			// when it is due itself: a leaf of the new CA must never be served before the bundle
+			// that holds the new CA is published.
 			next.bundlePEM = encodeBundle(append(bundle, ca))
 			return next, nil
 		}
 	}
-	if !leafValid(next.certPEM, next.keyPEM, ca, now) {
+	if inRotation && !armed && !leafUsable(cur.certPEM, cur.keyPEM, ca, now) &&
+		slices.ContainsFunc(bundle, func(old *x509.Certificate) bool { return leafUsable(cur.certPEM, cur.keyPEM, old, now) }) {
+		// A rotation whose new CA is not published yet (an interrupted run): the leaf of the old
+		// CA keeps serving until it is.
+		if !containsCert(bundle, ca) {
+			bundle = append(bundle, ca)
+		}
+		next.bundlePEM = encodeBundle(bundle)
+		return next, nil
+	}
+	if !leafValid(next.certPEM, next.keyPEM, ca, now, l) {
 		var err error
-		if next.certPEM, next.keyPEM, err = newLeaf(ca, caKey, now); err != nil {
+		if next.certPEM, next.keyPEM, err = newLeaf(ca, caKey, now, l.Leaf); err != nil {
 			return tlsMaterial{}, fmt.Errorf("issuing the webhook serving certificate: %w", err)
 		}
 		say("issued a new webhook serving certificate")
@@ -168,32 +208,76 @@ func (w *Installer) finishCARotation(ctx context.Context) error {
 	if err != nil || !cur.rotating() {
 		return err
 	}
-	next, err := planTLS(cur, w.cfg.Now(), w.cfg.CARenewBefore, w.say)
+	// No leaf of the new CA is served before the configuration publishes it (a paused
+	// configuration, for one, does not).
+	if armed, err := w.bundleHolds(ctx, cur.caPEM); err != nil || !armed {
+		return err
+	}
+	next, err := planTLS(cur, w.cfg.Now(), w.cfg.Lifetimes, true, w.say)
 	if err != nil {
 		return failure(ErrApply, "retry", "%v", err)
 	}
-	if err := w.ensure(ctx, next.secret()); err != nil {
+	if next, err = w.writeTLS(ctx, cur, next); err != nil {
 		return err
 	}
 	w.say("CA rotation: waiting for every endpoint to serve the certificate of the new CA")
 	if _, err := w.waitServing(ctx, next.caPEM); err != nil {
 		return err
 	}
-	next.bundlePEM = next.caPEM
-	if err := w.ensure(ctx, next.secret()); err != nil {
+	switched := next
+	switched.bundlePEM = next.caPEM
+	if _, err := w.writeTLS(ctx, next, switched); err != nil {
 		return err
 	}
-	if err := w.arm(ctx, next.caPEM); err != nil {
+	if err := w.publish(ctx, switched.caPEM); err != nil {
 		return err
 	}
+	w.rotationDone = true
 	w.say("CA rotation done: the bundle holds only the new CA")
 	return nil
 }
 
-const (
-	caLifetime   = 10 * 365 * 24 * time.Hour
-	leafLifetime = 365 * 24 * time.Hour
-)
+// writeTLS writes next into the TLS Secret when it differs from cur (what was read) and returns next
+// as written. The installer applies the whole Secret; the keeper updates it on cur's
+// resourceVersion, so that of two keepers that both read cur only one writes.
+func (w *Installer) writeTLS(ctx context.Context, cur, next tlsMaterial) (tlsMaterial, error) {
+	if !w.keep {
+		return next, w.ensure(ctx, next.secret())
+	}
+	if cur.equal(next) {
+		return next, nil
+	}
+	secrets := w.kube.CoreV1().Secrets(namespace)
+	live, err := secrets.Get(ctx, TLSSecret, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err) && cur.resourceVersion == "":
+		live = &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: TLSSecret, Namespace: namespace, Labels: map[string]string{
+				"app.kubernetes.io/name": Name, "app.kubernetes.io/part-of": "berth", managedByLabel: KeeperFieldManager,
+			}},
+			Type: corev1.SecretTypeOpaque, Data: next.data(),
+		}
+		live, err = secrets.Create(ctx, live, metav1.CreateOptions{FieldManager: KeeperFieldManager})
+	case err != nil:
+	case live.ResourceVersion != cur.resourceVersion:
+		err = fmt.Errorf("resourceVersion %s, read as %s: changed by another writer", live.ResourceVersion, cur.resourceVersion)
+	default:
+		live.Data = next.data()
+		live, err = secrets.Update(ctx, live, metav1.UpdateOptions{FieldManager: KeeperFieldManager})
+	}
+	if err != nil {
+		return cur, failure(ErrApply, "retry; a conflict means another keeper wrote the Secret first", "writing Secret %s: %v", TLSSecret, err)
+	}
+	next.resourceVersion = live.ResourceVersion
+	w.result.Writes = append(w.result.Writes, "update Secret "+namespace+"/"+TLSSecret)
+	if !bytes.Equal(cur.certPEM, next.certPEM) {
+		w.leafRenewed = true
+	}
+	if !bytes.Equal(cur.caPEM, next.caPEM) {
+		w.caRenewed = true
+	}
+	return next, nil
+}
 
 func parseCA(certPEM, keyPEM []byte, now time.Time) (*x509.Certificate, *ecdsa.PrivateKey, bool) {
 	cb, _ := pem.Decode(certPEM)
@@ -215,28 +299,41 @@ func parseCA(certPEM, keyPEM []byte, now time.Time) (*x509.Certificate, *ecdsa.P
 	return ca, key, true
 }
 
-// leafValid: the pair matches, chains to ca for the service name, and is not past 2/3 of its life.
-func leafValid(certPEM, keyPEM []byte, ca *x509.Certificate, now time.Time) bool {
+// leafValid: the leaf is usable (leafUsable) and not due (l: see due).
+func leafValid(certPEM, keyPEM []byte, ca *x509.Certificate, now time.Time, l Lifetimes) bool {
+	leaf := usableLeaf(certPEM, keyPEM, ca, now)
+	if leaf == nil {
+		return false
+	}
+	l = l.WithDefaults()
+	return !due(leaf.NotAfter, now, l.Leaf, l.LeafRenewBefore)
+}
+
+// leafUsable: the pair matches and chains to ca for the service name at now.
+func leafUsable(certPEM, keyPEM []byte, ca *x509.Certificate, now time.Time) bool {
+	return usableLeaf(certPEM, keyPEM, ca, now) != nil
+}
+
+func usableLeaf(certPEM, keyPEM []byte, ca *x509.Certificate, now time.Time) *x509.Certificate {
 	pair, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
-		return false
+		return nil
 	}
 	leaf, err := x509.ParseCertificate(pair.Certificate[0])
 	if err != nil {
-		return false
+		return nil
 	}
 	roots := x509.NewCertPool()
 	roots.AddCert(ca)
 	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: serverName(), CurrentTime: now}); err != nil {
-		return false
+		return nil
 	}
-	renewAt := leaf.NotBefore.Add(leaf.NotAfter.Sub(leaf.NotBefore) * 2 / 3)
-	return now.Before(renewAt)
+	return leaf
 }
 
 func serial() (*big.Int, error) { return rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127)) }
 
-func newCA(now time.Time) (*x509.Certificate, *ecdsa.PrivateKey, []byte, []byte, error) {
+func newCA(now time.Time, validity time.Duration) (*x509.Certificate, *ecdsa.PrivateKey, []byte, []byte, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, nil, nil, err
@@ -247,7 +344,7 @@ func newCA(now time.Time) (*x509.Certificate, *ecdsa.PrivateKey, []byte, []byte,
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: sn, Subject: pkix.Name{CommonName: "berth-webhook-ca"},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(caLifetime),
+		NotBefore: now.Add(-backdate(validity)), NotAfter: now.Add(validity),
 		IsCA: true, BasicConstraintsValid: true, MaxPathLenZero: true,
 		KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageCRLSign,
 	}
@@ -266,7 +363,7 @@ func newCA(now time.Time) (*x509.Certificate, *ecdsa.PrivateKey, []byte, []byte,
 	return ca, key, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}), nil
 }
 
-func newLeaf(ca *x509.Certificate, caKey *ecdsa.PrivateKey, now time.Time) ([]byte, []byte, error) {
+func newLeaf(ca *x509.Certificate, caKey *ecdsa.PrivateKey, now time.Time, validity time.Duration) ([]byte, []byte, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, err
@@ -277,7 +374,7 @@ func newLeaf(ca *x509.Certificate, caKey *ecdsa.PrivateKey, now time.Time) ([]by
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: sn, Subject: pkix.Name{CommonName: serverName()},
-		NotBefore: now.Add(-time.Hour), NotAfter: now.Add(leafLifetime),
+		NotBefore: now.Add(-backdate(validity)), NotAfter: now.Add(validity),
 		DNSNames: serviceDNSNames(), KeyUsage: x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}

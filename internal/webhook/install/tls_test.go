@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
+	"errors"
 	"testing"
 	"time"
 
@@ -22,7 +23,7 @@ func certsOf(t *testing.T, b []byte) []*x509.Certificate {
 func leafIssuedBy(t *testing.T, m tlsMaterial, ca []byte) bool {
 	t.Helper()
 	cas := certsOf(t, ca)
-	return leafValid(m.certPEM, m.keyPEM, cas[0], time.Now())
+	return leafUsable(m.certPEM, m.keyPEM, cas[0], time.Now())
 }
 
 // TestPlanTLSRotatesTheCAInSteps walks a CA rotation the way successive installer steps see it:
@@ -31,22 +32,25 @@ func leafIssuedBy(t *testing.T, m tlsMaterial, ca []byte) bool {
 func TestPlanTLSRotatesTheCAInSteps(t *testing.T) {
 	now := time.Now()
 	quiet := func(string, ...any) {}
-	renew := leafLifetime + 90*24*time.Hour
+	renew := Lifetimes{}
+	// A CA valid for a year with a rotation window of 200 days: a ten-year CA outlives it, and so
+	// does the year's CA that replaces it until it is 200 days from its end.
+	dueCA := Lifetimes{CA: 365 * 24 * time.Hour, Leaf: 90 * 24 * time.Hour, CARenewBefore: 200 * 24 * time.Hour}
 
-	fresh, err := planTLS(tlsMaterial{}, now, renew, quiet)
+	fresh, err := planTLS(tlsMaterial{}, now, renew, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if fresh.rotating() || len(certsOf(t, fresh.bundlePEM)) != 1 || !leafIssuedBy(t, fresh, fresh.caPEM) {
 		t.Fatalf("fresh material: rotating=%v, bundle of %d", fresh.rotating(), len(certsOf(t, fresh.bundlePEM)))
 	}
-	again, err := planTLS(fresh, now, renew, quiet)
+	again, err := planTLS(fresh, now, renew, true, quiet)
 	if err != nil || string(again.certPEM) != string(fresh.certPEM) || string(again.caPEM) != string(fresh.caPEM) || string(again.bundlePEM) != string(fresh.bundlePEM) {
 		t.Fatalf("a re-run regenerated material: %v", err)
 	}
 
-	// Step 1: the CA is due (a renew window longer than its life makes it so today).
-	step1, err := planTLS(fresh, now, caLifetime+time.Hour, quiet)
+	// Step 1: the CA is due (it outlives the shorter validity).
+	step1, err := planTLS(fresh, now, dueCA, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,11 +67,11 @@ func TestPlanTLSRotatesTheCAInSteps(t *testing.T) {
 
 	// Step 3: with the bundle published, the leaf switches to the new CA; the bundle keeps both.
 	// No second rotation starts while one is under way, even if the new CA counted as due.
-	step3, err := planTLS(step1, now, caLifetime+time.Hour, quiet)
+	step3, err := planTLS(step1, now, dueCA, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(step3.caPEM) != string(step1.caPEM) || !leafIssuedBy(t, step3, step3.caPEM) || leafIssuedBy(t, step3, fresh.caPEM) {
+	if string(step3.caPEM) != string(step1.caPEM) || !leafIssuedBy(t, step3, step3.caPEM) || string(step3.certPEM) == string(step1.certPEM) {
 		t.Fatal("step 3 did not issue the leaf from the new CA")
 	}
 	if len(certsOf(t, step3.bundlePEM)) != 2 {
@@ -76,7 +80,7 @@ func TestPlanTLSRotatesTheCAInSteps(t *testing.T) {
 
 	// Step 4 (finishCARotation) sets the bundle to the new CA; a re-plan keeps it so.
 	step3.bundlePEM = step3.caPEM
-	done, err := planTLS(step3, now, renew, quiet)
+	done, err := planTLS(step3, now, dueCA, true, quiet)
 	if err != nil || done.rotating() || string(done.certPEM) != string(step3.certPEM) {
 		t.Fatalf("after the rotation: rotating=%v, leaf changed=%v, %v", done.rotating(), string(done.certPEM) != string(step3.certPEM), err)
 	}
@@ -86,16 +90,16 @@ func TestPlanTLSRotatesTheCAInSteps(t *testing.T) {
 func TestPlanTLSDropsExpiredBundleEntries(t *testing.T) {
 	now := time.Now()
 	quiet := func(string, ...any) {}
-	old, err := planTLS(tlsMaterial{}, now.Add(-caLifetime-time.Hour), leafLifetime, quiet)
+	old, err := planTLS(tlsMaterial{}, now.Add(-DefaultCAValidity-time.Hour), Lifetimes{}, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur, err := planTLS(tlsMaterial{}, now, leafLifetime, quiet)
+	cur, err := planTLS(tlsMaterial{}, now, Lifetimes{}, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cur.bundlePEM = append(append([]byte{}, old.caPEM...), cur.caPEM...)
-	next, err := planTLS(cur, now, leafLifetime, quiet)
+	next, err := planTLS(cur, now, Lifetimes{}, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,5 +145,125 @@ func TestTLSSecretReuse(t *testing.T) {
 	}
 	if bytes.Equal(ca1, ca4) {
 		t.Fatal("a CA without a usable key was kept")
+	}
+}
+
+// TestPlanTLSKeepsTheOldLeafUntilTheNewCAIsPublished: a rotation whose new CA is in the Secret but
+// not yet in the configuration (a run interrupted between the two) keeps the old CA's leaf, even a
+// due one; once the configuration publishes the new CA, the leaf switches.
+func TestPlanTLSKeepsTheOldLeafUntilTheNewCAIsPublished(t *testing.T) {
+	now := time.Now()
+	quiet := func(string, ...any) {}
+	short := Lifetimes{Leaf: 40 * time.Minute, CA: 90 * time.Minute, CARenewBefore: time.Hour}
+	fresh, err := planTLS(tlsMaterial{}, now, short, true, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 31 minutes in, less than an hour is left of the CA: a rotation starts.
+	started, err := planTLS(fresh, now.Add(31*time.Minute), short, true, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !started.rotating() || string(started.certPEM) != string(fresh.certPEM) {
+		t.Fatalf("the rotation did not start with the old leaf kept: rotating=%v", started.rotating())
+	}
+	// 32 minutes after the first leaf: it is due (less than a third of 40 minutes left), but the new
+	// CA is not published yet: it stays.
+	waiting, err := planTLS(started, now.Add(32*time.Minute), short, false, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !waiting.equal(started) {
+		t.Fatal("the leaf changed before the new CA was published")
+	}
+	switched, err := planTLS(started, now.Add(32*time.Minute), short, true, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newCA := certsOf(t, switched.caPEM)[0]
+	if !leafUsable(switched.certPEM, switched.keyPEM, newCA, now.Add(32*time.Minute)) || len(certsOf(t, switched.bundlePEM)) != 2 {
+		t.Fatal("with the new CA published the leaf did not switch to it, or the bundle lost the old CA")
+	}
+}
+
+// TestPlanTLSRenewsAtTheConfiguredPoint: a leaf is kept while more than LeafRenewBefore is left and
+// renewed after; a leaf valid for longer than a shortened validity is re-issued at once, and so is a
+// CA (as a rotation).
+func TestPlanTLSRenewsAtTheConfiguredPoint(t *testing.T) {
+	now := time.Now().Truncate(time.Second) // certificates keep whole seconds
+	quiet := func(string, ...any) {}
+	l := Lifetimes{Leaf: 9 * time.Minute, LeafRenewBefore: 6 * time.Minute, CA: time.Hour}
+	first, err := planTLS(tlsMaterial{}, now, l, true, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := certsOf(t, first.certPEM)[0]
+	if got := leaf.NotAfter.Sub(now); got != 9*time.Minute {
+		t.Errorf("leaf valid for %s after issue, want 9m", got)
+	}
+	if got := now.Sub(leaf.NotBefore); got != 54*time.Second {
+		t.Errorf("leaf backdated by %s, want a tenth of its validity (54s)", got)
+	}
+	kept, err := planTLS(first, now.Add(2*time.Minute+59*time.Second), l, true, quiet)
+	if err != nil || !kept.equal(first) {
+		t.Fatalf("the leaf was renewed with more than 6 minutes left: %v", err)
+	}
+	renewed, err := planTLS(first, now.Add(3*time.Minute+time.Second), l, true, quiet)
+	if err != nil || renewed.equal(first) || string(renewed.caPEM) != string(first.caPEM) {
+		t.Fatalf("the leaf was not renewed from the same CA with less than 6 minutes left: %v", err)
+	}
+
+	// The operator shortens the validity: the year-long leaf and ten-year CA of the defaults outlive it.
+	long, err := planTLS(tlsMaterial{}, now, Lifetimes{}, true, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shortened, err := planTLS(long, now, l, true, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !shortened.rotating() || string(shortened.certPEM) != string(long.certPEM) {
+		t.Fatal("a CA that outlives the shortened validity did not start a rotation (with the leaf kept)")
+	}
+	onlyLeaf, err := planTLS(long, now, Lifetimes{Leaf: 9 * time.Minute}, true, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(onlyLeaf.caPEM) != string(long.caPEM) || certsOf(t, onlyLeaf.certPEM)[0].NotAfter.Sub(now) != 9*time.Minute {
+		t.Fatal("a leaf that outlives the shortened validity was not re-issued from the same CA")
+	}
+	if _, err := planTLS(long, now, Lifetimes{Leaf: time.Minute, LeafRenewBefore: time.Minute}, true, quiet); err == nil {
+		t.Fatal("planTLS accepted a renewal point that is not inside the validity")
+	}
+}
+
+func TestParseSettings(t *testing.T) {
+	s, err := ParseSettings(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Lifetimes.Leaf != DefaultLeafValidity || s.Lifetimes.CA != DefaultCAValidity || s.CheckPeriod != DefaultCheckPeriod ||
+		s.Lifetimes.LeafRenewBefore != DefaultLeafValidity/3 || s.Lifetimes.CARenewBefore != DefaultLeafValidity+90*24*time.Hour {
+		t.Fatalf("defaults = %+v", s)
+	}
+	s, err = ParseSettings(map[string]string{"leafValidity": "4m", "leafRenewBefore": "150s", "caValidity": "12m", "checkPeriod": "20s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Lifetimes.Leaf != 4*time.Minute || s.Lifetimes.LeafRenewBefore != 150*time.Second || s.Lifetimes.CA != 12*time.Minute ||
+		s.Lifetimes.CARenewBefore != 4*time.Minute+18*time.Second || s.CheckPeriod != 20*time.Second {
+		t.Fatalf("settings = %+v", s)
+	}
+	for name, data := range map[string]map[string]string{
+		"unknown key":       {"leafValidty": "4m"},
+		"not a duration":    {"leafValidity": "four minutes"},
+		"negative":          {"checkPeriod": "-1m"},
+		"renew after end":   {"leafValidity": "4m", "leafRenewBefore": "5m"},
+		"leaf outlives CA":  {"leafValidity": "2h", "caValidity": "1h"},
+		"CA renew too late": {"caValidity": "1h", "leafValidity": "10m", "caRenewBefore": "2h"},
+	} {
+		if _, err := ParseSettings(data); !errors.Is(err, ErrInvalidConfiguration) {
+			t.Errorf("%s: ParseSettings(%v) = %v, want ErrInvalidConfiguration", name, data, err)
+		}
 	}
 }
