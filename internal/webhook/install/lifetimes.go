@@ -134,7 +134,7 @@ func ParseSettings(data map[string]string) (Settings, error) {
 		s.CheckPeriod = DefaultCheckPeriod
 	}
 	if err := s.Lifetimes.Validate(); err != nil {
-		return Settings{}, fmt.Errorf("%w: ConfigMap %s: %v", ErrInvalidConfiguration, CertificatesConfigMap, err)
+		return Settings{}, fmt.Errorf("%w: ConfigMap %s: %w", ErrInvalidConfiguration, CertificatesConfigMap, err)
 	}
 	return s, nil
 }
