@@ -17,6 +17,7 @@ package initcluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -125,14 +126,23 @@ func (i *Initializer) adminConfPath() string {
 	return filepath.Join(i.cfg.KubernetesDir, "admin.conf")
 }
 
-// Prepare fills in what the phases need from metadata. It runs before the first phase of every attempt.
+// ErrNotControlPlane is returned by Prepare when metadata gives this node another role than
+// control plane: init must not even take the node lock, or the node could never join its cluster.
+var ErrNotControlPlane = errors.New("metadata says this node is not a control plane")
+
+// Prepare fills in what the phases need from metadata and checks that this node is a control plane
+// (ErrNotControlPlane). It runs before the node lock is taken and before the first phase of every
+// attempt.
 func (i *Initializer) Prepare(ctx context.Context, job *Job) error {
 	self, err := i.meta.Self(ctx)
 	if err != nil {
 		return fmt.Errorf("reading this node's metadata: %w", err)
 	}
 	if self.Role != metadata.RoleControlPlane {
-		return fmt.Errorf("metadata says this node is a %s, not a control plane", self.Role)
+		return fmt.Errorf("%w: its role is %q", ErrNotControlPlane, self.Role)
+	}
+	if len(self.IPs) == 0 {
+		return errors.New("reading this node's metadata: no address")
 	}
 	job.Self = self
 	endpoint, err := i.meta.ControlPlaneEndpoint(ctx)

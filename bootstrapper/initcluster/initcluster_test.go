@@ -3,6 +3,7 @@ package initcluster
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"testing"
 
@@ -104,5 +105,21 @@ func TestPreflightNeedsCRISocket(t *testing.T) {
 	_ = fsys.Remove("/run/cri.sock")
 	if err := i.Phases()[0].Run(context.Background(), newJob(t, i)); err == nil || !strings.Contains(err.Error(), "cri.sock") {
 		t.Fatalf("preflight = %v, want an error naming the socket", err)
+	}
+}
+
+type workerMeta struct{ meta }
+
+func (workerMeta) Self(context.Context) (metadata.Instance, error) {
+	return metadata.Instance{Name: "w-0", Role: metadata.RoleWorker, IPs: []string{"198.51.100.11"}}, nil
+}
+
+// TestPrepareRefusesAWorker: a node that metadata calls a worker is refused with the named error
+// (the InitServer checks it before it takes the node lock).
+func TestPrepareRefusesAWorker(t *testing.T) {
+	i := New(Config{StateDir: "/state"}, afero.NewMemMapFs(), workerMeta{}, nil, nil, nil, nil)
+	err := i.Prepare(context.Background(), &Job{})
+	if !errors.Is(err, ErrNotControlPlane) || !strings.Contains(err.Error(), "worker") {
+		t.Fatalf("Prepare() on a worker = %v, want ErrNotControlPlane naming its role", err)
 	}
 }

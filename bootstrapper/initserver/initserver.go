@@ -13,6 +13,19 @@
 //	joined another cluster             PERMISSION_DENIED   InitFailure NODE_LOCKED
 //
 // A caller without the init secret learns nothing: the same status and message for every reason.
+//
+// Before the secret is looked at, a caller is rate-limited per peer address (DefaultLimits: one
+// Init a second with a burst of 5, and 5 a second with a burst of 10 from all peers together): an
+// excess call gets RESOURCE_EXHAUSTED "too many init requests: retry later" and costs a map lookup.
+// A 32-byte init secret cannot be guessed either way; the limit keeps a peer that holds an attested
+// connection from turning the node's log and CPU into its guessing machine (unlimited, one
+// connection carried about 3,600 guesses a second, each logged). Rejections are logged sampled per
+// peer: the first, then one line at most every rejectLogInterval with the number in between.
+//
+// Everything in the request is checked before the node lock is taken: the fields (names, versions,
+// CIDRs, the API server's certificate SANs, the cluster's attestation policy and image policy must
+// parse), and the node's role in metadata (a node that metadata calls a worker answers
+// NOT_CONTROL_PLANE and stays fresh, so it can still join its cluster).
 package initserver
 
 import (
@@ -25,6 +38,7 @@ import (
 	"io"
 	"net"
 	"regexp"
+	"strconv"
 	"sync"
 	"time"
 
@@ -37,8 +51,12 @@ import (
 
 	"github.com/berth-k8s/berth/bootstrapper/initcluster"
 	"github.com/berth-k8s/berth/initproto"
+	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/attestation/choose"
+	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/nodestate"
+	"github.com/berth-k8s/berth/internal/webhook"
 	"github.com/berth-k8s/berth/nodelock"
 )
 
@@ -47,6 +65,12 @@ const LockOwner = "init"
 
 // errRejected is the one answer for a caller without the right init secret.
 var errRejected = status.Error(codes.PermissionDenied, "init request rejected")
+
+// errRateLimited is the answer to a call over the rate limit, before anything is looked at.
+var errRateLimited = status.Error(codes.ResourceExhausted, "too many init requests: retry later")
+
+// DefaultLimits bound Init calls per peer address and overall (see the package documentation).
+var DefaultLimits = atls.Limits{PerPeer: 1, PerPeerBurst: 5, Global: 5, GlobalBurst: 10, MaxPeers: 1024}
 
 // Server implements initproto.InitServiceServer.
 type Server struct {
@@ -66,6 +90,10 @@ type Server struct {
 	onSuccess func()
 	// disk is the state disk to bind; nil when the node has none.
 	disk diskBinder
+	// limiter bounds Init calls per peer and overall.
+	limiter *atls.Limiter
+	// rejects samples the log lines of rejected calls per peer.
+	rejects *rejectLog
 }
 
 // Option configures a Server.
@@ -85,6 +113,9 @@ type diskBinder interface {
 	BindWithKeys(ctx context.Context, keys *clusterkeys.Keys) error
 }
 
+// WithLimits replaces DefaultLimits.
+func WithLimits(l atls.Limits) Option { return func(s *Server) { s.limiter = atls.NewLimiter(l) } }
+
 // WithOnSuccess sets a function that runs once after init succeeded.
 func WithOnSuccess(f func()) Option { return func(s *Server) { s.onSuccess = f } }
 
@@ -94,6 +125,10 @@ func New(log *zap.Logger, lock locker, hashes initSecretHasher, init clusterInit
 	for _, o := range opts {
 		o(s)
 	}
+	if s.limiter == nil {
+		s.limiter = atls.NewLimiter(DefaultLimits)
+	}
+	s.rejects = newRejectLog(log, s.now)
 	return s
 }
 
@@ -138,11 +173,16 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 // Init implements the Init RPC.
 func (s *Server) Init(req *initproto.InitRequest, stream initproto.InitService_InitServer) error {
 	ctx := stream.Context()
-	log := s.log.With(zap.String("peer", peerAddr(ctx)))
+	peerHost := peerIP(ctx)
+	if !s.limiter.Allow(peerHost) {
+		s.rejects.note(peerHost, reasonRateLimited)
+		return errRateLimited
+	}
 	if !s.secretMatches(ctx, req.GetInitSecret()) {
-		log.Warn("init request rejected: init secret does not match")
+		s.rejects.note(peerHost, reasonWrongSecret)
 		return errRejected
 	}
+	log := s.log.With(zap.String("peer", peerAddr(ctx)))
 	log.Info("init request accepted")
 	send := &sender{stream: stream, now: s.now}
 
@@ -164,6 +204,26 @@ func (s *Server) Init(req *initproto.InitRequest, stream initproto.InitService_I
 		return send.failure(initproto.FailureCode_FAILURE_CODE_PHASE_FAILED, "reading the node's state failed; see the node's log", "", true)
 	}
 	switch {
+	case st != nil && st.Role != nodestate.RoleInit:
+		return send.failure(initproto.FailureCode_FAILURE_CODE_NODE_LOCKED, "this node joined a cluster; it cannot initialize one", "", false)
+	case st != nil && st.Done:
+		return send.failure(initproto.FailureCode_FAILURE_CODE_ALREADY_INITIALIZED, "this node already initialized its cluster", "", false)
+	case st != nil && st.ClusterID != idHex:
+		return send.failure(initproto.FailureCode_FAILURE_CODE_CLUSTER_MISMATCH,
+			"this node is already initializing a cluster with other secrets; retry with the master secret and salt of the first attempt", "", false)
+	}
+	// What the node is, before the lock: a node that metadata does not call a control plane must stay
+	// fresh, so that it can still join its cluster.
+	job := &initcluster.Job{Req: parsed, Out: send.logWriter(log)}
+	if err := s.init.Prepare(ctx, job); err != nil {
+		if errors.Is(err, initcluster.ErrNotControlPlane) {
+			log.Warn("init refused: not a control plane", zap.Error(err))
+			return send.failure(initproto.FailureCode_FAILURE_CODE_NOT_CONTROL_PLANE, err.Error()+"; nothing was changed on the node", "", false)
+		}
+		log.Error("preparing init", zap.Error(err))
+		return send.failure(initproto.FailureCode_FAILURE_CODE_PHASE_FAILED, "preparing init: "+err.Error(), "", true)
+	}
+	switch {
 	case st == nil:
 		if err := s.lock.TryLockOnce(ctx, LockOwner, clusterID); err != nil {
 			if errors.Is(err, nodelock.ErrLocked) {
@@ -178,13 +238,6 @@ func (s *Server) Init(req *initproto.InitRequest, stream initproto.InitService_I
 			return send.failure(initproto.FailureCode_FAILURE_CODE_PHASE_FAILED, "saving the node's state failed; see the node's log", "", true)
 		}
 		log.Info("node locked for init", zap.String("clusterID", idHex))
-	case st.Role != nodestate.RoleInit:
-		return send.failure(initproto.FailureCode_FAILURE_CODE_NODE_LOCKED, "this node joined a cluster; it cannot initialize one", "", false)
-	case st.Done:
-		return send.failure(initproto.FailureCode_FAILURE_CODE_ALREADY_INITIALIZED, "this node already initialized its cluster", "", false)
-	case st.ClusterID != idHex:
-		return send.failure(initproto.FailureCode_FAILURE_CODE_CLUSTER_MISMATCH,
-			"this node is already initializing a cluster with other secrets; retry with the master secret and salt of the first attempt", "", false)
 	default:
 		log.Info("resuming init", zap.Strings("completed", st.CompletedPhases))
 	}
@@ -194,11 +247,6 @@ func (s *Server) Init(req *initproto.InitRequest, stream initproto.InitService_I
 			log.Error("binding the state disk to the cluster", zap.Error(err))
 			return send.failure(initproto.FailureCode_FAILURE_CODE_PHASE_FAILED, "binding the node's state disk to the cluster failed; see the node's log", "", true)
 		}
-	}
-	job := &initcluster.Job{Req: parsed, Out: send.logWriter(log)}
-	if err := s.init.Prepare(ctx, job); err != nil {
-		log.Error("preparing init", zap.Error(err))
-		return send.failure(initproto.FailureCode_FAILURE_CODE_PHASE_FAILED, "preparing init: "+err.Error(), "", true)
 	}
 	phases := s.init.Phases()
 	for n, phase := range phases {
@@ -279,6 +327,23 @@ func parseRequest(req *initproto.InitRequest) (initcluster.Request, error) {
 			return initcluster.Request{}, fmt.Errorf("%s %q is not a CIDR", name, cidr)
 		}
 	}
+	if err := checkSANs(req.GetApiserverCertSans()); err != nil {
+		return initcluster.Request{}, err
+	}
+	if p := req.GetAttestationPolicy(); len(p) > 0 {
+		parsed, err := policy.Parse(p, "attestation_policy", nil)
+		if err != nil {
+			return initcluster.Request{}, fmt.Errorf("attestation_policy: %w", err)
+		}
+		if _, err := choose.NewValidator(parsed, zap.NewNop()); err != nil {
+			return initcluster.Request{}, fmt.Errorf("attestation_policy: %w", err)
+		}
+	}
+	if p := req.GetComponents().GetImagePolicy(); len(p) > 0 {
+		if _, err := webhook.ParsePolicy(p); err != nil {
+			return initcluster.Request{}, fmt.Errorf("components.image_policy: %w", err)
+		}
+	}
 	return initcluster.Request{
 		ClusterName:       req.GetClusterName(),
 		KubernetesVersion: req.GetKubernetesVersion(),
@@ -292,6 +357,45 @@ func parseRequest(req *initproto.InitRequest) (initcluster.Request, error) {
 		SkipCoreDNS:       req.GetComponents().GetSkipCoredns(),
 		ImagePolicy:       req.GetComponents().GetImagePolicy(),
 	}, nil
+}
+
+// maxSANs bounds the API server certificate's extra names.
+const maxSANs = 64
+
+// dnsName is a DNS name as a certificate's SAN may hold it: labels of a DNS-1123 subdomain, the
+// first of which may be a wildcard.
+var dnsName = regexp.MustCompile(`^(\*\.)?[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?(\.[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?)*$`)
+
+// checkSANs accepts IP addresses and DNS names (at most maxSANs, each at most 253 characters).
+func checkSANs(sans []string) error {
+	if len(sans) > maxSANs {
+		return fmt.Errorf("apiserver_cert_sans: %d names, at most %d", len(sans), maxSANs)
+	}
+	for i, san := range sans {
+		if net.ParseIP(san) != nil {
+			continue
+		}
+		if len(san) > 253 || !dnsName.MatchString(san) {
+			return fmt.Errorf("apiserver_cert_sans[%d] %s is neither an IP address nor a DNS name", i, strconv.QuoteToASCII(truncate(san, 64)))
+		}
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n] + "..."
+	}
+	return s
+}
+
+// peerIP is the rate limit key of the caller: its IP address without the port.
+func peerIP(ctx context.Context) string {
+	addr := peerAddr(ctx)
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
 }
 
 func peerAddr(ctx context.Context) string {

@@ -3,18 +3,27 @@ package initserver
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"math/big"
 	"net"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/spf13/afero"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -37,13 +46,14 @@ func (h staticHash) InitSecretHash(context.Context) ([]byte, error) { return h, 
 
 // fakeInit runs scripted phases and records which ran.
 type fakeInit struct {
-	mu     sync.Mutex
-	ran    []string
-	failAt map[string]int // phase → remaining failures
-	block  chan struct{}  // if set, the first phase waits on it
+	mu         sync.Mutex
+	ran        []string
+	failAt     map[string]int // phase → remaining failures
+	block      chan struct{}  // if set, the first phase waits on it
+	prepareErr error          // what Prepare returns
 }
 
-func (f *fakeInit) Prepare(context.Context, *initcluster.Job) error { return nil }
+func (f *fakeInit) Prepare(context.Context, *initcluster.Job) error { return f.prepareErr }
 
 func (f *fakeInit) Phases() []initcluster.Phase {
 	var ps []initcluster.Phase
@@ -407,4 +417,182 @@ func TestInitStopsWhenStateDiskCannotBeBound(t *testing.T) {
 	if ran := init.Ran(); len(ran) != 0 {
 		t.Fatalf("phases ran although the state disk was not bound: %v", ran)
 	}
+}
+
+// TestWorkerIsRefusedBeforeTheLock: a node that metadata calls a worker answers NOT_CONTROL_PLANE
+// and stays fresh (no lock, no state, no phase), so it can still join its cluster.
+func TestWorkerIsRefusedBeforeTheLock(t *testing.T) {
+	h := newHarness(t, &fakeInit{prepareErr: fmt.Errorf("%w: its role is \"worker\"", initcluster.ErrNotControlPlane)})
+	got, err := h.transcript(t, request(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	equal(t, got, []string{"FAILURE NOT_CONTROL_PLANE "})
+	if locked, _ := h.lock.Locked(); locked {
+		t.Fatal("a worker took the node lock for init")
+	}
+	if st, _ := h.state.Load(); st != nil {
+		t.Fatalf("node state written on a worker: %+v", st)
+	}
+	// A metadata outage is retryable and changes nothing either.
+	h = newHarness(t, &fakeInit{prepareErr: errors.New("metadata unreachable")})
+	got, err = h.transcript(t, request(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	equal(t, got, []string{"FAILURE PHASE_FAILED "})
+	if locked, _ := h.lock.Locked(); locked {
+		t.Fatal("node locked although metadata could not be read")
+	}
+}
+
+// TestRequestIsValidatedBeforeTheLock: bad SANs and policies that do not parse are named and
+// leave the node fresh.
+func TestRequestIsValidatedBeforeTheLock(t *testing.T) {
+	for name, tc := range map[string]struct {
+		mutate func(*initproto.InitRequest)
+		want   string
+	}{
+		"SAN with a control character": {func(r *initproto.InitRequest) { r.ApiserverCertSans = []string{"api.example\x1b[31m"} }, `apiserver_cert_sans[0] "api.example\x1b[31m"`},
+		"SAN that is no name":          {func(r *initproto.InitRequest) { r.ApiserverCertSans = []string{"198.51.100.1", "a..b"} }, "apiserver_cert_sans[1]"},
+		"too many SANs":                {func(r *initproto.InitRequest) { r.ApiserverCertSans = make([]string, maxSANs+1) }, "at most 64"},
+		"attestation policy garbage":   {func(r *initproto.InitRequest) { r.AttestationPolicy = []byte("{{{") }, "attestation_policy"},
+		"attestation policy variant":   {func(r *initproto.InitRequest) { r.AttestationPolicy = []byte("variant: sgx\n") }, "attestation_policy"},
+		"image policy garbage": {func(r *initproto.InitRequest) {
+			r.Components = &initproto.Components{ImagePolicy: []byte("rules: [{name: NOT A LABEL, registries: [x]}]")}
+		}, "components.image_policy"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := newHarness(t, &fakeInit{})
+			req := request(1)
+			tc.mutate(req)
+			stream, err := h.client.Init(context.Background(), req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := stream.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := resp.GetFailure()
+			if f.GetCode() != initproto.FailureCode_FAILURE_CODE_INVALID_REQUEST || !strings.Contains(f.GetMessage(), tc.want) {
+				t.Fatalf("failure = %v, want INVALID_REQUEST containing %q", f, tc.want)
+			}
+			if locked, _ := h.lock.Locked(); locked {
+				t.Fatal("node locked by an invalid request")
+			}
+		})
+	}
+	// Valid values pass: IPs, names, a wildcard, both policies.
+	h := newHarness(t, &fakeInit{})
+	req := request(1)
+	req.ApiserverCertSans = []string{"198.51.100.10", "2001:db8::1", "api.example.com", "*.berth.example"}
+	req.AttestationPolicy = []byte("variant: tpm\nmeasurements:\n  15: {expected: " + strings.Repeat("00", 32) + "}\n" +
+		"trustRoots:\n  - pem: |\n" + indent(testCAPEM(t), "      "))
+	req.Components = &initproto.Components{ImagePolicy: []byte("rules: [{name: local, registries: [berth.local]}]\n")}
+	got, err := h.transcript(t, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	equal(t, got[len(got)-1:], []string{"SUCCESS"})
+}
+
+// TestInitCallsAreRateLimitedPerPeer: past the burst, a peer's calls are refused before the secret
+// is looked at, and its rejections are logged sampled, not one line each.
+func TestInitCallsAreRateLimitedPerPeer(t *testing.T) {
+	core, logs := observer.New(zap.DebugLevel)
+	fsys := afero.NewMemMapFs()
+	sum := sha256.Sum256(secret)
+	srv := New(zap.New(core), nodelock.New(), staticHash(sum[:]), &fakeInit{}, nodestate.NewStore(fsys, "/s"))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, lis) }()
+	defer func() { cancel(); <-done }()
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := initproto.NewInitServiceClient(conn)
+	codesSeen := map[codes.Code]int{}
+	const calls = 200
+	for i := range calls {
+		stream, err := client.Init(ctx, &initproto.InitRequest{InitSecret: []byte(fmt.Sprintf("guess %d", i))})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		st := status.Convert(err)
+		switch {
+		case st.Code() == codes.PermissionDenied && st.Message() == "init request rejected":
+		case st.Code() == codes.ResourceExhausted && st.Message() == "too many init requests: retry later":
+		default:
+			t.Fatalf("call %d: %v, want the generic rejection or the rate limit", i, err)
+		}
+		codesSeen[st.Code()]++
+	}
+	// The burst of 5, plus at most what one token a second refilled while the calls ran.
+	if n := codesSeen[codes.PermissionDenied]; n < DefaultLimits.PerPeerBurst || n > DefaultLimits.PerPeerBurst+5 {
+		t.Errorf("%d of %d guesses reached the secret check, want about the burst of %d", n, calls, DefaultLimits.PerPeerBurst)
+	}
+	if n := logs.FilterMessageSnippet("init request").Len(); n > 2 {
+		t.Errorf("%d log lines for %d rejected calls of one peer, want at most 2 (sampled)", n, calls)
+	}
+	if n := logs.FilterMessage("init request rejected").Len(); n != 1 {
+		t.Errorf("the first rejection was logged %d times, want once", n)
+	}
+}
+
+func TestRejectLogSamplesPerPeer(t *testing.T) {
+	core, logs := observer.New(zap.DebugLevel)
+	now := time.Unix(1000, 0)
+	r := newRejectLog(zap.New(core), func() time.Time { return now })
+	for range 50 {
+		r.note("198.51.100.7", reasonWrongSecret)
+		r.note("198.51.100.8", reasonRateLimited)
+	}
+	if logs.Len() != 2 {
+		t.Fatalf("%d lines for two peers' first rejections, want 2", logs.Len())
+	}
+	now = now.Add(rejectLogInterval)
+	r.note("198.51.100.7", reasonRateLimited)
+	lines := logs.FilterMessage("init requests rejected").All()
+	if len(lines) != 1 {
+		t.Fatalf("%d summary lines, want 1", len(lines))
+	}
+	f := lines[0].ContextMap()
+	if f["peer"] != "198.51.100.7" || f["wrongSecret"] != int64(49) || f["rateLimited"] != int64(1) {
+		t.Fatalf("summary = %v, want 49 wrong secrets and 1 rate-limited call of 198.51.100.7", f)
+	}
+	// The table of peers stays bounded.
+	for i := range 3 * maxRejectPeers {
+		r.note(fmt.Sprintf("10.0.%d.%d", i/256, i%256), reasonWrongSecret)
+	}
+	if len(r.peers) > maxRejectPeers {
+		t.Fatalf("%d peers remembered, want at most %d", len(r.peers), maxRejectPeers)
+	}
+}
+
+// testCAPEM returns a self-signed CA certificate in PEM, as a policy's trust root.
+func testCAPEM(t *testing.T) string {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test EK CA"}, IsCA: true,
+		BasicConstraintsValid: true, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}))
+}
+
+func indent(s, prefix string) string {
+	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return prefix + strings.Join(lines, "\n"+prefix) + "\n"
 }

@@ -30,6 +30,9 @@ import (
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/choose"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/attestation/tdx"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+	"github.com/berth-k8s/berth/internal/clusterkeys"
 )
 
 // Workspace file names.
@@ -98,9 +101,11 @@ before anything is sent, connects to the node's InitServer, proves it may initia
 with the init secret, and shows the node's progress phase by phase. On success it writes the
 admin kubeconfig to the workspace.
 
-If init fails part of the way, run the same command again with the same workspace: the node
-resumes at the failed phase. A workspace that holds a finished cluster's admin.conf is never
-overwritten.
+If init fails part of the way (a phase failed, the connection broke, the node's daemon crashed),
+run the same command again with the same workspace: the node resumes at the failed phase. The
+workspace's master secret says which cluster the unfinished attempt locked the node for, so init
+then accepts a node whose lock register (TPM PCR 15, TDX RTMR3) holds that cluster's ID instead of
+zeros, and says so. A workspace that holds a finished cluster's admin.conf is never overwritten.
 
 Nothing secret is sent before the node has proven, inside the TLS handshake, that it runs what
 the attestation policy (attestationPolicyFile in the config) expects; a node that fails gets
@@ -202,6 +207,73 @@ func checkWorkspace(dir string) error {
 	return nil
 }
 
+// readWorkspaceSecret reads the workspace's master secret and salt; ok is false when there is none.
+func readWorkspaceSecret(dir string) (master, salt []byte, ok bool, err error) {
+	path := filepath.Join(dir, fileMasterSecret)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, false, nil
+	}
+	if err != nil {
+		return nil, nil, false, fmt.Errorf("reading %s: %w", path, err)
+	}
+	var f masterSecretFile
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, nil, false, fmt.Errorf("parsing %s: %w", path, err)
+	}
+	master, err1 := base64.StdEncoding.DecodeString(f.MasterSecret)
+	salt, err2 := base64.StdEncoding.DecodeString(f.Salt)
+	if err1 != nil || err2 != nil || len(master) != 32 || len(salt) != 32 {
+		return nil, nil, false, fmt.Errorf("%s is damaged: want a 32-byte master secret and salt", path)
+	}
+	return master, salt, true, nil
+}
+
+// unfinishedAttempt returns the keys of the workspace's unfinished init (a master secret and no
+// admin.conf), or nil when the workspace holds none.
+func unfinishedAttempt(dir string) (*clusterkeys.Keys, error) {
+	if _, err := os.Stat(filepath.Join(dir, fileAdminConf)); err == nil {
+		return nil, nil
+	}
+	master, salt, ok, err := readWorkspaceSecret(dir)
+	if err != nil || !ok {
+		return nil, err
+	}
+	keys, err := clusterkeys.New(master, salt)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, fileMasterSecret), err)
+	}
+	return keys, nil
+}
+
+// acceptResumedLock lets p accept, besides what it expects of a fresh node's lock register, the
+// value the register holds once the node took the lock for clusterID: an unfinished init that got
+// as far as the lock resumes on a node that is no longer fresh. It changes only an expectation of
+// exact values at the variant's lock index (TPM PCR 15, TDX RTMR3 = index 4) and returns that
+// index, or false when p has none.
+func acceptResumedLock(p *policy.Policy, clusterID []byte) (uint32, bool) {
+	var idx uint32
+	var value []byte
+	switch p.Variant {
+	case vtpm.Variant:
+		idx, value = vtpm.DefaultLockPCR, vtpm.ExpectedLockValue(clusterID)
+	case tdx.VariantName:
+		idx, value = tdx.DefaultLockRTMR+1, tdx.ExpectedLockRTMR(clusterID)
+	default:
+		return 0, false
+	}
+	for i := range p.Expectations {
+		e := &p.Expectations[i]
+		if e.Index != idx || e.NonZero {
+			continue
+		}
+		e.AnyOf = append(e.AnyOf, value)
+		e.Source += "; or the lock value of the cluster this workspace's unfinished init locked the node for"
+		return idx, true
+	}
+	return 0, false
+}
+
 // prepareWorkspace returns the master secret and salt: those of an earlier, unfinished attempt (so
 // the node can resume), or new ones, written to the workspace before anything is sent.
 func prepareWorkspace(dir string, out io.Writer) (master, salt []byte, err error) {
@@ -209,22 +281,13 @@ func prepareWorkspace(dir string, out io.Writer) (master, salt []byte, err error
 		return nil, nil, err
 	}
 	path := filepath.Join(dir, fileMasterSecret)
-	data, err := os.ReadFile(path)
-	switch {
-	case err == nil:
-		var f masterSecretFile
-		if err := json.Unmarshal(data, &f); err != nil {
-			return nil, nil, fmt.Errorf("parsing %s: %w", path, err)
-		}
-		master, err1 := base64.StdEncoding.DecodeString(f.MasterSecret)
-		salt, err2 := base64.StdEncoding.DecodeString(f.Salt)
-		if err1 != nil || err2 != nil || len(master) != 32 || len(salt) != 32 {
-			return nil, nil, fmt.Errorf("%s is damaged: want a 32-byte master secret and salt", path)
-		}
+	master, salt, ok, err := readWorkspaceSecret(dir)
+	if err != nil {
+		return nil, nil, err
+	}
+	if ok {
 		_, _ = fmt.Fprintf(out, "Resuming with the master secret in %s\n", path)
 		return master, salt, nil
-	case !errors.Is(err, fs.ErrNotExist):
-		return nil, nil, fmt.Errorf("reading %s: %w", path, err)
 	}
 	master, salt = make([]byte, 32), make([]byte, 32)
 	if _, err := rand.Read(master); err != nil {
@@ -233,7 +296,7 @@ func prepareWorkspace(dir string, out io.Writer) (master, salt []byte, err error
 	if _, err := rand.Read(salt); err != nil {
 		return nil, nil, fmt.Errorf("generating salt: %w", err)
 	}
-	data, _ = json.MarshalIndent(masterSecretFile{
+	data, _ := json.MarshalIndent(masterSecretFile{
 		MasterSecret: base64.StdEncoding.EncodeToString(master),
 		Salt:         base64.StdEncoding.EncodeToString(salt),
 	}, "", "  ")
@@ -278,6 +341,13 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 			return usageErr("%s: %w", policyFile, err)
 		}
 	}
+	if err := checkWorkspace(o.workspace); err != nil {
+		return err
+	}
+	resumed, err := unfinishedAttempt(o.workspace)
+	if err != nil {
+		return err
+	}
 	var validator choose.Validator
 	switch {
 	case o.insecure:
@@ -288,15 +358,18 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 		if err != nil {
 			return usageErr("attestation policy: %w", err)
 		}
+		if resumed != nil {
+			if idx, ok := acceptResumedLock(p, resumed.ClusterID()); ok {
+				_, _ = fmt.Fprintf(errOut, "Resuming the unfinished init in %s (cluster ID %x): the node may be fresh or hold this cluster's ID in its lock register (index %d)\n",
+					o.workspace, resumed.ClusterID(), idx)
+			}
+		}
 		if validator, err = choose.NewValidator(p, zap.NewNop()); err != nil {
 			return usageErr("attestation policy: %w", err)
 		}
 	}
 	imagePolicy, err := readRelative(o.configPath, cfg.Components.ImagePolicyFile)
 	if err != nil {
-		return err
-	}
-	if err := checkWorkspace(o.workspace); err != nil {
 		return err
 	}
 	conn, verdict, err := dialNode(ctx, errOut, o.endpoint, validator, o.connectTimeout)
@@ -422,6 +495,9 @@ func receiveInit(stream initproto.InitService_InitClient, out, errOut, logFile i
 		if err != nil {
 			if status.Code(err) == codes.PermissionDenied {
 				return &exitError{code: exitRejected, err: ErrInitRejected}
+			}
+			if status.Code(err) == codes.ResourceExhausted {
+				return errors.New("the node is rate-limiting init requests: wait a few seconds, then run the same command again")
 			}
 			return fmt.Errorf("init interrupted after %s: %w; run the same command again to resume", time.Since(start).Round(time.Second), err)
 		}

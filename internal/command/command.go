@@ -1,5 +1,6 @@
 // Package command runs external programs (kubeadm, systemctl) for packages that declare a narrow
-// interface for it, so tests can swap in commandtest.Recorder.
+// interface for it, so tests can swap in commandtest.Recorder. Every program runs in a process
+// group of its own that dies with the daemon (group.go).
 package command
 
 import (
@@ -8,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
-	"syscall"
 	"time"
 )
 
@@ -24,18 +24,22 @@ func (e *ExitError) Error() string { return fmt.Sprintf("%s exited with status %
 type Runner struct {
 	// Env, if non-nil, replaces the environment of every program.
 	Env []string
+	// Children, if set, records every running program so that a restarted daemon can kill what a
+	// crashed one left behind (see Children.KillStale).
+	Children *Children
 }
 
 // Run runs name with args, copying its stdout and stderr to out (which may be nil). When ctx ends
-// the program gets SIGTERM, and SIGKILL 10 s later.
+// the program's process group gets SIGTERM, and the program SIGKILL 10 s later. The program dies
+// with this process (Group).
 func (r Runner) Run(ctx context.Context, out io.Writer, name string, args ...string) error {
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = r.Env
 	cmd.Stdout = out
 	cmd.Stderr = out
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	Group(cmd)
 	cmd.WaitDelay = 10 * time.Second
-	err := cmd.Run()
+	err := RunGroup(cmd, r.Children)
 	var exitErr *exec.ExitError
 	switch {
 	case err == nil:

@@ -3,11 +3,13 @@ package kubelet
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/berth-k8s/berth/internal/command"
 	"github.com/berth-k8s/berth/internal/command/commandtest"
 )
 
@@ -143,5 +146,57 @@ func TestSupervisorStopsBeforeEnabled(t *testing.T) {
 	cancel()
 	if err := s.Run(ctx); err != nil {
 		t.Fatalf("Run() on cancelled ctx = %v", err)
+	}
+}
+
+// TestSupervisorRecordsTheKubelet: while the kubelet runs it is in the daemon's child record (so a
+// restarted daemon can kill one a crashed daemon left), in a process group of its own; a stop
+// removes it from the record.
+func TestSupervisorRecordsTheKubelet(t *testing.T) {
+	dir := t.TempDir()
+	kubeletDir, k8sDir := filepath.Join(dir, "kubelet"), filepath.Join(dir, "kubernetes")
+	for _, f := range []string{filepath.Join(kubeletDir, "config.yaml"), filepath.Join(k8sDir, "kubelet.conf")} {
+		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fake := filepath.Join(dir, "fake-kubelet")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\nexec sleep 600\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	record := filepath.Join(dir, "children.json")
+	s := &Supervisor{Path: fake, KubeletDir: kubeletDir, KubernetesDir: k8sDir, PollInterval: 10 * time.Millisecond,
+		Children: command.NewChildren(record)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var recorded []command.Child
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		b, err := os.ReadFile(record)
+		return err == nil && json.Unmarshal(b, &recorded) == nil && len(recorded) == 1, nil
+	}); err != nil {
+		t.Fatalf("the running kubelet never appeared in the record: %v", err)
+	}
+	if recorded[0].Name != "fake-kubelet" || recorded[0].PID <= 1 {
+		t.Fatalf("record = %+v", recorded)
+	}
+	pgid, err := syscall.Getpgid(recorded[0].PID)
+	if err != nil || pgid != recorded[0].PID {
+		t.Errorf("the kubelet's process group = %d (%v), want its own (%d)", pgid, err, recorded[0].PID)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run() = %v", err)
+	}
+	b, err := os.ReadFile(record)
+	if err != nil || strings.TrimSpace(string(b)) != "[]" {
+		t.Errorf("record after the stop = %q, %v; want []", b, err)
 	}
 }

@@ -12,11 +12,12 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/berth-k8s/berth/internal/command"
 )
 
 // Supervisor runs the kubelet as a child process. Start enables it; Run, owned by the daemon's
@@ -36,6 +37,9 @@ type Supervisor struct {
 	// PollInterval is how often Run checks for kubeadm's files (default 200 ms).
 	PollInterval time.Duration
 	Log          *zap.Logger
+	// Children, if set, records the running kubelet so that a restarted daemon can kill one a
+	// crashed daemon left behind (command.Children.KillStale).
+	Children *command.Children
 
 	once    sync.Once
 	enabled chan struct{}
@@ -124,16 +128,18 @@ func restartBackoff() wait.Backoff {
 	return wait.Backoff{Duration: restartInitial, Factor: 2, Steps: math.MaxInt32, Cap: restartCap}
 }
 
+// runOnce runs the kubelet once, in a process group of its own that dies with the daemon
+// (command.Group): an unsupervised kubelet must not outlive its supervisor.
 func (s *Supervisor) runOnce(ctx context.Context, args []string) error {
 	cmd := exec.CommandContext(ctx, s.Path, args...)
 	cmd.Stdout = s.Output
 	cmd.Stderr = s.Output
-	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	command.Group(cmd)
 	cmd.WaitDelay = 15 * time.Second
 	s.mu.Lock()
 	s.starts++
 	s.mu.Unlock()
-	return cmd.Run()
+	return command.RunGroup(cmd, s.Children)
 }
 
 func (s *Supervisor) dirs() (kubeletDir, k8sDir string) {

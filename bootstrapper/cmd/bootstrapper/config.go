@@ -24,6 +24,7 @@ type config struct {
 	lockPCR       uint
 	joinPolicy    string
 	stateDir      string
+	runDir        string
 	initListen    string
 	kubelet       string
 	kubeletPath   string
@@ -54,6 +55,7 @@ type config struct {
 func defaultConfig() *config {
 	return &config{
 		stateDir:      "/var/lib/berth",
+		runDir:        "/run/berth",
 		initListen:    ":9000",
 		kubelet:       "systemd",
 		kubeletPath:   "kubelet",
@@ -83,6 +85,7 @@ func (c *config) register(f *pflag.FlagSet) {
 	f.UintVar(&c.lockPCR, "lock-pcr", c.lockPCR, "PCR the node lock extends the cluster ID into (--attestation=tpm)")
 	f.StringVar(&c.joinPolicy, "join-policy", c.joinPolicy, "attestation policy the cluster's joinservice must satisfy before this node joins (same image, lock register set); without it an attesting node cannot join")
 	f.StringVar(&c.stateDir, "state-dir", c.stateDir, "directory for the node's state (lock marker, node state, kubeadm config)")
+	f.StringVar(&c.runDir, "run-dir", c.runDir, "runtime directory, cleared at boot: the record of the daemon's child processes (kubeadm, the kubelet), which a restarted daemon kills")
 	f.StringVar(&c.initListen, "init-listen", c.initListen, "address the InitServer listens on")
 	f.StringVar(&c.kubelet, "kubelet", c.kubelet, "how to run the kubelet: systemd (kubelet.service) or process (supervised child process)")
 	f.StringVar(&c.kubeletPath, "kubelet-path", c.kubeletPath, "kubelet binary for --kubelet=process")
@@ -156,6 +159,9 @@ func (c *config) validate() error {
 	}
 	if !filepath.IsAbs(c.stateDir) {
 		errs = append(errs, fmt.Errorf("--state-dir %q must be absolute", c.stateDir))
+	}
+	if !filepath.IsAbs(c.runDir) {
+		errs = append(errs, fmt.Errorf("--run-dir %q must be absolute", c.runDir))
 	}
 	if _, _, err := net.SplitHostPort(c.initListen); err != nil {
 		errs = append(errs, fmt.Errorf("--init-listen %q: %w", c.initListen, err))

@@ -52,6 +52,22 @@ func daemon(ctx context.Context, cfg *config) error {
 	log.Info("bootstrapper starting", zap.String("version", version.Version), zap.String("metadata", cfg.metadata),
 		zap.String("attestation", cfg.attestation), zap.String("kubelet", cfg.kubelet))
 
+	// Children a crashed daemon left behind (a kubeadm init, a kubelet) die before anything else
+	// starts: they would race this daemon's own.
+	if err := os.MkdirAll(cfg.runDir, 0o700); err != nil {
+		return fmt.Errorf("creating runtime directory: %w", err)
+	}
+	children := command.NewChildren(filepath.Join(cfg.runDir, "children.json"))
+	children.OnError = func(err error) { log.Warn("recording child processes", zap.Error(err)) }
+	killed, err := children.KillStale()
+	for _, k := range killed {
+		log.Warn("killed a process a previous daemon left behind", zap.Int("pid", k.PID), zap.String("name", k.Name),
+			zap.String("group", k.Group.Name), zap.Int("groupPID", k.Group.PID))
+	}
+	if err != nil {
+		return fmt.Errorf("killing processes a previous daemon left behind: %w", err)
+	}
+
 	fs := afero.NewOsFs()
 	var meta metadataProvider
 	switch cfg.metadata {
@@ -79,7 +95,7 @@ func daemon(ctx context.Context, cfg *config) error {
 		}
 	}
 
-	exec := command.Runner{}
+	exec := command.Runner{Children: children}
 	var kube interface {
 		Start(ctx context.Context) error
 		Run(ctx context.Context) error
@@ -97,7 +113,7 @@ func daemon(ctx context.Context, cfg *config) error {
 		}
 		defer logFile.Close()
 		kube = &kubelet.Supervisor{Path: cfg.kubeletPath, KubeletDir: cfg.kubeletDir, KubernetesDir: cfg.kubernetesDir,
-			Output: logFile, Log: log.Named("kubelet")}
+			Output: logFile, Log: log.Named("kubelet"), Children: children}
 	}
 	adm := &kubeadm.Runner{Path: cfg.kubeadmPath, IgnorePreflightErrors: cfg.ignorePreflt, Exec: exec}
 

@@ -111,6 +111,7 @@ current-context: admin@berth
 
 type node struct {
 	dir, stateDir, k8sDir, kubeletDir, kubeadmLog, failOnce, addr string
+	args, env                                                     []string
 	cmd                                                           *exec.Cmd
 	out                                                           *lockedBuffer
 	done                                                          chan error
@@ -151,34 +152,47 @@ func startNode(t *testing.T, api *apiServer, secretHex string, failFirstInit boo
 		n.failOnce = filepath.Join(dir, "fail-once")
 		write(t, n.failOnce, "", 0o600)
 	}
-	n.out = &lockedBuffer{}
-	n.cmd = exec.Command(filepath.Join(binDir, "bootstrapper"),
-		"--metadata=static", "--metadata-file="+filepath.Join(dir, "metadata.yaml"),
-		"--state-dir="+n.stateDir, "--init-listen="+n.addr,
-		"--kubelet=process", "--kubelet-path="+filepath.Join(dir, "kubelet"),
-		"--kubeadm-path="+filepath.Join(binDir, "fakekubeadm"),
-		"--kubernetes-dir="+n.k8sDir, "--kubelet-dir="+n.kubeletDir,
-		"--cri-socket=unix://"+filepath.Join(dir, "cri.sock"),
-		"--joinservice-image=berth.local/joinservice:test", "--never-pull")
+	n.args = []string{
+		"--metadata=static", "--metadata-file=" + filepath.Join(dir, "metadata.yaml"),
+		"--state-dir=" + n.stateDir, "--run-dir=" + filepath.Join(dir, "run"), "--init-listen=" + n.addr,
+		"--kubelet=process", "--kubelet-path=" + filepath.Join(dir, "kubelet"),
+		"--kubeadm-path=" + filepath.Join(binDir, "fakekubeadm"),
+		"--kubernetes-dir=" + n.k8sDir, "--kubelet-dir=" + n.kubeletDir,
+		"--cri-socket=unix://" + filepath.Join(dir, "cri.sock"),
+		"--joinservice-image=berth.local/joinservice:test", "--never-pull"}
 	if len(extraArgs) == 0 {
 		extraArgs = []string{"--attestation=insecure-none"}
 	}
-	n.cmd.Args = append(n.cmd.Args, extraArgs...)
-	n.cmd.Env = append(os.Environ(),
+	n.args = append(n.args, extraArgs...)
+	n.env = append(os.Environ(),
 		"FAKE_KUBEADM_LOG="+n.kubeadmLog, "FAKE_K8S_DIR="+n.k8sDir, "FAKE_KUBELET_DIR="+n.kubeletDir,
 		"FAKE_ADMIN_CONF="+filepath.Join(dir, "admin.conf"), "FAKE_KUBEADM_FAIL_ONCE="+n.failOnce,
+		"FAKE_KUBEADM_HANG_ONCE="+filepath.Join(dir, "hang-once"),
 		"BERTH_LOG_LEVEL=debug")
+	n.start(t)
+	return n
+}
+
+// start starts the daemon (again) with the node's arguments and waits until it listens.
+func (n *node) start(t *testing.T) {
+	t.Helper()
+	n.out = &lockedBuffer{}
+	n.cmd = exec.Command(filepath.Join(binDir, "bootstrapper"), n.args...) //nolint:noctx // stopped by the test, by PID
+	n.cmd.Env = n.env
 	n.cmd.Stdout, n.cmd.Stderr = n.out, n.out
 	if err := n.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	n.done = make(chan error, 1)
-	go func() { n.done <- n.cmd.Wait() }()
+	done := make(chan error, 1)
+	n.done = done
+	cmd, out := n.cmd, n.out
+	go func() { done <- cmd.Wait() }()
 	t.Cleanup(func() {
-		_ = n.cmd.Process.Kill()
-		<-n.done
+		_ = cmd.Process.Kill()
+		err := <-done
+		done <- err
 		if t.Failed() {
-			t.Logf("bootstrapper output:\n%s", n.out.String())
+			t.Logf("bootstrapper output:\n%s", out.String())
 		}
 	})
 	var dialErr error
@@ -194,7 +208,6 @@ func startNode(t *testing.T, api *apiServer, secretHex string, failFirstInit boo
 	if err != nil {
 		t.Fatalf("bootstrapper did not listen on %s: %v\n%s", n.addr, dialErr, n.out.String())
 	}
-	return n
 }
 
 // stop sends SIGTERM and expects a clean exit and no kubelet left behind.

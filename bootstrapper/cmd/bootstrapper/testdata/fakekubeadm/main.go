@@ -5,8 +5,11 @@ package main
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"time"
 )
 
 func main() {
@@ -28,6 +31,11 @@ func main() {
 		must(os.WriteFile(filepath.Join(k8sDir, "pki", "ca.crt"), []byte("fake CA\n"), 0o644))
 		fmt.Println("[certs] Generating \"ca\" certificate and key")
 	case strings.HasPrefix(cmd, "init --config"):
+		if hang := os.Getenv("FAKE_KUBEADM_HANG_ONCE"); hang != "" {
+			if _, err := os.Stat(hang); err == nil {
+				hangOnce(hang, k8sDir, kubeletDir)
+			}
+		}
 		if fail := os.Getenv("FAKE_KUBEADM_FAIL_ONCE"); fail != "" {
 			if _, err := os.Stat(fail); err == nil {
 				must(os.Remove(fail))
@@ -56,4 +64,24 @@ func must(err error) {
 		fmt.Fprintln(os.Stderr, "fakekubeadm:", err)
 		os.Exit(3)
 	}
+}
+
+// hangOnce stands for a kubeadm init that is under way when its daemon dies: it writes the kubelet's
+// configuration (so the daemon's supervisor starts the kubelet), starts a background child of its
+// own (which the daemon's Pdeathsig does not reach), records both PIDs beside the marker file and
+// never returns.
+func hangOnce(marker, k8sDir, kubeletDir string) {
+	must(os.Remove(marker))
+	must(os.MkdirAll(kubeletDir, 0o755))
+	must(os.WriteFile(filepath.Join(kubeletDir, "config.yaml"), []byte("kind: KubeletConfiguration\n"), 0o644))
+	admin, err := os.ReadFile(os.Getenv("FAKE_ADMIN_CONF"))
+	must(err)
+	must(os.WriteFile(filepath.Join(k8sDir, "kubelet.conf"), admin, 0o600))
+	bg := exec.Command("sleep", "600")
+	must(bg.Start())
+	dir := filepath.Dir(marker)
+	must(os.WriteFile(filepath.Join(dir, "kubeadm-child.pid"), []byte(strconv.Itoa(bg.Process.Pid)), 0o600))
+	must(os.WriteFile(filepath.Join(dir, "kubeadm.pid"), []byte(strconv.Itoa(os.Getpid())), 0o600))
+	fmt.Println("[wait-control-plane] waiting for the kubelet to boot up the control plane")
+	time.Sleep(24 * time.Hour) // until the daemon's death kills it
 }

@@ -1,0 +1,105 @@
+package cli
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/berth-k8s/berth/internal/attestation"
+	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/attestation/tdx"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+	"github.com/berth-k8s/berth/internal/clusterkeys"
+)
+
+func writeMasterSecret(t *testing.T, dir string, master, salt []byte) {
+	t.Helper()
+	data, _ := json.Marshal(masterSecretFile{MasterSecret: base64.StdEncoding.EncodeToString(master), Salt: base64.StdEncoding.EncodeToString(salt)})
+	if err := os.WriteFile(filepath.Join(dir, fileMasterSecret), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestUnfinishedAttempt(t *testing.T) {
+	dir := t.TempDir()
+	if keys, err := unfinishedAttempt(dir); keys != nil || err != nil {
+		t.Fatalf("empty workspace: %v, %v", keys, err)
+	}
+	master, salt := bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)
+	writeMasterSecret(t, dir, master, salt)
+	want, _ := clusterkeys.New(master, salt)
+	keys, err := unfinishedAttempt(dir)
+	if err != nil || keys == nil || !bytes.Equal(keys.ClusterID(), want.ClusterID()) {
+		t.Fatalf("workspace with a master secret: %v, %v; want the cluster %x", keys, err, want.ClusterID())
+	}
+	if err := os.WriteFile(filepath.Join(dir, fileAdminConf), []byte("kind: Config\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if keys, err := unfinishedAttempt(dir); keys != nil || err != nil {
+		t.Fatalf("finished workspace: %v, %v; want no unfinished attempt", keys, err)
+	}
+	damaged := t.TempDir()
+	writeMasterSecret(t, damaged, []byte("short"), salt)
+	if _, err := unfinishedAttempt(damaged); err == nil {
+		t.Fatal("damaged master secret: no error")
+	}
+}
+
+// TestAcceptResumedLock: the init policy then accepts a fresh node and one locked for this
+// workspace's cluster, and still refuses one locked for another cluster.
+func TestAcceptResumedLock(t *testing.T) {
+	zero := strings.Repeat("00", 32)
+	id, other := []byte("cluster of this workspace"), []byte("another cluster")
+	p, err := policy.Parse([]byte("variant: tpm\nmeasurements:\n  4: {expected: "+strings.Repeat("ab", 32)+"}\n  15: {expected: "+zero+"}\n"), "init.yaml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx, ok := acceptResumedLock(p, id)
+	if !ok || idx != vtpm.DefaultLockPCR {
+		t.Fatalf("acceptResumedLock() = %d, %v; want PCR %d", idx, ok, vtpm.DefaultLockPCR)
+	}
+	boot := bytes.Repeat([]byte{0xab}, 32)
+	for name, tc := range map[string]struct {
+		lock []byte
+		pass bool
+	}{
+		"fresh":                {make([]byte, 32), true},
+		"this cluster":         {vtpm.ExpectedLockValue(id), true},
+		"another cluster":      {vtpm.ExpectedLockValue(other), false},
+		"TDX value of this ID": {tdx.ExpectedLockRTMR(id)[:32], false},
+	} {
+		_, err := p.Evaluate(attestation.Measurements{4: boot, 15: tc.lock})
+		if pass := err == nil; pass != tc.pass {
+			t.Errorf("%s: Evaluate() = %v, want pass=%v", name, err, tc.pass)
+		}
+		if !tc.pass && !errors.Is(err, attestation.ErrMeasurementMismatch) {
+			t.Errorf("%s: Evaluate() = %v, want a measurement mismatch", name, err)
+		}
+	}
+
+	tdxPolicy, err := policy.Parse([]byte("variant: tdx\nmeasurements:\n  4: {expected: "+strings.Repeat("00", 48)+"}\n"), "tdx.yaml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if idx, ok := acceptResumedLock(tdxPolicy, id); !ok || idx != tdx.DefaultLockRTMR+1 {
+		t.Fatalf("TDX: acceptResumedLock() = %d, %v", idx, ok)
+	}
+	if _, err := tdxPolicy.Evaluate(attestation.Measurements{4: tdx.ExpectedLockRTMR(id)}); err != nil {
+		t.Errorf("TDX: the resumed cluster's RTMR3 refused: %v", err)
+	}
+	// A policy without an exact expectation at the lock index is left alone.
+	for _, text := range []string{"variant: tpm\nmeasurements:\n  15: {nonZero: true}\n", "variant: tpm\nmeasurements:\n  4: {expected: " + zero + "}\n"} {
+		p, err := policy.Parse([]byte(text), "p.yaml", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := acceptResumedLock(p, id); ok {
+			t.Errorf("policy %q changed", text)
+		}
+	}
+}
