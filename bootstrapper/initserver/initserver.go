@@ -223,8 +223,7 @@ func (s *Server) Init(req *initproto.InitRequest, stream initproto.InitService_I
 		log.Error("preparing init", zap.Error(err))
 		return send.failure(initproto.FailureCode_FAILURE_CODE_PHASE_FAILED, "preparing init: "+err.Error(), "", true)
 	}
-	switch {
-	case st == nil:
+	if st == nil {
 		if err := s.lock.TryLockOnce(ctx, LockOwner, clusterID); err != nil {
 			if errors.Is(err, nodelock.ErrLocked) {
 				return send.failure(initproto.FailureCode_FAILURE_CODE_NODE_LOCKED, "this node is joining or has joined a cluster; it cannot initialize one", "", false)
@@ -238,7 +237,7 @@ func (s *Server) Init(req *initproto.InitRequest, stream initproto.InitService_I
 			return send.failure(initproto.FailureCode_FAILURE_CODE_PHASE_FAILED, "saving the node's state failed; see the node's log", "", true)
 		}
 		log.Info("node locked for init", zap.String("clusterID", idHex))
-	default:
+	} else {
 		log.Info("resuming init", zap.Strings("completed", st.CompletedPhases))
 	}
 

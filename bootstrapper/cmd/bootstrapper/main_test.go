@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -24,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -65,6 +67,11 @@ type apiServer struct {
 func newAPIServer(t *testing.T) *apiServer {
 	a := &apiServer{}
 	a.Server = httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if doc, ok := discovery[r.URL.Path]; ok && r.Method == http.MethodGet {
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(doc)
+			return
+		}
 		switch {
 		case r.URL.Path == "/readyz":
 			fmt.Fprint(w, "ok")
@@ -82,6 +89,39 @@ func newAPIServer(t *testing.T) *apiServer {
 	t.Cleanup(a.Close)
 	return a
 }
+
+// discovery is what the stand-in API server tells client-go's discovery (legacy, unaggregated): the
+// kinds the bootstrapper applies.
+var discovery = func() map[string]any {
+	res := func(name, kind string, namespaced bool) metav1.APIResource {
+		return metav1.APIResource{Name: name, Kind: kind, Namespaced: namespaced, Verbs: metav1.Verbs{"get", "list", "create", "update", "patch", "delete"}}
+	}
+	groups := map[string][]metav1.APIResource{
+		"apps/v1": {res("daemonsets", "DaemonSet", true), res("deployments", "Deployment", true)},
+		"rbac.authorization.k8s.io/v1": {res("roles", "Role", true), res("rolebindings", "RoleBinding", true),
+			res("clusterroles", "ClusterRole", false), res("clusterrolebindings", "ClusterRoleBinding", false)},
+		"admissionregistration.k8s.io/v1": {res("validatingadmissionpolicies", "ValidatingAdmissionPolicy", false),
+			res("validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding", false),
+			res("validatingwebhookconfigurations", "ValidatingWebhookConfiguration", false)},
+		"policy/v1": {res("poddisruptionbudgets", "PodDisruptionBudget", true)},
+	}
+	docs := map[string]any{
+		"/api": metav1.APIVersions{TypeMeta: metav1.TypeMeta{Kind: "APIVersions"}, Versions: []string{"v1"},
+			ServerAddressByClientCIDRs: []metav1.ServerAddressByClientCIDR{{ClientCIDR: "0.0.0.0/0", ServerAddress: "127.0.0.1"}}},
+		"/api/v1": metav1.APIResourceList{TypeMeta: metav1.TypeMeta{Kind: "APIResourceList", APIVersion: "v1"}, GroupVersion: "v1",
+			APIResources: []metav1.APIResource{res("namespaces", "Namespace", false), res("secrets", "Secret", true),
+				res("configmaps", "ConfigMap", true), res("serviceaccounts", "ServiceAccount", true), res("services", "Service", true)}},
+	}
+	list := metav1.APIGroupList{TypeMeta: metav1.TypeMeta{Kind: "APIGroupList", APIVersion: "v1"}}
+	for gv, resources := range groups {
+		group, version, _ := strings.Cut(gv, "/")
+		v := metav1.GroupVersionForDiscovery{GroupVersion: gv, Version: version}
+		list.Groups = append(list.Groups, metav1.APIGroup{Name: group, Versions: []metav1.GroupVersionForDiscovery{v}, PreferredVersion: v})
+		docs["/apis/"+gv] = metav1.APIResourceList{TypeMeta: metav1.TypeMeta{Kind: "APIResourceList", APIVersion: "v1"}, GroupVersion: gv, APIResources: resources}
+	}
+	docs["/apis"] = list
+	return docs
+}()
 
 func (a *apiServer) Applied() []string {
 	a.mu.Lock()
