@@ -15,6 +15,8 @@ import (
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/joinservice/health"
 	"github.com/berth-k8s/berth/joinservice/policywatch"
@@ -24,7 +26,7 @@ import (
 // transportCredentials builds the server's transport credentials and the hot-reloadable policy from the
 // cluster's attestation policy (self-contained YAML from the join configuration). The holder is nil
 // without attestation.
-func transportCredentials(d Deps, policyYAML string, journal server.HandshakeJournal, obs server.Observer) (credentials.TransportCredentials, *policywatch.Holder, error) {
+func transportCredentials(d Deps, policyYAML string, journal server.HandshakeJournal, obs server.Observer, session *atls.SessionProof) (credentials.TransportCredentials, *policywatch.Holder, error) {
 	log := d.Log
 	if d.Attestation == "insecure-none" {
 		log.Warn("attestation is disabled: tickets go to any node metadata knows, over plaintext gRPC; development only")
@@ -38,11 +40,36 @@ func transportCredentials(d Deps, policyYAML string, journal server.HandshakeJou
 		return nil, nil, fmt.Errorf("cluster attestation policy: %w", err)
 	}
 	creds, err := atls.NewCredentials(d.Issuer, holder.Validator(), atls.WithLimiter(atls.NewLimiter(d.AttestLimits)),
-		atls.WithClaimCheck(server.ClaimCheck(holder.Policy, journal, obs)), atls.WithLogger(log.Named("atls")))
+		atls.WithClaimCheck(server.ClaimCheck(holder.Policy, journal, obs)), atls.WithLogger(log.Named("atls")), atls.WithSessionProof(session))
 	if err != nil {
 		return nil, nil, fmt.Errorf("creating attested TLS credentials: %w", err)
 	}
 	return creds, holder, nil
+}
+
+// akCertifier is an issuer whose attestation key the cluster's AK CA can certify (vtpm.Issuer).
+type akCertifier interface {
+	CertifyAK(ctx context.Context, certify func(akPublic, ekPublic []byte) ([]byte, error)) error
+}
+
+// certifyAK has the cluster's AK CA (derived from the master secret) certify this replica's TPM
+// attestation key, after the issuer activated it against its own EK: nodes whose join policy lists
+// the CA in akRoots then take this replica's session proof without activating its key, so a join
+// costs this replica's TPM nothing. Without it (a failure, or a TDX replica) nodes activate as before.
+func certifyAK(ctx context.Context, issuer atls.Issuer, keys *clusterkeys.Keys, log *zap.Logger) {
+	c, ok := issuer.(akCertifier)
+	if !ok {
+		return
+	}
+	ca, err := vtpm.ClusterAKCA(keys.AKCASeed(), keys.ClusterID())
+	if err == nil {
+		err = c.CertifyAK(ctx, ca.Certify)
+	}
+	if err != nil {
+		log.Warn("certifying the attestation key failed: nodes must activate it per join", zap.Error(err))
+		return
+	}
+	log.Info("attestation key certified by the cluster's attestation-key CA", zap.String("ca", ca.Cert.Subject.CommonName))
 }
 
 // The attestation self-check behind readiness: every issuerCheckInterval the issuer makes a document

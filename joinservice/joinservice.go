@@ -147,7 +147,14 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 	if err != nil {
 		return err
 	}
-	creds, holder, err := transportCredentials(d, string(cfg.AttestationPolicy), journal, m)
+	// The session proof spares the TPM a quote per join (atls.SessionProof); certifying the AK spares
+	// it the activation per new node.
+	var session *atls.SessionProof
+	if d.Attestation != "insecure-none" && d.Issuer != nil {
+		certifyAK(ctx, d.Issuer, keys, log)
+		session = atls.NewSessionProof(d.Issuer, log.Named("session"))
+	}
+	creds, holder, err := transportCredentials(d, string(cfg.AttestationPolicy), journal, m, session)
 	probes.Set(condJoinConfig, err)
 	if err != nil {
 		return err
@@ -195,6 +202,9 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 			return nil
 		})
 		g.Go(func() error { return waitPolicySynced(ctx, w, probes) })
+		if session != nil {
+			g.Go(func() error { return session.Run(ctx) })
+		}
 		checkEnded := probes.Started("attestation-check")
 		g.Go(func() error {
 			checkIssuer(ctx, d.Issuer, probes, log)

@@ -26,12 +26,16 @@ var (
 
 // ClusterID is the ID of the cluster InstallBerth installs, which a joinservice bound to that cluster
 // holds in its TPM's lock register.
-func ClusterID() []byte {
+func ClusterID() []byte { return ClusterKeys().ClusterID() }
+
+// ClusterKeys are the keys of the cluster InstallBerth installs (its cluster Secret's master secret
+// and salt).
+func ClusterKeys() *clusterkeys.Keys {
 	keys, err := clusterkeys.New(installMasterSecret, installSalt)
 	if err != nil {
 		panic(fmt.Sprintf("deriving the test cluster's keys: %v", err)) // fixed, valid input
 	}
-	return keys.ClusterID()
+	return keys
 }
 
 // InstallBerth applies, as the admin, what berth init installs in berth-system

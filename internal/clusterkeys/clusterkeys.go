@@ -7,6 +7,7 @@
 //	disk key            "berth/v1/disk-key/" + lower-case disk UUID
 //	disk binding key    "berth/v1/disk-binding/" + lower-case disk UUID
 //	KMS key             "berth/v1/kms-kek/" + generation (decimal, 1, 2, ...)
+//	AK CA seed          "berth/v1/ak-ca" (the Ed25519 seed of vtpm.ClusterAKCA)
 //
 // A KMS key is the key-encryption key of the KMS v2 plugin every control plane runs (etcd encryption
 // at rest, internal/kmsplugin): it encrypts the API servers' data-encryption keys. Each generation
@@ -70,6 +71,10 @@ func (k *Keys) MasterSecret() []byte { return append([]byte(nil), k.master...) }
 
 // ClusterID is the cluster's public identifier, extended into every node's lock register.
 func (k *Keys) ClusterID() []byte { return k.derive("berth/v1/cluster-id") }
+
+// AKCASeed returns the seed of the cluster's attestation-key CA (vtpm.ClusterAKCA), which certifies
+// the control planes' TPM attestation keys.
+func (k *Keys) AKCASeed() []byte { return k.derive("berth/v1/ak-ca") }
 
 // MeasurementSecret is the secret a node may use to prove cluster membership later.
 func (k *Keys) MeasurementSecret() []byte { return k.derive("berth/v1/measurement-secret") }

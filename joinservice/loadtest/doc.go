@@ -18,7 +18,11 @@
 // the joinservice), so an identity probe plus a mutual attested TLS handshake in which the joinservice
 // activates its TPM key for the node's challenge and quotes, and challenges the node (once per
 // identity; it remembers activated keys) and validates its document; then IssueJoinTicket, and the
-// node's check that the joinservice's lock register holds the ticket's cluster ID.
+// node's check that the joinservice's lock register holds the ticket's cluster ID. With
+// BENCH_JOIN_SESSION=1 (the default) the join policy also lists the cluster's attestation-key CA
+// (akRoots), which certified the joinservice's AK when it started: then a node makes no probe and
+// takes the joinservice's session proof (quoted every 10 s), and the joinservice's TPM does nothing
+// per join; BENCH_JOIN_SESSION=0 is the activation per join described above.
 //
 // Phases: accepted (genuine PCRs, BENCH_JOIN_DURATION), rejected on claims (PCR 4 deviates; the nodes
 // claim their PCRs in the ClientHello as vtpm.Issuer does, half the duration), rejected after full
@@ -29,8 +33,10 @@
 // every 30 s of the accepted phase the joinservice's heap, goroutines and resident memory (from its
 // /metrics), swtpm's and the API server's. Last line: joins/s=<accepted tickets per second>
 // p50_ms=<n> p99_ms=<n> (client-observed latency of a whole join: probe, handshake, ticket)
-// reject_cost_ratio=<server CPU per rejection on claims / server CPU per accepted join>, server
-// meaning joinservice + swtpm + API server. With BENCH_JOIN_CHART=FILE (make bench-join:
+// reject_cost_ratio=<server CPU per rejection on claims / server CPU per accepted join>
+// server_ms_per_join=<server CPU milliseconds per accepted join>, server meaning joinservice + swtpm +
+// API server (each is printed apart above, and the nodes' CPU beside them: the figure does not
+// depend on where the nodes run). With BENCH_JOIN_CHART=FILE (make bench-join:
 // bin/bench-join.png) both harnesses also draw a PNG chart (internal/loadchart) of their phases one
 // after the other: attempts per second, and p50 and p99 latency, by the second they began in.
 //

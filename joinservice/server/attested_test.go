@@ -6,6 +6,7 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -44,7 +45,13 @@ func TestAttestedJoin(t *testing.T) {
 
 	// startWith runs a joinservice whose TPM's lock register holds lockID (nil: not bootstrapped).
 	j := &journal{}
-	startWith := func(t *testing.T, lockID []byte, srvOpts []Option, opts ...atls.Option) string {
+	akCA, err := vtpm.ClusterAKCA(keys.AKCASeed(), keys.ClusterID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// With session, the joinservice certifies its AK with the cluster's AK CA and serves a session
+	// proof, as the binary does.
+	startWith := func(t *testing.T, lockID []byte, srvOpts []Option, session bool, opts ...atls.Option) string {
 		sw := vtpmtest.StartSwtpm(t, swCA)
 		if lockID != nil {
 			if err := vtpm.NewLockRegister(sw.Open, 15).MarkBootstrapped(ctx, lockID); err != nil {
@@ -55,7 +62,18 @@ func TestAttestedJoin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		creds, err := atls.NewCredentials(vtpm.NewIssuer(sw.Open, zap.NewNop()), validator, opts...)
+		issuer := vtpm.NewIssuer(sw.Open, zap.NewNop())
+		if session {
+			if err := issuer.CertifyAK(ctx, akCA.Certify); err != nil {
+				t.Fatal(err)
+			}
+			sp := atls.NewSessionProof(issuer, zap.NewNop())
+			if err := sp.Renew(ctx); err != nil {
+				t.Fatal(err)
+			}
+			opts = append(opts, atls.WithSessionProof(sp))
+		}
+		creds, err := atls.NewCredentials(issuer, validator, opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -79,17 +97,18 @@ func TestAttestedJoin(t *testing.T) {
 	}
 	// start runs the joinservice as the binary does: it judges claimed measurements first.
 	start := func(t *testing.T, lockID []byte) string {
-		return startWith(t, lockID, nil, atls.WithClaimCheck(ClaimCheck(func() *policy.Policy { return clusterPolicy }, j, nil)))
+		return startWith(t, lockID, nil, false, atls.WithClaimCheck(ClaimCheck(func() *policy.Policy { return clusterPolicy }, j, nil)))
 	}
 
-	// dialAs connects to the joinservice at addr as the node whose TPM is sw.
-	dialAs := func(t *testing.T, addr string, sw *vtpmtest.Swtpm) joinproto.JoinServiceClient {
-		validator, err := choose.NewValidator(joinPolicy, zap.NewNop())
+	// dialWith connects to the joinservice at addr as the node whose TPM is sw and whose join policy
+	// is p, with opts for its attested TLS.
+	dialWith := func(t *testing.T, addr string, sw *vtpmtest.Swtpm, p *policy.Policy, opts ...atls.Option) joinproto.JoinServiceClient {
+		validator, err := choose.NewValidator(p, zap.NewNop())
 		if err != nil {
 			t.Fatal(err)
 		}
 		dial, err := joindial.New(vtpm.NewIssuer(sw.Open, zap.NewNop()), validator,
-			joindial.LockRegisterCheck(15, vtpm.ExpectedLockValue))
+			joindial.LockRegisterCheck(15, vtpm.ExpectedLockValue), opts...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,6 +118,10 @@ func TestAttestedJoin(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = closer.Close() })
 		return client
+	}
+	// dialAs connects to the joinservice at addr as the node whose TPM is sw.
+	dialAs := func(t *testing.T, addr string, sw *vtpmtest.Swtpm) joinproto.JoinServiceClient {
+		return dialWith(t, addr, sw, joinPolicy)
 	}
 	joinWith := func(t *testing.T, addr string, tamper []byte, manufacturer *vtpmtest.SwtpmCA) (*joinproto.IssueJoinTicketResponse, error) {
 		sw := vtpmtest.StartSwtpm(t, manufacturer)
@@ -140,7 +163,7 @@ func TestAttestedJoin(t *testing.T) {
 		}
 	})
 	t.Run("tampered node is told which measurement deviated after full validation", func(t *testing.T) {
-		_, err := join(t, startWith(t, keys.ClusterID(), nil), []byte("extra boot component"))
+		_, err := join(t, startWith(t, keys.ClusterID(), nil, false), []byte("extra boot component"))
 		if status.Code(err) != codes.PermissionDenied || reason(err) != ReasonMeasurements || !strings.Contains(status.Convert(err).Message(), "index 4") {
 			t.Fatalf("IssueJoinTicket() = %v (reason %q), want PermissionDenied %s naming index 4", err, reason(err), ReasonMeasurements)
 		}
@@ -180,7 +203,7 @@ func TestAttestedJoin(t *testing.T) {
 	t.Run("rejoin: only the machine the disk was bound to gets its key", func(t *testing.T) {
 		// Limits lifted: this subtest asks more often a second than a node ever does.
 		lifted := atls.Limits{PerPeer: 1000, PerPeerBurst: 1000, Global: 1000, GlobalBurst: 1000, MaxPeers: 10}
-		addr := startWith(t, keys.ClusterID(), []Option{WithLimits(lifted)},
+		addr := startWith(t, keys.ClusterID(), []Option{WithLimits(lifted)}, false,
 			atls.WithClaimCheck(ClaimCheck(func() *policy.Policy { return clusterPolicy }, j, nil)), atls.WithLimiter(atls.NewLimiter(lifted)))
 		mine, other := vtpmtest.StartSwtpm(t, swCA), vtpmtest.StartSwtpm(t, swCA)
 		ticket, err := dialAs(t, addr, mine).IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: testDiskUUID})
@@ -234,6 +257,69 @@ func TestAttestedJoin(t *testing.T) {
 		_, err = dialAs(t, addr, sw).IssueRejoinTicket(ctx, &joinproto.IssueRejoinTicketRequest{DiskUuid: testDiskUUID, DiskBinding: ticket.GetDiskBinding()})
 		if reason(err) != joindial.ReasonNotBound {
 			t.Fatalf("IssueRejoinTicket() = %v (reason %q), want %s", err, reason(err), joindial.ReasonNotBound)
+		}
+	})
+	// The joinservice as the binary runs it, with its AK certified by the cluster's AK CA and a
+	// session proof; nodes whose join policy lists the CA in akRoots.
+	certifiedJoinPolicy := mustPolicy(t, "variant: tpm\nmeasurements:\n  4: {expected: "+zero+", source: the image}\n  15: {nonZero: true, source: bootstrapped}\n"+roots+
+		"akRoots:\n  - pem: |\n"+indent(string(akCA.PEM()), "      "))
+	startSession := func(t *testing.T, lockID []byte) string {
+		return startWith(t, lockID, nil, true, atls.WithClaimCheck(ClaimCheck(func() *policy.Policy { return clusterPolicy }, j, nil)))
+	}
+	joinSession := func(t *testing.T, addr string, opts ...atls.Option) (*joinproto.IssueJoinTicketResponse, *atls.Evidence, error) {
+		var mu sync.Mutex
+		var seen *atls.Evidence
+		observe := atls.WithObserver(func(ev atls.Evidence, err error) {
+			mu.Lock()
+			defer mu.Unlock()
+			seen = &ev
+		})
+		resp, err := dialWith(t, addr, vtpmtest.StartSwtpm(t, swCA), certifiedJoinPolicy, append(opts, observe)...).IssueJoinTicket(ctx,
+			&joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: testDiskUUID})
+		mu.Lock()
+		defer mu.Unlock()
+		return resp, seen, err
+	}
+	t.Run("session proof: genuine nodes join on the same proof", func(t *testing.T) {
+		addr := startSession(t, keys.ClusterID())
+		var first time.Time
+		for i := range 2 {
+			resp, ev, err := joinSession(t, addr)
+			if err != nil || resp.GetNodeName() != "worker-0" {
+				t.Fatalf("join %d over the session proof: %v", i, err)
+			}
+			if ev == nil || ev.IssuedAt.IsZero() || i > 0 && !ev.IssuedAt.Equal(first) {
+				t.Fatalf("join %d: evidence %+v, want the session proof of the first join", i, ev)
+			}
+			first = ev.IssuedAt
+		}
+	})
+	t.Run("session proof: refused once stale", func(t *testing.T) {
+		later := func() time.Time { return time.Now().Add(atls.DefaultSessionMaxAge + time.Minute) }
+		_, ev, err := joinSession(t, startSession(t, keys.ClusterID()), atls.WithClock(later))
+		if err == nil || !strings.Contains(err.Error(), atls.ErrStale.Error()) {
+			t.Fatalf("IssueJoinTicket() = %v, want a handshake failing with %q", err, atls.ErrStale)
+		}
+		if ev == nil || ev.IssuedAt.IsZero() {
+			t.Fatalf("evidence %+v, want the stale session proof", ev)
+		}
+	})
+	t.Run("session proof: joinservice locked to another cluster is refused", func(t *testing.T) {
+		_, _, err := joinSession(t, startSession(t, []byte("some other cluster")))
+		if reason(err) != joindial.ReasonNotBound {
+			t.Fatalf("IssueJoinTicket() = %v (reason %q), want %s", err, reason(err), joindial.ReasonNotBound)
+		}
+	})
+	t.Run("session proof: joinservice on a fresh node is refused in the handshake", func(t *testing.T) {
+		_, _, err := joinSession(t, startSession(t, nil))
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "15") {
+			t.Fatalf("IssueJoinTicket() = %v, want a failed handshake naming PCR 15", err)
+		}
+	})
+	t.Run("session proof: a joinservice whose AK the cluster did not certify is refused", func(t *testing.T) {
+		_, _, err := joinSession(t, startWith(t, keys.ClusterID(), nil, false))
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "not certified") {
+			t.Fatalf("IssueJoinTicket() = %v, want a failed handshake: key not certified", err)
 		}
 	})
 	t.Run("joinservice on a fresh node is refused in the handshake", func(t *testing.T) {

@@ -3,8 +3,13 @@ package server
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
+	"fmt"
 	"net"
+	"os"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"go.uber.org/zap"
@@ -28,7 +33,19 @@ import (
 // handshake, IssueJoinTicket and the node's lock register check. The node is the same TPM each time,
 // so the joinservice's activation of the node is remembered after the first join, as for the
 // identities of the load harness.
+//
+// activated: the node's join policy has no akRoots, so it probes the joinservice's identity and
+// challenges its key, and the joinservice quotes and activates for every join. certified-session: the
+// joinservice's AK is certified by the cluster's AK CA (as the binary does at start) and it serves a
+// session proof; the node's join policy lists the CA: no probe, and no TPM command on the
+// joinservice's side per join. Besides wall time it reports the CPU of this process (server and
+// node code) and of both swtpm processes per join.
 func BenchmarkAttestedJoin(b *testing.B) {
+	b.Run("activated", func(b *testing.B) { benchAttestedJoin(b, false) })
+	b.Run("certified-session", func(b *testing.B) { benchAttestedJoin(b, true) })
+}
+
+func benchAttestedJoin(b *testing.B, session bool) {
 	swCA := vtpmtest.NewSwtpmCA(b) // skips without swtpm
 	ctx := context.Background()
 	zero := strings.Repeat("00", 32)
@@ -43,6 +60,13 @@ func BenchmarkAttestedJoin(b *testing.B) {
 		b.Fatal(err)
 	}
 	keys := testKeys()
+	akCA, err := vtpm.ClusterAKCA(keys.AKCASeed(), keys.ClusterID())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if session {
+		joinPolicy.AKRoots = []*x509.Certificate{akCA.Cert}
+	}
 	if err := vtpm.NewLockRegister(service.Open, 15).MarkBootstrapped(ctx, keys.ClusterID()); err != nil {
 		b.Fatal(err)
 	}
@@ -52,8 +76,23 @@ func BenchmarkAttestedJoin(b *testing.B) {
 		b.Fatal(err)
 	}
 	lifted := atls.Limits{PerPeer: 1e9, PerPeerBurst: 1 << 30, Global: 1e9, GlobalBurst: 1 << 30, MaxPeers: 10}
-	creds, err := atls.NewCredentials(vtpm.NewIssuer(service.Open, zap.NewNop()), validator, atls.WithLimiter(atls.NewLimiter(lifted)),
-		atls.WithClaimCheck(ClaimCheck(func() *policy.Policy { return clusterPolicy }, j, nil)))
+	serviceIssuer := vtpm.NewIssuer(service.Open, zap.NewNop())
+	opts := []atls.Option{atls.WithLimiter(atls.NewLimiter(lifted)), atls.WithClaimCheck(ClaimCheck(func() *policy.Policy { return clusterPolicy }, j, nil))}
+	if session {
+		if err := serviceIssuer.CertifyAK(ctx, akCA.Certify); err != nil {
+			b.Fatal(err)
+		}
+		sp := atls.NewSessionProof(serviceIssuer, zap.NewNop())
+		sctx, stop := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = sp.Run(sctx) }()
+		b.Cleanup(func() { stop(); <-done })
+		if err := sp.Renew(ctx); err != nil {
+			b.Fatal(err)
+		}
+		opts = append(opts, atls.WithSessionProof(sp))
+	}
+	creds, err := atls.NewCredentials(serviceIssuer, validator, opts...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -96,8 +135,36 @@ func BenchmarkAttestedJoin(b *testing.B) {
 		}
 	}
 	join() // AKs created on both sides, the node's key activated once
+	cpu0, svc0, node0 := processCPU(), procCPU(service.PID()), procCPU(node.PID())
 	b.ResetTimer()
 	for range b.N {
 		join()
 	}
+	b.StopTimer()
+	n := float64(b.N)
+	b.ReportMetric(float64(processCPU()-cpu0)/n/1e6, "cpu-ms/join")
+	b.ReportMetric((procCPU(service.PID())-svc0)/n*1e3, "joinservice-swtpm-cpu-ms/join")
+	b.ReportMetric((procCPU(node.PID())-node0)/n*1e3, "node-swtpm-cpu-ms/join")
+}
+
+// processCPU is the CPU time this process has used, in nanoseconds.
+func processCPU() int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Utime.Nano() + ru.Stime.Nano()
+}
+
+// procCPU is the user+system CPU seconds of process pid (clock ticks of 10 ms).
+func procCPU(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+2:])
+	ut, _ := strconv.ParseFloat(fields[11], 64)
+	st, _ := strconv.ParseFloat(fields[12], 64)
+	return (ut + st) / 100
 }

@@ -76,6 +76,14 @@ func NewAKCA(seed []byte, name string) (*AKCA, error) {
 	return &AKCA{Cert: cert, key: key}, nil
 }
 
+// ClusterAKCA is a cluster's attestation-key CA: derived from seed (clusterkeys.Keys.AKCASeed) and
+// named for the cluster ID, so every control plane and the operator derive the same certificate.
+// Listed in a join policy's akRoots, it lets nodes accept the cluster's joinservices without
+// activating their keys.
+func ClusterAKCA(seed, clusterID []byte) (*AKCA, error) {
+	return NewAKCA(seed, fmt.Sprintf("berth cluster attestation-key CA %x", clusterID[:min(8, len(clusterID))]))
+}
+
 // PEM returns the CA certificate in PEM form, as a policy's akRoots entry takes it.
 func (ca *AKCA) PEM() []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Cert.Raw})
