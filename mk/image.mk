@@ -31,6 +31,10 @@ image-clean: ## remove the built tree and the image's OS cache (Debian packages 
 image-boot-test: ## boot the built tree under QEMU/TCG with swtpm and check the units at run time (minutes; needs qemu-system-x86, swtpm)
 	IMAGE_ROOT=$(IMAGE_ROOT) BOOT_WORK=$(IMAGE_OUT)/boot image/boot-test.sh
 
+.PHONY: image-luks-test
+image-luks-test: ## the state disk's LUKS2 backend for real (cryptsetup, dm-crypt, dm-integrity) inside the built tree under QEMU/TCG (minutes; needs qemu-system-x86)
+	IMAGE_ROOT=$(IMAGE_ROOT) LUKS_WORK=$(IMAGE_OUT)/luks image/luks-test.sh
+
 .PHONY: image-init-test
 image-init-test: ## berth init a one-node cluster on the booted image (QEMU/TCG; needs BOOT_IMAGES=archives of the control-plane and joinservice images)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berth
