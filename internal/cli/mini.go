@@ -52,11 +52,12 @@ goes to stdout.`,
   export KUBECONFIG=/var/lib/berth-mini/admin.conf; berth status
   sudo berth mini restart w1 --tamper-boot w1
   sudo berth mini add --workers 1
+  sudo berth mini stop cp1
   sudo berth mini down`,
 		Args: cobra.NoArgs,
 		RunE: groupHelp,
 	}
-	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniRestartCmd(), newMiniAddCmd(), newMiniAgentCmd())
+	cmd.AddCommand(newMiniUpCmd(), newMiniDownCmd(), newMiniRestartCmd(), newMiniStopCmd(), newMiniAddCmd(), newMiniAgentCmd())
 	return cmd
 }
 
@@ -539,6 +540,50 @@ func nodeNames(nodes []mini.Node) []string {
 		names = append(names, n.Name)
 	}
 	return names
+}
+
+func newMiniStopCmd() *cobra.Command {
+	var dir string
+	cmd := &cobra.Command{
+		Use:   "stop NODE...",
+		Short: "Power off nodes of a mini cluster and leave them off",
+		Long: `stop cuts the named nodes' power for good, like machines that died: every process of the node is
+killed, its network and mount namespaces, cgroups and state disk loop device go. Its persistent
+directories, TPM and state disk stay, and the agent still lists it in metadata (the machine
+exists, it is just off). restart without node names leaves stopped nodes off; restart NODE powers
+one on again. To take a stopped node out of the cluster, use berth node remove.
+
+It prints the time of the power-off.`,
+		Example: `  sudo berth mini stop cp1                  # the first control plane dies for good
+  berth node remove cp1 --kubeconfig /var/lib/berth-mini/admin.conf
+  sudo berth mini restart cp1               # or power it on again instead`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := requireRoot(); err != nil {
+				return err
+			}
+			env, err := mini.HostEnv()
+			if err != nil {
+				return err
+			}
+			cl, err := mini.Open(dir, env, mini.Exec{}, miniLogger(cmd.ErrOrStderr()))
+			if err != nil {
+				return err
+			}
+			_, _ = fmt.Fprintf(cmd.ErrOrStderr(), "berth mini stop: %s: %s\n", dir, strings.Join(args, " "))
+			t, err := cl.Stop(cmd.Context(), args, printPhase(cmd.ErrOrStderr()))
+			if errors.Is(err, mini.ErrUnknownNode) {
+				return &exitError{code: exitUsage, err: err}
+			}
+			if err != nil {
+				return err
+			}
+			_, _ = fmt.Fprintf(cmd.OutOrStdout(), "powered off %s in %.2fs; they stay off until berth mini restart NODE\n", strings.Join(args, " "), t.Total().Seconds())
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", mini.DefaultDir, "directory of the cluster")
+	return cmd
 }
 
 type miniAddFlags struct {

@@ -13,9 +13,13 @@ func TestMiniNeedsRoot(t *testing.T) {
 	orig := geteuid
 	geteuid = func() int { return 1000 }
 	defer func() { geteuid = orig }()
-	for _, sub := range []string{"up", "down", "restart", "add"} {
+	for _, sub := range []string{"up", "down", "restart", "add", "stop"} {
 		var out, errOut bytes.Buffer
-		code := Execute(context.Background(), []string{"mini", sub, "--dir", t.TempDir()}, &out, &errOut)
+		args := []string{"mini", sub, "--dir", t.TempDir()}
+		if sub == "stop" {
+			args = append(args, "w1") // stop needs a node name before it checks for root
+		}
+		code := Execute(context.Background(), args, &out, &errOut)
 		if code != exitUsage || !strings.Contains(errOut.String(), "berth mini needs root") {
 			t.Errorf("mini %s as non-root: code %d, stderr %q", sub, code, errOut.String())
 		}
@@ -117,6 +121,21 @@ func TestMiniAdd(t *testing.T) {
 		code := Execute(context.Background(), append([]string{"mini", "add", "--dir", dir}, args...), &out, &errOut)
 		if code != exitUsage {
 			t.Errorf("mini add %v: code %d (stderr %q), want usage error", args, code, errOut.String())
+		}
+	}
+}
+
+func TestMiniStopRefusesBadArgs(t *testing.T) {
+	orig := geteuid
+	geteuid = func() int { return 0 }
+	defer func() { geteuid = orig }()
+	dir := t.TempDir()
+	writeMiniState(t, dir)
+	for _, args := range [][]string{{}, {"w9"}} {
+		var out, errOut bytes.Buffer
+		code := Execute(context.Background(), append([]string{"mini", "stop", "--dir", dir}, args...), &out, &errOut)
+		if code != exitUsage {
+			t.Errorf("mini stop %v: code %d (stderr %q), want usage error", args, code, errOut.String())
 		}
 	}
 }

@@ -28,9 +28,10 @@ import (
 const cniConfName = "10-berth-mini.conflist"
 
 // RunAgent is the host daemon of the cluster in dir (`berth mini agent`): it serves the mini
-// metadata API on the host's bridge address, telling callers apart by source address, and writes
-// each node's CNI configuration once flannel has leased the node a pod subnet (flannel's
-// subnet.env, as its own CNI plugin would read it). It runs until ctx ends.
+// metadata API on the host's bridge address, telling callers apart by source address, balances the
+// control-plane endpoint over the control planes' API servers (apiBalancer), and writes each node's
+// CNI configuration once flannel has leased the node a pod subnet (flannel's subnet.env, as its own
+// CNI plugin would read it). It runs until ctx ends.
 func RunAgent(ctx context.Context, dir string, log *zap.Logger) error {
 	st, err := LoadState(dir)
 	if err != nil {
@@ -42,26 +43,38 @@ func RunAgent(ctx context.Context, dir string, log *zap.Logger) error {
 	if err != nil {
 		return fmt.Errorf("listening on %s: %w", addr, err)
 	}
-	return serveAgent(ctx, dir, st, lis, 500*time.Millisecond, log)
+	api := st.Config.ControlPlaneEndpoint().String()
+	apiLis, err := lc.Listen(ctx, "tcp", api)
+	if err != nil {
+		_ = lis.Close()
+		return fmt.Errorf("listening on %s: %w", api, err)
+	}
+	return serveAgent(ctx, dir, st, lis, apiLis, 500*time.Millisecond, log)
 }
 
 // agentNodesFile (in the cluster directory) lists, one name a line, the nodes the agent serves;
 // the agent rewrites it whenever that set changes, so `berth mini add` knows when new nodes are served.
 const agentNodesFile = "agent-nodes"
 
-// serveAgent runs the agent on lis until ctx ends, re-reading the state file every interval, so
-// that nodes added to the state file are served without a restart.
-func serveAgent(ctx context.Context, dir string, st *State, lis net.Listener, interval time.Duration, log *zap.Logger) error {
+// serveAgent runs the agent on lis (metadata) and apiLis (the control-plane endpoint; nil serves
+// none) until ctx ends, re-reading the state file every interval, so that nodes added to the state
+// file are served, and control planes balanced, without a restart.
+func serveAgent(ctx context.Context, dir string, st *State, lis, apiLis net.Listener, interval time.Duration, log *zap.Logger) error {
 	srv := metamini.NewServer()
+	balancer := newAPIBalancer(log.Named("api-endpoint"))
 	served := ""
 	publish := func(st *State) {
 		var instances []metadata.Instance
-		var names []string
+		var names, apiServers []string
 		for _, n := range st.Config.Nodes() {
 			instances = append(instances, metadata.Instance{Name: n.Name, Role: n.Role, IPs: []string{n.IP.String()}})
 			names = append(names, n.Name)
+			if n.Role == metadata.RoleControlPlane {
+				apiServers = append(apiServers, netip.AddrPortFrom(n.IP, APIPort).String())
+			}
 		}
 		srv.SetInstances(instances)
+		balancer.setBackends(apiServers)
 		if st.ControlPlaneEndpoint != "" {
 			srv.SetControlPlaneEndpoint(st.ControlPlaneEndpoint)
 		}
@@ -89,6 +102,14 @@ func serveAgent(ctx context.Context, dir string, st *State, lis net.Listener, in
 		}
 		return nil
 	})
+	if apiLis != nil {
+		log.Info("agent serving the control-plane endpoint", zap.String("endpoint", apiLis.Addr().String()))
+		g.Go(func() error { return balancer.serve(gctx, apiLis) })
+		g.Go(func() error {
+			balancer.checkHealth(gctx)
+			return nil
+		})
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

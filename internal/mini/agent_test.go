@@ -38,7 +38,7 @@ func TestAgentServesMetadata(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serveAgent(ctx, cfg.Dir, st, lis, 10*time.Millisecond, zaptest.NewLogger(t)) }()
+	go func() { done <- serveAgent(ctx, cfg.Dir, st, lis, nil, 10*time.Millisecond, zaptest.NewLogger(t)) }()
 	resp, err := http.Get("http://" + lis.Addr().String() + "/v1/self")
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +71,7 @@ func TestAgentServesAddedNodes(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- serveAgent(ctx, cfg.Dir, st, lis, 10*time.Millisecond, zaptest.NewLogger(t)) }()
+	go func() { done <- serveAgent(ctx, cfg.Dir, st, lis, nil, 10*time.Millisecond, zaptest.NewLogger(t)) }()
 	defer func() {
 		cancel()
 		if err := <-done; err != nil {

@@ -38,8 +38,8 @@ type BootstrapOptions struct {
 var ErrNotReady = errors.New("nodes not ready")
 
 // initConfig is `berth init`'s cluster config file for the mini cluster.
+// The API servers' certificates name the control-plane endpoint (kubeadm adds it too).
 func (c *Cluster) initConfig() []byte {
-	cp := c.cfg.Nodes()[0]
 	return []byte(fmt.Sprintf(`# Written by berth mini.
 clusterName: %s
 kubernetesVersion: %s
@@ -47,7 +47,7 @@ serviceCIDR: %s
 podCIDR: %s
 apiServerCertSANs: [%s]
 initSecretFile: %s
-`, c.cfg.Name, KubernetesVersion, c.cfg.ServiceCIDR.Masked(), c.cfg.PodCIDR.Masked(), cp.IP, c.initSecretPath()) +
+`, c.cfg.Name, KubernetesVersion, c.cfg.ServiceCIDR.Masked(), c.cfg.PodCIDR.Masked(), c.cfg.HostAddr(), c.initSecretPath()) +
 		map[bool]string{true: "attestationPolicyFile: " + c.cfg.PolicyPath() + "\n"}[c.cfg.Attestation == AttestationTPM])
 }
 
@@ -107,15 +107,15 @@ func (c *Cluster) WaitReady(ctx context.Context, since time.Time, timeout time.D
 	return c.WaitNodesReady(ctx, c.cfg.GenuineNodes(), since, timeout, status)
 }
 
-// WaitNodesReady is WaitReady for the given nodes only; nodes whose boot is tampered are skipped,
-// as they never become Ready.
+// WaitNodesReady is WaitReady for the given nodes only; nodes whose boot is tampered, and stopped
+// nodes, are skipped, as they never become Ready.
 func (c *Cluster) WaitNodesReady(ctx context.Context, nodes []Node, since time.Time, timeout time.Duration, status func(string)) error {
 	if timeout == 0 {
 		timeout = 10 * time.Minute
 	}
 	var want []Node
 	for _, n := range nodes {
-		if !n.Tampered {
+		if !n.Tampered && !n.Stopped {
 			want = append(want, n)
 		}
 	}

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -257,11 +256,8 @@ func (c *Cluster) prepare(ctx context.Context) error {
 	if err := c.writeInitSecret(c.initSecret); err != nil {
 		return err
 	}
-	if len(c.cfg.Nodes()) > 0 {
-		api := netip.AddrPortFrom(c.cfg.Nodes()[0].IP, 6443)
-		if err := writeFile(filepath.Join(c.cfg.ComponentsDir(), "10-flannel.yaml"), flannelManifest(c.cfg.PodCIDR, api), 0o644); err != nil {
-			return err
-		}
+	if err := writeFile(filepath.Join(c.cfg.ComponentsDir(), "10-flannel.yaml"), flannelManifest(c.cfg.PodCIDR, c.cfg.ControlPlaneEndpoint()), 0o644); err != nil {
+		return err
 	}
 	ca := c.cfg.TPMCADir()
 	for name, b := range map[string][]byte{

@@ -121,6 +121,9 @@ type Config struct {
 	// BootTampered overrides, by node name, whether a node's simulated boot measures a tampered
 	// image (`berth mini restart --tamper-boot` / `--genuine-boot`); it applies from the node's next boot.
 	BootTampered map[string]bool `json:"bootTampered,omitempty"`
+	// Stopped names the nodes `berth mini stop` powered off; they stay off until `berth mini restart
+	// NODE` powers them on again.
+	Stopped map[string]bool `json:"stopped,omitempty"`
 }
 
 var nameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,7}$`)
@@ -176,6 +179,8 @@ type Node struct {
 	IP   netip.Addr    `json:"ip"`
 	// Tampered nodes measure a different boot into their TPM.
 	Tampered bool `json:"tampered,omitempty"`
+	// Stopped nodes are powered off (Config.Stopped).
+	Stopped bool `json:"stopped,omitempty"`
 }
 
 // Nodes lists the cluster's nodes: control planes cp1..cpM first, then workers w1..wN. Node i
@@ -203,6 +208,7 @@ func (c Config) Nodes() []Node {
 		if t, ok := c.BootTampered[nodes[i].Name]; ok {
 			nodes[i].Tampered = t
 		}
+		nodes[i].Stopped = c.Stopped[nodes[i].Name]
 	}
 	return nodes
 }
@@ -217,11 +223,11 @@ func (c Config) Node(name string) (Node, bool) {
 	return Node{}, false
 }
 
-// GenuineNodes are the nodes whose boot is not tampered: the ones that must become Ready.
+// GenuineNodes are the running nodes whose boot is not tampered: the ones that must become Ready.
 func (c Config) GenuineNodes() []Node {
 	var out []Node
 	for _, n := range c.Nodes() {
-		if !n.Tampered {
+		if !n.Tampered && !n.Stopped {
 			out = append(out, n)
 		}
 	}

@@ -388,7 +388,7 @@ func TestUpCommandsAndDownFromState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Agent == nil || len(st.Procs["cp1"]) != 3 || st.InitSecretHash == "" || st.ControlPlaneEndpoint != "198.51.100.10:6443" {
+	if st.Agent == nil || len(st.Procs["cp1"]) != 3 || st.InitSecretHash == "" || st.ControlPlaneEndpoint != "198.51.100.1:6443" {
 		t.Fatalf("state = %+v", st)
 	}
 	env2 := cl.bootstrapperEnv(cfg.Nodes()[1])

@@ -259,7 +259,7 @@ func (c *Cluster) seed(n Node) error {
 // agent starts the host daemon (metadata API, CNI configs) and waits until it listens.
 func (c *Cluster) agent(ctx context.Context) error {
 	if c.state.ControlPlaneEndpoint == "" {
-		c.state.ControlPlaneEndpoint = netip.AddrPortFrom(c.cfg.Nodes()[0].IP, 6443).String()
+		c.state.ControlPlaneEndpoint = c.cfg.ControlPlaneEndpoint().String()
 	}
 	if _, err := c.startDaemon("", "agent", Cmd{
 		Path: c.env.Self,

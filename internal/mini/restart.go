@@ -30,10 +30,17 @@ var ErrUnknownNode = errors.New("no such node in the mini cluster")
 // ErrNotRestarted is returned when a boot option names a node that is not being restarted.
 var ErrNotRestarted = errors.New("the node is not being restarted")
 
-// RestartNodes resolves names to the cluster's nodes; no names means every node.
+// RestartNodes resolves names to the cluster's nodes; no names means every node that is not
+// stopped.
 func (c *Cluster) RestartNodes(names []string) ([]Node, error) {
 	if len(names) == 0 {
-		return c.cfg.Nodes(), nil
+		var running []Node
+		for _, n := range c.cfg.Nodes() {
+			if !n.Stopped {
+				running = append(running, n)
+			}
+		}
+		return running, nil
 	}
 	var nodes []Node
 	seen := map[string]bool{}
@@ -104,6 +111,12 @@ func (c *Cluster) Restart(ctx context.Context, opts RestartOptions) (Timings, er
 			return t, err
 		}
 	}
+	if err := c.markStopped(nodes, false); err != nil {
+		return t, err
+	}
+	if nodes, err = c.RestartNodes(namesOf(nodes)); err != nil {
+		return t, err
+	}
 	c.clearTPMs = map[string]bool{}
 	for _, name := range opts.ClearTPM {
 		c.clearTPMs[name] = true
@@ -112,17 +125,7 @@ func (c *Cluster) Restart(ctx context.Context, opts RestartOptions) (Timings, er
 		name string
 		f    func() error
 	}{
-		{"power-off", func() error {
-			errs := []error{c.killAll(ctx, nodes, false), c.removeNamespaces(ctx, nodes), c.removeNodeNetns(ctx, nodes)}
-			// A machine boots with fresh cgroups; stale pod cgroups would stall the kubelet.
-			for _, n := range nodes {
-				errs = append(errs, c.removeCgroupTree(c.cfg.CgroupPath(n.Name)))
-			}
-			// With the node's mount namespace gone the kernel unmounts its state disk; its loop
-			// device must be gone too before the node boots and opens the image again.
-			errs = append(errs, c.detachStateDisks(ctx, nodes))
-			return errors.Join(errs...)
-		}},
+		{"power-off", func() error { return c.powerOff(ctx, nodes) }},
 		{"network", func() error { return c.network(ctx, nodes) }},
 		{"namespaces", func() error {
 			if err := c.ensureHostDirsLocked(); err != nil {
@@ -141,6 +144,20 @@ func (c *Cluster) Restart(ctx context.Context, opts RestartOptions) (Timings, er
 		}
 	}
 	return t, nil
+}
+
+// powerOff cuts the nodes' power: every process dies by SIGKILL, their namespaces, cgroups and
+// network namespaces go, and no loop device backs their state disks any more.
+func (c *Cluster) powerOff(ctx context.Context, nodes []Node) error {
+	errs := []error{c.killAll(ctx, nodes, false), c.removeNamespaces(ctx, nodes), c.removeNodeNetns(ctx, nodes)}
+	// A machine boots with fresh cgroups; stale pod cgroups would stall the kubelet.
+	for _, n := range nodes {
+		errs = append(errs, c.removeCgroupTree(c.cfg.CgroupPath(n.Name)))
+	}
+	// With the node's mount namespace gone the kernel unmounts its state disk; its loop
+	// device must be gone too before the node boots and opens the image again.
+	errs = append(errs, c.detachStateDisks(ctx, nodes))
+	return errors.Join(errs...)
 }
 
 func namesOf(nodes []Node) []string {

@@ -1,0 +1,104 @@
+package mini
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestStopLeavesNodeOff: stop powers a node off (its daemons killed, its namespaces and loop device
+// gone, its disk kept) and records it; a restart of every node leaves it off and no wait counts
+// it; restart NODE powers it on again.
+func TestStopLeavesNodeOff(t *testing.T) {
+	cl, rec, env := upTestCluster(t)
+	cfg := cl.Config()
+	st, err := LoadState(cfg.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	others := append(append([]Proc(nil), st.Procs["cp1"]...), st.Procs["w2"]...)
+	img := cfg.StateDisk("w1")
+	if err := os.WriteFile(img, []byte("the node's disk"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	n, killed := count(rec), len(rec.killed)
+	if _, err := cl.Stop(context.Background(), []string{"w1"}, nil); err != nil {
+		t.Fatalf("Stop(w1): %v", err)
+	}
+	cmds := since(rec, n)
+	for _, want := range []string{"ip -n berth-t-sw link delete w1", "ip netns delete berth-t-w1", "losetup -j " + img} {
+		if !strings.Contains(cmds, want) {
+			t.Errorf("stop of w1 lacks %q:\n%s", want, cmds)
+		}
+	}
+	for _, notWant := range []string{"ip netns add", "swtpm", "/bin/bootstrapper", "berth-t-cp1", "berth-t-w2"} {
+		if strings.Contains(cmds, notWant) {
+			t.Errorf("stop of w1 ran %q:\n%s", notWant, cmds)
+		}
+	}
+	if got := len(rec.killed) - killed; got != 3 {
+		t.Errorf("stop of w1 killed %d processes, want its 3 daemons", got)
+	}
+	for _, p := range others {
+		if !rec.Alive(p) {
+			t.Errorf("process %d of another node was killed", p.PID)
+		}
+	}
+	if b, err := os.ReadFile(img); err != nil || string(b) != "the node's disk" {
+		t.Errorf("state disk after stop = %q, %v", b, err)
+	}
+	if _, err := os.Stat(filepath.Join(env.NetnsRoot, "berth-t-w1")); err == nil {
+		t.Error("w1's network namespace is still there")
+	}
+
+	// Recorded: a reopened cluster knows w1 is off.
+	cl2, err := Open(cfg.Dir, cl.env, rec, cl.log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl2.rmdir = os.RemoveAll
+	if w1, _ := cl2.Config().Node("w1"); !w1.Stopped {
+		t.Fatal("w1 not recorded as stopped")
+	}
+	for _, g := range cl2.Config().GenuineNodes() {
+		if g.Name == "w1" {
+			t.Error("a stopped node is among the nodes to wait for")
+		}
+	}
+	n = count(rec)
+	if _, err := cl2.Restart(context.Background(), RestartOptions{}); err != nil {
+		t.Fatalf("Restart all: %v", err)
+	}
+	if cmds := since(rec, n); strings.Contains(cmds, "berth-t-w1") || !strings.Contains(cmds, "berth-t-w2") {
+		t.Errorf("restart of every node: want w1 left off and w2 restarted:\n%s", cmds)
+	}
+
+	// restart w1 powers it on and forgets that it was stopped.
+	n = count(rec)
+	if _, err := cl2.Restart(context.Background(), RestartOptions{Nodes: []string{"w1"}}); err != nil {
+		t.Fatalf("Restart(w1): %v", err)
+	}
+	if cmds := since(rec, n); !strings.Contains(cmds, "ip netns add berth-t-w1") || !strings.Contains(cmds, "-- /bin/bootstrapper") {
+		t.Errorf("restart of the stopped w1 did not boot it:\n%s", cmds)
+	}
+	if st, _ := LoadState(cfg.Dir); st.Config.Stopped["w1"] {
+		t.Error("w1 still recorded as stopped after it was powered on")
+	}
+}
+
+func TestStopRefusesBadNames(t *testing.T) {
+	cl, rec, _ := upTestCluster(t)
+	n := count(rec)
+	if _, err := cl.Stop(context.Background(), nil, nil); !errors.Is(err, ErrNoNodes) {
+		t.Errorf("Stop() without names = %v, want ErrNoNodes", err)
+	}
+	if _, err := cl.Stop(context.Background(), []string{"w9"}, nil); !errors.Is(err, ErrUnknownNode) {
+		t.Errorf("Stop(w9) = %v, want ErrUnknownNode", err)
+	}
+	if got := since(rec, n); got != "" {
+		t.Errorf("a refused stop ran commands:\n%s", got)
+	}
+}
