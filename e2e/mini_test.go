@@ -3,11 +3,13 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -355,7 +357,9 @@ func itoa(i int) string { return strconv.Itoa(i) }
 // an operator does: berth init checks the node's quote (EK certificate from the cluster's mini CA,
 // simulated boot in PCR 4) against the policy before it sends any secret. First with a wrong init
 // secret over the same attested connection: the node answers with the one generic rejection, writes
-// nothing and stays initializable; then with the right one.
+// nothing and stays initializable; then with the right one, during which the node's bootstrapper is
+// killed with SIGKILL in the middle of kubeadm init and restarted; the same berth init command then
+// resumes and the cluster comes up, with no process of the dead daemon left.
 func TestMiniAttestedInit(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
@@ -419,15 +423,189 @@ func TestMiniAttestedInit(t *testing.T) {
 		t.Errorf("berth init with a wrong secret wrote an admin.conf")
 	}
 
-	// The right secret: the same node is still fresh and initializes.
+	// The right secret, but the node's daemon crashes in the middle of kubeadm init: kubeadm and the
+	// kubelet die with it, the restarted daemon leaves no process of the dead one behind, and the
+	// same berth init command resumes on the node whose lock register now holds the cluster ID.
+	initCmd := append(initArgs, "--config", cfgPath, "--workspace", c.dir)
+	crashInit(t, c, initCmd)
+
 	start = time.Now()
-	out = c.must(10*time.Minute, c.berth, append(initArgs, "--config", cfgPath, "--workspace", c.dir)...)
-	t.Logf("berth init (%.1fs):\n%s", time.Since(start).Seconds(), out)
+	out = c.must(10*time.Minute, c.berth, initCmd...)
+	t.Logf("berth init, the same command after the crash (%.1fs):\n%s", time.Since(start).Seconds(), out)
 	if !strings.Contains(out, "Node attested (tpm)") {
 		t.Errorf("init output does not show a TPM-attested init")
 	}
+	if !strings.Contains(out, "Resuming the unfinished init in "+c.dir) || !strings.Contains(out, "kubeadm-init      started") {
+		t.Errorf("init did not resume the crashed attempt at kubeadm-init")
+	}
 	c.kubectl = filepath.Join(strings.TrimSpace(c.must(30*time.Minute, filepath.Join(root, "scripts", "build-k8s.sh"), "k8s")), "kubectl")
 	c.kube("wait", "--for=condition=Ready", "node/cp1", "--timeout=180s")
+}
+
+// crashInit runs berth init with args and kills the node's bootstrapper with SIGKILL once kubeadm
+// init and the kubelet run under it; it checks that both die with the daemon, restarts the daemon
+// (berth mini restart --bootstrapper-only) and waits until no process of the dead daemon's session
+// runs any more (what Pdeathsig misses, the restarted daemon kills from its child record).
+func crashInit(t *testing.T, c *cluster, args []string) {
+	t.Helper()
+	daemon := bootstrapperPID(t, c.dir, "cp1")
+	pr, pw := io.Pipe()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, c.berth, args...)
+	cmd.Dir, cmd.Stdout, cmd.Stderr = c.root, pw, pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { err := cmd.Wait(); _ = pw.Close(); exited <- err }()
+	var output bytes.Buffer
+	kubeadmStarted := make(chan struct{})
+	scanned := make(chan struct{})
+	go func() {
+		defer close(scanned)
+		sc := bufio.NewScanner(pr)
+		seen := false
+		for sc.Scan() {
+			output.WriteString(sc.Text() + "\n")
+			if !seen && strings.Contains(sc.Text(), "kubeadm-init") && strings.Contains(sc.Text(), "started") {
+				seen = true
+				close(kubeadmStarted)
+			}
+		}
+	}()
+	select {
+	case <-kubeadmStarted:
+	case err := <-exited:
+		<-scanned
+		t.Fatalf("berth init ended before kubeadm init started (%v):\n%s", err, output.String())
+	}
+	// kubeadm init and the kubelet, both children of the daemon.
+	var kubeadm, kubelet int
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		for _, p := range childrenOf(daemon) {
+			switch {
+			case strings.Contains(p.cmdline, "kubeadm") && strings.Contains(p.cmdline, " init "):
+				kubeadm = p.pid
+			case strings.Contains(p.cmdline, "kubelet"):
+				kubelet = p.pid
+			}
+		}
+		return kubeadm > 0 && kubelet > 0, nil
+	}); err != nil {
+		t.Fatalf("kubeadm init (%d) and the kubelet (%d) never ran together under the bootstrapper (%d)", kubeadm, kubelet, daemon)
+	}
+	session := sessionOf(t, daemon)
+	t.Logf("killing the bootstrapper (pid %d) with SIGKILL while kubeadm init (pid %d) and the kubelet (pid %d) run", daemon, kubeadm, kubelet)
+	if err := syscall.Kill(daemon, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	err := <-exited
+	<-scanned
+	t.Logf("berth init interrupted by the crash (%v):\n%s", err, output.String())
+	if err == nil || !strings.Contains(output.String(), "run the same command again to resume") {
+		t.Errorf("the interrupted berth init does not tell the operator to resume")
+	}
+	for name, pid := range map[string]int{"kubeadm init": kubeadm, "the kubelet": kubelet} {
+		if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			return processDead(pid), nil
+		}); err != nil {
+			t.Errorf("%s (pid %d) outlived the killed bootstrapper", name, pid)
+		}
+	}
+	out := c.must(2*time.Minute, c.berth, "mini", "restart", "cp1", "--bootstrapper-only", "--no-wait", "--dir", c.dir)
+	t.Logf("berth mini restart cp1 --bootstrapper-only:\n%s", out)
+	var left []proc
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		left = inSession(session)
+		return len(left) == 0, nil
+	}); err != nil {
+		t.Errorf("processes of the killed bootstrapper's session still run after the restart: %+v", left)
+	}
+}
+
+// proc is a running process.
+type proc struct {
+	pid     int
+	cmdline string
+}
+
+// procStat reads state, ppid and session of pid from /proc/PID/stat.
+func procStat(pid int) (state string, ppid, session int, ok bool) {
+	b, err := os.ReadFile(filepath.Join("/proc", itoa(pid), "stat"))
+	if err != nil {
+		return "", 0, 0, false
+	}
+	s := string(b)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 4 {
+		return "", 0, 0, false
+	}
+	ppid, _ = strconv.Atoi(f[1])
+	session, _ = strconv.Atoi(f[3])
+	return f[0], ppid, session, true
+}
+
+// processDead says whether pid is gone or a zombie (this host's PID 1 does not reap orphans).
+func processDead(pid int) bool {
+	state, _, _, ok := procStat(pid)
+	return !ok || state == "Z" || state == "X"
+}
+
+// livingProcesses lists every process that is not a zombie, with a test on its stat.
+func livingProcesses(keep func(ppid, session int) bool) []proc {
+	var out []proc
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		state, ppid, session, ok := procStat(pid)
+		if !ok || state == "Z" || state == "X" || !keep(ppid, session) {
+			continue
+		}
+		cmdline, _ := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		out = append(out, proc{pid: pid, cmdline: strings.ReplaceAll(string(cmdline), "\x00", " ")})
+	}
+	return out
+}
+
+func childrenOf(parent int) []proc {
+	return livingProcesses(func(ppid, _ int) bool { return ppid == parent })
+}
+
+func inSession(session int) []proc {
+	return livingProcesses(func(_, s int) bool { return s == session })
+}
+
+func sessionOf(t *testing.T, pid int) int {
+	t.Helper()
+	_, _, session, ok := procStat(pid)
+	if !ok {
+		t.Fatalf("process %d is gone", pid)
+	}
+	return session
+}
+
+// bootstrapperPID is the PID of node's bootstrapper as the cluster's state file records it.
+func bootstrapperPID(t *testing.T, dir, node string) int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st mini.State
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range st.Procs[node] {
+		if p.Name == "bootstrapper" {
+			return p.PID
+		}
+	}
+	t.Fatalf("no bootstrapper of %s in the state file", node)
+	return 0
 }
 
 // TestMiniTamperedWorkerRejected brings up an attested cluster with one genuine and one tampered

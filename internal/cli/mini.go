@@ -439,6 +439,7 @@ type miniRestartFlags struct {
 	tamperBoot   []string
 	genuineBoot  []string
 	clearTPM     []string
+	bootstrapper bool
 }
 
 func newMiniRestartCmd() *cobra.Command {
@@ -458,12 +459,17 @@ so across later restarts until --genuine-boot), so the key sealed to its TPM doe
 the joinservice refuses it. --clear-tpm clears a node's TPM before its boot is measured: its sealed
 keys die, its EK and EK certificate stay.
 
+--bootstrapper-only is no power cut but a crash of the node daemon: it kills only the bootstrapper
+of the nodes with SIGKILL and starts it again; swtpm (with its PCRs), containerd, the namespaces and
+the opened state disk stay. What the killed daemon started dies with it.
+
 It prints the time of every phase, then waits until every restarted node whose boot is genuine
 posts a Ready heartbeat after the power cut and prints the time from the power cut to then.
 --no-wait skips that wait (a node that must be recovered never becomes Ready by itself).`,
 		Example: `  berth mini restart                      # every node at once
   berth mini restart w2 --tamper-boot w2 --no-wait
-  berth mini restart cp1 --clear-tpm cp1 --no-wait`,
+  berth mini restart cp1 --clear-tpm cp1 --no-wait
+  berth mini restart cp1 --bootstrapper-only --no-wait`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := requireRoot(); err != nil {
 				return err
@@ -478,6 +484,7 @@ posts a Ready heartbeat after the power cut and prints the time from the power c
 	fl.StringSliceVar(&f.tamperBoot, "tamper-boot", nil, "NODE[,NODE]: from this boot on, measure the node's simulated boot as a tampered image (kept across restarts)")
 	fl.StringSliceVar(&f.genuineBoot, "genuine-boot", nil, "NODE[,NODE]: measure the node's simulated boot as the genuine image again (undoes --tamper-boot)")
 	fl.StringSliceVar(&f.clearTPM, "clear-tpm", nil, "NODE[,NODE]: clear the node's TPM (tpm2_clear) before its boot is measured; sealed keys die, the EK stays")
+	fl.BoolVar(&f.bootstrapper, "bootstrapper-only", false, "kill only the nodes' bootstrapper (SIGKILL, a crash of the daemon) and start it again; no power cut")
 	return cmd
 }
 
@@ -496,6 +503,16 @@ func runMiniRestart(ctx context.Context, out, errOut io.Writer, names []string, 
 	}
 	_, _ = fmt.Fprintf(errOut, "berth mini restart: %s: %s\n", f.dir, strings.Join(nodeNames(nodes), " "))
 	start := time.Now()
+	if f.bootstrapper {
+		if len(f.tamperBoot)+len(f.genuineBoot)+len(f.clearTPM) > 0 {
+			return usageErr("--bootstrapper-only restarts no boot: it excludes --tamper-boot, --genuine-boot and --clear-tpm")
+		}
+		if err := cl.RestartBootstrappers(ctx, names); err != nil {
+			return err
+		}
+		_, _ = fmt.Fprintf(errOut, "bootstrappers restarted in %.2fs\n", time.Since(start).Seconds())
+		return waitRestarted(ctx, out, errOut, cl, nodes, start, f)
+	}
 	t, err := cl.Restart(ctx, mini.RestartOptions{Progress: printPhase(errOut), Nodes: names,
 		TamperBoot: f.tamperBoot, GenuineBoot: f.genuineBoot, ClearTPM: f.clearTPM})
 	if errors.Is(err, mini.ErrUnknownNode) || errors.Is(err, mini.ErrNotRestarted) {
@@ -517,6 +534,11 @@ func runMiniRestart(ctx context.Context, out, errOut io.Writer, names []string, 
 			_, _ = fmt.Fprintf(out, "  %s: boot measured as a tampered image; not waiting for it to be Ready\n", n.Name)
 		}
 	}
+	return waitRestarted(ctx, out, errOut, cl, nodes, start, f)
+}
+
+// waitRestarted waits until the restarted nodes are Ready again, unless told not to.
+func waitRestarted(ctx context.Context, out, errOut io.Writer, cl *mini.Cluster, nodes []mini.Node, start time.Time, f miniRestartFlags) error {
 	if f.noWait {
 		_, _ = fmt.Fprintln(out, "not waiting for the nodes to be Ready (--no-wait)")
 		return nil

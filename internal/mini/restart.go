@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"syscall"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // RestartOptions tune Restart.
@@ -186,4 +190,59 @@ func (c *Cluster) removeNodeNetns(ctx context.Context, nodes []Node) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// RestartBootstrappers kills the bootstrapper of each named node with SIGKILL, as a crash of the
+// daemon would, and starts it again, while everything else of the node keeps running: swtpm (and
+// its PCRs), containerd, the namespaces and mounts (the opened state disk too). What the killed
+// daemon had started dies with it (its children run with Pdeathsig) or is killed by the new one.
+func (c *Cluster) RestartBootstrappers(ctx context.Context, names []string) error {
+	if c.state == nil {
+		return ErrNoState
+	}
+	if c.cfg.Bootstrapper == "" {
+		return errors.New("the cluster runs no bootstrappers")
+	}
+	nodes, err := c.RestartNodes(names)
+	if err != nil {
+		return err
+	}
+	for _, n := range nodes {
+		c.mu.Lock()
+		var kept, daemons []Proc
+		for _, p := range c.state.Procs[n.Name] {
+			if p.Name == "bootstrapper" {
+				daemons = append(daemons, p)
+			} else {
+				kept = append(kept, p)
+			}
+		}
+		c.mu.Unlock()
+		for _, p := range daemons {
+			if err := c.run.Signal(p, syscall.SIGKILL); err != nil {
+				return fmt.Errorf("killing the bootstrapper of %s: %w", n.Name, err)
+			}
+		}
+		if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			for _, p := range daemons {
+				if c.run.Alive(p) {
+					return false, nil
+				}
+			}
+			return true, nil
+		}); err != nil {
+			return fmt.Errorf("waiting for the bootstrapper of %s to die: %w", n.Name, err)
+		}
+		c.mu.Lock()
+		c.state.Procs[n.Name] = kept
+		err := c.state.save()
+		c.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if err := c.bootstrapper(n); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+	}
+	return nil
 }

@@ -223,3 +223,59 @@ func TestRestartRejectsBadNames(t *testing.T) {
 		t.Errorf("a refused restart ran commands:\n%s", got)
 	}
 }
+
+// TestRestartBootstrappers: only the named node's bootstrapper is killed and started again; its
+// swtpm and containerd, and every other node, keep running and nothing is rebuilt.
+func TestRestartBootstrappers(t *testing.T) {
+	cl, rec, _ := upTestCluster(t)
+	cfg := cl.Config()
+	st, err := LoadState(cfg.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var old Proc
+	var kept []Proc
+	for _, p := range st.Procs["cp1"] {
+		if p.Name == "bootstrapper" {
+			old = p
+		} else {
+			kept = append(kept, p)
+		}
+	}
+	kept = append(kept, st.Procs["w1"]...)
+	n := count(rec)
+	if err := cl.RestartBootstrappers(context.Background(), []string{"cp1"}); err != nil {
+		t.Fatalf("RestartBootstrappers(cp1): %v", err)
+	}
+	if rec.Alive(old) {
+		t.Error("the old bootstrapper still runs")
+	}
+	for _, p := range kept {
+		if !rec.Alive(p) {
+			t.Errorf("%s (pid %d) was killed", p.Name, p.PID)
+		}
+	}
+	cmds := since(rec, n)
+	if strings.Count(cmds, "\n")+1 != 1 || !strings.Contains(cmds, "start nsenter") || !strings.HasSuffix(cmds, "-- /bin/bootstrapper") {
+		t.Errorf("commands of the restart: want only the new bootstrapper's start:\n%s", cmds)
+	}
+	st, err = LoadState(cfg.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bootstrappers := 0
+	for _, p := range st.Procs["cp1"] {
+		if p.Name == "bootstrapper" {
+			bootstrappers++
+			if p.PID == old.PID {
+				t.Error("the state file still records the killed bootstrapper")
+			}
+		}
+	}
+	if bootstrappers != 1 || len(st.Procs["cp1"]) != 3 {
+		t.Errorf("recorded daemons of cp1 after the restart: %+v", st.Procs["cp1"])
+	}
+	if err := cl.RestartBootstrappers(context.Background(), []string{"nope"}); !errors.Is(err, ErrUnknownNode) {
+		t.Errorf("RestartBootstrappers(nope) = %v, want ErrUnknownNode", err)
+	}
+}
