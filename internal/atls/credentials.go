@@ -24,6 +24,38 @@ type Credentials struct {
 	validator Validator
 	opts      options
 	certs     *serverCerts
+	probed    *probeCache // server identities this client probed, by authority
+}
+
+// probeCache remembers the identity a probe returned per authority, so that a client that dials the
+// same server again (a retry, a rejoin) skips the probe. An entry is dropped when a handshake with it
+// fails: the server may have a new identity. At most maxProbed authorities are kept.
+type probeCache struct {
+	mu  sync.Mutex
+	ids map[string][]byte
+}
+
+const maxProbed = 64
+
+func (p *probeCache) get(authority string) []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.ids[authority]
+}
+
+func (p *probeCache) put(authority string, id []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.ids) >= maxProbed {
+		clear(p.ids)
+	}
+	p.ids[authority] = id
+}
+
+func (p *probeCache) drop(authority string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.ids, authority)
 }
 
 var _ credentials.TransportCredentials = (*Credentials)(nil)
@@ -35,7 +67,8 @@ func NewCredentials(issuer Issuer, validator Validator, opts ...Option) (*Creden
 	if err != nil {
 		return nil, err
 	}
-	return &Credentials{issuer: issuer, validator: validator, opts: buildOptions(opts), certs: certs}, nil
+	return &Credentials{issuer: issuer, validator: validator, opts: buildOptions(opts), certs: certs,
+		probed: &probeCache{ids: map[string][]byte{}}}, nil
 }
 
 // AuthInfo is the credentials.AuthInfo of an attested TLS connection.
@@ -94,17 +127,21 @@ func (c *Credentials) ClientHandshake(ctx context.Context, authority string, raw
 	o.observe = rec.observe
 	o.attestKey = c.certs.attestKey
 	if needsProbe(c.validator) {
-		// Key activation needs the server's identity first: probe it over a connection of our own.
-		var d net.Dialer
-		probe, err := d.DialContext(ctx, "tcp", authority)
-		if err != nil {
-			return nil, nil, fmt.Errorf("connecting to %s for the identity probe: %w", authority, err)
-		}
+		// Key activation needs the server's identity first: probe it over a connection of our own,
+		// unless an earlier probe of this authority told it.
 		claims, _ := claimProtos(ctx, c.issuer) // read once for both handshakes; optional
-		if o.peerIdentity, err = probeIdentity(ctx, probe, claims); err != nil {
-			return nil, nil, err
-		}
 		o.claims, o.claimsRead = claims, true
+		if o.peerIdentity = c.probed.get(authority); o.peerIdentity == nil {
+			var d net.Dialer
+			probe, err := d.DialContext(ctx, "tcp", authority)
+			if err != nil {
+				return nil, nil, fmt.Errorf("connecting to %s for the identity probe: %w", authority, err)
+			}
+			if o.peerIdentity, err = probeIdentity(ctx, probe, claims); err != nil {
+				return nil, nil, err
+			}
+			c.probed.put(authority, o.peerIdentity)
+		}
 	}
 	cfg, err := NewClientConfig(ctx, c.issuer, c.validator, func(dst *options) { *dst = o })
 	if err != nil {
@@ -113,6 +150,9 @@ func (c *Credentials) ClientHandshake(ctx context.Context, authority string, raw
 	conn := tls.Client(rawConn, cfg)
 	if err := conn.HandshakeContext(ctx); err != nil {
 		_ = conn.Close() // the handshake's error is the one to report
+		if o.peerIdentity != nil {
+			c.probed.drop(authority)
+		}
 		return nil, nil, fmt.Errorf("attested TLS handshake: %w", err)
 	}
 	return conn, c.authInfo(conn, rec.evidence()), nil

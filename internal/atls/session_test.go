@@ -30,7 +30,12 @@ import (
 // countingTPM counts the TPM work an attesting server does: quotes and activations.
 type countingTPM struct {
 	*vtpm.Issuer
-	quotes, activations atomic.Int32
+	quotes, activations, identities atomic.Int32
+}
+
+func (c *countingTPM) Identity(ctx context.Context) ([]byte, error) {
+	c.identities.Add(1)
+	return c.Issuer.Identity(ctx)
 }
 
 func (c *countingTPM) Issue(ctx context.Context, userData, nonce []byte) ([]byte, error) {
@@ -268,5 +273,32 @@ func TestSessionProofRun(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
+	}
+}
+
+// TestProbeRemembered: a client's credentials probe a server's identity once and reuse it for later
+// connections to the same authority; a failed handshake forgets it.
+func TestProbeRemembered(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s := newSessionSetup(t)
+	addr, _ := serveGRPC(t, mustCreds(t, s.tpm, nil, atls.WithLimiter(unlimited())))
+	creds := mustCreds(t, nil, s.validator(t, false, ""))
+	for i := range 3 {
+		if err := check(ctx, addr, creds); err != nil {
+			t.Fatalf("connection %d: %v", i, err)
+		}
+	}
+	if n := s.tpm.identities.Load(); n != 1 {
+		t.Fatalf("%d identity probes for 3 connections with the same credentials, want 1", n)
+	}
+	rejecting := mustCreds(t, nil, s.validator(t, false, "  0: {expected: "+strings.Repeat("ab", 32)+"}\n"))
+	for range 2 {
+		if err := check(ctx, addr, rejecting); err == nil {
+			t.Fatal("a client whose policy rejects the server connected")
+		}
+	}
+	if n := s.tpm.identities.Load(); n != 3 {
+		t.Fatalf("%d identity probes in all, want 3: a failed handshake forgets the probed identity", n)
 	}
 }
