@@ -18,15 +18,30 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 
+	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/webhook/install"
 )
 
+// newKeeper returns a keeper that works as the joinservice's ServiceAccount, with the RBAC the
+// installer gave it and nothing more.
 func newKeeper(tb testing.TB, e *env) *install.Keeper {
+	tb.Helper()
+	cfg := e.Config(apiservertest.JoinServiceUser)
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
 	return install.NewKeeper(install.Config{
 		Budget: 2 * time.Minute, StableInterval: 300 * time.Millisecond, MaxBackoff: time.Second, EndToEndWindow: 4 * time.Second,
-	}, e.kube, e.dyn, logWriter{tb})
+	}, kube, dyn, logWriter{tb})
 }
 
 // setSettings writes ConfigMap berth-webhook-certificates (nil data deletes it) and restores the
@@ -105,6 +120,20 @@ func TestKeeperRepairsTheCABundle(t *testing.T) {
 		}
 		t.Logf("%s: repaired in one pass of %s (%v)", name, time.Since(start).Round(time.Millisecond), rep.Writes)
 	}
+	// The keeper's RBAC is exactly its job: as the joinservice's ServiceAccount it may not touch
+	// another Secret of berth-system.
+	other := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "keeper-may-not", Namespace: joinconfig.Namespace}}
+	if _, err := e.kube.CoreV1().Secrets(joinconfig.Namespace).Create(ctx, other, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	asKeeper, err := kubernetes.NewForConfig(e.Config(apiservertest.JoinServiceUser))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := asKeeper.CoreV1().Secrets(joinconfig.Namespace).Update(ctx, other, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("the keeper's identity updating another Secret: %v, want Forbidden", err)
+	}
+
 	rv := resourceVersions(t, e)
 	rep, err := newKeeper(t, e).Check(ctx)
 	if err != nil || len(rep.Writes) != 0 {

@@ -233,9 +233,9 @@ func (w *Installer) Uninstall(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for _, o := range []*unstructured.Unstructured{w.deployment(), w.pdb(), w.service(), w.policyConfigMap(),
-		typed(corev1ac.Secret(TLSSecret, namespace)),
-		w.serviceAccount(), w.canaryNamespace()} {
+	backend := []*unstructured.Unstructured{w.deployment(), w.pdb(), w.service(), w.policyConfigMap(),
+		typed(corev1ac.Secret(TLSSecret, namespace)), w.serviceAccount()}
+	for _, o := range append(append(backend, keeperRBAC()...), w.canaryNamespace()) {
 		res, err := w.objects.Resource(o)
 		if err != nil {
 			return fmt.Errorf("deleting %s %s: %w", o.GetKind(), o.GetName(), err)

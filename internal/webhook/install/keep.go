@@ -28,9 +28,15 @@ import (
 // KeeperFieldManager is the field manager of the keeper's writes.
 const KeeperFieldManager = "berth-cert-keeper"
 
-// ErrConfigMissing is reported when the webhook configuration does not exist: the keeper never
-// creates it (deleting it is the operator's break-glass; re-installing arms it again).
-var ErrConfigMissing = errors.New("webhook configuration missing")
+// Outcomes of a keeper pass that are not failures of the chain itself.
+var (
+	// ErrNotInstalled: there is no TLS Secret, so the webhook was never installed (the bootstrapper
+	// installs it only with a webhook image) or was uninstalled. The keeper never creates it.
+	ErrNotInstalled = errors.New("image-policy webhook not installed")
+	// ErrConfigMissing: the webhook configuration does not exist. The keeper never creates it
+	// (deleting it is the operator's break-glass; re-installing arms it again).
+	ErrConfigMissing = errors.New("webhook configuration missing")
+)
 
 // KeepReport says what one pass of the keeper found and did.
 type KeepReport struct {
@@ -113,6 +119,9 @@ func (k *Keeper) Check(ctx context.Context) (rep KeepReport, err error) {
 	cur, err := w.readTLS(ctx)
 	if err != nil {
 		return rep, err
+	}
+	if cur.resourceVersion == "" {
+		return rep, failure(ErrNotInstalled, "install it with the bootstrapper's --webhook-image, or ignore this on a cluster without it", "Secret %s/%s does not exist", namespace, TLSSecret)
 	}
 	armed, err := w.bundleHolds(ctx, cur.caPEM)
 	if err != nil {
@@ -275,6 +284,20 @@ func expiryOf(m tlsMaterial) Expiry {
 		}
 	}
 	return e
+}
+
+// NextDue is when the next renewal is due (the serving certificate's, or the start of a CA
+// rotation) by the pass's settings; zero when the expiry is unknown.
+func (r KeepReport) NextDue() time.Time {
+	if r.Expiry.Leaf.IsZero() || r.Expiry.CA.IsZero() {
+		return time.Time{}
+	}
+	l := r.Settings.Lifetimes.WithDefaults()
+	leaf, ca := r.Expiry.Leaf.Add(-l.LeafRenewBefore), r.Expiry.CA.Add(-l.CARenewBefore)
+	if ca.Before(leaf) {
+		return ca
+	}
+	return leaf
 }
 
 // String formats the report's outcome for a log line.

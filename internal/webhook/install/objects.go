@@ -119,6 +119,7 @@ func (w *Installer) ensureBackend(ctx context.Context) ([]byte, error) {
 		w.canaryNamespace(), w.canaryServiceAccount(),
 		w.serviceAccount(), w.policyConfigMap(), secret, w.service(), w.deployment(), w.pdb(),
 	}
+	objs = append(objs, keeperRBAC()...)
 	for _, o := range objs {
 		if err := w.ensure(ctx, o); err != nil {
 			return nil, err

@@ -250,14 +250,6 @@ func (w *Installer) writeTLS(ctx context.Context, cur, next tlsMaterial) (tlsMat
 	secrets := w.kube.CoreV1().Secrets(namespace)
 	live, err := secrets.Get(ctx, TLSSecret, metav1.GetOptions{})
 	switch {
-	case apierrors.IsNotFound(err) && cur.resourceVersion == "":
-		live = &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: TLSSecret, Namespace: namespace, Labels: map[string]string{
-				"app.kubernetes.io/name": Name, "app.kubernetes.io/part-of": "berth", managedByLabel: KeeperFieldManager,
-			}},
-			Type: corev1.SecretTypeOpaque, Data: next.data(),
-		}
-		live, err = secrets.Create(ctx, live, metav1.CreateOptions{FieldManager: KeeperFieldManager})
 	case err != nil:
 	case live.ResourceVersion != cur.resourceVersion:
 		err = fmt.Errorf("resourceVersion %s, read as %s: changed by another writer", live.ResourceVersion, cur.resourceVersion)
