@@ -52,7 +52,8 @@ type KeepReport struct {
 	BundleRepaired bool
 	// Paused: the configuration carries the operator's paused marker and was left alone.
 	Paused bool
-	// ConfigOK: the configuration exists and publishes the Secret's bundle (after this pass).
+	// ConfigOK: the configuration exists and publishes the Secret's bundle (as the pass found it,
+	// or after it replaced the caBundle).
 	ConfigOK bool
 	// Expiry is the NotAfter of the Secret's certificates after this pass; zero when unknown.
 	Expiry Expiry
@@ -154,8 +155,10 @@ func (k *Keeper) Check(ctx context.Context) (rep KeepReport, err error) {
 		if err := w.publishBundle(ctx, live, next.bundlePEM); err != nil {
 			return rep, err
 		}
+		rep.ConfigOK = true
 		rep.BundleRepaired = bytes.Equal(cur.bundlePEM, next.bundlePEM)
 	} else {
+		rep.ConfigOK = true
 		if _, err := w.waitServing(ctx, next.bundlePEM); err != nil {
 			return rep, err
 		}
@@ -166,7 +169,6 @@ func (k *Keeper) Check(ctx context.Context) (rep KeepReport, err error) {
 	if err := w.finishCARotation(ctx); err != nil {
 		return rep, err
 	}
-	rep.ConfigOK = true
 	w.say("trust chain checked (%d writes in this pass)", len(w.result.Writes))
 	return rep, nil
 }

@@ -1,0 +1,287 @@
+// Package certkeeper keeps the cluster's certificates valid from the joinservice, which runs on
+// every control plane, so that no node is special: whichever replica holds the Lease
+// berth-cert-keeper in berth-system (client-go leader election) does the cluster's work, and another
+// takes over within a lease duration when that node goes away.
+//
+// The leader:
+//   - keeps the image-policy webhook's trust chain (internal/webhook/install.Keeper): one pass at
+//     once, then every check period (ConfigMap berth-webhook-certificates, default one minute), at
+//     the moment the next renewal is due, and at once when the webhook configuration changes (a
+//     watch), so a wrong caBundle is repaired within seconds and always within one period;
+//   - approves kubelet serving certificates for the node that asks (approver.go).
+//
+// Every replica reports the expiry of its own node's control-plane certificates (expiry.go).
+// Metrics are in metrics.go.
+package certkeeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+
+	"github.com/berth-k8s/berth/internal/webhook/install"
+)
+
+// LeaseName is the Lease in the joinservice's namespace that elects the certificate keeper.
+const LeaseName = "berth-cert-keeper"
+
+// Leader election timing: the leader renews every RetryPeriod and gives up after RenewDeadline
+// without a renewal; another replica takes over LeaseDuration after the last renewal (client-go's
+// defaults for controllers).
+const (
+	LeaseDuration = 15 * time.Second
+	RenewDeadline = 10 * time.Second
+	RetryPeriod   = 2 * time.Second
+)
+
+// Scheduling of the webhook passes: after a failed pass the next comes after retryAfterFailure (the
+// pass itself already retried for up to its budget); a pass never comes sooner than minPause after
+// the previous one, whatever triggered it.
+const (
+	retryAfterFailure = 10 * time.Second
+	minPause          = time.Second
+	// watchResync is the resync period of the informers; resyncs trigger nothing.
+	watchResync = 10 * time.Minute
+)
+
+// Checker is one pass over the webhook's trust chain (install.Keeper).
+type Checker interface {
+	Check(ctx context.Context) (install.KeepReport, error)
+}
+
+// Deps are the keeper's parts.
+type Deps struct {
+	Log *zap.Logger
+	// Client reaches the API server as the joinservice.
+	Client kubernetes.Interface
+	// Namespace holds the Lease.
+	Namespace string
+	// Identity names this replica in the Lease.
+	Identity string
+	// Webhook checks the webhook's trust chain.
+	Webhook Checker
+	// Approver approves kubelet serving certificates; nil leaves them to someone else.
+	Approver interface {
+		Run(ctx context.Context) error
+	}
+	// Metrics records what the keeper does.
+	Metrics *Metrics
+	// Lease timing; zero means the defaults above.
+	LeaseDuration, RenewDeadline, RetryPeriod time.Duration
+}
+
+// Run campaigns for the Lease until ctx ends and, whenever this replica holds it, runs the leader's
+// work; it returns nil when ctx ends.
+func Run(ctx context.Context, d Deps) error {
+	if d.LeaseDuration == 0 {
+		d.LeaseDuration, d.RenewDeadline, d.RetryPeriod = LeaseDuration, RenewDeadline, RetryPeriod
+	}
+	lock := &resourcelock.LeaseLock{
+		LeaseMeta:  metav1.ObjectMeta{Name: LeaseName, Namespace: d.Namespace},
+		Client:     d.Client.CoordinationV1(),
+		LockConfig: resourcelock.ResourceLockConfig{Identity: d.Identity},
+	}
+	// client-go starts OnStartedLeading in a goroutine it does not wait for: it only hands the
+	// leader's context over, and the work runs on this function's group.
+	terms := make(chan context.Context)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		for {
+			select {
+			case <-gctx.Done():
+				return nil
+			case lctx := <-terms:
+				d.lead(lctx)
+			}
+		}
+	})
+	g.Go(func() error {
+		for gctx.Err() == nil {
+			le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+				Lock: lock, Name: LeaseName, ReleaseOnCancel: true,
+				LeaseDuration: d.LeaseDuration, RenewDeadline: d.RenewDeadline, RetryPeriod: d.RetryPeriod,
+				Callbacks: leaderelection.LeaderCallbacks{
+					OnStartedLeading: func(lctx context.Context) {
+						select {
+						case terms <- lctx:
+						case <-lctx.Done():
+						}
+					},
+					OnStoppedLeading: func() {},
+					OnNewLeader: func(identity string) {
+						d.Log.Info("certificate keeper leader", zap.String("leader", identity), zap.Bool("self", identity == d.Identity))
+					},
+				},
+			})
+			if err != nil {
+				return fmt.Errorf("configuring the leader election: %w", err)
+			}
+			le.Run(gctx)
+		}
+		return nil
+	})
+	return g.Wait()
+}
+
+// lead runs the leader's work until ctx (the term) ends.
+func (d Deps) lead(ctx context.Context) {
+	d.Log.Info("leading the certificate keeper", zap.String("lease", d.Namespace+"/"+LeaseName))
+	d.Metrics.leading(true)
+	defer d.Metrics.leading(false)
+	var wg sync.WaitGroup
+	if d.Approver != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := d.Approver.Run(ctx); err != nil && ctx.Err() == nil {
+				d.Log.Error("kubelet serving certificate approver stopped", zap.Error(err))
+			}
+		}()
+	}
+	d.keepWebhook(ctx)
+	wg.Wait()
+	d.Log.Info("certificate keeper term ended")
+}
+
+// keepWebhook runs webhook passes until ctx ends (see the package documentation for when).
+func (d Deps) keepWebhook(ctx context.Context) {
+	changed := make(chan struct{}, 1)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		d.watchConfiguration(ctx, changed)
+	}()
+	defer wg.Wait()
+	var last error
+	for {
+		start := time.Now()
+		rep, err := d.Webhook.Check(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		d.Metrics.pass(rep, err, time.Since(start))
+		d.logPass(rep, err, last)
+		last = err
+		wait := nextPass(rep, err, time.Now())
+		d.Log.Debug("next webhook check", zap.Duration("in", wait))
+		timer := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return
+		case <-timer.C:
+		case <-changed:
+			timer.Stop()
+			// Drain a second event of the same change, then pause so that a burst of writes
+			// (the keeper's own included) makes one pass, not many.
+			pause := time.NewTimer(minPause)
+			select {
+			case <-ctx.Done():
+				pause.Stop()
+				return
+			case <-pause.C:
+			}
+			select {
+			case <-changed:
+			default:
+			}
+		}
+	}
+}
+
+// nextPass is how long to wait after a pass: the check period, or less when the next renewal is due
+// sooner, or retryAfterFailure after a failure; never less than minPause.
+func nextPass(rep install.KeepReport, err error, now time.Time) time.Duration {
+	period := rep.Settings.CheckPeriod
+	if period == 0 {
+		period = install.DefaultCheckPeriod
+	}
+	wait := period
+	if err != nil && !errors.Is(err, install.ErrNotInstalled) {
+		wait = min(wait, retryAfterFailure)
+	}
+	if due := rep.NextDue(); !due.IsZero() {
+		wait = min(wait, due.Sub(now))
+	}
+	return max(wait, minPause)
+}
+
+func (d Deps) logPass(rep install.KeepReport, err, last error) {
+	fields := []zap.Field{zap.Strings("writes", rep.Writes), zap.Bool("leafRenewed", rep.LeafRenewed),
+		zap.Bool("caRenewed", rep.CARenewed), zap.Bool("rotationDone", rep.RotationDone), zap.Bool("bundleRepaired", rep.BundleRepaired),
+		zap.Time("leafExpiry", rep.Expiry.Leaf), zap.Time("caExpiry", rep.Expiry.CA), zap.Duration("checkPeriod", rep.Settings.CheckPeriod)}
+	switch {
+	case errors.Is(err, install.ErrNotInstalled):
+		// A cluster without the webhook: said once.
+		if !errors.Is(last, install.ErrNotInstalled) {
+			d.Log.Info("image-policy webhook not installed: nothing to keep", zap.Error(err))
+		}
+	case err != nil:
+		d.Log.Warn("webhook trust chain check failed", append(fields, zap.Error(err))...)
+	case len(rep.Writes) > 0:
+		d.Log.Info("webhook trust chain renewed or repaired", fields...)
+	default:
+		d.Log.Debug("webhook trust chain checked", fields...)
+	}
+}
+
+// watchConfiguration signals changed whenever the webhook configuration changes (an informer on it
+// alone), until ctx ends.
+func (d Deps) watchConfiguration(ctx context.Context, changed chan<- struct{}) {
+	vwcs := d.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	selector := fields.OneTermEqualSelector("metadata.name", install.ConfigName).String()
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = selector
+			return vwcs.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = selector
+			return vwcs.Watch(ctx, o)
+		},
+	}
+	signal := func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}
+	// A resync re-delivers the cached object unchanged and is ignored; a period of
+	// zero would park the informer on a channel shared process-wide (testing/synctest cannot tell
+	// that goroutine is idle).
+	inf := cache.NewSharedIndexInformer(lw, &admissionregistrationv1.ValidatingWebhookConfiguration{}, watchResync, cache.Indexers{})
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+		// The initial list is the state the first pass sees; only later changes trigger.
+		AddFunc: func(_ any, initial bool) {
+			if !initial {
+				signal()
+			}
+		},
+		UpdateFunc: func(oldObj, newObj any) {
+			if !equality.Semantic.DeepEqual(oldObj, newObj) {
+				signal()
+			}
+		},
+		DeleteFunc: func(any) { signal() },
+	}); err != nil {
+		d.Log.Error("watching the webhook configuration", zap.Error(err))
+		return
+	}
+	inf.RunWithContext(ctx)
+}

@@ -1,0 +1,195 @@
+package certkeeper
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/berth-k8s/berth/internal/apiservertest"
+	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/webhook/install"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(apiservertest.StoppingShared(m)) }
+
+// checker is a webhook pass that records when it ran and answers report (or err).
+type checker struct {
+	mu     sync.Mutex
+	times  []time.Time
+	report install.KeepReport
+	err    error
+}
+
+func (c *checker) Check(context.Context) (install.KeepReport, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.times = append(c.times, time.Now())
+	return c.report, c.err
+}
+
+func (c *checker) passes() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.times)
+}
+
+func TestNextPass(t *testing.T) {
+	now := time.Now()
+	period := install.Settings{CheckPeriod: 30 * time.Second, Lifetimes: install.Lifetimes{Leaf: 4 * time.Minute, LeafRenewBefore: time.Minute, CA: time.Hour}}
+	cases := []struct {
+		name string
+		rep  install.KeepReport
+		err  error
+		want time.Duration
+	}{
+		{"the period", install.KeepReport{Settings: period}, nil, 30 * time.Second},
+		{"default period", install.KeepReport{}, nil, install.DefaultCheckPeriod},
+		{"renewal due sooner", install.KeepReport{Settings: period, Expiry: install.Expiry{Leaf: now.Add(70 * time.Second), CA: now.Add(time.Hour)}}, nil, 10 * time.Second},
+		{"renewal overdue", install.KeepReport{Settings: period, Expiry: install.Expiry{Leaf: now.Add(10 * time.Second), CA: now.Add(time.Hour)}}, nil, minPause},
+		{"after a failure", install.KeepReport{Settings: period}, install.ErrNoReadyEndpoints, retryAfterFailure},
+		{"not installed", install.KeepReport{}, install.ErrNotInstalled, install.DefaultCheckPeriod},
+	}
+	for _, c := range cases {
+		if got := nextPass(c.rep, c.err, now); got != c.want {
+			t.Errorf("%s: nextPass = %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+// TestKeepWebhookSchedule: the leader checks at once, then every check period, and at once (after
+// the one-second pause) when the webhook configuration changes; a failure is retried sooner.
+func TestKeepWebhookSchedule(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		client := fake.NewClientset(&admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: install.ConfigName}})
+		c := &checker{report: install.KeepReport{Settings: install.Settings{CheckPeriod: time.Minute}}}
+		d := Deps{Log: zap.NewNop(), Client: client, Webhook: c, Metrics: NewMetrics(prometheus.NewRegistry(), nil)}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		start := time.Now()
+		go func() { defer close(done); d.keepWebhook(ctx) }()
+		synctest.Wait()
+		if c.passes() != 1 {
+			t.Fatalf("%d passes at the start, want 1", c.passes())
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if c.passes() != 2 || c.times[1].Sub(start) != time.Minute {
+			t.Fatalf("passes at %v, want the second one a period after the first", c.times)
+		}
+		time.Sleep(10 * time.Second)
+		vwc, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, install.ConfigName, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		vwc.Annotations = map[string]string{"changed": "by hand"}
+		if _, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Update(ctx, vwc, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(minPause)
+		synctest.Wait()
+		if c.passes() != 3 || c.times[2].Sub(start) != time.Minute+10*time.Second+minPause {
+			t.Fatalf("passes at %v, want a third one a second after the change at 1m10s", c.times)
+		}
+		c.mu.Lock()
+		c.err = install.ErrNoReadyEndpoints
+		c.mu.Unlock()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		time.Sleep(retryAfterFailure)
+		synctest.Wait()
+		if c.passes() != 5 {
+			t.Fatalf("%d passes, want a retry %s after the failed one", c.passes(), retryAfterFailure)
+		}
+		cancel()
+		<-done
+	})
+}
+
+// TestLeaderElection: of two replicas against a real API server exactly one leads (Lease
+// berth-cert-keeper, berth_certkeeper_leader 1 there and 0 on the other) and runs the passes; when
+// it stops, it releases the Lease and the other takes over and runs them.
+func TestLeaderElection(t *testing.T) {
+	env := apiservertest.Shared(t)
+	kube := env.Client(t, apiservertest.AdminUser)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	// berth-system and the joinservice's Role (Leases) as berth init installs them.
+	if err := env.InstallBerth(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+
+	type replica struct {
+		checker *checker
+		metrics *Metrics
+		cancel  context.CancelFunc
+		done    chan error
+	}
+	start := func(identity string) *replica {
+		r := &replica{checker: &checker{err: install.ErrNotInstalled}, done: make(chan error, 1)}
+		r.metrics = NewMetrics(prometheus.NewRegistry(), nil)
+		rctx, rcancel := context.WithCancel(ctx)
+		r.cancel = rcancel
+		go func() {
+			r.done <- Run(rctx, Deps{
+				Log: zaptest.NewLogger(t).Named(identity), Client: env.Client(t, apiservertest.JoinServiceUser), Namespace: joinconfig.Namespace,
+				Identity: identity, Webhook: r.checker, Metrics: r.metrics,
+				LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 500 * time.Millisecond,
+			})
+		}()
+		return r
+	}
+	a, b := start("cp1_a"), start("cp2_b")
+	leader := func() (*replica, *replica) {
+		var lead, other *replica
+		_ = wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+			la, lb := testutil.ToFloat64(a.metrics.leader), testutil.ToFloat64(b.metrics.leader)
+			switch {
+			case la == 1 && lb == 0:
+				lead, other = a, b
+			case lb == 1 && la == 0:
+				lead, other = b, a
+			}
+			return lead != nil && lead.checker.passes() > 0, nil
+		})
+		return lead, other
+	}
+	lead, other := leader()
+	if lead == nil {
+		t.Fatal("no replica leads")
+	}
+	lease, err := kube.CoordinationV1().Leases(joinconfig.Namespace).Get(ctx, LeaseName, metav1.GetOptions{})
+	if err != nil || lease.Spec.HolderIdentity == nil {
+		t.Fatalf("Lease %s: %+v, %v", LeaseName, lease, err)
+	}
+	t.Logf("leader %s", *lease.Spec.HolderIdentity)
+	if other.checker.passes() != 0 {
+		t.Fatal("the replica that does not lead ran passes")
+	}
+	stopped := time.Now()
+	lead.cancel()
+	if err := <-lead.done; err != nil {
+		t.Fatalf("Run of the stopped leader: %v", err)
+	}
+	if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(context.Context) (bool, error) {
+		return testutil.ToFloat64(other.metrics.leader) == 1 && other.checker.passes() > 0, nil
+	}); err != nil {
+		t.Fatal("the other replica did not take over")
+	}
+	t.Logf("the other replica led and checked %s after the leader stopped", time.Since(stopped).Round(time.Millisecond))
+	other.cancel()
+	if err := <-other.done; err != nil {
+		t.Fatal(err)
+	}
+}
