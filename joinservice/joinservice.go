@@ -14,6 +14,7 @@ package joinservice
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"net"
 	"time"
@@ -22,14 +23,17 @@ import (
 	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/internal/version"
+	"github.com/berth-k8s/berth/internal/webhook/install"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
+	"github.com/berth-k8s/berth/joinservice/certkeeper"
 	"github.com/berth-k8s/berth/joinservice/cplease"
 	"github.com/berth-k8s/berth/joinservice/health"
 	"github.com/berth-k8s/berth/joinservice/ledger"
@@ -72,6 +76,9 @@ type Deps struct {
 	Replica string
 	// Limits rate-limits join tickets; AttestLimits rate-limits attested handshakes.
 	Limits, AttestLimits atls.Limits
+	// Dynamic reaches the API server with the joinservice's identity for the certificate keeper
+	// (package certkeeper); nil leaves the keeper out.
+	Dynamic dynamic.Interface
 }
 
 // Readiness conditions of /readyz (package health), in the order they are met at start.
@@ -117,7 +124,32 @@ func Run(ctx context.Context, d Deps) error {
 		}
 		return err
 	})
+	if d.Dynamic != nil {
+		// The keeper needs nothing the join server needs: it starts at once, and a joinservice that
+		// waits for its secrets still keeps the certificates.
+		keeper := certKeeper(d, m)
+		keeperEnded := probes.Started("cert-keeper")
+		g.Go(func() error {
+			err := certkeeper.Run(gctx, keeper)
+			keeperEnded(err)
+			return err
+		})
+	}
 	return g.Wait()
+}
+
+// certKeeper builds the certificate keeper's parts: the webhook keeper, the kubelet serving CSR
+// approver (checking requests against this service's metadata) and their metrics in the
+// joinservice's registry.
+func certKeeper(d Deps, m *metrics.Metrics) certkeeper.Deps {
+	log := d.Log.Named("certkeeper")
+	km := certkeeper.NewMetrics(m.Registry(), certkeeper.NewControlPlaneCerts(d.PKIDir))
+	return certkeeper.Deps{
+		Log: log, Client: d.Client, Namespace: d.Namespace, Identity: d.Replica + "_" + rand.Text()[:8],
+		Webhook:  install.NewKeeper(install.Config{}, d.Client, d.Dynamic, certkeeper.Progress(log.Named("webhook"))),
+		Approver: certkeeper.NewApprover(log.Named("csr"), d.Client, d.Metadata, km),
+		Metrics:  km,
+	}
 }
 
 // start reads what the service needs, then runs its loops on g. It returns once they run, or with

@@ -53,6 +53,8 @@ func TestInstallOrder(t *testing.T) {
 		"ServiceAccount berth-system/berth-joinservice",
 		"Role berth-system/berth:joinservice",
 		"RoleBinding berth-system/berth:joinservice",
+		"ClusterRole berth:joinservice:kubelet-serving-approver",
+		"ClusterRoleBinding berth:joinservice:kubelet-serving-approver",
 		"DaemonSet berth-system/berth-joinservice",
 	}, "\n")
 	if got := strings.Join(rec.applied, "\n"); got != want {

@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -35,6 +36,9 @@ const (
 	controlPlaneLabel = "node-role.kubernetes.io/control-plane"
 	// joinServiceRole names the joinservice's Role and RoleBinding.
 	joinServiceRole = "berth:joinservice"
+	// csrApproverRole names the ClusterRole and binding of the joinservice's kubelet serving CSR
+	// approver.
+	csrApproverRole = "berth:joinservice:kubelet-serving-approver"
 	pkiDir          = "/etc/kubernetes/pki"
 	partOfLabel     = "app.kubernetes.io/part-of"
 	nameLabel       = "app.kubernetes.io/name"
@@ -119,6 +123,20 @@ func joinService(cfg Config) []any {
 		),
 		rbacv1ac.RoleBinding(joinServiceRole, ns).
 			WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("Role").WithName(joinServiceRole)).
+			WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(joinconfig.ServiceAccountName).WithNamespace(ns)),
+		// The certificate keeper's kubelet serving CSR approver (joinservice/certkeeper): it reads
+		// the kubelet serving requests and Nodes, and approves or denies for that signer only.
+		rbacv1ac.ClusterRole(csrApproverRole).WithRules(
+			rbacv1ac.PolicyRule().WithAPIGroups("certificates.k8s.io").WithResources("certificatesigningrequests").
+				WithVerbs("get", "list", "watch"),
+			rbacv1ac.PolicyRule().WithAPIGroups("certificates.k8s.io").WithResources("certificatesigningrequests/approval").
+				WithVerbs("update"),
+			rbacv1ac.PolicyRule().WithAPIGroups("certificates.k8s.io").WithResources("signers").
+				WithResourceNames(certificatesv1.KubeletServingSignerName).WithVerbs("approve"),
+			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("nodes").WithVerbs("get"),
+		),
+		rbacv1ac.ClusterRoleBinding(csrApproverRole).
+			WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("ClusterRole").WithName(csrApproverRole)).
 			WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(joinconfig.ServiceAccountName).WithNamespace(ns)),
 		joinServiceDaemonSet(cfg),
 	}

@@ -12,15 +12,23 @@ import (
 	"net"
 	"net/url"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 
+	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/metadata"
 )
 
@@ -182,5 +190,68 @@ func TestApproverLeavesOthersAlone(t *testing.T) {
 		if len(got.Status.Conditions) != len(csr.Status.Conditions) {
 			t.Errorf("%s: conditions %+v, want them unchanged", csr.Name, got.Status.Conditions)
 		}
+	}
+}
+
+// TestApproverOnAPIServer: against a real API server, with the RBAC berth init installs, the
+// approver running as the joinservice's ServiceAccount approves a serving request a node (the
+// admin impersonating system:node:w1) makes for itself and denies one naming another node's
+// address; the API server records the requester, not the node's claim.
+func TestApproverOnAPIServer(t *testing.T) {
+	env := apiservertest.Shared(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := env.InstallBerth(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	admin := env.Client(t, apiservertest.AdminUser)
+	if _, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "w1"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	// Nodes may request certificates (kubeadm grants this too; the test API server authorizes by
+	// RBAC only).
+	binding := &rbacv1.ClusterRoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: "test:nodes-request-certificates"},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "ClusterRole", Name: "system:node-bootstrapper"},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: "rbac.authorization.k8s.io", Name: "system:nodes"}},
+	}
+	if _, err := admin.RbacV1().ClusterRoleBindings().Create(ctx, binding, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	nodeCfg := env.Config(apiservertest.AdminUser)
+	nodeCfg.Impersonate = rest.ImpersonationConfig{UserName: "system:node:w1", Groups: []string{"system:nodes", "system:authenticated"}}
+	node, err := kubernetes.NewForConfig(nodeCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := csrSpec{cn: "system:node:w1", org: "system:nodes", dns: []string{"w1"}, ips: []string{"198.51.100.12"}}
+	bad := good
+	bad.ips = []string{"198.51.100.11"}
+	for name, spec := range map[string]csrSpec{"w1-good": good, "w1-bad": bad} {
+		csr := servingCSR(name, "", nil, csrPEM(t, spec))
+		if _, err := node.CertificatesV1().CertificateSigningRequests().Create(ctx, csr, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := NewApprover(zaptest.NewLogger(t), env.Client(t, apiservertest.JoinServiceUser), peers{list: []metadata.Instance{
+		{Name: "w1", IPs: []string{"198.51.100.12"}}, {Name: "w2", IPs: []string{"198.51.100.11"}},
+	}}, NewMetrics(prometheus.NewRegistry(), nil))
+	actx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.Run(actx) }()
+	defer func() { stop(); <-done }()
+	want := map[string]certificatesv1.RequestConditionType{"w1-good": certificatesv1.CertificateApproved, "w1-bad": certificatesv1.CertificateDenied}
+	for name, kind := range want {
+		var got *certificatesv1.CertificateSigningRequest
+		if err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			got, err = admin.CertificatesV1().CertificateSigningRequests().Get(ctx, name, metav1.GetOptions{})
+			return err == nil && len(got.Status.Conditions) > 0, nil
+		}); err != nil {
+			t.Fatalf("%s: no decision", name)
+		}
+		if got.Spec.Username != "system:node:w1" || got.Status.Conditions[0].Type != kind {
+			t.Fatalf("%s: requester %s, conditions %+v, want %s", name, got.Spec.Username, got.Status.Conditions, kind)
+		}
+		t.Logf("%s: %s (%s: %s)", name, kind, got.Status.Conditions[0].Reason, got.Status.Conditions[0].Message)
 	}
 }

@@ -18,6 +18,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"strings"
 	"sync"
 	"time"
 
@@ -284,4 +286,19 @@ func (d Deps) watchConfiguration(ctx context.Context, changed chan<- struct{}) {
 		return
 	}
 	inf.RunWithContext(ctx)
+}
+
+// Progress returns a writer that logs each line the webhook keeper prints as one debug entry; the
+// outcome of every pass is logged at info level when it wrote something (logPass).
+func Progress(log *zap.Logger) io.Writer { return progress{log} }
+
+type progress struct{ log *zap.Logger }
+
+func (p progress) Write(b []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
+		if line != "" {
+			p.log.Debug("webhook keeper", zap.String("step", line))
+		}
+	}
+	return len(b), nil
 }

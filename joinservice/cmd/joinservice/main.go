@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/afero"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -73,6 +74,11 @@ berth_qpl, the legacy /dev/tdx-guest) under --tdx-root, and checks TDX nodes wit
 the policy's tdx section names: collateralBundle (shipped with the policy, never fetched),
 collateralDir, or a PCS (pcsURL, default Intel's), cached in memory; a node whose collateral
 cannot be had is refused as UNTRUSTED_ROOT with the reason in the join ledger.
+
+The joinservice on every control plane also runs the certificate keeper (package certkeeper):
+the replica that holds Lease berth-cert-keeper renews the image-policy webhook's certificates,
+rotates its CA, repairs its caBundle and approves kubelet serving certificates for the nodes that
+ask for them, and every replica reports its node's control-plane certificate expiry in /metrics.
 
 Every attempt goes to the join ledger (ConfigMap berth-join-ledger and Events on it; berth status
 prints it). Calls are rate-limited per peer address and overall (--rate-*), and so are attested
@@ -182,6 +188,9 @@ func deps(o options, log *zap.Logger) (joinservice.Deps, error) {
 		return d, err
 	}
 	if d.Client, err = kubernetes.NewForConfig(restCfg); err != nil {
+		return d, fmt.Errorf("creating Kubernetes client: %w", err)
+	}
+	if d.Dynamic, err = dynamic.NewForConfig(restCfg); err != nil {
 		return d, fmt.Errorf("creating Kubernetes client: %w", err)
 	}
 	if d.Replica == "" {
