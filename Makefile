@@ -65,7 +65,7 @@ test-unit: ## unit and package tests with the race detector (and the TDX package
 	$(GO) test $(GOTEST_FLAGS) ./...
 	$(GO) test $(GOTEST_FLAGS) -tags berth_qpl ./internal/attestation/tdx/
 
-test: check-generate lint check-monitoring build mini-build test-unit test-image test-e2e ## everything CI runs, in the order scripts/test.sh times it (root: the image and e2e targets need it; mini-build first so the API-server tests run)
+test: check-generate lint check-monitoring build mini-build test-unit fuzz-short test-image test-e2e ## everything CI runs, in the order scripts/test.sh times it (root: the image and e2e targets need it; mini-build first so the API-server tests run)
 
 clean: ## remove build output
 	rm -rf $(BIN) .tools

@@ -7,7 +7,8 @@ ATTESTATION_PKGS := ./internal/atls/... ./internal/attestation/policy/... ./inte
 ATTESTATION_FUZZTIME ?= 60s
 # package:target pairs
 ATTESTATION_FUZZ := internal/attestation/policy:FuzzParse internal/attestation/vtpm:FuzzParseDocument \
-	internal/attestation/vtpm:FuzzParseEventLog internal/attestation/vtpm:FuzzChallenge internal/atls:FuzzCheckPeer internal/atls:FuzzNonceCarriers internal/atls:FuzzClaims
+	internal/attestation/vtpm:FuzzParseEventLog internal/attestation/vtpm:FuzzChallenge internal/attestation/vtpm:FuzzDecodeAttest \
+	internal/attestation/vtpm:FuzzDecodeSignature internal/atls:FuzzCheckPeer internal/atls:FuzzNonceCarriers internal/atls:FuzzClaims
 
 .PHONY: test-attestation fuzz-attestation bench-attestation
 
@@ -18,7 +19,7 @@ test-attestation: ## TPM attestation, aTLS and policy tests with the race detect
 fuzz-attestation: ## run each attestation/aTLS/policy fuzz target for ATTESTATION_FUZZTIME (default 60s)
 	@for pt in $(ATTESTATION_FUZZ); do \
 		p=$${pt%%:*}; t=$${pt##*:}; echo "== $$p $$t"; \
-		$(GO) test ./$$p/ -run '^$$' -fuzz "^$$t\$$" -fuzztime $(ATTESTATION_FUZZTIME) || exit 1; \
+		$(GO) test ./$$p/ -run '^$$' -fuzz "^$$t\$$" -fuzztime $(ATTESTATION_FUZZTIME) -fuzzminimizetime $(FUZZ_MINIMIZE) || exit 1; \
 	done
 
 # bench-attestation prints numbers, judges none: Issue, Validate (first contact and repeat), Challenge,

@@ -4,7 +4,7 @@
 
 TDX_PKG := ./internal/attestation/tdx/...
 TDX_FUZZTIME ?= 60s
-TDX_FUZZ_TARGETS := FuzzParseDocument FuzzParseQuote FuzzVerifyQuote FuzzCollateral
+TDX_FUZZ_TARGETS := FuzzParseDocument FuzzParseQuote FuzzPCKChain FuzzVerifyQuote FuzzCollateral
 
 .PHONY: test-tdx fuzz-tdx bench-tdx
 
@@ -14,7 +14,7 @@ test-tdx: ## TDX attestation unit tests with the race detector
 fuzz-tdx: ## run each TDX fuzz target for TDX_FUZZTIME (default 60s)
 	@for t in $(TDX_FUZZ_TARGETS); do \
 		echo "== $$t"; \
-		$(GO) test ./internal/attestation/tdx/ -run '^$$' -fuzz "^$$t\$$" -fuzztime $(TDX_FUZZTIME) || exit 1; \
+		$(GO) test ./internal/attestation/tdx/ -run '^$$' -fuzz "^$$t\$$" -fuzztime $(TDX_FUZZTIME) -fuzzminimizetime $(FUZZ_MINIMIZE) || exit 1; \
 	done
 
 bench-tdx: ## TDX issue and validate benchmarks

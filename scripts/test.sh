@@ -3,7 +3,7 @@
 # steps of `make test` one by one and prints how long each took.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-steps=(deps check-generate lint check-monitoring build mini-build test-unit test-image test-e2e)
+steps=(deps check-generate lint check-monitoring build mini-build test-unit fuzz-short test-image test-e2e)
 declare -A took
 total_start=$(date +%s)
 for step in "${steps[@]}"; do

@@ -165,6 +165,18 @@ func splitSigned(body []byte, field string) (signedBody, error) {
 	return signedBody{raw: raw, signature: sig}, nil
 }
 
+// parseSignedJSON splits a PCS response body (splitSigned) and decodes the signed member into v.
+func parseSignedJSON(body []byte, field string, v any) (signedBody, error) {
+	sb, err := splitSigned(body, field)
+	if err != nil {
+		return signedBody{}, err
+	}
+	if err := json.Unmarshal(sb.raw, v); err != nil {
+		return signedBody{}, err
+	}
+	return sb, nil
+}
+
 // parsedCollateral is Collateral decoded, before any signature is checked.
 type parsedCollateral struct {
 	pckCRL           *x509.RevocationList
@@ -217,19 +229,13 @@ func (c *Collateral) parse() (*parsedCollateral, error) {
 			return nil, fmt.Errorf("parsing root CA CRL: %w", err)
 		}
 	}
-	if p.tcbInfoSigned, err = splitSigned(c.TCBInfo, "tcbInfo"); err != nil {
-		return nil, fmt.Errorf("parsing TCB info: %w", err)
-	}
-	if err := json.Unmarshal(p.tcbInfoSigned.raw, &p.tcbInfo); err != nil {
+	if p.tcbInfoSigned, err = parseSignedJSON(c.TCBInfo, "tcbInfo", &p.tcbInfo); err != nil {
 		return nil, fmt.Errorf("parsing TCB info: %w", err)
 	}
 	if p.tcbInfoChain, err = pemcerts.Parse(c.TCBInfoIssuerChain); err != nil {
 		return nil, fmt.Errorf("parsing TCB info issuer chain: %w", err)
 	}
-	if p.qeIdentitySigned, err = splitSigned(c.QEIdentity, "enclaveIdentity"); err != nil {
-		return nil, fmt.Errorf("parsing QE identity: %w", err)
-	}
-	if err := json.Unmarshal(p.qeIdentitySigned.raw, &p.qeIdentity); err != nil {
+	if p.qeIdentitySigned, err = parseSignedJSON(c.QEIdentity, "enclaveIdentity", &p.qeIdentity); err != nil {
 		return nil, fmt.Errorf("parsing QE identity: %w", err)
 	}
 	if p.qeIdentityChain, err = pemcerts.Parse(c.QEIdentityIssuerChain); err != nil {

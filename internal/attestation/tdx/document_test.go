@@ -2,10 +2,8 @@ package tdx
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"testing"
-	"time"
 
 	"github.com/edgelesssys/go-tdx-qpl/blobs"
 
@@ -112,7 +110,8 @@ func FuzzParseDocument(f *testing.F) {
 }
 
 // FuzzParseQuote mutates the sample quote directly, which reaches deeper into the quote layout than mutating a
-// whole document.
+// whole document. It stays with the layout (no PEM or X.509 parsing, FuzzPCKChain does that), so that an
+// execution costs microseconds.
 func FuzzParseQuote(f *testing.F) {
 	f.Add(blobs.TDXQuote())
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -123,35 +122,60 @@ func FuzzParseQuote(f *testing.F) {
 		if len(q.SignedBytes) != signedQuoteSize || len(q.RawQEReport) != enclaveReportSize {
 			t.Fatalf("parsed quote with %d signed bytes and a %d-byte QE report", len(q.SignedBytes), len(q.RawQEReport))
 		}
-		if certs, err := pemcerts.Parse(q.PCKChainPEM); err == nil {
-			_, _ = parsePCKExtensions(certs[0])
+		if m := q.Measurements(); m[0] != q.Body.MRTD || m[4] != q.Body.RTMR[3] {
+			t.Fatal("Measurements() does not return MRTD and RTMR0..3 in order")
 		}
 	})
 }
 
-// FuzzCollateral parses arbitrary TCB info and QE identity bodies, the untrusted part of collateral an upstream
-// or a cache file supplies.
-func FuzzCollateral(f *testing.F) {
-	f.Add(blobs.TCBInfoJSON, blobs.QEIdentityJSON)
-	f.Add([]byte(`{"tcbInfo":{},"signature":"00"}`), []byte(`{}`))
-	f.Fuzz(func(t *testing.T, tcb, qe []byte) {
-		c := sampleCollateral()
-		c.TCBInfo, c.QEIdentity = tcb, qe
-		if p, err := c.parse(); err == nil {
-			_ = p.nextUpdate()
-		}
-	})
-}
-
-// FuzzVerifyQuote runs the whole verifier on mutations of the sample quote with the sample collateral: certificate
-// and extension parsing, chain building, CRL and TCB matching must reject, never panic.
-func FuzzVerifyQuote(f *testing.F) {
-	f.Add(blobs.TDXQuote())
-	v, err := NewVerifier(VerifierConfig{Roots: IntelSGXRootCA(), Collateral: StaticCollateral{Collateral: sampleCollateral()}, Now: func() time.Time { return sampleNow }})
+// FuzzPCKChain parses a quote's PEM PCK certificate chain and the SGX extensions of its leaf, the untrusted
+// certificate content a verifier reads before it checks the chain.
+func FuzzPCKChain(f *testing.F) {
+	q, err := ParseQuote(blobs.TDXQuote())
 	if err != nil {
 		f.Fatal(err)
 	}
+	f.Add(q.PCKChainPEM)
 	f.Fuzz(func(t *testing.T, b []byte) {
-		_, _ = v.VerifyQuote(context.Background(), b)
+		certs, err := pemcerts.Parse(b)
+		if err != nil || len(certs) == 0 {
+			return
+		}
+		_, _ = parsePCKExtensions(certs[0])
+	})
+}
+
+// FuzzCollateral decodes arbitrary TCB info and QE identity bodies, the untrusted part of collateral an upstream
+// or a cache file supplies, with the same code the verifier uses, and matches the sample quote's platform, TDX
+// module and quoting enclave against what decoded: the TCB level search, module identities and masks run on
+// fuzzed collateral. The fixed parts of the collateral (CRLs, certificate chains) are not parsed per execution.
+func FuzzCollateral(f *testing.F) {
+	q, err := ParseQuote(blobs.TDXQuote())
+	if err != nil {
+		f.Fatal(err)
+	}
+	certs, err := pemcerts.Parse(q.PCKChainPEM)
+	if err != nil {
+		f.Fatal(err)
+	}
+	ext, err := parsePCKExtensions(certs[0])
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(blobs.TCBInfoJSON, blobs.QEIdentityJSON)
+	f.Add([]byte(`{"tcbInfo":{},"signature":"00"}`), []byte(`{}`))
+	f.Fuzz(func(t *testing.T, tcb, qe []byte) {
+		var ti tcbInfo
+		if _, err := parseSignedJSON(tcb, "tcbInfo", &ti); err == nil {
+			if level, _, err := checkTCB(&ti, ext, &q.Body); err == nil && (level == nil || !bytes.Equal(ti.FMSPC, ext.FMSPC[:])) {
+				t.Fatalf("checkTCB() matched TCB info for FMSPC %x (level %v) to the platform %x", []byte(ti.FMSPC), level, ext.FMSPC)
+			}
+		}
+		var id qeIdentity
+		if _, err := parseSignedJSON(qe, "enclaveIdentity", &id); err == nil {
+			if _, err := checkQEIdentity(&id, &q.QEReport); err == nil && !bytes.Equal(id.MRSIGNER, q.QEReport.MRSIGNER[:]) {
+				t.Fatalf("checkQEIdentity() matched a QE identity for MRSIGNER %x to the report's %x", []byte(id.MRSIGNER), q.QEReport.MRSIGNER)
+			}
+		}
 	})
 }

@@ -373,7 +373,7 @@ func (td *TD) RTMRs() [4][tdx.MeasurementSize]byte {
 
 // quote builds and signs a quote with the platform's MRTD and the given RTMRs.
 func (p *Platform) quote(rtmr [4][tdx.MeasurementSize]byte, reportData [tdx.ReportDataSize]byte) ([]byte, error) {
-	q := make([]byte, 0, 5000)
+	q := make([]byte, 0, SignedQuoteSize)
 	q = binary.LittleEndian.AppendUint16(q, 4)    // version
 	q = binary.LittleEndian.AppendUint16(q, 2)    // ECDSA P-256 attestation key
 	q = binary.LittleEndian.AppendUint32(q, 0x81) // TDX
@@ -395,6 +395,32 @@ func (p *Platform) quote(rtmr [4][tdx.MeasurementSize]byte, reportData [tdx.Repo
 	}
 	q = append(q, reportData[:]...)
 
+	qeReport := make([]byte, QEReportSize)
+	qeReport[48] = 0x11 // attributes matching the QE identity
+	copy(qeReport[128:160], qeMRSIGNER[:])
+	binary.LittleEndian.PutUint16(qeReport[256:], uint16(qeISVProdID))
+	binary.LittleEndian.PutUint16(qeReport[258:], uint16(qeISVSVN))
+	return p.SignQuote(q, qeReport)
+}
+
+// Sizes of the parts of a quote SignQuote signs.
+const (
+	// SignedQuoteSize is the quote header and TD quote body, which the attestation key signs.
+	SignedQuoteSize = 48 + 584
+	// QEReportSize is the quoting enclave's report, which the PCK key signs.
+	QEReportSize = 384
+)
+
+// SignQuote completes a quote from its header and TD quote body (SignedQuoteSize bytes, any content) and the
+// quoting enclave's report (QEReportSize bytes, any content; its report data is set to bind the attestation key,
+// as a QE does): the attestation key signs the body, the PCK key the QE report, and the platform's PCK chain is
+// appended. Tests and fuzz targets use it to reach every check a verifier makes after the signatures.
+func (p *Platform) SignQuote(signed, qeReport []byte) ([]byte, error) {
+	if len(signed) != SignedQuoteSize || len(qeReport) != QEReportSize {
+		return nil, fmt.Errorf("signing quote: %d signed bytes and a %d-byte QE report, want %d and %d",
+			len(signed), len(qeReport), SignedQuoteSize, QEReportSize)
+	}
+	q := append(make([]byte, 0, 5000), signed...)
 	sig, err := signRaw(p.attKey, q)
 	if err != nil {
 		return nil, fmt.Errorf("signing quote: %w", err)
@@ -407,13 +433,10 @@ func (p *Platform) quote(rtmr [4][tdx.MeasurementSize]byte, reportData [tdx.Repo
 		authData[i] = byte(i)
 	}
 
-	qeReport := make([]byte, 384)
-	qeReport[48] = 0x11 // attributes matching the QE identity
-	copy(qeReport[128:160], qeMRSIGNER[:])
-	binary.LittleEndian.PutUint16(qeReport[256:], uint16(qeISVProdID))
-	binary.LittleEndian.PutUint16(qeReport[258:], uint16(qeISVSVN))
+	qeReport = append([]byte(nil), qeReport...)
 	binding := sha256.Sum256(append(append([]byte{}, attPub...), authData...))
 	copy(qeReport[320:], binding[:])
+	clear(qeReport[352:])
 	qeSig, err := signRaw(p.pckKey, qeReport)
 	if err != nil {
 		return nil, fmt.Errorf("signing QE report: %w", err)
