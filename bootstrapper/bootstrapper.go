@@ -19,7 +19,8 @@
 // node's encrypted state disk, which is open, bound over the node's paths and has re-extended the
 // lock register by the time Run reads it.
 //
-// The kubelet supervisor runs in the same group for the daemon's whole life.
+// The kubelet supervisor runs in the same group for the daemon's whole life, and so does the
+// control-plane certificate renewer where the daemon is the node's supervisor (no systemd).
 package bootstrapper
 
 import (
@@ -71,6 +72,12 @@ type Deps struct {
 	// webhook's install.Reconcile). Its error is logged, never fatal: the daemon keeps serving. Nil
 	// means no check.
 	Reconcile func(ctx context.Context) error
+	// CertRenewer renews this node's control-plane certificates before they expire, for the
+	// daemon's whole life (bootstrapper/certrenew; a node that is not a control plane, or not yet,
+	// only looks for one now and then). Nil leaves them to the OS image's timer.
+	CertRenewer interface {
+		Run(ctx context.Context) error
+	}
 	// Notify tells the service manager the daemon is ready; nil means sd_notify.
 	Notify func() error
 }
@@ -93,6 +100,9 @@ func Run(ctx context.Context, d Deps) error {
 	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return d.Kubelet.Run(gctx) })
+	if d.CertRenewer != nil {
+		g.Go(func() error { return d.CertRenewer.Run(gctx) })
+	}
 	switch m {
 	case modeFresh:
 		log.Info("fresh node: waiting for init or a join ticket")

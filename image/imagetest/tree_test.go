@@ -153,6 +153,7 @@ func TestTreeEnabledUnits(t *testing.T) {
 	root := imageRoot(t)
 	for _, link := range []string{
 		"/etc/systemd/system/multi-user.target.wants/berth-bootstrapper.service",
+		"/etc/systemd/system/timers.target.wants/berth-cert-renew.timer",
 		"/etc/systemd/system/multi-user.target.wants/containerd.service",
 		"/etc/systemd/system/network-online.target.wants/systemd-networkd-wait-online.service",
 	} {
@@ -164,6 +165,7 @@ func TestTreeEnabledUnits(t *testing.T) {
 	// they must agree with the links made at build time.
 	for unit, want := range map[string]string{
 		"berth-bootstrapper.service": "enable",
+		"berth-cert-renew.timer":     "enable",
 		"containerd.service":         "enable",
 		"kubelet.service":            "disable",
 		"cni-dhcp.socket":            "disable",

@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -195,7 +196,7 @@ func TestPreset(t *testing.T) {
 }
 
 // berthUnits are the units the image adds; the tree tests and the synthetic test check them all.
-var berthUnits = []string{"berth-bootstrapper.service", "berth-cmdline-env.service", "kubelet.service"}
+var berthUnits = []string{"berth-bootstrapper.service", "berth-cmdline-env.service", "kubelet.service", "berth-cert-renew.service", "berth-cert-renew.timer"}
 
 // syntheticImage lays out image/mkosi.extra with the rendered bootstrapper settings, stub binaries
 // for what make image copies in and stub units for what Debian's packages provide, so the real unit
@@ -238,7 +239,7 @@ func syntheticImage(t *testing.T) string {
 	for _, u := range []string{
 		"network-online.target", "multi-user.target", "shutdown.target", "containerd.service",
 		"systemd-modules-load.service", "systemd-sysctl.service", "systemd-tmpfiles-setup.service",
-		"sys-kernel-config.mount",
+		"sys-kernel-config.mount", "timers.target",
 	} {
 		writeFile(t, root, "usr/lib/systemd/system/"+u, "[Unit]\n", 0o644)
 	}
@@ -268,6 +269,8 @@ func TestImageUnitsInSyntheticTree(t *testing.T) {
 	want := []string{
 		"berth-bootstrapper.service: EnvironmentFile=/usr/lib/berth/bootstrapper.env: missing from the tree",
 		"berth-bootstrapper.service: ExecStart=/usr/bin/bootstrapper: missing from the tree",
+		"berth-cert-renew.service: EnvironmentFile=/usr/lib/berth/bootstrapper.env: missing from the tree",
+		"berth-cert-renew.service: ExecStart=/usr/bin/bootstrapper: missing from the tree",
 	}
 	if got := problemStrings(problems); !reflect.DeepEqual(got, want) {
 		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
@@ -458,5 +461,44 @@ func TestCmdlineEnv(t *testing.T) {
 				t.Errorf("assignments = %q, want %q", got, tt.want)
 			}
 		})
+	}
+}
+
+// TestCertRenewUnits: the timer starts berth-cert-renew.service (its own name) every hour, which
+// runs one check of the bootstrapper's renewer with the bootstrapper's settings, only on a control
+// plane, after the bootstrapper opened the state disk; the preset enables the timer.
+func TestCertRenewUnits(t *testing.T) {
+	root := syntheticImage(t)
+	timer, err := LoadUnit(root, "berth-cert-renew.timer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := timer.Values("Timer", "Unit"); len(got) != 0 {
+		t.Errorf("timer Unit=%q: it should start the service of its own name", got)
+	}
+	if got := timer.Values("Timer", "OnUnitActiveSec"); !slices.Equal(got, []string{"1h"}) {
+		t.Errorf("OnUnitActiveSec=%q, want 1h", got)
+	}
+	svc, err := LoadUnit(root, "berth-cert-renew.service")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, want := range map[string][]string{
+		"ExecStart":       {"/usr/bin/bootstrapper renew-certs"},
+		"Type":            {"oneshot"},
+		"EnvironmentFile": {"/usr/lib/berth/bootstrapper.env", "-/etc/berth/bootstrapper.env"},
+	} {
+		if got := svc.Values("Service", key); !slices.Equal(got, want) {
+			t.Errorf("berth-cert-renew.service %s=%q, want %q", key, got, want)
+		}
+	}
+	if got := svc.Values("Unit", "ConditionPathExists"); !slices.Equal(got, []string{"/etc/kubernetes/manifests/kube-apiserver.yaml"}) {
+		t.Errorf("ConditionPathExists=%q: the service must run only on a control plane", got)
+	}
+	if !OrderedAfter(svc, "berth-bootstrapper.service") {
+		t.Error("berth-cert-renew.service may run before the bootstrapper opened the state disk")
+	}
+	if got, err := Preset(root, "berth-cert-renew.timer"); err != nil || got != "enable" {
+		t.Errorf("preset for berth-cert-renew.timer: %s, %v", got, err)
 	}
 }

@@ -166,6 +166,7 @@ func TestRunnerArgv(t *testing.T) {
 		r.Init(ctx, io.Discard, "/c.yaml", "addon/kube-proxy"),
 		r.Join(ctx, io.Discard, "/j.yaml"),
 		r.Reset(ctx, io.Discard, "unix:///c.sock"),
+		r.CertsRenew(ctx, io.Discard, "/etc/kubernetes"),
 	} {
 		if err != nil {
 			t.Fatal(err)
@@ -177,6 +178,7 @@ func TestRunnerArgv(t *testing.T) {
 		"/opt/bin/kubeadm init --config /c.yaml --skip-token-print --skip-phases=certs,addon/kube-proxy --ignore-preflight-errors=all",
 		"/opt/bin/kubeadm join --config /j.yaml --ignore-preflight-errors=all",
 		"/opt/bin/kubeadm reset --force --cri-socket unix:///c.sock",
+		"/opt/bin/kubeadm certs renew all --kubeconfig /etc/kubernetes/admin.conf --cert-dir /etc/kubernetes/pki",
 	}, "\n")
 	if got := rec.String(); got != want {
 		t.Fatalf("calls:\n%s\nwant:\n%s", got, want)

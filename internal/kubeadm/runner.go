@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 )
 
@@ -64,6 +65,15 @@ func (r *Runner) Init(ctx context.Context, out io.Writer, configPath string, ski
 // Join runs `kubeadm join`.
 func (r *Runner) Join(ctx context.Context, out io.Writer, configPath string) error {
 	return r.run(ctx, out, append([]string{"join", "--config", configPath}, r.ignoreFlag()...)...)
+}
+
+// CertsRenew renews every certificate of this control plane that kubeadm can renew with its local
+// CAs (`kubeadm certs renew all`): the API server's, etcd's, the front proxy client's and the client
+// certificates in the kubeconfigs under kubernetesDir, each for the validity the cluster's kubeadm
+// configuration gives (read through kubeconfig). The components must be restarted to use them.
+func (r *Runner) CertsRenew(ctx context.Context, out io.Writer, kubernetesDir string) error {
+	return r.run(ctx, out, "certs", "renew", "all",
+		"--kubeconfig", filepath.Join(kubernetesDir, "admin.conf"), "--cert-dir", filepath.Join(kubernetesDir, "pki"))
 }
 
 // Reset undoes what init or join did to the node.

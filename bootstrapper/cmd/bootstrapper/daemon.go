@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/berth-k8s/berth/bootstrapper"
+	"github.com/berth-k8s/berth/bootstrapper/certrenew"
 	"github.com/berth-k8s/berth/bootstrapper/components"
 	"github.com/berth-k8s/berth/bootstrapper/initcluster"
 	"github.com/berth-k8s/berth/bootstrapper/initserver"
@@ -161,6 +162,12 @@ func daemon(ctx context.Context, cfg *config) error {
 	}
 	deps := bootstrapper.Deps{
 		Log: log, Lock: lock, State: state, InitListener: lis, InitServer: initSrv, JoinClient: joinClient, Kubelet: kube,
+	}
+	if cfg.kubelet == "process" {
+		// Where the daemon supervises the kubelet it is the node's supervisor and renews the
+		// control-plane certificates itself; under systemd berth-cert-renew.timer does
+		// (bootstrapper renew-certs).
+		deps.CertRenewer = certrenew.New(certrenew.Config{KubernetesDir: cfg.kubernetesDir}, log.Named("certrenew"), fs, adm)
 	}
 	if cfg.webhookImage != "" {
 		// Only the webhook has anything to check after a restart; without it there is nothing to log.

@@ -57,6 +57,7 @@ A flag on the command line wins over the environment.`,
 		},
 	}
 	cfg.register(cmd.Flags())
+	cmd.AddCommand(newRenewCertsCmd(&runErr))
 	cmd.SetArgs(args)
 	err := cmd.ExecuteContext(ctx)
 	if err == nil {

@@ -1,0 +1,596 @@
+// Package certrenew renews a control plane's kubeadm certificates before they expire. Every control
+// plane renews its own, so no node is special: on the mini cluster the bootstrapper (the node's
+// supervisor) runs Renewer.Run for the daemon's life; on the OS image berth-cert-renew.timer runs
+// `bootstrapper renew-certs` (one Renewer.Check) every hour.
+//
+// A check reads this node's certificates (kubeadm's PKI directory and the client certificates of
+// admin.conf, super-admin.conf, controller-manager.conf and scheduler.conf) and the validity the
+// cluster's kubeadm configuration gives (ConfigMap kube-system/kubeadm-config,
+// certificateValidityPeriod; a year when it cannot be read). A certificate is due when less than a
+// third of that validity is left, or when it is valid for longer than the validity allows (the
+// validity was shortened). When one is due:
+//
+//  1. it takes Lease kube-system/berth-control-plane-certs, so that one control plane at a time
+//     restarts its API server (the others keep serving); it goes on without it when the API server
+//     cannot be reached within LeaseWait (an API server whose certificate expired, say);
+//  2. it runs `kubeadm certs renew all`, which renews every certificate with the local CAs for the
+//     configured validity;
+//  3. it restarts kube-apiserver, kube-controller-manager and kube-scheduler one after the other by
+//     stamping their static pod manifests with the annotation berth.dev/certs-renewed, and waits for
+//     each one's mirror pod to show the new manifest and be ready. The API server reads its serving
+//     certificate again by itself, but it would read its kubelet client certificate only every
+//     five minutes, and the controller manager and the scheduler carry theirs in their kubeconfigs:
+//     a restart makes all of them use the renewed ones at once. etcd is not restarted: it reads its
+//     certificates from its files at every new connection;
+//  4. it records the earliest expiry on its Node (annotation berth.dev/control-plane-cert-expiry),
+//     which `berth status` shows.
+//
+// The CAs themselves (ten years by default) are not renewed: kubeadm cannot renew a CA.
+package certrenew
+
+import (
+	"context"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/spf13/afero"
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm/v1beta4"
+	"sigs.k8s.io/yaml"
+
+	"github.com/berth-k8s/berth/internal/atomicfile"
+	"github.com/berth-k8s/berth/internal/pemcerts"
+)
+
+// ErrNotControlPlane is returned by Check on a node without a kube-apiserver static pod.
+var ErrNotControlPlane = errors.New("not a control plane: no kube-apiserver static pod manifest")
+
+// Names on the cluster's objects.
+const (
+	// LeaseName in kube-system serializes the restarts of the control planes.
+	LeaseName = "berth-control-plane-certs"
+	// RenewedAnnotation on a static pod manifest is when its certificates were last renewed.
+	RenewedAnnotation = "berth.dev/certs-renewed"
+	// ExpiryAnnotation on the Node is the earliest NotAfter of its control-plane certificates
+	// (RFC 3339); RenewedAtAnnotation is when the node last renewed them.
+	ExpiryAnnotation     = "berth.dev/control-plane-cert-expiry"
+	RenewedAtAnnotation  = "berth.dev/control-plane-certs-renewed"
+	configHashAnnotation = "kubernetes.io/config.hash"
+)
+
+// Defaults.
+const (
+	// DefaultValidity is kubeadm's certificate validity when the cluster's configuration gives none.
+	DefaultValidity = 365 * 24 * time.Hour
+	// DefaultCheckPeriod bounds the time between two checks of Run (a shortened validity is noticed
+	// within it).
+	DefaultCheckPeriod = time.Minute
+	// DefaultLeaseWait bounds the wait for the Lease (another control plane restarting).
+	DefaultLeaseWait = 5 * time.Minute
+	// DefaultReadyTimeout bounds the wait for one restarted component.
+	DefaultReadyTimeout = 5 * time.Minute
+	// renewFraction: a certificate is due when less than validity/renewFraction is left.
+	renewFraction = 3
+	// outlivesSlack: one valid for more than validity + validity/outlivesSlack is due.
+	outlivesSlack = 10
+	// retryAfterFailure is Run's pause after a failed check.
+	retryAfterFailure = 30 * time.Second
+	// readyPoll is how often a restarted component's mirror pod is looked at.
+	readyPoll = time.Second
+)
+
+// restartOrder are the static pods restarted after a renewal, in order.
+var restartOrder = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler"}
+
+// pkiLeaves are the certificates kubeadm renews in its PKI directory, by kubeadm's names.
+var pkiLeaves = map[string]string{
+	"apiserver":                "apiserver.crt",
+	"apiserver-kubelet-client": "apiserver-kubelet-client.crt",
+	"apiserver-etcd-client":    "apiserver-etcd-client.crt",
+	"front-proxy-client":       "front-proxy-client.crt",
+	"etcd-server":              "etcd/server.crt",
+	"etcd-peer":                "etcd/peer.crt",
+	"etcd-healthcheck-client":  "etcd/healthcheck-client.crt",
+}
+
+// kubeconfigs are the kubeconfig files whose client certificates kubeadm renews (super-admin.conf
+// exists only on the node that ran kubeadm init).
+var kubeconfigs = []string{"admin.conf", "super-admin.conf", "controller-manager.conf", "scheduler.conf"}
+
+// Config configures the renewer; zero values take the defaults.
+type Config struct {
+	// KubernetesDir is kubeadm's directory (default /etc/kubernetes).
+	KubernetesDir string
+	CheckPeriod   time.Duration
+	LeaseWait     time.Duration
+	ReadyTimeout  time.Duration
+	// Now is the clock (default time.Now).
+	Now func() time.Time
+}
+
+// Kubeadm renews the certificates (internal/kubeadm.Runner).
+type Kubeadm interface {
+	CertsRenew(ctx context.Context, out io.Writer, kubernetesDir string) error
+}
+
+// Renewer renews this control plane's certificates.
+type Renewer struct {
+	cfg     Config
+	log     *zap.Logger
+	fs      afero.Fs
+	kubeadm Kubeadm
+	// client reaches the API server as the node's admin (admin.conf); tests replace it.
+	client func() (kubernetes.Interface, error)
+}
+
+// New returns a renewer for the node's kubeadm directory on fsys.
+func New(cfg Config, log *zap.Logger, fsys afero.Fs, adm Kubeadm) *Renewer {
+	if cfg.KubernetesDir == "" {
+		cfg.KubernetesDir = "/etc/kubernetes"
+	}
+	if cfg.CheckPeriod == 0 {
+		cfg.CheckPeriod = DefaultCheckPeriod
+	}
+	if cfg.LeaseWait == 0 {
+		cfg.LeaseWait = DefaultLeaseWait
+	}
+	if cfg.ReadyTimeout == 0 {
+		cfg.ReadyTimeout = DefaultReadyTimeout
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	r := &Renewer{cfg: cfg, log: log, fs: fsys, kubeadm: adm}
+	r.client = func() (kubernetes.Interface, error) {
+		rc, err := clientcmd.BuildConfigFromFlags("", filepath.Join(cfg.KubernetesDir, "admin.conf"))
+		if err != nil {
+			return nil, fmt.Errorf("loading admin.conf: %w", err)
+		}
+		rc.Timeout = 30 * time.Second
+		return kubernetes.NewForConfig(rc)
+	}
+	return r
+}
+
+// Cert is one certificate of the control plane.
+type Cert struct {
+	Name     string
+	NotAfter time.Time
+}
+
+// Result is what a check found and did.
+type Result struct {
+	// Certs are this node's certificates after the check, earliest expiry first.
+	Certs []Cert
+	// Validity is the validity the check judged them by.
+	Validity time.Duration
+	// Renewed says the certificates were renewed and the components restarted.
+	Renewed bool
+	// Next is when the next check is due: the earliest renewal point, at most a check period away.
+	Next time.Time
+}
+
+// Earliest is the earliest expiry of the node's certificates; zero without any.
+func (r Result) Earliest() time.Time {
+	if len(r.Certs) == 0 {
+		return time.Time{}
+	}
+	return r.Certs[0].NotAfter
+}
+
+// Run checks until ctx ends. On a node that is not a control plane (a worker, or a node still
+// waiting for init or a join) a check is a look for the API server's manifest once a period.
+func (r *Renewer) Run(ctx context.Context) error {
+	for {
+		res, err := r.Check(ctx)
+		next := res.Next
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, ErrNotControlPlane):
+			next = r.cfg.Now().Add(r.cfg.CheckPeriod)
+		case err != nil:
+			r.log.Error("checking the control-plane certificates", zap.Error(err))
+			next = r.cfg.Now().Add(retryAfterFailure)
+		}
+		timer := time.NewTimer(max(next.Sub(r.cfg.Now()), time.Second))
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case <-timer.C:
+		}
+	}
+}
+
+// Check renews the certificates when one is due (see the package documentation).
+func (r *Renewer) Check(ctx context.Context) (Result, error) {
+	var res Result
+	if _, err := r.fs.Stat(r.manifest("kube-apiserver")); err != nil {
+		return res, ErrNotControlPlane
+	}
+	client, err := r.client()
+	if err != nil {
+		r.log.Warn("no API client: judging by the default validity", zap.Error(err))
+		client = nil
+	}
+	res.Validity = r.validity(ctx, client)
+	if res.Certs, err = r.inventory(); err != nil {
+		return res, err
+	}
+	now := r.cfg.Now()
+	due := slices.ContainsFunc(res.Certs, func(c Cert) bool { return isDue(c.NotAfter, now, res.Validity) })
+	if due {
+		r.log.Info("control-plane certificates due: renewing", zap.Time("earliest", res.Earliest()), zap.Duration("validity", res.Validity))
+		if err := r.renew(ctx, client); err != nil {
+			return res, err
+		}
+		res.Renewed = true
+		if res.Certs, err = r.inventory(); err != nil {
+			return res, err
+		}
+		r.log.Info("control-plane certificates renewed", zap.Time("earliest", res.Earliest()))
+	}
+	res.Next = r.cfg.Now().Add(r.cfg.CheckPeriod)
+	if len(res.Certs) > 0 {
+		if at := res.Earliest().Add(-res.Validity / renewFraction); at.Before(res.Next) {
+			res.Next = at
+		}
+	}
+	if client != nil {
+		r.annotateNode(ctx, client, res)
+	}
+	return res, nil
+}
+
+// isDue: less than a third of validity is left, or the certificate outlives validity.
+func isDue(notAfter, now time.Time, validity time.Duration) bool {
+	left := notAfter.Sub(now)
+	return left < validity/renewFraction || left > validity+validity/outlivesSlack
+}
+
+func (r *Renewer) manifest(component string) string {
+	return filepath.Join(r.cfg.KubernetesDir, "manifests", component+".yaml")
+}
+
+// validity is the cluster's certificateValidityPeriod, or DefaultValidity.
+func (r *Renewer) validity(ctx context.Context, client kubernetes.Interface) time.Duration {
+	if client == nil {
+		return DefaultValidity
+	}
+	cm, err := client.CoreV1().ConfigMaps(metav1.NamespaceSystem).Get(ctx, "kubeadm-config", metav1.GetOptions{})
+	if err != nil {
+		r.log.Warn("reading kubeadm-config: judging by the default validity", zap.Error(err))
+		return DefaultValidity
+	}
+	var cc v1beta4.ClusterConfiguration
+	if err := yaml.Unmarshal([]byte(cm.Data["ClusterConfiguration"]), &cc); err != nil {
+		r.log.Warn("parsing kubeadm-config: judging by the default validity", zap.Error(err))
+		return DefaultValidity
+	}
+	if cc.CertificateValidityPeriod == nil || cc.CertificateValidityPeriod.Duration <= 0 {
+		return DefaultValidity
+	}
+	return cc.CertificateValidityPeriod.Duration
+}
+
+// inventory reads this node's renewable certificates, earliest expiry first.
+func (r *Renewer) inventory() ([]Cert, error) {
+	var out []Cert
+	for name, rel := range pkiLeaves {
+		data, err := afero.ReadFile(r.fs, filepath.Join(r.cfg.KubernetesDir, "pki", rel))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading certificate %s: %w", name, err)
+		}
+		c, err := first(data)
+		if err != nil {
+			return nil, fmt.Errorf("reading certificate %s: %w", name, err)
+		}
+		out = append(out, Cert{Name: name, NotAfter: c.NotAfter})
+	}
+	for _, name := range kubeconfigs {
+		data, err := afero.ReadFile(r.fs, filepath.Join(r.cfg.KubernetesDir, name))
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading %s: %w", name, err)
+		}
+		c, err := kubeconfigCert(data)
+		if err != nil {
+			return nil, fmt.Errorf("reading the client certificate of %s: %w", name, err)
+		}
+		out = append(out, Cert{Name: name, NotAfter: c.NotAfter})
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no control-plane certificates found")
+	}
+	slices.SortFunc(out, func(a, b Cert) int {
+		if c := a.NotAfter.Compare(b.NotAfter); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return out, nil
+}
+
+func first(data []byte) (*x509.Certificate, error) {
+	certs, err := pemcerts.Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	if len(certs) == 0 {
+		return nil, errors.New("no certificate")
+	}
+	return certs[0], nil
+}
+
+// kubeconfigCert returns the client certificate of a kubeconfig's first user with one embedded.
+func kubeconfigCert(data []byte) (*x509.Certificate, error) {
+	cfg, err := clientcmd.Load(data)
+	if err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(cfg.AuthInfos))
+	for n := range cfg.AuthInfos {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		if a := cfg.AuthInfos[n]; len(a.ClientCertificateData) > 0 {
+			return first(a.ClientCertificateData)
+		}
+	}
+	return nil, errors.New("no embedded client certificate")
+}
+
+// renew takes the Lease (or goes on without it), renews and restarts the components.
+func (r *Renewer) renew(ctx context.Context, client kubernetes.Interface) error {
+	if client == nil {
+		return r.renewAndRestart(ctx, nil)
+	}
+	node, err := r.nodeName()
+	if err != nil {
+		return err
+	}
+	// client-go runs OnStartedLeading in a goroutine of its own; whoever sets started does the
+	// renewal (that goroutine, or this one after LeaseWait), and this function returns only after it.
+	var (
+		started  atomic.Bool
+		renewErr error
+	)
+	held := make(chan struct{})
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
+		Lock: &resourcelock.LeaseLock{
+			LeaseMeta:  metav1.ObjectMeta{Name: LeaseName, Namespace: metav1.NamespaceSystem},
+			Client:     client.CoordinationV1(),
+			LockConfig: resourcelock.ResourceLockConfig{Identity: node},
+		},
+		Name: LeaseName, ReleaseOnCancel: true,
+		LeaseDuration: 30 * time.Second, RenewDeadline: 20 * time.Second, RetryPeriod: 2 * time.Second,
+		Callbacks: leaderelection.LeaderCallbacks{
+			OnStartedLeading: func(context.Context) {
+				if !started.CompareAndSwap(false, true) {
+					return
+				}
+				defer close(held)
+				// The work runs under the caller's context, not the term's: on a single control
+				// plane the Lease cannot be renewed while its API server restarts.
+				renewErr = r.renewAndRestart(ctx, client)
+				cancel() // releases the Lease
+			},
+			OnStoppedLeading: func() {},
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("configuring the renewal Lease: %w", err)
+	}
+	ran := make(chan struct{})
+	go func() { defer close(ran); le.Run(lctx) }()
+	timer := time.NewTimer(r.cfg.LeaseWait)
+	defer timer.Stop()
+	select {
+	case <-held:
+		<-ran
+		return renewErr
+	case <-ctx.Done():
+		cancel()
+		<-ran
+		if started.Load() {
+			<-held
+		}
+		return ctx.Err()
+	case <-timer.C:
+	}
+	if !started.CompareAndSwap(false, true) {
+		// Taken at the last moment: the renewal under the Lease is running.
+		<-held
+		<-ran
+		return renewErr
+	}
+	// Another control plane holds the Lease for longer than a renewal takes, or the API server
+	// cannot be reached: renew without it.
+	r.log.Warn("renewal Lease not taken: renewing without it", zap.Duration("waited", r.cfg.LeaseWait))
+	cancel()
+	<-ran
+	return r.renewAndRestart(ctx, client)
+}
+
+func (r *Renewer) renewAndRestart(ctx context.Context, client kubernetes.Interface) error {
+	out := &logWriter{log: r.log.Named("kubeadm")}
+	if err := r.kubeadm.CertsRenew(ctx, out, r.cfg.KubernetesDir); err != nil {
+		return fmt.Errorf("renewing the control-plane certificates: %w", err)
+	}
+	node, err := r.nodeName()
+	if err != nil {
+		return err
+	}
+	stamp := r.cfg.Now().UTC().Format(time.RFC3339Nano)
+	for _, component := range restartOrder {
+		if err := r.restart(ctx, client, node, component, stamp); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// restart stamps component's static pod manifest so that the kubelet replaces the pod, and waits
+// until its mirror pod runs the stamped manifest and is ready (without an API client: until the
+// manifest is written).
+func (r *Renewer) restart(ctx context.Context, client kubernetes.Interface, node, component, stamp string) error {
+	path := r.manifest(component)
+	data, err := afero.ReadFile(r.fs, path)
+	if err != nil {
+		return fmt.Errorf("reading the %s manifest: %w", component, err)
+	}
+	var pod corev1.Pod
+	if err := yaml.Unmarshal(data, &pod); err != nil {
+		return fmt.Errorf("parsing the %s manifest: %w", component, err)
+	}
+	var oldHash string
+	if client != nil {
+		if mirror, err := client.CoreV1().Pods(metav1.NamespaceSystem).Get(ctx, component+"-"+node, metav1.GetOptions{}); err == nil {
+			oldHash = mirror.Annotations[configHashAnnotation]
+		}
+	}
+	if pod.Annotations == nil {
+		pod.Annotations = map[string]string{}
+	}
+	pod.Annotations[RenewedAnnotation] = stamp
+	next, err := yaml.Marshal(&pod)
+	if err != nil {
+		return fmt.Errorf("encoding the %s manifest: %w", component, err)
+	}
+	if err := atomicfile.Write(r.fs, path, next, 0o600); err != nil {
+		return fmt.Errorf("writing the %s manifest: %w", component, err)
+	}
+	r.log.Info("restarting a control-plane component", zap.String("component", component))
+	if client == nil {
+		return nil
+	}
+	start := r.cfg.Now()
+	var last string
+	err = wait.PollUntilContextTimeout(ctx, readyPoll, r.cfg.ReadyTimeout, true, func(ctx context.Context) (bool, error) {
+		mirror, err := client.CoreV1().Pods(metav1.NamespaceSystem).Get(ctx, component+"-"+node, metav1.GetOptions{})
+		switch {
+		case err != nil:
+			last = err.Error()
+			return false, nil
+		case mirror.Annotations[configHashAnnotation] == oldHash || mirror.Annotations[RenewedAnnotation] != stamp:
+			last = "the mirror pod still shows the previous manifest"
+			return false, nil
+		case !podReady(mirror):
+			last = "the new pod is not ready"
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("restarting %s: not ready after %s (%s): %w", component, r.cfg.ReadyTimeout, last, err)
+	}
+	r.log.Info("control-plane component restarted", zap.String("component", component), zap.Duration("took", r.cfg.Now().Sub(start)))
+	return nil
+}
+
+func podReady(p *corev1.Pod) bool {
+	return slices.ContainsFunc(p.Status.Conditions, func(c corev1.PodCondition) bool {
+		return c.Type == corev1.PodReady && c.Status == corev1.ConditionTrue
+	})
+}
+
+// nodeName is the name in the kubelet's client certificate (system:node:NAME): kubelet.conf embeds
+// it or names the file the kubelet rotates.
+func (r *Renewer) nodeName() (string, error) {
+	data, err := afero.ReadFile(r.fs, filepath.Join(r.cfg.KubernetesDir, "kubelet.conf"))
+	if err != nil {
+		return "", fmt.Errorf("reading kubelet.conf for the node name: %w", err)
+	}
+	cfg, err := clientcmd.Load(data)
+	if err != nil {
+		return "", fmt.Errorf("reading kubelet.conf for the node name: %w", err)
+	}
+	for _, a := range cfg.AuthInfos {
+		certPEM := a.ClientCertificateData
+		if len(certPEM) == 0 && a.ClientCertificate != "" {
+			if certPEM, err = afero.ReadFile(r.fs, a.ClientCertificate); err != nil {
+				return "", fmt.Errorf("reading the kubelet's client certificate: %w", err)
+			}
+		}
+		if c, err := first(certPEM); err == nil {
+			if name, ok := strings.CutPrefix(c.Subject.CommonName, "system:node:"); ok && name != "" {
+				return name, nil
+			}
+		}
+	}
+	return "", errors.New("kubelet.conf names no node client certificate")
+}
+
+// annotateNode records the earliest expiry (and the renewal) on the Node, when they changed.
+func (r *Renewer) annotateNode(ctx context.Context, client kubernetes.Interface, res Result) {
+	node, err := r.nodeName()
+	if err != nil {
+		r.log.Warn("recording the certificate expiry on the Node", zap.Error(err))
+		return
+	}
+	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		if !apierrors.IsNotFound(err) {
+			r.log.Warn("recording the certificate expiry on the Node", zap.Error(err))
+		}
+		return
+	}
+	expiry := res.Earliest().UTC().Format(time.RFC3339)
+	annotations := map[string]string{ExpiryAnnotation: expiry}
+	if res.Renewed {
+		annotations[RenewedAtAnnotation] = r.cfg.Now().UTC().Format(time.RFC3339)
+	}
+	if n.Annotations[ExpiryAnnotation] == expiry && !res.Renewed {
+		return
+	}
+	patch, err := jsonMergePatch(annotations)
+	if err != nil {
+		return
+	}
+	if _, err := client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{FieldManager: "berth-cert-renew"}); err != nil {
+		r.log.Warn("recording the certificate expiry on the Node", zap.Error(err))
+	}
+}
+
+func jsonMergePatch(annotations map[string]string) ([]byte, error) {
+	return json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
+}
+
+// logWriter logs each line kubeadm prints as one entry.
+type logWriter struct{ log *zap.Logger }
+
+func (w *logWriter) Write(p []byte) (int, error) {
+	for _, line := range strings.Split(strings.TrimRight(string(p), "\n"), "\n") {
+		if line != "" {
+			w.log.Info("kubeadm", zap.String("line", line))
+		}
+	}
+	return len(p), nil
+}
