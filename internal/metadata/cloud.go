@@ -42,6 +42,10 @@ var (
 	// ErrUnreachable is returned when the instance metadata service cannot be reached (not on that
 	// cloud, a firewall, a wrong --metadata-url).
 	ErrUnreachable = errors.New("instance metadata service unreachable")
+	// ErrTokenExpired is returned when the cloud refused the instance's token again after a fresh one
+	// was fetched: AWS IMDS rejected its IMDSv2 session token (HTTP 401), or Azure Resource Manager an
+	// expired access token. A clock far off, or a token cached past its lifetime, are the usual causes.
+	ErrTokenExpired = errors.New("cloud rejected an expired token")
 )
 
 // ParseRole turns the value of a role label or tag into a Role. An empty value is ErrMissingRole,

@@ -10,12 +10,15 @@
 //	control-plane endpoint  instance attribute berth-control-plane-endpoint (HOST:PORT), metadata server; optional
 //	init-secret hash        instance attribute berth-init-secret-hash (hex SHA-256), metadata server
 //
-// Label values cannot hold ':' or '.', so the endpoint and the hash are attributes. The VM's service
-// account needs compute.instances.get and compute.instances.list on the project.
+// Label values cannot hold ':' or '.', so the endpoint and the hash are attributes. The Compute API is
+// called with the VM's service account, whose access token comes from the same metadata server
+// (instance/service-accounts/default/token); it needs compute.instances.get and compute.instances.list
+// on the project. The local fake of both APIs is gcptest.
 package gcp
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -26,6 +29,7 @@ import (
 	"time"
 
 	gcemd "cloud.google.com/go/compute/metadata"
+	"golang.org/x/oauth2"
 	compute "google.golang.org/api/compute/v1"
 	"google.golang.org/api/googleapi"
 	"google.golang.org/api/option"
@@ -50,8 +54,8 @@ type Config struct {
 	MetadataURL string
 	// ComputeEndpoint is the Compute Engine API's base URL including /compute/v1/; empty means Google's.
 	ComputeEndpoint string
-	// ClientOptions are passed to the Compute API client, e.g. option.WithoutAuthentication() or
-	// option.WithHTTPClient for a local fake. Without them the client uses the VM's service account.
+	// ClientOptions are passed to the Compute API client. Without them the client authenticates as the
+	// VM's service account, with access tokens from the metadata server at MetadataURL.
 	ClientOptions []option.ClientOption
 	// PeersTTL is how long a listing of peers is reused; 0 means DefaultPeersTTL, negative lists every time.
 	PeersTTL time.Duration
@@ -76,7 +80,11 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 		}
 		hc.Transport = redirect{base: base, next: http.DefaultTransport}
 	}
+	md := gcemd.NewWithOptions(&gcemd.Options{Client: hc})
 	opts := append([]option.ClientOption(nil), cfg.ClientOptions...)
+	if len(opts) == 0 {
+		opts = append(opts, option.WithTokenSource(oauth2.ReuseTokenSource(nil, tokenSource{md: md})))
+	}
 	if cfg.ComputeEndpoint != "" {
 		opts = append(opts, option.WithEndpoint(cfg.ComputeEndpoint))
 	}
@@ -89,7 +97,7 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 		ttl = DefaultPeersTTL
 	}
 	return &Provider{
-		md:      gcemd.NewWithOptions(&gcemd.Options{Client: hc}),
+		md:      md,
 		compute: svc,
 		peers:   metadata.PeerCache{TTL: ttl, Clock: cfg.Clock},
 	}, nil
@@ -107,6 +115,30 @@ func (r redirect) RoundTrip(req *http.Request) (*http.Response, error) {
 	out.URL.Path = strings.TrimRight(r.base.Path, "/") + req.URL.Path
 	out.Host = r.base.Host
 	return r.next.RoundTrip(out)
+}
+
+// tokenSource gets the VM's service account access token from the metadata server.
+type tokenSource struct{ md *gcemd.Client }
+
+// tokenResponse is the metadata server's answer on instance/service-accounts/default/token.
+type tokenResponse struct {
+	AccessToken string `json:"access_token"`
+	ExpiresIn   int64  `json:"expires_in"`
+	TokenType   string `json:"token_type"`
+}
+
+func (s tokenSource) Token() (*oauth2.Token, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), metadataTimeout)
+	defer cancel()
+	v, err := s.md.GetWithContext(ctx, "instance/service-accounts/default/token")
+	if err != nil {
+		return nil, fmt.Errorf("getting the service account's access token: %w", mdError(err))
+	}
+	var tr tokenResponse
+	if err := json.Unmarshal([]byte(v), &tr); err != nil || tr.AccessToken == "" {
+		return nil, errors.New("getting the service account's access token: the metadata server's answer is not a token")
+	}
+	return &oauth2.Token{AccessToken: tr.AccessToken, TokenType: tr.TokenType, Expiry: time.Now().Add(time.Duration(tr.ExpiresIn) * time.Second)}, nil
 }
 
 // identity is what the metadata server says about this VM.
@@ -287,8 +319,11 @@ func apiError(err error) error {
 			throttled = true
 		}
 	}
-	if throttled {
+	switch {
+	case throttled:
 		return fmt.Errorf("%w: %w", metadata.ErrThrottled, err)
+	case ge.Code == http.StatusUnauthorized:
+		return fmt.Errorf("%w: %w", metadata.ErrTokenExpired, err)
 	}
 	return err
 }
