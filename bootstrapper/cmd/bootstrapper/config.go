@@ -11,6 +11,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/logging"
+	metachoose "github.com/berth-k8s/berth/internal/metadata/choose"
 	"github.com/berth-k8s/berth/internal/version"
 )
 
@@ -19,6 +20,7 @@ type config struct {
 	metadata      string
 	metadataFile  string
 	metadataURL   string
+	metadataAPI   string
 	attestation   string
 	tpm           string
 	lockPCR       uint
@@ -77,9 +79,10 @@ func defaultConfig() *config {
 }
 
 func (c *config) register(f *pflag.FlagSet) {
-	f.StringVar(&c.metadata, "metadata", c.metadata, "metadata provider: static (a file) or mini (the HTTP API of 'berth mini up')")
+	f.StringVar(&c.metadata, "metadata", c.metadata, "metadata provider: static (a file), mini (the HTTP API of 'berth mini up'), qemu (the same API served by 'berth metadata serve'), gcp, aws or azure")
 	f.StringVar(&c.metadataFile, "metadata-file", c.metadataFile, "metadata file for --metadata=static")
-	f.StringVar(&c.metadataURL, "metadata-url", c.metadataURL, "base URL of the metadata API for --metadata=mini")
+	f.StringVar(&c.metadataURL, "metadata-url", c.metadataURL, "base URL of the metadata API for --metadata=mini|qemu; for gcp, aws and azure the instance metadata service (default: the cloud's well-known address)")
+	f.StringVar(&c.metadataAPI, "metadata-api-url", c.metadataAPI, "for --metadata=gcp|aws|azure: base URL of the cloud's compute API (default: the cloud's own endpoint)")
 	f.StringVar(&c.attestation, "attestation", c.attestation, "attestation variant: tpm, tdx, or insecure-none (no attestation, development only)")
 	f.StringVar(&c.tpm, "tpm", c.tpm, "TPM for --attestation=tpm: a device path such as /dev/tpmrm0, tcp:HOST:PORT or unix:PATH for swtpm")
 	f.UintVar(&c.lockPCR, "lock-pcr", c.lockPCR, "PCR the node lock extends the cluster ID into (--attestation=tpm)")
@@ -113,21 +116,15 @@ func (c *config) register(f *pflag.FlagSet) {
 	c.log.AddFlags(f)
 }
 
+// metadataConfig says which metadata provider the daemon builds.
+func (c *config) metadataConfig() metachoose.Config {
+	return metachoose.Config{Name: c.metadata, File: c.metadataFile, URL: c.metadataURL, APIURL: c.metadataAPI}
+}
+
 func (c *config) validate() error {
 	var errs []error
-	switch c.metadata {
-	case "static":
-		if c.metadataFile == "" {
-			errs = append(errs, errors.New("--metadata=static needs --metadata-file"))
-		}
-	case "mini":
-		if c.metadataURL == "" {
-			errs = append(errs, errors.New("--metadata=mini needs --metadata-url"))
-		}
-	case "":
-		errs = append(errs, errors.New("--metadata is required (static or mini)"))
-	default:
-		errs = append(errs, fmt.Errorf("--metadata %q: want static or mini", c.metadata))
+	if err := c.metadataConfig().Validate(); err != nil {
+		errs = append(errs, err)
 	}
 	switch c.attestation {
 	case "insecure-none", "tdx":

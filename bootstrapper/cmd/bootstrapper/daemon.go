@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,8 +28,7 @@ import (
 	"github.com/berth-k8s/berth/internal/kubelet"
 	"github.com/berth-k8s/berth/internal/logging"
 	"github.com/berth-k8s/berth/internal/metadata"
-	"github.com/berth-k8s/berth/internal/metadata/mini"
-	"github.com/berth-k8s/berth/internal/metadata/static"
+	metachoose "github.com/berth-k8s/berth/internal/metadata/choose"
 	"github.com/berth-k8s/berth/internal/nodestate"
 	"github.com/berth-k8s/berth/internal/version"
 	"github.com/berth-k8s/berth/internal/webhook/install"
@@ -41,6 +41,14 @@ type metadataProvider interface {
 	Peers(ctx context.Context) ([]metadata.Instance, error)
 	ControlPlaneEndpoint(ctx context.Context) (string, error)
 	InitSecretHash(ctx context.Context) ([]byte, error)
+}
+
+// newMetadata builds the metadata provider cfg names (--metadata, --metadata-url, ...). hc, when not
+// nil, carries the cloud providers' requests.
+func newMetadata(ctx context.Context, cfg *config, fs afero.Fs, hc *http.Client) (metadataProvider, error) {
+	mc := cfg.metadataConfig()
+	mc.FS, mc.HTTPClient = fs, hc
+	return metachoose.New(ctx, mc)
 }
 
 // daemon builds the daemon's parts from cfg and runs it.
@@ -70,12 +78,9 @@ func daemon(ctx context.Context, cfg *config) error {
 	}
 
 	fs := afero.NewOsFs()
-	var meta metadataProvider
-	switch cfg.metadata {
-	case "static":
-		meta = static.New(fs, cfg.metadataFile)
-	case "mini":
-		meta = mini.NewClient(cfg.metadataURL)
+	meta, err := newMetadata(ctx, cfg, fs, nil)
+	if err != nil {
+		return &configError{err}
 	}
 
 	att, err := newAttestation(cfg, log)
@@ -131,7 +136,7 @@ func daemon(ctx context.Context, cfg *config) error {
 		ManifestDir: cfg.componentsDir, JoinServiceImage: cfg.joinImage, ImagePullPolicy: pullPolicy(cfg.neverPull),
 		WebhookImage: cfg.webhookImage,
 		JoinServiceEnv: map[string]string{
-			"BERTH_METADATA": cfg.metadata, "BERTH_METADATA_URL": cfg.metadataURL,
+			"BERTH_METADATA": cfg.metadata, "BERTH_METADATA_URL": cfg.metadataURL, "BERTH_METADATA_API_URL": cfg.metadataAPI,
 			"BERTH_METADATA_FILE": cfg.metadataFile, "BERTH_ATTESTATION": cfg.attestation, "BERTH_TPM": cfg.tpm,
 		},
 		JoinServiceHostPaths: tpmHostPaths(cfg.tpm),

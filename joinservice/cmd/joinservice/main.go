@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"syscall"
 
-	"github.com/spf13/afero"
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"k8s.io/client-go/dynamic"
@@ -24,8 +23,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/logging"
-	"github.com/berth-k8s/berth/internal/metadata/mini"
-	"github.com/berth-k8s/berth/internal/metadata/static"
+	metachoose "github.com/berth-k8s/berth/internal/metadata/choose"
 	"github.com/berth-k8s/berth/joinservice"
 	"github.com/berth-k8s/berth/joinservice/server"
 )
@@ -39,6 +37,7 @@ type options struct {
 	metadata     string
 	metadataURL  string
 	metadataFile string
+	metadataAPI  string
 	attestation  string
 	tpm          string
 	tdxRoot      string
@@ -89,9 +88,10 @@ address): /livez is 200 while every loop of the service runs, /readyz only once 
 cluster secrets and the join configuration, loaded the CA, synced its policy watcher, made an
 attestation document in its last self-check and serves joins.
 
---metadata, --metadata-url, --metadata-file, --attestation, --tpm, --tdx-root, --log-level and
---log-format default to BERTH_METADATA, BERTH_METADATA_URL, BERTH_METADATA_FILE, BERTH_ATTESTATION,
-BERTH_TPM, BERTH_TDX_ROOT, BERTH_LOG_LEVEL and BERTH_LOG_FORMAT.`,
+--metadata, --metadata-url, --metadata-api-url, --metadata-file, --attestation, --tpm, --tdx-root,
+--log-level and --log-format default to BERTH_METADATA, BERTH_METADATA_URL, BERTH_METADATA_API_URL,
+BERTH_METADATA_FILE, BERTH_ATTESTATION, BERTH_TPM, BERTH_TDX_ROOT, BERTH_LOG_LEVEL and
+BERTH_LOG_FORMAT; the bootstrapper passes its own to the DaemonSet.`,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
 		SilenceErrors: true,
@@ -105,8 +105,9 @@ BERTH_TPM, BERTH_TDX_ROOT, BERTH_LOG_LEVEL and BERTH_LOG_FORMAT.`,
 	f.StringVar(&o.pkiDir, "pki-dir", o.pkiDir, "kubeadm's PKI directory")
 	f.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "kubeconfig; empty means in-cluster")
 	f.StringVar(&o.namespace, "namespace", o.namespace, "namespace of Berth's configuration")
-	f.StringVar(&o.metadata, "metadata", envOr("BERTH_METADATA", ""), "metadata provider: static or mini")
-	f.StringVar(&o.metadataURL, "metadata-url", envOr("BERTH_METADATA_URL", ""), "metadata API for --metadata=mini")
+	f.StringVar(&o.metadata, "metadata", envOr("BERTH_METADATA", ""), "metadata provider: static, mini, qemu, gcp, aws or azure")
+	f.StringVar(&o.metadataURL, "metadata-url", envOr("BERTH_METADATA_URL", ""), "metadata API for --metadata=mini|qemu; for gcp, aws and azure the instance metadata service (default: the cloud's well-known address)")
+	f.StringVar(&o.metadataAPI, "metadata-api-url", envOr("BERTH_METADATA_API_URL", ""), "for --metadata=gcp|aws|azure: the cloud's compute API (default: the cloud's own endpoint)")
 	f.StringVar(&o.metadataFile, "metadata-file", envOr("BERTH_METADATA_FILE", ""), "metadata file for --metadata=static")
 	f.StringVar(&o.attestation, "attestation", envOr("BERTH_ATTESTATION", ""), "attestation variant: tpm, tdx, or insecure-none (development only)")
 	f.StringVar(&o.tpm, "tpm", envOr("BERTH_TPM", ""), "TPM of this node for --attestation=tpm (device path, tcp:HOST:PORT or unix:PATH)")
@@ -142,7 +143,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer func() { _ = log.Sync() }()
-	d, err := deps(o, log)
+	d, err := deps(ctx, o, log)
 	if err != nil {
 		return err
 	}
@@ -150,7 +151,7 @@ func run(ctx context.Context, o options) error {
 }
 
 // deps builds the service's parts from o.
-func deps(o options, log *zap.Logger) (joinservice.Deps, error) {
+func deps(ctx context.Context, o options, log *zap.Logger) (joinservice.Deps, error) {
 	d := joinservice.Deps{
 		Log: log, Listen: &net.ListenConfig{}, Attestation: o.attestation,
 		Address: o.listen, MetricsAddress: o.metricsAddr, Namespace: o.namespace, PKIDir: o.pkiDir, Replica: o.replica,
@@ -161,14 +162,11 @@ func deps(o options, log *zap.Logger) (joinservice.Deps, error) {
 	default:
 		return d, fmt.Errorf("--attestation %q: want tpm, tdx, or insecure-none", o.attestation)
 	}
-	switch o.metadata {
-	case "mini":
-		d.Metadata = mini.NewClient(o.metadataURL)
-	case "static":
-		d.Metadata = static.New(afero.NewOsFs(), o.metadataFile)
-	default:
-		return d, fmt.Errorf("--metadata %q: want static or mini", o.metadata)
+	meta, err := metachoose.New(ctx, metachoose.Config{Name: o.metadata, File: o.metadataFile, URL: o.metadataURL, APIURL: o.metadataAPI})
+	if err != nil {
+		return d, err
 	}
+	d.Metadata = meta
 	switch o.attestation {
 	case "tpm":
 		open, err := vtpm.OpenerFromSpec(o.tpm)

@@ -1,0 +1,271 @@
+package azure
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/berth-k8s/berth/internal/metadata"
+	"github.com/berth-k8s/berth/internal/metadata/azure/azuretest"
+)
+
+// start returns a provider reading f, with the SDK's retries off.
+func start(t *testing.T, f *azuretest.Fake, cfg Config) *Provider {
+	t.Helper()
+	cfg.IMDSURL, cfg.ARMEndpoint, cfg.HTTPClient = f.IMDSURL, f.ARMURL, f.Client
+	if cfg.MaxRetries == 0 {
+		cfg.MaxRetries = -1
+	}
+	p, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func describe(in []metadata.Instance) []string {
+	var out []string
+	for _, i := range in {
+		out = append(out, i.Name+"/"+string(i.Role)+"/"+strings.Join(i.IPs, ","))
+	}
+	return out
+}
+
+func TestProvider(t *testing.T) {
+	f := azuretest.New(t)
+	p := start(t, f, Config{PeersTTL: -1})
+	ctx := context.Background()
+
+	self, err := p.Self(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if self.Name != "cp-0" || self.Role != metadata.RoleControlPlane || !slices.Equal(self.IPs, []string{"10.0.0.4", "10.0.0.14"}) {
+		t.Fatalf("Self() = %+v", self)
+	}
+	peers, err := p.Peers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// w-1 failed provisioning, w-2 has no role, other-0 is of another cluster.
+	want := []string{"cp-0/control-plane/10.0.0.4,10.0.0.14", "cp-1/control-plane/10.0.0.5", "w-0/worker/10.0.0.6"}
+	if got := describe(peers); !slices.Equal(got, want) {
+		t.Fatalf("Peers() = %v, want %v", got, want)
+	}
+	var vmPages, nicPages, tokens int
+	f.Read(func(f *azuretest.Fake) {
+		vmPages, nicPages, tokens = f.VMListRequests, f.NICListRequests, f.TokenRequests
+	})
+	if vmPages != 3 || nicPages != 3 { // 6 VMs and 6 NICs, 2 per page
+		t.Errorf("list pages = %d VMs, %d NICs, want 3 each (nextLink pagination)", vmPages, nicPages)
+	}
+	if tokens != 1 {
+		t.Errorf("token requests = %d, want 1", tokens)
+	}
+	ep, err := p.ControlPlaneEndpoint(ctx)
+	if err != nil || ep != azuretest.Endpoint {
+		t.Fatalf("ControlPlaneEndpoint() = %q, %v", ep, err)
+	}
+	h, err := p.InitSecretHash(ctx)
+	if err != nil || hex.EncodeToString(h) != azuretest.InitSecretHash {
+		t.Fatalf("InitSecretHash() = %x, %v", h, err)
+	}
+	if _, err := p.Peers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.Read(func(f *azuretest.Fake) { tokens = f.TokenRequests })
+	if tokens != 1 {
+		t.Errorf("token requests after a second listing = %d, want 1 (the token is reused)", tokens)
+	}
+
+	f.Update(func(f *azuretest.Fake) { f.Self = "w-0" })
+	if self, err := p.Self(ctx); err != nil || self.Role != metadata.RoleWorker {
+		t.Fatalf("Self() on w-0 = %+v, %v", self, err)
+	}
+	if _, err := p.ControlPlaneEndpoint(ctx); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("ControlPlaneEndpoint() without tag = %v, want ErrNotFound", err)
+	}
+	if _, err := p.InitSecretHash(ctx); !errors.Is(err, metadata.ErrNotFound) {
+		t.Errorf("InitSecretHash() without tag = %v, want ErrNotFound", err)
+	}
+}
+
+func TestExpiredToken(t *testing.T) {
+	f := azuretest.New(t)
+	p := start(t, f, Config{PeersTTL: -1})
+	ctx := context.Background()
+	if _, err := p.Peers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The token expires: ARM answers 401, the provider fetches a fresh token once and goes on.
+	f.Update(func(f *azuretest.Fake) { f.ExpireTokens() })
+	if _, err := p.Peers(ctx); err != nil {
+		t.Fatalf("Peers() after the token expired = %v, want a fresh token and success", err)
+	}
+	var tokens int
+	f.Read(func(f *azuretest.Fake) { tokens = f.TokenRequests })
+	if tokens != 2 {
+		t.Errorf("token requests = %d, want 2", tokens)
+	}
+	// ARM rejects every token: one fresh one, then ErrTokenExpired.
+	f.Update(func(f *azuretest.Fake) { f.RejectTokens = true })
+	if _, err := p.Peers(ctx); !errors.Is(err, metadata.ErrTokenExpired) {
+		t.Fatalf("Peers() with every token rejected = %v, want ErrTokenExpired", err)
+	}
+	f.Read(func(f *azuretest.Fake) { tokens = f.TokenRequests })
+	if tokens != 3 {
+		t.Errorf("token requests = %d, want 3 (exactly one refetch)", tokens)
+	}
+}
+
+func TestRoleAndCluster(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name        string
+		tags        map[string]string
+		self, peers error
+	}{
+		{"no role", map[string]string{metadata.KeyCluster: "c1"}, metadata.ErrMissingRole, nil},
+		{"unknown role", map[string]string{metadata.KeyCluster: "c1", metadata.KeyRole: "boss"}, metadata.ErrInvalidRole, nil},
+		{"no cluster", map[string]string{metadata.KeyRole: "worker"}, nil, metadata.ErrMissingCluster},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := azuretest.New(t)
+			f.VMs[0].Tags = tc.tags
+			p := start(t, f, Config{})
+			if _, err := p.Self(ctx); tc.self == nil && err != nil || tc.self != nil && !errors.Is(err, tc.self) {
+				t.Errorf("Self() = %v, want %v", err, tc.self)
+			}
+			if _, err := p.Peers(ctx); tc.peers == nil && err != nil || tc.peers != nil && !errors.Is(err, tc.peers) {
+				t.Errorf("Peers() = %v, want %v", err, tc.peers)
+			}
+		})
+	}
+}
+
+func TestThrottled(t *testing.T) {
+	ctx := context.Background()
+	f := azuretest.New(t)
+	p := start(t, f, Config{PeersTTL: -1})
+	f.Update(func(f *azuretest.Fake) { f.ARMStatus = http.StatusTooManyRequests })
+	if _, err := p.Peers(ctx); !errors.Is(err, metadata.ErrThrottled) {
+		t.Errorf("Peers() on ARM 429 = %v, want ErrThrottled", err)
+	}
+	f.Update(func(f *azuretest.Fake) { f.ARMStatus = http.StatusInternalServerError })
+	if _, err := p.Peers(ctx); err == nil || errors.Is(err, metadata.ErrThrottled) {
+		t.Errorf("Peers() on ARM 500 = %v, want an error that is not ErrThrottled", err)
+	}
+	f.Update(func(f *azuretest.Fake) { f.ARMStatus, f.IMDSStatus = 0, http.StatusTooManyRequests })
+	if _, err := p.Self(ctx); !errors.Is(err, metadata.ErrThrottled) {
+		t.Errorf("Self() on IMDS 429 = %v, want ErrThrottled", err)
+	}
+}
+
+func TestThrottledRetried(t *testing.T) {
+	f := azuretest.New(t)
+	// With the SDK's retries on, a 429 is retried after Retry-After (1 s) before the error.
+	p := start(t, f, Config{PeersTTL: -1, MaxRetries: 1})
+	if _, err := p.Peers(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var before, after int
+	f.Read(func(f *azuretest.Fake) { before = f.ARMRequests })
+	f.Update(func(f *azuretest.Fake) { f.ARMStatus = http.StatusTooManyRequests })
+	if _, err := p.Peers(context.Background()); !errors.Is(err, metadata.ErrThrottled) {
+		t.Fatalf("Peers() on 429 = %v, want ErrThrottled", err)
+	}
+	f.Read(func(f *azuretest.Fake) { after = f.ARMRequests })
+	if after-before != 2 {
+		t.Errorf("ARM requests for one throttled listing = %d, want 2 (one retry)", after-before)
+	}
+}
+
+// The fake checks what IMDS checks; the provider passes those checks (TestProvider), and this shows
+// the checks are there.
+func TestIMDSHeaders(t *testing.T) {
+	f := azuretest.New(t)
+	for _, tc := range []struct {
+		name, query string
+		header      bool
+	}{
+		{"no Metadata header", "?api-version=2021-02-01", false},
+		{"no api-version", "", true},
+	} {
+		req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, f.IMDSURL+"/metadata/instance"+tc.query, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.header {
+			req.Header.Set("Metadata", "true")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("%s: status %d, want 400", tc.name, resp.StatusCode)
+		}
+	}
+}
+
+func TestARMNeedsTLS(t *testing.T) {
+	if _, err := New(Config{ARMEndpoint: "http://127.0.0.1:1"}); err == nil {
+		t.Fatal("New() with an http ARM endpoint = nil error; tokens must not travel in the clear")
+	}
+	if _, err := New(Config{IMDSURL: "169.254.169.254"}); err == nil {
+		t.Fatal("New() with an IMDS URL without scheme = nil error")
+	}
+}
+
+func TestUnreachable(t *testing.T) {
+	var lc net.ListenConfig
+	lis, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := lis.Addr().String()
+	_ = lis.Close()
+	p, err := New(Config{IMDSURL: "http://" + addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Self(context.Background()); !errors.Is(err, metadata.ErrUnreachable) {
+		t.Fatalf("Self() without IMDS = %v, want ErrUnreachable", err)
+	}
+}
+
+func TestPeersCached(t *testing.T) {
+	f := azuretest.New(t)
+	clk := testingclock.NewFakePassiveClock(time.Unix(1_700_000_000, 0))
+	p := start(t, f, Config{PeersTTL: 10 * time.Second, Clock: clk})
+	ctx := context.Background()
+	if _, err := p.Peers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var before, after int
+	f.Read(func(f *azuretest.Fake) { before = f.VMListRequests })
+	if _, err := p.Peers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.Read(func(f *azuretest.Fake) { after = f.VMListRequests })
+	if after != before {
+		t.Fatalf("Peers() within the TTL listed %d more pages", after-before)
+	}
+	clk.SetTime(clk.Now().Add(11 * time.Second))
+	if _, err := p.Peers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.Read(func(f *azuretest.Fake) { after = f.VMListRequests })
+	if after == before {
+		t.Fatal("Peers() after the TTL did not list again")
+	}
+}
