@@ -29,7 +29,7 @@ BOOTSTRAPPER=${BERTH_BOOTSTRAPPER:-$ROOT/bin/bootstrapper}
 die() { echo "image/build.sh: $*" >&2; exit 1; }
 
 case $ATTESTATION in tpm | tdx) ;; *) die "IMAGE_ATTESTATION must be tpm or tdx, not '$ATTESTATION'" ;; esac
-case $METADATA in static | mini) ;; *) die "IMAGE_METADATA must be static or mini, not '$METADATA'" ;; esac
+case $METADATA in static | mini | qemu | gcp | aws | azure) ;; *) die "IMAGE_METADATA must be static, mini, qemu, gcp, aws or azure, not '$METADATA'" ;; esac
 [ "$(id -u)" = 0 ] || die "mkosi needs root"
 command -v mkosi >/dev/null || die "mkosi is not installed (scripts/install-deps.sh installs it)"
 [ -x "$BOOTSTRAPPER" ] || die "no bootstrapper binary at $BOOTSTRAPPER (run make build)"

@@ -411,6 +411,17 @@ func TestCmdlineEnv(t *testing.T) {
 			},
 		},
 		{
+			name:    "a cloud provider with its compute API",
+			cmdline: "berth.metadata=azure berth.metadata_api_url=https://management.azure.com",
+			want:    []string{"BERTH_METADATA=azure", "BERTH_METADATA_API_URL=https://management.azure.com"},
+		},
+		{
+			name:    "qemu provider",
+			cmdline: "berth.metadata=qemu berth.metadata_url=http://198.51.100.1:8080",
+			want:    []string{"BERTH_METADATA=qemu", "BERTH_METADATA_URL=http://198.51.100.1:8080"},
+		},
+		{name: "compute API without scheme", cmdline: "berth.metadata_api_url=management.azure.com", wantErr: true},
+		{
 			name:    "later option wins, unknown ones are ignored",
 			cmdline: "berth.attestation=tpm berth.colour=blue berth.attestation=tdx berth.tpm=/dev/tpm0",
 			want:    []string{"BERTH_ATTESTATION=tdx", "BERTH_TPM=/dev/tpm0"},

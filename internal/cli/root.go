@@ -50,7 +50,7 @@ warnings and errors go to stderr.
 		newInitCmd(), newRecoverCmd(),
 		newMiniCmd(),
 		newVerifyCmd(), newPolicyCmd(),
-		newStatusCmd(),
+		newStatusCmd(), newMetadataCmd(),
 		newVersionCmd(),
 	)
 	return root
