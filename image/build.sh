@@ -10,9 +10,13 @@
 #   IMAGE_ATTESTATION   tpm | tdx                           (default: tpm)
 #   IMAGE_METADATA      static | mini                       (default: static)
 #   BERTH_CACHE         cache root                          (default: /var/cache/berth)
+#   BERTH_CLI           the berth binary (policy measure)   (default: bin/berth)
+#   IMAGE_CMDLINE       the kernel command line baked into the UKI
 #
 # Output: $IMAGE_OUT/berth-root (the image's root directory), $IMAGE_OUT/berth-root.manifest (packages),
-# $IMAGE_OUT/berth-root.env (what was built, for tests). Caches: Debian packages in
+# $IMAGE_OUT/berth-root.env (what was built, for tests), $IMAGE_OUT/berth.efi (the unified kernel image:
+# systemd-stub, kernel, initrd, os-release, IMAGE_CMDLINE) and $IMAGE_OUT/berth.measurements.yaml (the
+# PCR 4 and PCR 11 values it produces, as a policy file for berth policy merge). Caches: Debian packages in
 # $BERTH_CACHE/image/apt; the installed OS before Berth's files (mkosi's incremental cache) in
 # $BERTH_CACHE/image/os-<hash>, keyed by mkosi.conf and mkosi.skeleton/, so changing the package list
 # rebuilds it and nothing else does (`make image-clean` drops it).
@@ -25,6 +29,7 @@ OUT=${IMAGE_OUT:-$IMAGE_DIR/mkosi.output}
 ATTESTATION=${IMAGE_ATTESTATION:-tpm}
 METADATA=${IMAGE_METADATA:-static}
 BOOTSTRAPPER=${BERTH_BOOTSTRAPPER:-$ROOT/bin/bootstrapper}
+CMDLINE=${IMAGE_CMDLINE:-root=LABEL=berth-root rw console=ttyS0 panic=-1}
 
 die() { echo "image/build.sh: $*" >&2; exit 1; }
 
@@ -82,6 +87,10 @@ start=$(date +%s)
 end=$(date +%s)
 
 [ -d "$OUT/berth-root/usr/lib/systemd" ] || die "mkosi did not produce $OUT/berth-root"
+# The unified kernel image and, computed from it, the measurements it will produce.
+uki_start=$(date +%s)
+BERTH_CLI=${BERTH_CLI:-$ROOT/bin/berth} "$IMAGE_DIR/uki.sh" "$OUT/berth-root" "$CMDLINE" "$OUT/berth.efi" "$OUT/berth.measurements.yaml"
+uki_end=$(date +%s)
 # OS caches of earlier package lists are about 1 GB each: keep only the current one.
 for old in "$CACHE"/image/os-*; do
 	[ "$old" = "$osdir" ] || rm -rf "$old"
@@ -93,6 +102,10 @@ done
 	echo "IMAGE_K8S_BIN=$BERTH_K8S_BIN"
 	echo "IMAGE_OS_CACHE=$osdir"
 	echo "IMAGE_BUILD_SECONDS=$((end - start))"
+	echo "IMAGE_UKI=$OUT/berth.efi"
+	echo "IMAGE_UKI_SECONDS=$((uki_end - uki_start))"
+	echo "IMAGE_CMDLINE=$CMDLINE"
+	echo "IMAGE_MEASUREMENTS=$OUT/berth.measurements.yaml"
 } >"$OUT/berth-root.env"
 size=$(du -sh "$OUT/berth-root" | cut -f1)
 echo "image/build.sh: built $OUT/berth-root ($size) in $((end - start)) s" >&2

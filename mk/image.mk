@@ -6,7 +6,7 @@ IMAGE_ATTESTATION ?= tpm
 IMAGE_METADATA ?= static
 IMAGE_ROOT := $(IMAGE_OUT)/berth-root
 
-.PHONY: image image-bootstrapper image-clean test-image
+.PHONY: image image-bootstrapper image-cli image-clean test-image
 
 # The image needs only the bootstrapper. A TDX image opts in to go-tdx-qpl (AGPL-3.0, build tag
 # berth_qpl) for the legacy /dev/tdx-guest backend; that bootstrapper binary then carries AGPL-3.0 code.
@@ -14,9 +14,14 @@ IMAGE_GO_TAGS := $(if $(filter tdx,$(IMAGE_ATTESTATION)),berth_qpl)
 image-bootstrapper:
 	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(IMAGE_GO_TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/ ./bootstrapper/cmd/bootstrapper
 
-image: image-bootstrapper ## build the node image's root tree into image/mkosi.output/berth-root (needs root and mkosi)
+# berth policy measure computes the UKI's PCR values at build time.
+image-cli:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berth
+
+# IMAGE_CMDLINE (optional) replaces the kernel command line baked into the UKI.
+image: image-bootstrapper image-cli ## build the node image: root tree, unified kernel image berth.efi and its expected measurements (needs root, mkosi, systemd-boot-efi)
 	IMAGE_OUT=$(IMAGE_OUT) IMAGE_ATTESTATION=$(IMAGE_ATTESTATION) IMAGE_METADATA=$(IMAGE_METADATA) \
-		BERTH_BOOTSTRAPPER=$(CURDIR)/$(BIN)/bootstrapper image/build.sh
+		BERTH_BOOTSTRAPPER=$(CURDIR)/$(BIN)/bootstrapper BERTH_CLI=$(CURDIR)/$(BIN)/berth image/build.sh
 
 # The tree is rebuilt first (a few seconds when mkosi's OS cache is warm), so the tests always see
 # the units as they are in image/.
@@ -39,3 +44,8 @@ image-luks-test: ## the state disk's LUKS2 backend for real (cryptsetup, dm-cryp
 image-init-test: ## berth init a one-node cluster on the booted image (QEMU/TCG; needs BOOT_IMAGES=archives of the control-plane and joinservice images)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/berth
 	IMAGE_ROOT=$(IMAGE_ROOT) BOOT_WORK=$(IMAGE_OUT)/init BERTH_CLI=$(CURDIR)/$(BIN)/berth image/init-test.sh
+
+.PHONY: image-measured-boot-test
+image-measured-boot-test: ## boot berth.efi under QEMU/TCG with OVMF and swtpm; berth verify checks the quoted PCRs 4 and 11 against the computed ones, then a UKI whose command line differs by one byte must be refused (manual, minutes; needs qemu-system-x86, ovmf, swtpm-tools)
+	IMAGE_ROOT=$(IMAGE_ROOT) IMAGE_OUT=$(IMAGE_OUT) BOOT_WORK=$(IMAGE_OUT)/measured BERTH_CLI=$(CURDIR)/$(BIN)/berth \
+		flock /tmp/berth-e2e.lock image/measured-boot-test.sh

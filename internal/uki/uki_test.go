@@ -1,0 +1,175 @@
+package uki
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"testing"
+)
+
+// stubPath is systemd-stub as Debian's systemd-boot-efi ships it.
+const stubPath = "/usr/lib/systemd/boot/efi/linuxx64.efi.stub"
+
+// needTools skips, or fails under CI=true, without objcopy and the stub.
+func needTools(t *testing.T) {
+	t.Helper()
+	for _, p := range []string{stubPath} {
+		if _, err := os.Stat(p); err != nil {
+			unavailable(t, "needs "+p+" (Debian package systemd-boot-efi)")
+		}
+	}
+	if _, err := exec.LookPath("objcopy"); err != nil {
+		unavailable(t, "needs objcopy (Debian package binutils)")
+	}
+}
+
+func unavailable(t *testing.T, why string) {
+	t.Helper()
+	if os.Getenv("CI") == "true" {
+		t.Fatal(why)
+	}
+	t.Skip(why)
+}
+
+// build assembles a UKI the way image/build.sh does (objcopy onto systemd-stub). The kernel is a copy
+// of the stub: any PE image will do for the measurements.
+func build(t *testing.T, cmdline string) (dir, path string) {
+	t.Helper()
+	dir = t.TempDir()
+	files := map[string][]byte{"osrel": []byte("ID=berth\nVERSION_ID=test\n"), "cmdline": []byte(cmdline), "initrd": bytes.Repeat([]byte("initrd"), 1000)}
+	stub, err := os.ReadFile(stubPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files["linux"] = stub
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path = filepath.Join(dir, "uki.efi")
+	out, err := exec.CommandContext(t.Context(), "objcopy",
+		"--add-section", ".osrel="+filepath.Join(dir, "osrel"), "--change-section-vma", ".osrel=0x20000",
+		"--add-section", ".cmdline="+filepath.Join(dir, "cmdline"), "--change-section-vma", ".cmdline=0x30000",
+		"--add-section", ".linux="+filepath.Join(dir, "linux"), "--change-section-vma", ".linux=0x2000000",
+		"--add-section", ".initrd="+filepath.Join(dir, "initrd"), "--change-section-vma", ".initrd=0x3000000",
+		stubPath, path).CombinedOutput()
+	if err != nil {
+		t.Fatalf("objcopy: %v: %s", err, out)
+	}
+	return dir, path
+}
+
+func predict(t *testing.T, path string) *Prediction {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Predict(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// PCR 11 as systemd's own calculator has it, before any boot phase.
+func TestPCR11MatchesSystemdMeasure(t *testing.T) {
+	needTools(t)
+	measure := "/usr/lib/systemd/systemd-measure"
+	if _, err := os.Stat(measure); err != nil {
+		unavailable(t, "needs "+measure+" (Debian package systemd)")
+	}
+	dir, path := build(t, "root=LABEL=berth-root rw console=ttyS0")
+	p := predict(t, path)
+	out, err := exec.CommandContext(t.Context(), measure, "calculate", "--bank=sha256", "--phase=",
+		"--linux="+filepath.Join(dir, "linux"), "--osrel="+filepath.Join(dir, "osrel"),
+		"--cmdline="+filepath.Join(dir, "cmdline"), "--initrd="+filepath.Join(dir, "initrd")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("systemd-measure: %v: %s", err, out)
+	}
+	m := regexp.MustCompile(`11:sha256=([0-9a-f]{64})`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("no PCR 11 in systemd-measure's output: %s", out)
+	}
+	got := p.PCRs[11]
+	if hex.EncodeToString(got[:]) != string(m[1]) {
+		t.Fatalf("PCR 11 = %x, systemd-measure says %s", got, m[1])
+	}
+}
+
+// A one-byte change of the command line changes both predicted PCRs: the check can fail.
+func TestCmdlineChangesPCRs(t *testing.T) {
+	needTools(t)
+	_, a := build(t, "root=LABEL=berth-root rw console=ttyS0")
+	_, b := build(t, "root=LABEL=berth-root rw console=ttyS1")
+	pa, pb := predict(t, a), predict(t, b)
+	for _, pcr := range []int{4, 11} {
+		if pa.PCRs[pcr] == pb.PCRs[pcr] {
+			t.Errorf("PCR %d is the same for two command lines", pcr)
+		}
+	}
+	if len(pa.Events) != 4+2*4 { // 4 firmware events, name and content of 4 sections
+		t.Errorf("%d events, want 12", len(pa.Events))
+	}
+}
+
+// The Authenticode digest leaves out the checksum, the certificate table entry and the certificate
+// table itself, and covers everything else.
+func TestAuthenticode(t *testing.T) {
+	needTools(t)
+	_, path := build(t, "x")
+	img, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := Authenticode(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peOff := int(binary.LittleEndian.Uint32(img[0x3c:]))
+	opt := peOff + 24
+
+	changed := bytes.Clone(img)
+	binary.LittleEndian.PutUint32(changed[opt+64:], 0xdeadbeef) // checksum
+	if got, _ := Authenticode(changed); got != want {
+		t.Error("the checksum field changed the digest")
+	}
+	// A signature appended as the certificate table (what sbsign does) is left out.
+	signed := append(bytes.Clone(img), bytes.Repeat([]byte{0xaa}, 64)...)
+	binary.LittleEndian.PutUint32(signed[opt+112+32:], uint32(len(img)))
+	binary.LittleEndian.PutUint32(signed[opt+112+36:], 64)
+	if got, err := Authenticode(signed); err != nil || got != want {
+		t.Errorf("an appended certificate table changed the digest (%v)", err)
+	}
+	// Any byte of a section changes it.
+	sections, err := Sections(img)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := bytes.Index(img, sections[".osrel"])
+	changed = bytes.Clone(img)
+	changed[i] ^= 1
+	if got, _ := Authenticode(changed); got == want {
+		t.Error("a changed section byte kept the digest")
+	}
+}
+
+func TestNotUKI(t *testing.T) {
+	if _, err := Predict([]byte("MZ not really")); !errors.Is(err, ErrNotUKI) {
+		t.Fatalf("Predict(garbage) = %v, want ErrNotUKI", err)
+	}
+	needTools(t)
+	stub, err := os.ReadFile(stubPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Predict(stub); !errors.Is(err, ErrNotUKI) {
+		t.Fatalf("Predict(the bare stub) = %v, want ErrNotUKI (no .linux)", err)
+	}
+}
