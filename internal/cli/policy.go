@@ -10,13 +10,13 @@ import (
 
 func newPolicyCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:     "policy",
-		Short:   "Work with attestation policies",
+		Use:   "policy",
+		Short: "Work with attestation policies",
 		Example: `  berth policy check --policy policy.yaml --evidence node.evidence
   berth policy measure --uki berth.efi > berth.measurements.yaml
   berth policy merge --policy policy.yaml --measurements berth.measurements.yaml > next-policy.yaml`,
-		Args:    cobra.NoArgs,
-		RunE:    groupHelp,
+		Args: cobra.NoArgs,
+		RunE: groupHelp,
 	}
 	cmd.AddCommand(newPolicyCheckCmd(), newPolicyMeasureCmd(), newPolicyMergeCmd())
 	return cmd
