@@ -343,3 +343,31 @@ func TestTreeBinariesRun(t *testing.T) {
 		t.Errorf("containerd sandbox_image = %q, kubeadm %s expects %q", m, version, pause)
 	}
 }
+
+// The image's measured boot: systemd-pcrphase is masked so that PCR 11 stays what systemd-stub
+// measured, and the build wrote the UKI and the measurements it computed for it.
+func TestTreeMeasuredBoot(t *testing.T) {
+	root := imageRoot(t)
+	for _, u := range []string{"systemd-pcrphase.service", "systemd-pcrphase-sysinit.service", "systemd-pcrphase-initrd.service"} {
+		target, err := os.Readlink(filepath.Join(root, "etc/systemd/system", u))
+		if err != nil || target != "/dev/null" {
+			t.Errorf("%s is not masked (link to %q, %v): it would extend PCR 11 after the stub", u, target, err)
+		}
+	}
+	info := buildInfo(t, root)
+	for _, key := range []string{"IMAGE_UKI", "IMAGE_MEASUREMENTS"} {
+		path := info[key]
+		if st, err := os.Stat(path); path == "" || err != nil || st.Size() == 0 {
+			t.Errorf("%s=%q: %v", key, path, err)
+		}
+	}
+	m, err := os.ReadFile(info["IMAGE_MEASUREMENTS"])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"variant: tpm", "\n  4:\n", "\n  11:\n"} {
+		if !strings.Contains(string(m), want) {
+			t.Errorf("measurements file has no %q:\n%s", want, m)
+		}
+	}
+}
