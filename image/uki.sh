@@ -43,6 +43,14 @@ objcopy \
 	--add-section .linux="$kernel" --change-section-vma .linux="$(printf '0x%x' $linux_vma)" \
 	--add-section .initrd="$initrd" --change-section-vma .initrd="$(printf '0x%x' $initrd_vma)" \
 	"$stub" "$out.tmp"
+# objcopy stamps the PE header with the current time, which would make every build's UKI (and its
+# PCR 4) different: the stamp is SOURCE_DATE_EPOCH, else 0, and the optional PE checksum (over the
+# stamp) is 0, so the same inputs give the same UKI.
+pe=$(od -An -tu4 -j60 -N4 "$out.tmp" | tr -d ' ')
+stamp=${SOURCE_DATE_EPOCH:-0}
+printf "$(printf '\\x%02x\\x%02x\\x%02x\\x%02x' $((stamp & 255)) $((stamp >> 8 & 255)) $((stamp >> 16 & 255)) $((stamp >> 24 & 255)))" |
+	dd of="$out.tmp" bs=1 seek=$((pe + 8)) conv=notrunc status=none
+printf '\x00\x00\x00\x00' | dd of="$out.tmp" bs=1 seek=$((pe + 24 + 64)) conv=notrunc status=none
 mv -f "$out.tmp" "$out"
 
 if [ -n "$measurements" ]; then

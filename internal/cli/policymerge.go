@@ -94,7 +94,21 @@ func measurementPolicy(p *uki.Prediction, source string) ([]byte, error) {
 	doc := &yaml.Node{Kind: yaml.MappingNode, Content: []*yaml.Node{scalar("variant"), scalar("tpm"), scalar("measurements"), meas}}
 	doc.HeadComment = "Expected measurements of a unified kernel image, computed by berth policy measure.\n" +
 		"Merge them into a cluster policy with berth policy merge; firmware PCRs are not covered."
-	return yaml.Marshal(&yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{doc}})
+	return encodeYAML(&yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{doc}})
+}
+
+// encodeYAML writes a document with two-space indentation, as policy files are written by hand.
+func encodeYAML(doc *yaml.Node) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(doc); err != nil {
+		return nil, fmt.Errorf("encoding YAML: %w", err)
+	}
+	if err := enc.Close(); err != nil {
+		return nil, fmt.Errorf("encoding YAML: %w", err)
+	}
+	return buf.Bytes(), nil
 }
 
 func scalar(v string) *yaml.Node { return &yaml.Node{Kind: yaml.ScalarNode, Value: v} }
@@ -206,17 +220,12 @@ func mergePolicy(policyPath, measurementsPath string, keep bool) ([]byte, error)
 			meas.Content = append(meas.Content, scalar(key), val)
 		}
 	}
-	var buf bytes.Buffer
-	enc := yaml.NewEncoder(&buf)
-	enc.SetIndent(2)
-	if err := enc.Encode(&doc); err != nil {
-		return nil, fmt.Errorf("encoding the merged policy: %w", err)
-	}
-	if err := enc.Close(); err != nil {
-		return nil, fmt.Errorf("encoding the merged policy: %w", err)
+	out, err := encodeYAML(&doc)
+	if err != nil {
+		return nil, err
 	}
 	dir := filepath.Dir(policyPath)
-	if _, err := policy.Parse(buf.Bytes(), policyPath+" (merged)", func(name string) ([]byte, error) {
+	if _, err := policy.Parse(out, policyPath+" (merged)", func(name string) ([]byte, error) {
 		if !filepath.IsAbs(name) {
 			name = filepath.Join(dir, name)
 		}
@@ -224,7 +233,7 @@ func mergePolicy(policyPath, measurementsPath string, keep bool) ([]byte, error)
 	}); err != nil {
 		return nil, fmt.Errorf("the merged policy is invalid: %w", err)
 	}
-	return buf.Bytes(), nil
+	return out, nil
 }
 
 func containsBytes(list [][]byte, v []byte) bool {
