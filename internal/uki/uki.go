@@ -101,7 +101,7 @@ func Sections(image []byte) (map[string][]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrNotUKI, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	out := map[string][]byte{}
 	for _, s := range f.Sections {
 		data, err := s.Data()
@@ -128,7 +128,7 @@ func Authenticode(image []byte) ([sha256.Size]byte, error) {
 	if err != nil {
 		return zero, fmt.Errorf("parsing PE: %w", err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	if len(image) < 0x40 {
 		return zero, errors.New("parsing PE: too short")
 	}

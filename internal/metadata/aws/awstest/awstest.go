@@ -147,7 +147,7 @@ func (f *Fake) serveIMDS(w http.ResponseWriter, r *http.Request) {
 		f.tokens[tok] = true
 		f.TokenPuts++
 		w.Header().Set("X-Aws-Ec2-Metadata-Token-Ttl-Seconds", strconv.Itoa(ttl))
-		fmt.Fprint(w, tok)
+		_, _ = fmt.Fprint(w, tok)
 		return
 	}
 	if r.Method != http.MethodGet {
@@ -169,15 +169,15 @@ func (f *Fake) serveIMDS(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain")
 	switch strings.TrimPrefix(r.URL.Path, "/latest/meta-data/") {
 	case "instance-id":
-		fmt.Fprint(w, self.ID)
+		_, _ = fmt.Fprint(w, self.ID)
 	case "local-hostname":
-		fmt.Fprint(w, self.DNS)
+		_, _ = fmt.Fprint(w, self.DNS)
 	case "local-ipv4":
-		fmt.Fprint(w, self.IPs[0])
+		_, _ = fmt.Fprint(w, self.IPs[0])
 	case "placement/region":
-		fmt.Fprint(w, Region)
+		_, _ = fmt.Fprint(w, Region)
 	case "iam/security-credentials/":
-		fmt.Fprint(w, RoleName)
+		_, _ = fmt.Fprint(w, RoleName)
 	case "iam/security-credentials/" + RoleName:
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(map[string]string{

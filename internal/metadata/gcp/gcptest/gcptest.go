@@ -132,15 +132,15 @@ func (f *Fake) serveMetadata(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/text")
 	switch {
 	case suffix == "project/project-id":
-		fmt.Fprint(w, Project)
+		_, _ = fmt.Fprint(w, Project)
 	case suffix == "instance/zone":
-		fmt.Fprintf(w, "projects/123456789012/zones/%s", self.Zone)
+		_, _ = fmt.Fprintf(w, "projects/123456789012/zones/%s", self.Zone)
 	case suffix == "instance/name":
-		fmt.Fprint(w, self.Name)
+		_, _ = fmt.Fprint(w, self.Name)
 	case suffix == "instance/network-interfaces/":
-		fmt.Fprint(w, "0/\n")
+		_, _ = fmt.Fprint(w, "0/\n")
 	case suffix == "instance/network-interfaces/0/ip":
-		fmt.Fprint(w, self.IP)
+		_, _ = fmt.Fprint(w, self.IP)
 	case suffix == "instance/service-accounts/default/token":
 		b := make([]byte, 16)
 		_, _ = rand.Read(b)
@@ -155,7 +155,7 @@ func (f *Fake) serveMetadata(w http.ResponseWriter, r *http.Request) {
 			http.NotFound(w, r)
 			return
 		}
-		fmt.Fprint(w, v)
+		_, _ = fmt.Fprint(w, v)
 	default:
 		http.NotFound(w, r)
 	}
