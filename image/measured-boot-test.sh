@@ -111,7 +111,7 @@ boot() {
 		-display none -monitor none -no-reboot -serial "file:$dir/console.log" \
 		-drive "if=pflash,format=raw,unit=0,file=$OVMF_CODE,readonly=on" \
 		-drive "if=pflash,format=raw,unit=1,file=$dir/vars.fd" \
-		-drive "file=fat:ro:$dir/esp,format=raw,if=none,id=esp" -device virtio-blk-pci,drive=esp,bootindex=0 \
+		-drive "file=fat:ro:$dir/esp,format=raw,if=none,id=esp,readonly=on" -device virtio-blk-pci,drive=esp,bootindex=0 \
 		-drive "file=$dir/root.raw,format=raw,if=none,id=root" -device virtio-blk-pci,drive=root \
 		-netdev "user,id=n0,restrict=on,net=198.51.100.0/24,hostfwd=tcp:127.0.0.1:$port-:9000" \
 		-device virtio-net-pci,netdev=n0,romfile= \
@@ -140,8 +140,12 @@ boot() {
 	end=$(date +%s)
 	echo "$status" >"$dir/status"
 	echo "$((end - start))" >"$dir/seconds"
-	say "$name: verdict after $((end - start)) s (exit status $status)"
 	cleanup
+	if [ "$status" = 1 ]; then
+		die "$name: no verdict from the node ($(tail -n 2 "$dir/verify.err")); console:
+$(tail -n 30 "$dir/console.log")"
+	fi
+	say "$name: verdict after $((end - start)) s (exit status $status)"
 }
 
 # quoted NAME INDEX: the value the node quoted for a PCR.
