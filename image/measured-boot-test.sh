@@ -78,12 +78,26 @@ cat >"$WORK/files/metadata.json" <<'JSON'
 {"self": {"name": "measured-0", "role": "control-plane", "ips": ["198.51.100.15"]},
  "initSecretHash": "0000000000000000000000000000000000000000000000000000000000000000"}
 JSON
+# The firmware's event log on the console, so that a mismatch can be traced to its event.
+cat >"$WORK/files/berth-eventlog.service" <<'UNIT'
+[Unit]
+Description=Measured boot test: the firmware event log on the console
+After=sysinit.target
+
+[Service]
+Type=oneshot
+ExecStart=/bin/sh -c 'echo BERTH-EVENTLOG-BEGIN; base64 -w0 /sys/kernel/security/tpm0/binary_bios_measurements; echo; echo BERTH-EVENTLOG-END'
+StandardOutput=tty
+TTYPath=/dev/ttyS0
+UNIT
 say "making the root disk from $ROOT"
 truncate -s 3G "$WORK/root.raw"
 mkfs.ext4 -q -L berth-root -d "$ROOT" "$WORK/root.raw"
 debugfs -w "$WORK/root.raw" -f - >/dev/null 2>"$WORK/debugfs.log" <<EOF2
 write $WORK/files/bootstrapper.env /etc/berth/bootstrapper.env
 write $WORK/files/metadata.json /etc/berth/metadata.json
+write $WORK/files/berth-eventlog.service /etc/systemd/system/berth-eventlog.service
+symlink /etc/systemd/system/multi-user.target.wants/berth-eventlog.service /etc/systemd/system/berth-eventlog.service
 EOF2
 
 # boot NAME UKI POLICY: boots UKI from a fresh EFI system partition with a fresh TPM and runs berth
