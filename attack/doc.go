@@ -1,0 +1,41 @@
+// Package attack is Berth's malicious-peer suite: Go tests that attack the real binaries on loopback
+// the way a peer on the network can, and check that each attack is refused for the reason it must be.
+// It holds no code of its own besides this description; `make test` runs it (`go test ./attack/`),
+// the flood harness behind must-show 1 of issue 20 runs with `make attack-flood`.
+//
+// The joinservice under attack is the real binary, attesting with swtpm, against a real kube-apiserver
+// and etcd (internal/apiservertest), with a cluster policy that expects the genuine image (PCR 4) and a
+// fresh node (PCR 15 zero) and trusts one EK CA. Attackers are software TPMs (vtpmtest.SoftTPM) at
+// loopback addresses that metadata lists as the cluster's workers, so that every refusal comes from
+// the check under test and not from an unknown address. The InitServer under attack is the real
+// bootstrapper binary on swtpm.
+//
+//	attack                                   refused with             because
+//	joinservice (TestJoinServiceUnderAttack)
+//	replayed evidence                        NONCE_MISMATCH           the document binds the nonce of another handshake
+//	transplanted evidence                    KEY_BINDING              the document binds another TLS key than the one in use
+//	EK from an untrusted manufacturer        UNTRUSTED_ROOT           nothing vouches that the key lives in a TPM
+//	garbage document                         MALFORMED_EVIDENCE       it proves nothing; the service stays up
+//	oversized document (300 KB)              handshake refused        bounded before parsing; the service stays up
+//	claims that lie (genuine claims,         MEASUREMENT_MISMATCH     claims never admit: the verified quote is judged
+//	  tampered quote)                          on the verified quote
+//	forged CSR (another node's name,         ticket for the attested  the certificate says only what was attested
+//	  system:masters, extra SANs)              name only
+//	CSR with a broken signature              BAD_CSR                  nobody proved to hold the key
+//	no attestation (plaintext, plain TLS)    no ticket                a ticket is bound to an attested machine
+//	another node's role                      ROLE_MISMATCH            the role comes from metadata, not the node
+//	an address metadata does not know        UNKNOWN_PEER             the identity comes from metadata
+//	another node's disk (rejoin)             DISK_NOT_BOUND           the disk key goes only to the machine the disk
+//	                                                                    is bound to
+//	a thousand idle connections                   genuine joins succeed    a peer cannot hold the service's handshakes
+//	malformed policy update                  PolicyRejected Event     the policy in force stays; joins go on
+//	InitServer (TestInitServerUnderAttack)
+//	1,000 wrong init secrets, one connection PERMISSION_DENIED or     one generic answer that says nothing; at most
+//	                                           RESOURCE_EXHAUSTED       the burst plus one a second reach the check
+//	50 concurrent inits, 50 addresses        one runs, the others     the node is initialized once, for one cluster
+//	                                           BUSY or CLUSTER_MISMATCH
+//	init of a node metadata calls a worker   NOT_CONTROL_PLANE        the node stays fresh and can still join
+//
+// Each test names in its comments why the attack must fail; TestJoinServiceUnderAttack also checks that
+// a genuine node still joins after every attack.
+package attack
