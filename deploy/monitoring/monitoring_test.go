@@ -2,11 +2,18 @@ package monitoring
 
 import (
 	"bytes"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"fmt"
+	"math/big"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -21,6 +28,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/berth-k8s/berth/internal/webhook"
+	"github.com/berth-k8s/berth/internal/webhook/install"
+	"github.com/berth-k8s/berth/joinservice/certkeeper"
 	"github.com/berth-k8s/berth/joinservice/metrics"
 )
 
@@ -65,7 +74,21 @@ func exported(t *testing.T) map[string]bool {
 	}
 	gather(wh.Registry())
 
-	for _, n := range []string{"berth_joinservice_attempts_total", "berth_webhook_decisions_total", "berth_webhook_decision_seconds_bucket", "berth_build_info"} {
+	// The certificate keeper's, in the joinservice's registry: a pass that changed everything, a
+	// control-plane certificate, a CSR decision.
+	reg := prometheus.NewRegistry()
+	pki := t.TempDir()
+	writeCert(t, filepath.Join(pki, certkeeper.ControlPlaneFiles["apiserver"]))
+	km := certkeeper.NewMetrics(reg, certkeeper.NewControlPlaneCerts(pki))
+	km.Leading(true)
+	now := time.Now()
+	km.Pass(install.KeepReport{ConfigOK: true, LeafRenewed: true, CARenewed: true, RotationDone: true, BundleRepaired: true,
+		Expiry: install.Expiry{Leaf: now, CA: now, Bundle: now}}, nil, time.Second)
+	km.CSRDecision("approved", "NodeVerified")
+	gather(reg)
+
+	for _, n := range []string{"berth_joinservice_attempts_total", "berth_webhook_decisions_total", "berth_webhook_decision_seconds_bucket", "berth_build_info",
+		"berth_cert_expiry_timestamp_seconds", "berth_certkeeper_leader", "berth_webhook_config_ok", "berth_certkeeper_csr_decisions_total"} {
 		if !names[n] {
 			t.Fatalf("%s is not among the exported names: the registries were not gathered as expected", n)
 		}
@@ -308,5 +331,25 @@ func TestCheckCatchesUnknownMetrics(t *testing.T) {
 	bad := checkExprs(exprs, known)
 	if len(bad) != 1 || !strings.Contains(bad[0], "berth_joinservice_tickets_total") {
 		t.Fatalf("a dashboard with a made-up metric: %q", bad)
+	}
+}
+
+// writeCert writes a self-signed certificate to path.
+func writeCert(t *testing.T, path string) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now(), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -143,8 +143,8 @@ func Run(ctx context.Context, d Deps) error {
 // lead runs the leader's work until ctx (the term) ends.
 func (d Deps) lead(ctx context.Context) {
 	d.Log.Info("leading the certificate keeper", zap.String("lease", d.Namespace+"/"+LeaseName))
-	d.Metrics.leading(true)
-	defer d.Metrics.leading(false)
+	d.Metrics.Leading(true)
+	defer d.Metrics.Leading(false)
 	var wg sync.WaitGroup
 	if d.Approver != nil {
 		wg.Add(1)
@@ -177,7 +177,7 @@ func (d Deps) keepWebhook(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		d.Metrics.pass(rep, err, time.Since(start))
+		d.Metrics.Pass(rep, err, time.Since(start))
 		d.logPass(rep, err, last)
 		last = err
 		wait := nextPass(rep, err, time.Now())

@@ -83,7 +83,9 @@ func NewMetrics(reg prometheus.Registerer, cp *ControlPlaneCerts) *Metrics {
 	return m
 }
 
-func (m *Metrics) leading(on bool) {
+// Leading records whether this replica holds the Lease; a term's end drops what only the leader
+// reports.
+func (m *Metrics) Leading(on bool) {
 	if on {
 		m.leader.Set(1)
 		return
@@ -94,8 +96,8 @@ func (m *Metrics) leading(on bool) {
 	m.expiry.DeletePartialMatch(prometheus.Labels{"scope": ScopeWebhook})
 }
 
-// pass records one webhook pass.
-func (m *Metrics) pass(rep install.KeepReport, err error, took time.Duration) {
+// Pass records one webhook pass.
+func (m *Metrics) Pass(rep install.KeepReport, err error, took time.Duration) {
 	m.duration.Observe(took.Seconds())
 	result := "ok"
 	switch {

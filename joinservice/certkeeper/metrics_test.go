@@ -57,8 +57,8 @@ func TestExpiryMetrics(t *testing.T) {
 	}
 	reg := prometheus.NewPedanticRegistry()
 	m := NewMetrics(reg, NewControlPlaneCerts(dir))
-	m.leading(true)
-	m.pass(install.KeepReport{ConfigOK: true, LeafRenewed: true, Expiry: install.Expiry{Leaf: base.Add(time.Hour), CA: base.Add(2 * time.Hour), Bundle: base.Add(2 * time.Hour)}}, nil, time.Second)
+	m.Leading(true)
+	m.Pass(install.KeepReport{ConfigOK: true, LeafRenewed: true, Expiry: install.Expiry{Leaf: base.Add(time.Hour), CA: base.Add(2 * time.Hour), Bundle: base.Add(2 * time.Hour)}}, nil, time.Second)
 
 	check := func(apiserver time.Time) {
 		t.Helper()
@@ -106,19 +106,19 @@ func TestExpiryMetrics(t *testing.T) {
 	if got := testutil.ToFloat64(m.renewals.WithLabelValues("leaf")); got != 1 {
 		t.Errorf("leaf renewals = %v, want 1", got)
 	}
-	m.pass(install.KeepReport{}, install.ErrConfigMissing, time.Second)
+	m.Pass(install.KeepReport{}, install.ErrConfigMissing, time.Second)
 	if got := testutil.ToFloat64(m.configOK.WithLabelValues()); got != 0 {
 		t.Errorf("berth_webhook_config_ok = %v after ErrConfigMissing, want 0", got)
 	}
 	if got := testutil.ToFloat64(m.checks.WithLabelValues("config-missing")); got != 1 {
 		t.Errorf("config-missing checks = %v, want 1", got)
 	}
-	m.pass(install.KeepReport{}, errors.Join(install.ErrTLSMismatch), time.Second)
+	m.Pass(install.KeepReport{}, errors.Join(install.ErrTLSMismatch), time.Second)
 	if got := testutil.ToFloat64(m.checks.WithLabelValues("failed")); got != 1 {
 		t.Errorf("failed checks = %v, want 1", got)
 	}
 
-	m.leading(false)
+	m.Leading(false)
 	if n := testutil.CollectAndCount(m.expiry); n != 0 {
 		t.Errorf("%d webhook expiry series after the term, want none", n)
 	}
