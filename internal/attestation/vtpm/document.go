@@ -1,10 +1,8 @@
 package vtpm
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 
 	"github.com/berth-k8s/berth/internal/attestation"
@@ -55,14 +53,9 @@ func ParseDocument(data []byte) (*Document, error) {
 	if len(data) == 0 || len(data) > MaxDocumentSize {
 		return nil, fmt.Errorf("%w: %d bytes", attestation.ErrMalformed, len(data))
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	var doc Document
-	if err := dec.Decode(&doc); err != nil {
-		return nil, fmt.Errorf("%w: decoding: %w", attestation.ErrMalformed, err)
-	}
-	if dec.More() {
-		return nil, fmt.Errorf("%w: trailing data", attestation.ErrMalformed)
+	doc, err := decodeDocument(data)
+	if err != nil {
+		return nil, err
 	}
 	if doc.Variant != Variant {
 		return nil, fmt.Errorf("%w: %q", attestation.ErrUnknownVariant, doc.Variant)
