@@ -29,7 +29,7 @@ const (
 	clusterName = "e2e"
 	// subnet is disjoint from berth mini's default and from internal/mini's integration test, so
 	// the e2e can run next to either.
-	subnet = "203.0.113.128/25"
+	subnet = "203.0.113.128/26"
 )
 
 // repoRoot is the repository root (the e2e package lives one level below it).

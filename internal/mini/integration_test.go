@@ -119,7 +119,9 @@ func TestIntegrationTwoNodes(t *testing.T) {
 	env.AgentEnv = []string{agentEnvVar + "=1"}
 	cfg := Config{
 		Name: "itest", Dir: filepath.Join(t.TempDir(), "cluster"),
-		Subnet:        netip.MustParsePrefix("203.0.113.0/25"),
+		// Disjoint from berth mini's default and from the e2e tests' subnets. Not 203.0.113.0/25: a
+		// host route into it would shadow the Go module proxy's address on the project's machines.
+		Subnet:        netip.MustParsePrefix("203.0.113.192/26"),
 		PodCIDR:       netip.MustParsePrefix(DefaultPodCIDR),
 		ServiceCIDR:   netip.MustParsePrefix(DefaultServiceCIDR),
 		ControlPlanes: 1, Workers: 1,
