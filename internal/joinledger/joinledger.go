@@ -4,6 +4,23 @@
 // The ledger is ConfigMap berth-join-ledger in Berth's namespace. Its key entries.json holds a JSON
 // array of Entry values, oldest first: the newest join attempts of all joinservice replicas, accepted
 // and rejected. An empty or missing key means no entries.
+//
+// The ledger keeps its evidence. Entries are of three kinds (KindOf), each with a share of the
+// Capacity entries that no other kind can take (Quotas):
+//
+//	kind        what                                                         quota
+//	accepted    accepted joins and rejoins                                   128
+//	evidence    refusals that cost the peer real attestation: cryptographic  64
+//	            failures (replay, transplant, untrusted root, bad signature)
+//	            and refusals of a peer whose quote verified (measurement
+//	            mismatch, role, disk binding, ...)
+//	unverified  refusals of what a peer sent without proving anything:       64
+//	            claims, rate limits, malformed or missing evidence
+//
+// Space a kind leaves unused goes to the newest entries of the other kinds, unverified ones last,
+// so that a flood of unverified refusals (anyone who can reach the port can send them) never evicts
+// an accepted join or a cryptographic failure. Refusals are aggregated per kind, peer, RPC, node and
+// reason (Merge): one entry with Count attempts and the newest attempt's time, message and evidence.
 package joinledger
 
 import (
@@ -11,6 +28,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 
@@ -35,6 +53,35 @@ const (
 	OutcomeRejected = "rejected"
 )
 
+// Kinds of entries (see the package documentation).
+const (
+	KindAccepted   = "accepted"
+	KindEvidence   = "evidence"
+	KindUnverified = "unverified"
+)
+
+// Capacity is how many entries the ConfigMap keeps (about 500 bytes each: ~130 KB of 1 MiB).
+const Capacity = 256
+
+// Quotas are the entries each kind keeps whatever the others do; together they are Capacity.
+var Quotas = map[string]int{KindAccepted: 128, KindEvidence: 64, KindUnverified: 64}
+
+// KindOf is e's kind: the one its writer recorded, else accepted for an accepted attempt, unverified
+// for a refused join, rejoin or handshake, and evidence for any other record (a writer's own
+// records, such as membership changes, are kept apart from floods too).
+func KindOf(e Entry) string {
+	switch {
+	case e.Kind == KindAccepted || e.Kind == KindEvidence || e.Kind == KindUnverified:
+		return e.Kind
+	case e.Outcome == OutcomeAccepted:
+		return KindAccepted
+	case e.RPC == "" || e.RPC == "join" || e.RPC == "rejoin" || e.RPC == "handshake":
+		return KindUnverified
+	default:
+		return KindEvidence
+	}
+}
+
 // Entry is one join attempt.
 type Entry struct {
 	Time time.Time `json:"time"`
@@ -54,8 +101,10 @@ type Entry struct {
 	Message string `json:"message,omitempty"`
 	// Replica is the joinservice replica (its node) that answered.
 	Replica string `json:"replica,omitempty"`
-	// Count is how many attempts this entry stands for when above 1 (rate-limited attempts).
+	// Count is how many attempts this entry stands for when above 1 (aggregated refusals).
 	Count int `json:"count,omitempty"`
+	// Kind is the entry's kind (Kind* constants); empty in entries of older writers (KindOf).
+	Kind string `json:"kind,omitempty"`
 }
 
 // ErrNoLedger is returned by Read when the cluster has no ledger yet (no join was attempted).
@@ -92,4 +141,81 @@ func Encode(es []Entry) (string, error) {
 		return "", fmt.Errorf("encoding ledger: %w", err)
 	}
 	return string(data), nil
+}
+
+// aggregateKey identifies the refusals Merge folds into one entry.
+type aggregateKey struct{ kind, peer, rpc, node, reason string }
+
+// Aggregate folds the refusals of es with the same kind, peer, RPC, node and reason into one entry
+// (Count attempts; the newest attempt's time, message, evidence, role and replica). Accepted entries
+// stay one each. The result is sorted by time, oldest first.
+func Aggregate(es []Entry) []Entry {
+	out := make([]Entry, 0, len(es))
+	at := map[aggregateKey]int{}
+	for _, e := range es {
+		if e.Outcome == OutcomeAccepted {
+			out = append(out, e)
+			continue
+		}
+		k := aggregateKey{KindOf(e), e.Peer, e.RPC, e.Node, e.Reason}
+		i, ok := at[k]
+		if !ok {
+			at[k] = len(out)
+			out = append(out, e)
+			continue
+		}
+		n := max(out[i].Count, 1) + max(e.Count, 1)
+		if !e.Time.Before(out[i].Time) {
+			out[i] = e
+		}
+		out[i].Count = n
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Time.Before(out[j].Time) })
+	return out
+}
+
+// Keep returns the entries the ledger keeps of es (sorted by time, oldest first): the newest of
+// each kind up to its quota, then with the space left the newest of the rest, unverified entries
+// last. The result is sorted by time and has at most Capacity entries; dropped is how many were not
+// kept.
+func Keep(es []Entry) (kept []Entry, dropped int) {
+	if len(es) <= Capacity {
+		return es, 0
+	}
+	take := make([]bool, len(es))
+	used := map[string]int{}
+	n := 0
+	for i := len(es) - 1; i >= 0; i-- {
+		if k := KindOf(es[i]); used[k] < Quotas[k] {
+			used[k]++
+			take[i] = true
+			n++
+		}
+	}
+	for _, unverifiedPass := range []bool{false, true} {
+		for i := len(es) - 1; i >= 0 && n < Capacity; i-- {
+			if !take[i] && (KindOf(es[i]) == KindUnverified) == unverifiedPass {
+				take[i] = true
+				n++
+			}
+		}
+	}
+	kept = make([]Entry, 0, n)
+	for i, e := range es {
+		if take[i] {
+			kept = append(kept, e)
+		}
+	}
+	return kept, len(es) - len(kept)
+}
+
+// Merge returns what the ledger holds after more is added to existing: both aggregated, then kept
+// (Aggregate, Keep).
+func Merge(existing, more []Entry) []Entry {
+	all := make([]Entry, 0, len(existing)+len(more))
+	all = append(all, existing...)
+	all = append(all, more...)
+	sort.SliceStable(all, func(i, j int) bool { return all[i].Time.Before(all[j].Time) })
+	kept, _ := Keep(Aggregate(all))
+	return kept
 }

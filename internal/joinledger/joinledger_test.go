@@ -3,6 +3,7 @@ package joinledger
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -53,5 +54,110 @@ func TestDecode(t *testing.T) {
 				t.Fatalf("Decode(%q) = %d entries, %v", tc.in, len(es), err)
 			}
 		})
+	}
+}
+
+func at(i int) time.Time {
+	return time.Date(2026, 11, 21, 6, 0, 0, 0, time.UTC).Add(time.Duration(i) * time.Second)
+}
+
+func TestKindOf(t *testing.T) {
+	for name, tc := range map[string]struct {
+		e    Entry
+		want string
+	}{
+		"written kind":              {Entry{Outcome: OutcomeRejected, RPC: "join", Kind: KindEvidence}, KindEvidence},
+		"accepted, older writer":    {Entry{Outcome: OutcomeAccepted, RPC: "join"}, KindAccepted},
+		"refused join, older":       {Entry{Outcome: OutcomeRejected, RPC: "join", Reason: "MEASUREMENT_MISMATCH"}, KindUnverified},
+		"refused handshake, older":  {Entry{Outcome: OutcomeRejected, RPC: "handshake"}, KindUnverified},
+		"another writer's record":   {Entry{Outcome: OutcomeRejected, RPC: "remove"}, KindEvidence},
+		"a kind this does not know": {Entry{Outcome: OutcomeAccepted, Kind: "something"}, KindAccepted},
+	} {
+		if got := KindOf(tc.e); got != tc.want {
+			t.Errorf("%s: KindOf() = %s, want %s", name, got, tc.want)
+		}
+	}
+}
+
+// TestFloodEvictsNoEvidence: whatever the number of unverified refusals, the newest accepted joins
+// and cryptographic failures up to their quotas stay; unverified refusals only use space the others
+// leave (and keep their own quota).
+func TestFloodEvictsNoEvidence(t *testing.T) {
+	var ledger []Entry
+	for i := range 20 {
+		ledger = append(ledger, Entry{Time: at(i), Peer: fmt.Sprintf("198.51.100.%d", i), RPC: "join", Outcome: OutcomeAccepted, Kind: KindAccepted})
+	}
+	for i := range 10 {
+		ledger = append(ledger, Entry{Time: at(20 + i), Peer: fmt.Sprintf("198.51.100.%d", 50+i), RPC: "handshake", Outcome: OutcomeRejected,
+			Reason: "NONCE_MISMATCH", Kind: KindEvidence})
+	}
+	var flood []Entry
+	for i := range 2000 {
+		flood = append(flood, Entry{Time: at(100 + i), Peer: fmt.Sprintf("127.0.%d.%d", i/250, i%250), RPC: "handshake", Outcome: OutcomeRejected,
+			Reason: "MEASUREMENT_MISMATCH", Kind: KindUnverified})
+	}
+	got := Merge(ledger, flood)
+	kinds := map[string]int{}
+	for _, e := range got {
+		kinds[KindOf(e)]++
+	}
+	if len(got) != Capacity || kinds[KindAccepted] != 20 || kinds[KindEvidence] != 10 || kinds[KindUnverified] != Capacity-30 {
+		t.Fatalf("after the flood: %d entries, %v; want all 20 accepted and 10 evidence, the rest unverified", len(got), kinds)
+	}
+	// The unverified kept are the newest.
+	if last := got[len(got)-1]; last.Peer != "127.0.7.249" {
+		t.Fatalf("newest entry %+v, want the flood's last", last)
+	}
+	// With every kind over its quota, each keeps its quota of its newest.
+	var many []Entry
+	for i := range 300 {
+		many = append(many, Entry{Time: at(i), Peer: fmt.Sprint(i), RPC: "join", Outcome: OutcomeAccepted})
+	}
+	for i := range 300 {
+		many = append(many, Entry{Time: at(300 + i), Peer: fmt.Sprint(i), RPC: "join", Outcome: OutcomeRejected, Reason: "ROLE_MISMATCH", Kind: KindEvidence})
+	}
+	got = Merge(many, flood)
+	kinds = map[string]int{}
+	for _, e := range got {
+		kinds[KindOf(e)]++
+	}
+	if kinds[KindAccepted] != Quotas[KindAccepted] || kinds[KindEvidence] != Quotas[KindEvidence] || kinds[KindUnverified] != Quotas[KindUnverified] {
+		t.Fatalf("every kind over its quota: %v, want %v", kinds, Quotas)
+	}
+	for _, e := range got {
+		if KindOf(e) == KindAccepted && e.Time.Before(at(300-Quotas[KindAccepted])) {
+			t.Fatalf("an older accepted entry (%s) was kept over a newer one", e.Time)
+		}
+	}
+}
+
+// TestAggregate: refusals of one kind, peer, RPC, node and reason become one entry with their count
+// and the newest attempt's fields; accepted joins and other keys stay apart.
+func TestAggregate(t *testing.T) {
+	es := []Entry{
+		{Time: at(1), Peer: "203.0.113.5", RPC: "handshake", Outcome: OutcomeRejected, Reason: "MEASUREMENT_MISMATCH", Message: "first", Kind: KindUnverified},
+		{Time: at(2), Peer: "203.0.113.5", RPC: "join", Outcome: OutcomeAccepted},
+		{Time: at(3), Peer: "203.0.113.5", RPC: "handshake", Outcome: OutcomeRejected, Reason: "MEASUREMENT_MISMATCH", Message: "second", Count: 4, Kind: KindUnverified},
+		{Time: at(4), Peer: "203.0.113.5", RPC: "join", Outcome: OutcomeAccepted},
+		{Time: at(5), Peer: "203.0.113.5", RPC: "handshake", Outcome: OutcomeRejected, Reason: "NONCE_MISMATCH", Kind: KindEvidence},
+		{Time: at(6), Peer: "203.0.113.6", RPC: "handshake", Outcome: OutcomeRejected, Reason: "MEASUREMENT_MISMATCH", Kind: KindUnverified},
+	}
+	got := Aggregate(es)
+	if len(got) != 5 {
+		t.Fatalf("Aggregate() = %d entries, want 5: %+v", len(got), got)
+	}
+	var claims Entry
+	for _, e := range got {
+		if e.Peer == "203.0.113.5" && e.Reason == "MEASUREMENT_MISMATCH" {
+			claims = e
+		}
+	}
+	if claims.Count != 5 || claims.Message != "second" || !claims.Time.Equal(at(3)) {
+		t.Fatalf("aggregated refusal %+v, want 5 attempts with the newest's message and time", claims)
+	}
+	for i := 1; i < len(got); i++ {
+		if got[i].Time.Before(got[i-1].Time) {
+			t.Fatal("Aggregate() is not sorted by time")
+		}
 	}
 }

@@ -14,19 +14,23 @@
 //     summarised in one JoinAttemptsNotShown Event per batch, so that a flood of attempts cannot turn
 //     into an Event flood.
 //
-// The writer never blocks or fails a join: Record puts the entry into a bounded queue (QueueSize) and
-// counts it as dropped when the queue is full. One goroutine (Run) drains the queue continuously and
-// writes what it collected every FlushInterval, so one replica updates the ConfigMap at most twice a
-// second whatever the load (each update is a full copy of the object in etcd until compaction). After
-// writing a full batch (a flood: Capacity entries within one interval) it waits FloodInterval before
-// the next write, so a sustained flood rewrites the ~130 KB object every 5 s rather than twice a
-// second (make bench-join's 10-minute run grew etcd's memory by 135 MB at twice a second). A
-// batch holds at most Capacity entries, the newest: older ones of the same interval are counted as
-// superseded (Superseded), since the ConfigMap could not keep them anyway; their Events and metrics
-// are unaffected. A failed write keeps the batch and retries with backoff. Attempts that can come in floods are not
-// queued one by one: RecordCounted (and RecordRateLimited) count them per peer and reason, and each
-// flush writes one entry per peer and reason with Count, so hammering the service cannot push genuine
-// rejections out of the ledger or the queue.
+// The writer never blocks or fails a join: Record puts an accepted entry into a bounded queue
+// (QueueSize) and counts it as dropped when the queue is full. One goroutine (Run) drains the queue
+// continuously and writes what it collected every FlushInterval, so one replica updates the ConfigMap
+// at most twice a second whatever the load (each update is a full copy of the object in etcd until
+// compaction). After writing a full batch (a flood: Capacity entries within one interval) it waits
+// FloodInterval before the next write, so a sustained flood rewrites the ~130 KB object every 5 s
+// rather than twice a second (make bench-join's 10-minute run grew etcd's memory by 135 MB at twice a
+// second). A failed write keeps the batch and retries with backoff.
+//
+// The ledger keeps its evidence (joinledger's kinds and quotas). Refusals are not queued one by one:
+// Record (for a refusal), RecordCounted and RecordRateLimited aggregate them per kind, peer, RPC, node
+// and reason, in tables bounded per kind (an unverified flood cannot crowd out the evidence of
+// attested peers), and each flush writes one entry per key with Count; the ConfigMap aggregates them
+// further across flushes (joinledger.Merge). What a batch or the ConfigMap cannot keep is chosen by
+// kind (joinledger.Keep): accepted joins and cryptographic failures are never evicted by unverified
+// refusals. Entries a batch could not keep are counted as superseded (Superseded); their Events and
+// metrics are unaffected.
 package ledger
 
 import (
@@ -52,9 +56,9 @@ import (
 
 // Limits.
 const (
-	// Capacity is how many entries the ConfigMap keeps (about 500 bytes each: ~130 KB of 1 MiB).
-	Capacity = 256
-	// QueueSize bounds the entries waiting to be written.
+	// Capacity is how many entries the ConfigMap keeps (joinledger's).
+	Capacity = joinledger.Capacity
+	// QueueSize bounds the accepted entries waiting to be written.
 	QueueSize = 4096
 	// FlushInterval is how often collected entries are written.
 	FlushInterval = 500 * time.Millisecond
@@ -65,8 +69,8 @@ const (
 	EventBurst      = 20
 	// maxMessage bounds an entry's message.
 	maxMessage = 400
-	// maxCountedPeers bounds the peer/reason pairs counted between flushes.
-	maxCountedPeers = 1024
+	// maxCounted bounds the refusals aggregated between flushes, per kind.
+	maxCounted = 1024
 	// maxConflictRetries bounds the get-merge-update rounds of one flush.
 	maxConflictRetries = 8
 	// retryInitial and retryCap bound the wait before retrying a failed write; it doubles per failure.
@@ -101,13 +105,15 @@ type Writer struct {
 	superseded atomic.Uint64
 
 	mu      sync.Mutex
-	counted map[countKey]int
+	counted map[countKey]*Entry
+	// perKind is how many keys of each kind counted holds.
+	perKind map[string]int
 
 	eventLimit *rate.Limiter
 	eventSeq   atomic.Uint64
 }
 
-type countKey struct{ peer, reason string }
+type countKey struct{ kind, peer, rpc, node, reason string }
 
 // NewWriter returns a Writer that writes through client into namespace, as replica.
 func NewWriter(client kubernetes.Interface, namespace, replica string, log *zap.Logger) *Writer {
@@ -116,18 +122,24 @@ func NewWriter(client kubernetes.Interface, namespace, replica string, log *zap.
 	}
 	return &Writer{
 		client: client, namespace: namespace, replica: replica, log: log,
-		queue: make(chan Entry, QueueSize), counted: map[countKey]int{},
+		queue: make(chan Entry, QueueSize), counted: map[countKey]*Entry{}, perKind: map[string]int{},
 		eventLimit: rate.NewLimiter(EventsPerSecond, EventBurst),
 	}
 }
 
-// Record queues e without blocking; when the queue is full, e is dropped and counted.
+// Record records e without blocking: an accepted entry is queued (dropped and counted when the queue
+// is full), a refusal is aggregated with the refusals of its kind, peer, RPC, node and reason since
+// the last flush (dropped and counted when its kind's table is full).
 func (w *Writer) Record(e Entry) {
 	if e.Replica == "" {
 		e.Replica = w.replica
 	}
 	if len(e.Message) > maxMessage {
 		e.Message = e.Message[:maxMessage] + "..."
+	}
+	if e.Outcome != OutcomeAccepted {
+		w.count(e)
+		return
 	}
 	select {
 	case w.queue <- e:
@@ -139,17 +151,33 @@ func (w *Writer) Record(e Entry) {
 // RecordRateLimited counts one rate-limited attempt from peer.
 func (w *Writer) RecordRateLimited(peer string) { w.RecordCounted(peer, ReasonRateLimited) }
 
-// RecordCounted counts one rejected attempt from peer with reason; each flush writes one entry per
+// RecordCounted counts one unverified refusal of peer with reason; each flush writes one entry per
 // peer and reason.
 func (w *Writer) RecordCounted(peer, reason string) {
-	k := countKey{peer, reason}
+	w.count(Entry{Time: time.Now().UTC(), Peer: peer, Outcome: OutcomeRejected, Reason: reason, Replica: w.replica,
+		Kind: joinledger.KindUnverified})
+}
+
+// count aggregates one refusal.
+func (w *Writer) count(e Entry) {
+	e.Kind = joinledger.KindOf(e)
+	k := countKey{e.Kind, e.Peer, e.RPC, e.Node, e.Reason}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if _, ok := w.counted[k]; !ok && len(w.counted) >= maxCountedPeers {
-		w.dropped.Add(1)
+	agg, ok := w.counted[k]
+	if !ok {
+		if w.perKind[e.Kind] >= maxCounted {
+			w.dropped.Add(1)
+			return
+		}
+		w.perKind[e.Kind]++
+		e.Count = max(e.Count, 1)
+		w.counted[k] = &e
 		return
 	}
-	w.counted[k]++
+	n := agg.Count + max(e.Count, 1)
+	*agg = e
+	agg.Count = n
 }
 
 // Dropped returns how many entries were lost because the queue (or the table of counted peers) was
@@ -231,32 +259,23 @@ func (w *Writer) drain(pending []Entry) []Entry {
 	}
 	w.mu.Lock()
 	counts := w.counted
-	w.counted = map[countKey]int{}
+	w.counted, w.perKind = map[countKey]*Entry{}, map[string]int{}
 	w.mu.Unlock()
-	now := time.Now()
-	keys := make([]countKey, 0, len(counts))
-	for k := range counts {
-		keys = append(keys, k)
+	for _, e := range counts {
+		if e.Reason == ReasonRateLimited {
+			e.Message = fmt.Sprintf("%d attempts with this reason since the last ledger write", e.Count)
+		}
+		pending = append(pending, *e)
 	}
-	sort.Slice(keys, func(i, j int) bool {
-		return keys[i].peer < keys[j].peer || keys[i].peer == keys[j].peer && keys[i].reason < keys[j].reason
-	})
-	for _, k := range keys {
-		pending = append(pending, Entry{
-			Time: now, Peer: k.peer, Outcome: OutcomeRejected, Reason: k.reason, Replica: w.replica,
-			Count: counts[k], Message: fmt.Sprintf("%d attempts with this reason since the last ledger write", counts[k]),
-		})
-	}
+	sort.SliceStable(pending, func(i, j int) bool { return pending[i].Time.Before(pending[j].Time) })
 	return w.keep(pending)
 }
 
-// keep bounds pending to Capacity, dropping (and counting) the oldest.
+// keep bounds pending to Capacity by kind (joinledger.Keep), counting what it drops as superseded.
 func (w *Writer) keep(pending []Entry) []Entry {
-	if over := len(pending) - Capacity; over > 0 {
-		w.superseded.Add(uint64(over))
-		pending = append(pending[:0], pending[over:]...)
-	}
-	return pending
+	kept, dropped := joinledger.Keep(pending)
+	w.superseded.Add(uint64(dropped))
+	return kept
 }
 
 // flush writes batch into the ConfigMap and creates its Events.
@@ -290,7 +309,7 @@ func (w *Writer) merge(ctx context.Context, batch []Entry) (*corev1.ConfigMap, e
 			w.log.Warn("discarding unreadable join ledger", zap.Error(err))
 			existing = nil
 		}
-		data, err := joinledger.Encode(mergeEntries(existing, batch))
+		data, err := joinledger.Encode(joinledger.Merge(existing, batch))
 		if err != nil {
 			return nil, err
 		}
@@ -313,18 +332,6 @@ func (w *Writer) merge(ctx context.Context, batch []Entry) (*corev1.ConfigMap, e
 		last = err
 	}
 	return nil, fmt.Errorf("writing ledger: still conflicting after %d attempts: %w", maxConflictRetries, last)
-}
-
-// mergeEntries returns existing and batch sorted by time, the newest Capacity of them.
-func mergeEntries(existing, batch []Entry) []Entry {
-	all := make([]Entry, 0, len(existing)+len(batch))
-	all = append(all, existing...)
-	all = append(all, batch...)
-	sort.SliceStable(all, func(i, j int) bool { return all[i].Time.Before(all[j].Time) })
-	if len(all) > Capacity {
-		all = all[len(all)-Capacity:]
-	}
-	return all
 }
 
 // events creates the batch's Events. Failures are logged, never returned: the ConfigMap holds the

@@ -134,15 +134,55 @@ func TestConflictIsRetriedWithoutLosingEntries(t *testing.T) {
 	})
 }
 
-func TestMergeKeepsNewestCapacity(t *testing.T) {
-	var old []Entry
-	for i := range Capacity {
-		old = append(old, entry(i, OutcomeAccepted))
-	}
-	got := mergeEntries(old, []Entry{entry(Capacity+1, OutcomeRejected), entry(Capacity, OutcomeAccepted)})
-	if len(got) != Capacity || got[len(got)-1].Reason != "MEASUREMENT_MISMATCH" || got[0].Node != "worker-2" {
-		t.Fatalf("merge kept %d entries, first %s, last %+v", len(got), got[0].Node, got[len(got)-1])
-	}
+// TestFloodKeepsTheEvidence: a flood of unverified refusals from thousands of peers, recorded after
+// accepted joins and cryptographic failures, leaves every one of those in the ledger; refusals are
+// aggregated per peer and reason, and a full table of unverified refusals does not stop evidence from
+// being recorded.
+func TestFloodKeepsTheEvidence(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := fake.NewClientset()
+		w := NewWriter(c, ns, "cp-0", zap.NewNop())
+		runWriter(t, w)
+		for i := range 30 {
+			w.Record(Entry{Time: time.Now(), Peer: fmt.Sprintf("198.51.100.%d", i), Node: fmt.Sprintf("worker-%d", i), RPC: "join",
+				Outcome: OutcomeAccepted, Kind: joinledger.KindAccepted})
+		}
+		for i := range 5 {
+			w.Record(Entry{Time: time.Now(), Peer: fmt.Sprintf("198.51.100.%d", 100+i), RPC: "handshake", Outcome: OutcomeRejected,
+				Reason: "NONCE_MISMATCH", Kind: joinledger.KindEvidence})
+		}
+		advance(FlushInterval)
+		// The flood: 4 rounds of claim refusals from 2000 addresses, and rate-limited attempts.
+		for round := range 4 {
+			for i := range 2000 {
+				w.Record(Entry{Time: time.Now(), Peer: fmt.Sprintf("127.0.%d.%d", i/250, i%250), RPC: "handshake", Outcome: OutcomeRejected,
+					Reason: "MEASUREMENT_MISMATCH", Message: "claimed measurements", Kind: joinledger.KindUnverified})
+				w.RecordRateLimited(fmt.Sprintf("127.0.%d.%d", i/250, i%250))
+			}
+			// Evidence recorded while the unverified table is full still lands.
+			if round == 3 {
+				w.Record(Entry{Time: time.Now(), Peer: "198.51.100.200", RPC: "handshake", Outcome: OutcomeRejected,
+					Reason: "KEY_BINDING", Kind: joinledger.KindEvidence})
+			}
+			advance(FloodInterval + FlushInterval)
+		}
+		es := entries(t, c)
+		kinds := map[string]int{}
+		keyBinding := false
+		for _, e := range es {
+			kinds[joinledger.KindOf(e)]++
+			keyBinding = keyBinding || e.Reason == "KEY_BINDING"
+		}
+		if kinds[joinledger.KindAccepted] != 30 || kinds[joinledger.KindEvidence] != 6 || !keyBinding {
+			t.Fatalf("after the flood the ledger holds %v (KEY_BINDING: %v); want all 30 accepted joins and 6 cryptographic failures", kinds, keyBinding)
+		}
+		if len(es) != Capacity {
+			t.Fatalf("%d entries, want the full %d", len(es), Capacity)
+		}
+		if w.Dropped() == 0 {
+			t.Fatal("the flood filled no table: this test no longer floods")
+		}
+	})
 }
 
 // TestConcurrentReplicasOnAPIServer runs three writers against a real API server at once; every

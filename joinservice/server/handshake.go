@@ -17,6 +17,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 )
 
@@ -52,6 +53,21 @@ var handshakeReasons = []struct {
 	{attestation.ErrMeasurementMismatch, ReasonMeasurements},
 	{atls.ErrNotActivated, ReasonNotActivated},
 	{atls.ErrNoAttestation, ReasonNoEvidence},
+}
+
+// cryptographicReasons are the handshake refusals of evidence that took a TPM to make: a genuine
+// quote from an untrusted or other connection's key, a replay, a bad signature, a failed activation.
+// The ledger keeps them apart from the refusals anyone can cause (joinledger.KindEvidence).
+var cryptographicReasons = map[string]bool{
+	ReasonUntrustedRoot: true, ReasonNonceMismatch: true, ReasonKeyBinding: true, ReasonBadSignature: true, ReasonNotActivated: true,
+}
+
+// handshakeKind is the ledger kind of a handshake refusal with reason.
+func handshakeKind(reason string) string {
+	if cryptographicReasons[reason] {
+		return joinledger.KindEvidence
+	}
+	return joinledger.KindUnverified
 }
 
 // HandshakeReason names a server handshake failure; ReasonHandshakeFailed when it is no attestation
@@ -100,6 +116,7 @@ func (c *recordingCreds) ServerHandshake(raw net.Conn) (net.Conn, credentials.Au
 	if reason != ReasonHandshakeFailed {
 		c.journal.Record(ledger.Entry{
 			Time: time.Now().UTC(), Peer: peer, RPC: "handshake", Outcome: ledger.OutcomeRejected, Reason: reason, Message: err.Error(),
+			Kind: handshakeKind(reason),
 		})
 	}
 	return conn, info, err
@@ -134,7 +151,7 @@ func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer)
 		obs.Attempt("handshake", ledger.OutcomeRejected, ReasonMeasurements)
 		j.Record(ledger.Entry{
 			Time: time.Now().UTC(), Peer: peer, RPC: "handshake", Outcome: ledger.OutcomeRejected, Reason: ReasonMeasurements,
-			Message: "claimed measurements: " + err.Error(), EvidenceSHA256: claimsDigest(claims),
+			Message: "claimed measurements: " + err.Error(), EvidenceSHA256: claimsDigest(claims), Kind: joinledger.KindUnverified,
 		})
 		return &atls.Rejection{Reason: ReasonMeasurements, Message: claimVerdict(err)}
 	}

@@ -8,6 +8,8 @@ import (
 
 	"github.com/berth-k8s/berth/internal/attestation"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/joinledger"
+	"github.com/berth-k8s/berth/joinservice/ledger"
 )
 
 // TestClaimCheck: only claimed indices are judged, an unauthenticated node learns neither the
@@ -44,5 +46,34 @@ func TestClaimCheck(t *testing.T) {
 				t.Fatalf("ledger %+v, want the full verdict for the peer", es)
 			}
 		})
+	}
+}
+
+// TestLedgerKinds: the ledger keeps refusals of evidence that took a TPM to make (and of peers whose
+// attestation verified) apart from what anyone can send.
+func TestLedgerKinds(t *testing.T) {
+	for reason, want := range map[string]string{
+		ReasonUntrustedRoot: joinledger.KindEvidence, ReasonNonceMismatch: joinledger.KindEvidence, ReasonKeyBinding: joinledger.KindEvidence,
+		ReasonBadSignature: joinledger.KindEvidence, ReasonNotActivated: joinledger.KindEvidence,
+		ReasonMalformed: joinledger.KindUnverified, ReasonUnknownVariant: joinledger.KindUnverified, ReasonNoEvidence: joinledger.KindUnverified,
+		ReasonMeasurements: joinledger.KindUnverified, // in the handshake only claims are judged
+	} {
+		if got := handshakeKind(reason); got != want {
+			t.Errorf("handshake refusal %s: kind %s, want %s", reason, got, want)
+		}
+	}
+	for name, tc := range map[string]struct {
+		e    ledger.Entry
+		want string
+	}{
+		"accepted":                       {ledger.Entry{Outcome: ledger.OutcomeAccepted, EvidenceSHA256: "ab"}, joinledger.KindAccepted},
+		"verified quote, wrong measures": {ledger.Entry{Outcome: ledger.OutcomeRejected, Reason: ReasonMeasurements, EvidenceSHA256: "ab"}, joinledger.KindEvidence},
+		"verified quote, wrong role":     {ledger.Entry{Outcome: ledger.OutcomeRejected, Reason: ReasonRoleMismatch, EvidenceSHA256: "ab"}, joinledger.KindEvidence},
+		"no evidence":                    {ledger.Entry{Outcome: ledger.OutcomeRejected, Reason: ReasonNoEvidence}, joinledger.KindUnverified},
+		"unattested peer (insecure)":     {ledger.Entry{Outcome: ledger.OutcomeRejected, Reason: ReasonUnknownPeer}, joinledger.KindUnverified},
+	} {
+		if got := entryKind(tc.e); got != tc.want {
+			t.Errorf("%s: kind %s, want %s", name, got, tc.want)
+		}
 	}
 }

@@ -67,6 +67,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
@@ -328,8 +329,23 @@ func (s *Server) finish(a *attempt, err error) {
 		}
 		a.entry.Reason = reason
 	}
+	a.entry.Kind = entryKind(a.entry)
 	s.obs.Attempt(a.rpc, a.entry.Outcome, reason)
 	s.journal.Record(a.entry)
+}
+
+// entryKind is the ledger kind of a finished call: a refusal of a peer whose attestation verified
+// in the handshake (its evidence digest is known) is evidence, kept apart from refusals of peers
+// that proved nothing.
+func entryKind(e ledger.Entry) string {
+	switch {
+	case e.Outcome == ledger.OutcomeAccepted:
+		return joinledger.KindAccepted
+	case e.EvidenceSHA256 != "" && e.Reason != ReasonNoEvidence && e.Reason != ReasonRateLimited:
+		return joinledger.KindEvidence
+	default:
+		return joinledger.KindUnverified
+	}
 }
 
 func roleName(r joinproto.Role) string {
