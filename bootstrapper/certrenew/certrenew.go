@@ -57,6 +57,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/berth-k8s/berth/internal/atomicfile"
+	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/pemcerts"
 )
 
@@ -71,8 +72,8 @@ const (
 	RenewedAnnotation = "berth.dev/certs-renewed"
 	// ExpiryAnnotation on the Node is the earliest NotAfter of its control-plane certificates
 	// (RFC 3339); RenewedAtAnnotation is when the node last renewed them.
-	ExpiryAnnotation     = "berth.dev/control-plane-cert-expiry"
-	RenewedAtAnnotation  = "berth.dev/control-plane-certs-renewed"
+	ExpiryAnnotation     = kubeadm.NodeCertExpiryAnnotation
+	RenewedAtAnnotation  = kubeadm.NodeCertsRenewedAnnotation
 	configHashAnnotation = "kubernetes.io/config.hash"
 )
 

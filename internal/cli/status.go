@@ -33,9 +33,15 @@ prints the rejected attempts first, newest first, with their reason code and mes
 accepted ones. The same attempts are Events on that ConfigMap:
   kubectl -n berth-system get events --field-selector involvedObject.name=berth-join-ledger
 
+Then it prints the certificates Berth renews, the earliest expiry first: the image-policy webhook's
+serving certificate and CA bundle (renewed by the certificate keeper, the joinservice replica that
+holds Lease berth-system/berth-cert-keeper) and each control plane's kubeadm certificates (renewed
+by that control plane itself, which records their earliest expiry on its Node).
+
 The cluster is found as kubectl finds it: --kubeconfig, else the files in KUBECONFIG, else
 ~/.kube/config; --context picks another context. With -o json or -o yaml the same report comes
-as one document (fields in internal/cli/README.md); --limit applies to both.`,
+as one document (its field names are stable; certificates are under "certificates"); --limit
+applies to both.`,
 		Example: `  export KUBECONFIG=/var/lib/berth-mini/admin.conf
   berth status
   berth status --kubeconfig admin.conf --context berth-admin@berth
@@ -84,6 +90,9 @@ type statusReport struct {
 	// Omitted counts the entries --limit left out of the two lists.
 	OmittedRejected int `json:"omittedRejected"`
 	OmittedAccepted int `json:"omittedAccepted"`
+	// Certificates is the earliest expiry of every certificate Berth renews and who renews it
+	// (statuscerts.go).
+	Certificates certificatesReport `json:"certificates"`
 }
 
 // ledgerRecord is one ledger entry in statusReport.
@@ -108,14 +117,18 @@ func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, 
 	if err != nil && found {
 		return err
 	}
+	certs := readCertificates(ctx, client, namespace)
 	if output.structured() {
-		return output.encode(out, newStatusReport(namespace, found, entries, limit))
+		r := newStatusReport(namespace, found, entries, limit)
+		r.Certificates = certs
+		return output.encode(out, r)
 	}
 	if !found {
 		_, _ = fmt.Fprintln(out, "No join attempts recorded yet (no ConfigMap "+namespace+"/"+joinledger.ConfigMapName+").")
-		return nil
+	} else {
+		printLedger(out, entries, limit)
 	}
-	printLedger(out, entries, limit)
+	printCertificates(out, certs, time.Now())
 	return nil
 }
 

@@ -78,6 +78,7 @@ func TestStatusStructured(t *testing.T) {
 		Accepted: []ledgerRecord{
 			{Time: t0, Peer: "198.51.100.11", Node: "w1", Role: "worker", RPC: "join", Outcome: "accepted", Count: 1, EvidenceSHA256: "ab", Replica: "cp1"},
 		},
+		Certificates: certificatesReport{ControlPlanes: []controlPlaneCertificates{}},
 	}
 	for _, format := range []outputFormat{outputJSON, outputYAML} {
 		var out bytes.Buffer
@@ -107,7 +108,7 @@ func TestStatusStructured(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &raw); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"namespace", "ledgerFound", "records", "attempts", "rejectedAttempts", "acceptedAttempts", "rejected", "accepted", "omittedRejected", "omittedAccepted"} {
+	for _, k := range []string{"namespace", "ledgerFound", "records", "attempts", "rejectedAttempts", "acceptedAttempts", "rejected", "accepted", "omittedRejected", "omittedAccepted", "certificates"} {
 		if _, ok := raw[k]; !ok {
 			t.Errorf("berth status -o json lacks %q", k)
 		}

@@ -30,6 +30,9 @@ const (
 	// ControlPlaneJoinLease is the Lease that serializes control-plane joins across the joinservice's
 	// replicas.
 	ControlPlaneJoinLease = "berth-control-plane-join"
+	// CertKeeperLease elects the joinservice replica that keeps the cluster's certificates
+	// (joinservice/certkeeper); its holder is NODE_suffix.
+	CertKeeperLease = "berth-cert-keeper"
 )
 
 // Ports of the joinservice on the host network of every control plane. Berth's host ports are one

@@ -36,11 +36,12 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
+	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/webhook/install"
 )
 
 // LeaseName is the Lease in the joinservice's namespace that elects the certificate keeper.
-const LeaseName = "berth-cert-keeper"
+const LeaseName = joinconfig.CertKeeperLease
 
 // Leader election timing: the leader renews every RetryPeriod and gives up after RenewDeadline
 // without a renewal; another replica takes over LeaseDuration after the last renewal (client-go's
