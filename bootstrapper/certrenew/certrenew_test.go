@@ -101,7 +101,7 @@ func node(t *testing.T, notAfter time.Time) afero.Fs {
 }
 
 // kubeadm renews by writing every certificate anew, valid for validity from now.
-type kubeadm struct {
+type fakeKubeadm struct {
 	t        *testing.T
 	fs       afero.Fs
 	validity time.Duration
@@ -109,7 +109,7 @@ type kubeadm struct {
 	err      error
 }
 
-func (k *kubeadm) CertsRenew(_ context.Context, out io.Writer, kubernetesDir string) error {
+func (k *fakeKubeadm) CertsRenew(_ context.Context, out io.Writer, kubernetesDir string) error {
 	k.calls++
 	if k.err != nil {
 		return k.err
@@ -190,7 +190,7 @@ func kubeadmConfig(validity string) *corev1.ConfigMap {
 type setup struct {
 	fs      afero.Fs
 	client  *fake.Clientset
-	kubeadm *kubeadm
+	kubeadm *fakeKubeadm
 	kubelet *kubelet
 	r       *Renewer
 	stop    func()
@@ -211,7 +211,7 @@ func newSetup(t *testing.T, notAfter time.Time, validity string, objs ...any) *s
 	if d == 0 {
 		d = DefaultValidity
 	}
-	s := &setup{fs: fsys, client: client, kubeadm: &kubeadm{t: t, fs: fsys, validity: d}, kubelet: &kubelet{}}
+	s := &setup{fs: fsys, client: client, kubeadm: &fakeKubeadm{t: t, fs: fsys, validity: d}, kubelet: &kubelet{}}
 	s.r = New(Config{KubernetesDir: dir}, zap.NewNop(), fsys, s.kubeadm)
 	s.r.client = func() (kubernetes.Interface, error) { return client, nil }
 	ctx, cancel := context.WithCancel(context.Background())
