@@ -2,7 +2,8 @@
 // attested TLS (the node attests, the joinservice must satisfy the node's policy) and accepts a
 // ticket (join or rejoin) only from a joinservice whose lock register holds the ticket's cluster ID.
 // The bootstrapper's JoinClient joins and rejoins through it, and the joinservice's tests use it as
-// the reference node.
+// the reference node. A node whose clock refuses the joinservice's session proof as stale retries
+// once over a new connection that asks for a document for its own nonce.
 package joindial
 
 import (
@@ -10,6 +11,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -51,12 +53,18 @@ func New(issuer atls.Issuer, validator atls.Validator, bound LockCheck, opts ...
 	if err != nil {
 		return nil, fmt.Errorf("creating attested TLS credentials: %w", err)
 	}
+	// For a node whose clock refuses the joinservice's session proof (atls.ErrStale): a document for
+	// this node's own nonce, whatever the clocks say.
+	fresh, err := atls.NewCredentials(issuer, validator, append(opts, atls.WithSessionMaxAge(0))...)
+	if err != nil {
+		return nil, fmt.Errorf("creating attested TLS credentials: %w", err)
+	}
 	return func(_ context.Context, endpoint string) (joinproto.JoinServiceClient, io.Closer, error) {
 		conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(creds))
 		if err != nil {
 			return nil, nil, err
 		}
-		return &boundClient{JoinServiceClient: joinproto.NewJoinServiceClient(conn), bound: bound}, conn, nil
+		return &boundClient{JoinServiceClient: joinproto.NewJoinServiceClient(conn), bound: bound, endpoint: endpoint, fresh: fresh}, conn, nil
 	}, nil
 }
 
@@ -64,12 +72,34 @@ func New(issuer atls.Issuer, validator atls.Validator, bound LockCheck, opts ...
 // cluster: a replayed or relayed ticket from a joinservice of another cluster is refused.
 type boundClient struct {
 	joinproto.JoinServiceClient
-	bound LockCheck
+	bound    LockCheck
+	endpoint string
+	fresh    *atls.Credentials
+}
+
+// retryFresh runs call; when the handshake refused the joinservice's session proof as stale (this
+// node's clock and the joinservice's disagree by more than the proof's age allows), it runs call once
+// more over a new connection that asks for a document for this node's nonce instead.
+func (c *boundClient) retryFresh(call func(joinproto.JoinServiceClient) error) error {
+	err := call(c.JoinServiceClient)
+	if err == nil || !strings.Contains(status.Convert(err).Message(), atls.ErrStale.Error()) {
+		return err
+	}
+	conn, dialErr := grpc.NewClient(c.endpoint, grpc.WithTransportCredentials(c.fresh))
+	if dialErr != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }() // the call's result is what counts
+	return call(joinproto.NewJoinServiceClient(conn))
 }
 
 func (c *boundClient) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTicketRequest, opts ...grpc.CallOption) (*joinproto.IssueJoinTicketResponse, error) {
 	var p peer.Peer
-	resp, err := c.JoinServiceClient.IssueJoinTicket(ctx, req, append(opts, grpc.Peer(&p))...)
+	var resp *joinproto.IssueJoinTicketResponse
+	err := c.retryFresh(func(client joinproto.JoinServiceClient) (err error) {
+		resp, err = client.IssueJoinTicket(ctx, req, append(opts, grpc.Peer(&p))...)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +111,11 @@ func (c *boundClient) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJ
 
 func (c *boundClient) IssueRejoinTicket(ctx context.Context, req *joinproto.IssueRejoinTicketRequest, opts ...grpc.CallOption) (*joinproto.IssueRejoinTicketResponse, error) {
 	var p peer.Peer
-	resp, err := c.JoinServiceClient.IssueRejoinTicket(ctx, req, append(opts, grpc.Peer(&p))...)
+	var resp *joinproto.IssueRejoinTicketResponse
+	err := c.retryFresh(func(client joinproto.JoinServiceClient) (err error) {
+		resp, err = client.IssueRejoinTicket(ctx, req, append(opts, grpc.Peer(&p))...)
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
