@@ -28,6 +28,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/kmsstate"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/internal/version"
 	"github.com/berth-k8s/berth/internal/webhook/install"
@@ -202,7 +203,11 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 		PKIDir:            d.PKIDir,
 	}, log.Named("joinservice"), keys, salt, authority, d.Metadata, check,
 		server.WithJournal(journal), server.WithLimits(d.Limits), server.WithObserver(m),
-		server.WithControlPlaneLock(cplease.New(d.Client, d.Namespace, d.Replica, log.Named("lease"))))
+		server.WithControlPlaneLock(cplease.New(d.Client, d.Namespace, d.Replica, log.Named("lease"))),
+		server.WithKMSSpec(func(ctx context.Context) (kmsstate.Spec, error) {
+			st, err := kmsstate.Read(ctx, d.Client)
+			return st.Spec, err
+		}))
 
 	lis, err := d.Listen.Listen(ctx, "tcp", d.Address)
 	if err != nil {

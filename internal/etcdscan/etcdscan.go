@@ -70,10 +70,14 @@ func ResourcePrefix(resource string) string { return RegistryPrefix + resource +
 // Object names one stored object by its etcd key.
 type Object struct {
 	// Key is the etcd key, e.g. "/registry/secrets/berth-system/berth-cluster-secrets".
-	Key string
+	Key string `json:"key"`
 	// Resource, Namespace and Name are parsed from Key ("secrets", "berth-system", ...);
 	// Namespace is empty for a cluster-scoped object.
-	Resource, Namespace, Name string
+	Resource  string `json:"resource,omitempty"`
+	Namespace string `json:"namespace,omitempty"`
+	Name      string `json:"name,omitempty"`
+	// KeyID is the key the object is encrypted under, empty when the provider did not encrypt it.
+	KeyID string `json:"keyID,omitempty"`
 }
 
 // ParseKey splits an etcd key of a core resource into resource, namespace and name.
@@ -168,6 +172,7 @@ func Scan(ctx context.Context, kv clientv3.KV, opts Options) (Report, error) {
 				if !ok {
 					obj = Object{Key: string(item.Key)}
 				}
+				obj.KeyID = id
 				r.Listed = append(r.Listed, obj)
 			}
 			if !resp.More || len(resp.Kvs) == 0 {

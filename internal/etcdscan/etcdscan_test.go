@@ -115,7 +115,7 @@ func TestScan(t *testing.T) {
 		t.Fatalf("report = objects %d, by key %v, not encrypted %d, listed %d (truncated %v)", r.Objects, r.ByKeyID, r.NotEncrypted, len(r.Listed), r.Truncated)
 	}
 	for _, o := range r.Listed {
-		if o.Resource != "scantest" || o.Namespace != "ns" || (o.Name != "plain" && o.Name[:4] != "old-") {
+		if o.Resource != "scantest" || o.Namespace != "ns" || (o.Name != "plain" || o.KeyID != "") && (o.Name[:4] != "old-" || o.KeyID != "old") {
 			t.Errorf("listed %+v", o)
 		}
 	}

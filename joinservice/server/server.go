@@ -27,6 +27,10 @@
 // also gets that node's disk key. IssueJoinTicket itself stays stateless: it derives the disk key for
 // the UUID a fresh node names, which the genuine image only does for the disk it has just formatted.
 //
+// A control-plane ticket also carries the key-encryption keys of the KMS plugin every control plane
+// runs (kms_keys): every generation of the cluster's key spec (internal/kmsstate), derived from the
+// master secret, so the new control plane reads what the others stored, also during a rotation.
+//
 // Every rejection is a gRPC status whose message
 // states the reason and whose ErrorInfo detail carries a stable reason code (see the Reason* constants).
 //
@@ -68,6 +72,7 @@ import (
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/joinledger"
+	"github.com/berth-k8s/berth/internal/kmsstate"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
@@ -135,7 +140,13 @@ type Server struct {
 	limiter *atls.Limiter
 	journal Journal
 	obs     Observer
+	// kmsSpec tells which KMS key generations a control-plane ticket carries.
+	kmsSpec KMSSpec
 }
+
+// KMSSpec returns the cluster's KMS key spec (kmsstate.Read): which generations of the control planes'
+// key-encryption key a joining control plane gets, and which one is active.
+type KMSSpec func(ctx context.Context) (kmsstate.Spec, error)
 
 // AttestationCheck judges the attestation of the peer in ctx against the cluster's policy. It returns
 // the policy's warnings, or an error: ErrNoEvidence when the peer did not attest, otherwise an error
@@ -186,6 +197,10 @@ func WithLimits(l atls.Limits) Option { return func(s *Server) { s.limiter = atl
 // WithControlPlaneLock replaces the in-process lock that serializes control-plane joins.
 func WithControlPlaneLock(l ControlPlaneLock) Option { return func(s *Server) { s.cpLock = l } }
 
+// WithKMSSpec reads the KMS key spec from f; without it a control-plane ticket carries the spec of a
+// cluster that never rotated its key (kmsstate.DefaultSpec).
+func WithKMSSpec(f KMSSpec) Option { return func(s *Server) { s.kmsSpec = f } }
+
 // New returns a Server. attest may be nil only when the service runs without attestation.
 func New(cfg Config, log *zap.Logger, keys *clusterkeys.Keys, salt []byte, authority *ca.Authority, meta peerLister, attest AttestationCheck, opts ...Option) *Server {
 	s := &Server{cfg: cfg, log: log, keys: keys, salt: salt, ca: authority, meta: meta, attest: attest}
@@ -203,6 +218,9 @@ func New(cfg Config, log *zap.Logger, keys *clusterkeys.Keys, salt []byte, autho
 	}
 	if s.obs == nil {
 		s.obs = nopObserver{}
+	}
+	if s.kmsSpec == nil {
+		s.kmsSpec = func(context.Context) (kmsstate.Spec, error) { return kmsstate.DefaultSpec(), nil }
 	}
 	return s
 }
@@ -401,6 +419,8 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 		return nil, reject(codes.InvalidArgument, ReasonBadCSR, "the kubelet CSR does not parse or its signature does not verify")
 	}
 	var files []*joinproto.File
+	var kmsKeys []*joinproto.KMSKey
+	var kmsActive uint32
 	if wantRole == joinproto.Role_ROLE_CONTROL_PLANE {
 		unlock, err := s.cpLock.Lock(ctx, inst.Name)
 		if err != nil {
@@ -412,6 +432,19 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 			log.Error("reading control-plane files", zap.Error(err))
 			return nil, reject(codes.Unavailable, ReasonInternal, "the joinservice cannot read the control-plane files")
 		}
+		// Every generation the control planes hold: the new one must read what the others stored.
+		spec, err := s.kmsSpec(ctx)
+		if err == nil {
+			err = spec.Validate()
+		}
+		if err != nil {
+			log.Error("reading the KMS key spec", zap.Error(err))
+			return nil, reject(codes.Unavailable, ReasonInternal, "the joinservice cannot read the KMS key spec")
+		}
+		for _, g := range spec.Generations {
+			kmsKeys = append(kmsKeys, &joinproto.KMSKey{Generation: g, Key: s.keys.KMSKey(g)})
+		}
+		kmsActive = spec.Active
 	}
 	// No bootstrap token (see the package documentation): the node joins with the CA and certificate.
 	s.obs.Latency("join", "issue", time.Since(issueStart))
@@ -428,6 +461,8 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 		DiskKey:                    s.keys.DiskKey(req.GetDiskUuid()),
 		MeasurementSalt:            s.salt,
 		DiskBinding:                s.keys.DiskBinding(req.GetDiskUuid(), identity),
+		KmsKeys:                    kmsKeys,
+		KmsActiveGeneration:        kmsActive,
 	}, nil
 }
 

@@ -29,6 +29,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/kmsstate"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
@@ -147,8 +148,8 @@ func TestWorkerTicketBindsAttestedName(t *testing.T) {
 	if cert.Subject.CommonName != "system:node:worker-7" || resp.GetNodeName() != "worker-7" {
 		t.Fatalf("certificate for %q, ticket for %q; want worker-7", cert.Subject.CommonName, resp.GetNodeName())
 	}
-	if len(resp.GetControlPlaneFiles()) != 0 {
-		t.Fatal("worker got control-plane files")
+	if len(resp.GetControlPlaneFiles()) != 0 || len(resp.GetKmsKeys()) != 0 || resp.GetKmsActiveGeneration() != 0 {
+		t.Fatal("worker got control-plane files or KMS keys")
 	}
 	if len(resp.GetDiscoveryTokenCaCertHashes()) != 1 || len(resp.GetClusterCaCert()) == 0 || len(resp.GetClusterId()) != 32 {
 		t.Fatalf("ticket incomplete: %v", resp)
@@ -170,6 +171,41 @@ func TestControlPlaneTicketCarriesFiles(t *testing.T) {
 	}
 	if resp.GetBootstrapToken() != "" || len(resp.GetClusterCaCert()) == 0 || len(resp.GetKubeletCert()) == 0 {
 		t.Fatal("control-plane ticket is not for a tokenless join")
+	}
+	// Without a rotation, the KMS key of generation 1.
+	if k := resp.GetKmsKeys(); len(k) != 1 || k[0].GetGeneration() != 1 || !bytes.Equal(k[0].GetKey(), testKeys().KMSKey(1)) || resp.GetKmsActiveGeneration() != 1 {
+		t.Fatalf("KMS keys of a control-plane ticket = %v, active %d", k, resp.GetKmsActiveGeneration())
+	}
+}
+
+// During a rotation a joining control plane gets every generation the spec holds, with the active
+// one; a spec the joinservice cannot read refuses the join instead of handing out a partial key set.
+func TestControlPlaneTicketCarriesEveryKMSGeneration(t *testing.T) {
+	self := peers{{Name: "cp-1", Role: metadata.RoleControlPlane, IPs: []string{"127.0.0.1"}}}
+	req := &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE, DiskUuid: testDiskUUID}
+	c := start(t, self, WithKMSSpec(func(context.Context) (kmsstate.Spec, error) {
+		return kmsstate.Spec{Generations: []uint32{3, 4}, Active: 4}, nil
+	}))
+	resp, err := c.IssueJoinTicket(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := resp.GetKmsKeys()
+	if len(k) != 2 || k[0].GetGeneration() != 3 || k[1].GetGeneration() != 4 || resp.GetKmsActiveGeneration() != 4 ||
+		!bytes.Equal(k[0].GetKey(), testKeys().KMSKey(3)) || !bytes.Equal(k[1].GetKey(), testKeys().KMSKey(4)) {
+		t.Fatalf("KMS keys = %v, active %d; want generations 3 and 4, active 4", k, resp.GetKmsActiveGeneration())
+	}
+	for name, f := range map[string]KMSSpec{
+		"unreadable": func(context.Context) (kmsstate.Spec, error) { return kmsstate.Spec{}, errors.New("forbidden") },
+		"invalid": func(context.Context) (kmsstate.Spec, error) {
+			return kmsstate.Spec{Generations: []uint32{1}, Active: 2}, nil
+		},
+	} {
+		c := start(t, self, WithKMSSpec(f))
+		_, err := c.IssueJoinTicket(context.Background(), req)
+		if status.Code(err) != codes.Unavailable || reason(err) != ReasonInternal {
+			t.Errorf("%s spec: IssueJoinTicket = %v, want Unavailable INTERNAL", name, err)
+		}
 	}
 }
 
