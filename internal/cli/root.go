@@ -50,7 +50,7 @@ warnings and errors go to stderr.
 		newInitCmd(), newRecoverCmd(),
 		newMiniCmd(),
 		newVerifyCmd(), newPolicyCmd(),
-		newStatusCmd(), newMetadataCmd(),
+		newStatusCmd(), newMetadataCmd(), newSecretsCmd(),
 		newVersionCmd(),
 	)
 	return root

@@ -26,7 +26,7 @@ func newStatusCmd() *cobra.Command {
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show the cluster's join ledger: rejected nodes and why, then accepted joins",
+		Short: "Show the cluster's join ledger (rejected nodes and why, then accepted joins) and its encryption at rest",
 		Long: `berth status reads the join ledger the joinservice keeps in the cluster (ConfigMap
 berth-join-ledger in berth-system: the latest join attempts of every joinservice replica) and
 prints the rejected attempts first, newest first, with their reason code and message, then the
@@ -37,6 +37,9 @@ Then it prints the certificates Berth renews, the earliest expiry first: the ima
 serving certificate and CA bundle (renewed by the certificate keeper, the joinservice replica that
 holds Lease berth-system/berth-cert-keeper) and each control plane's kubeadm certificates (renewed
 by that control plane itself, which records their earliest expiry on its Node).
+
+Then the encryption at rest of Secrets: the API server's kms-providers check and every control
+plane's KMS plugin (berth secrets status prints the same section).
 
 The cluster is found as kubectl finds it: --kubeconfig, else the files in KUBECONFIG, else
 ~/.kube/config; --context picks another context. With -o json or -o yaml the same report comes
@@ -93,6 +96,8 @@ type statusReport struct {
 	// Certificates is the earliest expiry of every certificate Berth renews and who renews it
 	// (statuscerts.go).
 	Certificates certificatesReport `json:"certificates"`
+	// Encryption is the encryption-at-rest section (secrets.go); absent when it cannot be read.
+	Encryption *encryptionReport `json:"encryption,omitempty"`
 }
 
 // ledgerRecord is one ledger entry in statusReport.
@@ -118,9 +123,11 @@ func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, 
 		return err
 	}
 	certs := readCertificates(ctx, client, namespace)
+	enc, encErr := encryptionSection(ctx, client)
 	if output.structured() {
 		r := newStatusReport(namespace, found, entries, limit)
 		r.Certificates = certs
+		r.Encryption = enc
 		return output.encode(out, r)
 	}
 	if !found {
@@ -129,6 +136,7 @@ func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, 
 		printLedger(out, entries, limit)
 	}
 	printCertificates(out, certs, time.Now())
+	printEncryptionSection(out, enc, encErr)
 	return nil
 }
 

@@ -79,6 +79,9 @@ func TestStatusStructured(t *testing.T) {
 			{Time: t0, Peer: "198.51.100.11", Node: "w1", Role: "worker", RPC: "join", Outcome: "accepted", Count: 1, EvidenceSHA256: "ab", Replica: "cp1"},
 		},
 		Certificates: certificatesReport{ControlPlanes: []controlPlaneCertificates{}},
+		// No control plane reported (the fake cluster runs no keeper): not healthy.
+		Encryption: &encryptionReport{Provider: "KMS v2 plugin berth", Resources: []string{"secrets"}, APIServerCheck: "unknown (no REST client)",
+			Generations: []uint32{1}, Active: 1, ControlPlanes: []encryptionNode{}},
 	}
 	for _, format := range []outputFormat{outputJSON, outputYAML} {
 		var out bytes.Buffer
@@ -108,7 +111,7 @@ func TestStatusStructured(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &raw); err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"namespace", "ledgerFound", "records", "attempts", "rejectedAttempts", "acceptedAttempts", "rejected", "accepted", "omittedRejected", "omittedAccepted", "certificates"} {
+	for _, k := range []string{"namespace", "ledgerFound", "records", "attempts", "rejectedAttempts", "acceptedAttempts", "rejected", "accepted", "omittedRejected", "omittedAccepted", "certificates", "encryption"} {
 		if _, ok := raw[k]; !ok {
 			t.Errorf("berth status -o json lacks %q", k)
 		}
