@@ -19,8 +19,9 @@
 // node's encrypted state disk, which is open, bound over the node's paths and has re-extended the
 // lock register by the time Run reads it.
 //
-// The kubelet supervisor runs in the same group for the daemon's whole life, and so does the
-// control-plane certificate renewer where the daemon is the node's supervisor (no systemd).
+// The kubelet supervisor runs in the same group for the daemon's whole life, and so do the
+// control-plane certificate renewer where the daemon is the node's supervisor (no systemd), and on
+// a control plane the KMS plugin's supervisor and its key keeper (package kmskeeper).
 package bootstrapper
 
 import (
@@ -67,6 +68,17 @@ type Deps struct {
 		Start(ctx context.Context) error
 		Run(ctx context.Context) error
 	}
+	// KMS is the control plane's KMS key keeper (kmskeeper.Keeper) and KMSPlugin the plugin process
+	// it drives (kmsplugin.Supervisor); both run for the daemon's whole life and do nothing on a node
+	// without KMS keys (a worker). Restore loads the keys a control plane saved at init or join, so
+	// its API server can decrypt again after a reboot. Nil leaves encryption at rest out.
+	KMS interface {
+		Restore() (bool, error)
+		Run(ctx context.Context) error
+	}
+	KMSPlugin interface {
+		Run(ctx context.Context) error
+	}
 	// Reconcile checks the cluster's components after a restart of a node that finished init: it
 	// waits for them to come back and repairs only what differs (the command wires the image-policy
 	// webhook's install.Reconcile). Its error is logged, never fatal: the daemon keeps serving. Nil
@@ -102,6 +114,16 @@ func Run(ctx context.Context, d Deps) error {
 	g.Go(func() error { return d.Kubelet.Run(gctx) })
 	if d.CertRenewer != nil {
 		g.Go(func() error { return d.CertRenewer.Run(gctx) })
+	}
+	if d.KMS != nil {
+		// Before the kubelet starts the API server: its plugin should be up when it asks.
+		if restored, err := d.KMS.Restore(); err != nil {
+			log.Error("restoring the KMS keys: this control plane's API server cannot decrypt Secrets", zap.Error(err))
+		} else if restored {
+			log.Info("KMS keys restored from the state disk")
+		}
+		g.Go(func() error { return d.KMSPlugin.Run(gctx) })
+		g.Go(func() error { return d.KMS.Run(gctx) })
 	}
 	switch m {
 	case modeFresh:

@@ -5,6 +5,9 @@
 //	preflight         kubeadm matches the requested version, CRI socket present safe
 //	kubeadm-config    renders kubeadm's config from the v1beta4 types           rewrites the file
 //	certs             kubeadm init phase certs all                              keeps valid certs
+//	kms               the KMS plugin's key (generation 1 from the master         installs the same key again
+//	                  secret) on the state disk, the API server's encryption
+//	                  configuration, the plugin started
 //	kubeadm-init      starts the kubelet, runs kubeadm init (its own preflight   kubeadm reset, certs, then
 //	                  checks included, certs skipped)                           kubeadm init again
 //	wait-apiserver    polls the API server's /readyz                            safe
@@ -28,6 +31,7 @@ import (
 	"github.com/spf13/afero"
 
 	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/metadata"
 )
@@ -37,6 +41,7 @@ const (
 	PhasePreflight       = "preflight"
 	PhaseKubeadmConfig   = "kubeadm-config"
 	PhaseCerts           = "certs"
+	PhaseKMS             = "kms"
 	PhaseKubeadmInit     = "kubeadm-init"
 	PhaseWaitAPIServer   = "wait-apiserver"
 	PhaseComponents      = "components"
@@ -108,6 +113,10 @@ type Initializer struct {
 	kubelet    kubeletStarter
 	waiter     apiWaiter
 	components componentInstaller
+	// kms holds the KMS plugin's keys and encryption says where the API server finds them; nil
+	// initializes without encryption at rest.
+	kms        kmsInstaller
+	encryption *kubeadm.Encryption
 }
 
 // New returns an Initializer.
@@ -119,6 +128,15 @@ func New(cfg Config, fsys afero.Fs, meta metadataAPI, kubeadm kubeadmRunner, kub
 		cfg.APIServerTimeout = 3 * time.Minute
 	}
 	return &Initializer{cfg: cfg, fs: fsys, meta: meta, kubeadm: kubeadm, kubelet: kubelet, waiter: waiter, components: components}
+}
+
+// WithKMS makes the cluster encrypt Secrets at rest through the KMS plugin: the kubeadm configuration
+// gives the API server enc's flag and mounts, and the kms phase installs the plugin's first key
+// before kubeadm init starts the API server.
+func (i *Initializer) WithKMS(k kmsInstaller, enc kubeadm.Encryption) *Initializer {
+	i.kms = k
+	i.encryption = &enc
+	return i
 }
 
 func (i *Initializer) configPath() string { return filepath.Join(i.cfg.StateDir, "kubeadm-init.yaml") }
@@ -159,6 +177,7 @@ func (i *Initializer) Phases() []Phase {
 		{PhasePreflight, i.preflight},
 		{PhaseKubeadmConfig, i.writeConfig},
 		{PhaseCerts, i.certs},
+		{PhaseKMS, i.installKMS},
 		{PhaseKubeadmInit, i.kubeadmInit},
 		{PhaseWaitAPIServer, i.waitAPIServer},
 		{PhaseComponents, i.installComponents},
@@ -199,6 +218,7 @@ func (i *Initializer) writeConfig(_ context.Context, job *Job) error {
 		CgroupDriver:                 i.cfg.CgroupDriver,
 		KubeProxyMode:                i.cfg.KubeProxyMode,
 		KubeProxyConntrackMaxPerCore: i.cfg.KubeProxyConntrackMaxPerCore,
+		Encryption:                   i.encryption,
 	})
 	if err != nil {
 		return fmt.Errorf("rendering kubeadm config: %w", err)
@@ -215,6 +235,20 @@ func (i *Initializer) writeConfig(_ context.Context, job *Job) error {
 
 func (i *Initializer) certs(ctx context.Context, job *Job) error {
 	return i.kubeadm.Certs(ctx, job.Out, i.configPath())
+}
+
+// installKMS installs generation 1 of the KMS key, derived from the request's master secret.
+func (i *Initializer) installKMS(ctx context.Context, job *Job) error {
+	if i.kms == nil {
+		return nil
+	}
+	const first = 1
+	set := kmsplugin.KeySet{Active: first, Keys: []kmsplugin.Key{{Generation: first, KEK: job.Req.Keys.KMSKey(first)}}}
+	if err := i.kms.Install(ctx, set); err != nil {
+		return fmt.Errorf("installing the KMS key: %w", err)
+	}
+	_, _ = fmt.Fprintf(job.Out, "[berth] KMS plugin started with key %s; the API server encrypts Secrets through it\n", set.ActiveKeyID())
+	return nil
 }
 
 func (i *Initializer) kubeadmInit(ctx context.Context, job *Job) error {
@@ -309,6 +343,11 @@ type kubeletStarter interface {
 type apiWaiter interface {
 	// WaitReady returns once the API server behind kubeconfig answers /readyz with 200, or ctx ends.
 	WaitReady(ctx context.Context, kubeconfigPath string) error
+}
+
+// kmsInstaller makes a key set the node's KMS keys (kmskeeper.Keeper).
+type kmsInstaller interface {
+	Install(ctx context.Context, set kmsplugin.KeySet) error
 }
 
 // componentInstaller installs the cluster's components.

@@ -9,7 +9,9 @@ import (
 
 	"github.com/spf13/afero"
 
+	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/command/commandtest"
+	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/metadata"
 )
@@ -121,5 +123,73 @@ func TestPrepareRefusesAWorker(t *testing.T) {
 	err := i.Prepare(context.Background(), &Job{})
 	if !errors.Is(err, ErrNotControlPlane) || !strings.Contains(err.Error(), "worker") {
 		t.Fatalf("Prepare() on a worker = %v, want ErrNotControlPlane naming its role", err)
+	}
+}
+
+type kmsRecorder struct {
+	sets []kmsplugin.KeySet
+	err  error
+}
+
+func (k *kmsRecorder) Install(_ context.Context, set kmsplugin.KeySet) error {
+	k.sets = append(k.sets, set)
+	return k.err
+}
+
+// With KMS, the kubeadm configuration makes the API server encrypt through the plugin, and the kms
+// phase, after certs and before kubeadm init, installs generation 1 derived from the request's master
+// secret; a re-run installs the same key. Without KMS neither happens.
+func TestKMSPhase(t *testing.T) {
+	i, _, fsys, _ := setup("v1.34.2")
+	k := &kmsRecorder{}
+	i.WithKMS(k, kubeadm.Encryption{ConfigFile: "/etc/kubernetes/berth/encryption-config.yaml", SocketDir: "/run/berth/kms"})
+	var names []string
+	for _, p := range i.Phases() {
+		names = append(names, p.Name)
+	}
+	if got := strings.Join(names, " "); !strings.Contains(got, PhaseCerts+" "+PhaseKMS+" "+PhaseKubeadmInit) {
+		t.Fatalf("phases = %s, want kms between certs and kubeadm-init", got)
+	}
+	job := newJob(t, i)
+	keys, err := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	job.Req.Keys = keys
+	byName := map[string]Phase{}
+	for _, p := range i.Phases() {
+		byName[p.Name] = p
+	}
+	ctx := context.Background()
+	for _, name := range []string{PhaseKubeadmConfig, PhaseKMS, PhaseKMS} {
+		if err := byName[name].Run(ctx, job); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	cfg, _ := afero.ReadFile(fsys, "/state/kubeadm-init.yaml")
+	if !strings.Contains(string(cfg), "encryption-provider-config") || !strings.Contains(string(cfg), "/run/berth/kms") {
+		t.Errorf("kubeadm config does not encrypt:\n%s", cfg)
+	}
+	want := kmsplugin.KeySet{Active: 1, Keys: []kmsplugin.Key{{Generation: 1, KEK: keys.KMSKey(1)}}}
+	if len(k.sets) != 2 || !k.sets[0].Equal(want) || !k.sets[1].Equal(want) {
+		t.Fatalf("installed %v, want generation 1 of the master secret twice", k.sets)
+	}
+	k.err = errors.New("disk full")
+	if err := byName[PhaseKMS].Run(ctx, job); err == nil || !strings.Contains(err.Error(), "disk full") {
+		t.Errorf("kms phase with a failing install = %v", err)
+	}
+
+	plain, _, pfs, _ := setup("v1.34.2")
+	pjob := newJob(t, plain)
+	pjob.Req.Keys = keys
+	for _, p := range plain.Phases() {
+		if p.Name == PhaseKubeadmConfig || p.Name == PhaseKMS {
+			if err := p.Run(ctx, pjob); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if cfg, _ := afero.ReadFile(pfs, "/state/kubeadm-init.yaml"); strings.Contains(string(cfg), "encryption-provider-config") {
+		t.Error("without KMS the kubeadm config encrypts")
 	}
 }

@@ -41,6 +41,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/internal/nodestate"
@@ -90,6 +91,8 @@ type Joiner struct {
 	state   stateStore
 	// disk is the state disk to bind; nil when the node has none.
 	disk diskBinder
+	// kms installs a control plane's KMS keys; nil joins control planes without encryption at rest.
+	kms kmsInstaller
 }
 
 // New returns a Joiner.
@@ -114,6 +117,13 @@ func New(cfg Config, log *zap.Logger, fsys afero.Fs, lock locker, kubeadm kubead
 func (j *Joiner) Join(ctx context.Context, self metadata.Instance, ticket *joinproto.IssueJoinTicketResponse, kubeletKey crypto.Signer) error {
 	if err := validateTicket(self, ticket); err != nil {
 		return err
+	}
+	if j.kms != nil && len(ticket.GetControlPlaneFiles()) > 0 {
+		// A control plane's API server encrypts through the KMS plugin from its first start: without
+		// the keys it could read no Secret.
+		if err := ticketKMSKeys(ticket).Validate(); err != nil {
+			return fmt.Errorf("%w: control-plane ticket: %w", ErrInvalidTicket, err)
+		}
 	}
 	var discovery []byte
 	if ticket.GetBootstrapToken() == "" {
@@ -141,6 +151,12 @@ func (j *Joiner) Join(ctx context.Context, self metadata.Instance, ticket *joinp
 	controlPlane := len(ticket.GetControlPlaneFiles()) > 0
 	if err := j.fs.MkdirAll(j.cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("creating state directory: %w", err)
+	}
+	if controlPlane && j.kms != nil {
+		// After the disk is bound: the keys go to the encrypted state disk.
+		if err := j.kms.Install(ctx, ticketKMSKeys(ticket)); err != nil {
+			return fmt.Errorf("installing the KMS keys: %w", err)
+		}
 	}
 	params := kubeadm.JoinParams{
 		Node: kubeadm.NodeParams{
@@ -242,7 +258,19 @@ func validateTicket(self metadata.Instance, t *joinproto.IssueJoinTicketResponse
 			return fmt.Errorf("%w: %w", ErrInvalidTicket, err)
 		}
 	}
+	if len(t.GetControlPlaneFiles()) == 0 && len(t.GetKmsKeys()) > 0 {
+		return fmt.Errorf("%w: a worker's ticket carries KMS keys", ErrInvalidTicket)
+	}
 	return nil
+}
+
+// ticketKMSKeys is the ticket's KMS key set.
+func ticketKMSKeys(t *joinproto.IssueJoinTicketResponse) kmsplugin.KeySet {
+	set := kmsplugin.KeySet{Active: t.GetKmsActiveGeneration()}
+	for _, k := range t.GetKmsKeys() {
+		set.Keys = append(set.Keys, kmsplugin.Key{Generation: k.GetGeneration(), KEK: k.GetKey()})
+	}
+	return set
 }
 
 // discoveryKubeconfig renders the kubeconfig of a tokenless join: the ticket's cluster CA (which must
@@ -375,6 +403,19 @@ func (w *zapWriter) Write(p []byte) (int, error) {
 // diskBinder re-keys the node's fresh state disk to the cluster's disk key (bootstage.Stage).
 type diskBinder interface {
 	Bind(ctx context.Context, diskKey, clusterID, binding []byte) error
+}
+
+// kmsInstaller makes a key set the node's KMS keys (kmskeeper.Keeper).
+type kmsInstaller interface {
+	Install(ctx context.Context, set kmsplugin.KeySet) error
+}
+
+// WithKMS makes Join of a control plane install the ticket's KMS keys (the plugin runs and the API
+// server's EncryptionConfiguration is in place) before kubeadm join starts the API server, which the
+// cluster's kubeadm configuration tells to encrypt through the plugin.
+func (j *Joiner) WithKMS(k kmsInstaller) *Joiner {
+	j.kms = k
+	return j
 }
 
 // WithDisk makes Join bind the node's state disk to the cluster right after it took the node lock,

@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/berth-k8s/berth/internal/command/commandtest"
+	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/internal/nodestate"
@@ -412,5 +413,94 @@ func TestJoinStopsWhenStateDiskCannotBeBound(t *testing.T) {
 	}
 	if f.rec.String() != "" {
 		t.Fatalf("kubeadm ran after the disk could not be bound: %q", f.rec.String())
+	}
+}
+
+// kmsRecorder records Install calls and whether kubeadm had run by then.
+type kmsRecorder struct {
+	rec   *commandtest.Recorder
+	err   error
+	sets  []kmsplugin.KeySet
+	early bool // Install ran before any kubeadm command
+}
+
+func (k *kmsRecorder) Install(_ context.Context, set kmsplugin.KeySet) error {
+	k.sets = append(k.sets, set)
+	k.early = k.rec.String() == ""
+	return k.err
+}
+
+func cpTicket() *joinproto.IssueJoinTicketResponse {
+	tk := ticket()
+	tk.ControlPlaneFiles = []*joinproto.File{{Path: "ca.crt", Data: []byte("crt"), Mode: 0o644}}
+	tk.KmsKeys = []*joinproto.KMSKey{{Generation: 1, Key: bytes.Repeat([]byte{1}, 32)}, {Generation: 2, Key: bytes.Repeat([]byte{2}, 32)}}
+	tk.KmsActiveGeneration = 2
+	return tk
+}
+
+// A control plane installs the ticket's KMS keys before kubeadm join starts its API server; a worker
+// installs none.
+func TestJoinInstallsKMSKeysOfAControlPlane(t *testing.T) {
+	cp := metadata.Instance{Name: "worker-0", Role: metadata.RoleControlPlane, IPs: []string{"198.51.100.11"}}
+	f := newFixture(nil)
+	k := &kmsRecorder{rec: f.rec}
+	f.j.WithKMS(k)
+	if err := f.j.Join(context.Background(), cp, cpTicket(), key(t)); err != nil {
+		t.Fatal(err)
+	}
+	if len(k.sets) != 1 || !k.early {
+		t.Fatalf("Install calls = %d, before kubeadm: %v", len(k.sets), k.early)
+	}
+	want := kmsplugin.KeySet{Active: 2, Keys: []kmsplugin.Key{{Generation: 1, KEK: bytes.Repeat([]byte{1}, 32)}, {Generation: 2, KEK: bytes.Repeat([]byte{2}, 32)}}}
+	if !k.sets[0].Equal(want) {
+		t.Errorf("installed %v, want %v", k.sets[0], want)
+	}
+
+	w := newFixture(nil)
+	wk := &kmsRecorder{rec: w.rec}
+	w.j.WithKMS(wk)
+	if err := w.j.Join(context.Background(), self, ticket(), key(t)); err != nil {
+		t.Fatal(err)
+	}
+	if len(wk.sets) != 0 {
+		t.Error("a worker installed KMS keys")
+	}
+}
+
+// A control-plane ticket without a usable key set, a worker ticket with keys, or keys that cannot be
+// installed stop the join before kubeadm runs.
+func TestJoinRefusesBadKMSKeys(t *testing.T) {
+	cp := metadata.Instance{Name: "worker-0", Role: metadata.RoleControlPlane, IPs: []string{"198.51.100.11"}}
+	noKeys := cpTicket()
+	noKeys.KmsKeys = nil
+	badActive := cpTicket()
+	badActive.KmsActiveGeneration = 3
+	shortKey := cpTicket()
+	shortKey.KmsKeys[0].Key = []byte("short")
+	workerWithKeys := ticket()
+	workerWithKeys.KmsKeys = cpTicket().KmsKeys
+	for name, c := range map[string]struct {
+		self   metadata.Instance
+		ticket *joinproto.IssueJoinTicketResponse
+		err    error
+		want   string
+	}{
+		"control plane without keys": {cp, noKeys, nil, "invalid KMS key set"},
+		"active generation not held": {cp, badActive, nil, "active generation 3"},
+		"short key":                  {cp, shortKey, nil, "has 5 bytes"},
+		"worker with keys":           {self, workerWithKeys, nil, "worker's ticket carries KMS keys"},
+		"keys that do not install":   {cp, cpTicket(), errors.New("disk full"), "installing the KMS keys: disk full"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := newFixture(nil)
+			f.j.WithKMS(&kmsRecorder{rec: f.rec, err: c.err})
+			err := f.j.Join(context.Background(), c.self, c.ticket, key(t))
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("Join = %v, want %q", err, c.want)
+			}
+			if f.rec.String() != "" {
+				t.Fatalf("kubeadm ran: %q", f.rec.String())
+			}
+		})
 	}
 }

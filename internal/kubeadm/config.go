@@ -52,6 +52,38 @@ type InitParams struct {
 	// KubeProxyConntrackMaxPerCore, when set, is kube-proxy's conntrack.maxPerCore; 0 leaves the
 	// host's nf_conntrack_max alone (needed where nodes share a kernel, as namespace nodes do).
 	KubeProxyConntrackMaxPerCore *int32
+	// Encryption, when set, makes the API server encrypt at rest as its EncryptionConfiguration says.
+	// It goes into the ClusterConfiguration, which kubeadm uploads: every control plane that joins
+	// later gets the same flag and mounts, so its files must be in the same places.
+	Encryption *Encryption
+}
+
+// Encryption is where a control plane keeps what the API server needs to encrypt at rest.
+type Encryption struct {
+	// ConfigFile is the EncryptionConfiguration (--encryption-provider-config); its directory is
+	// mounted read-only into the API server's pod.
+	ConfigFile string
+	// SocketDir holds the KMS plugin's socket; it is mounted into the API server's pod.
+	SocketDir string
+}
+
+func (e *Encryption) validate() error {
+	for name, p := range map[string]string{"encryption configuration": e.ConfigFile, "KMS socket directory": e.SocketDir} {
+		if !filepath.IsAbs(p) {
+			return invalid("%s %q is not an absolute path", name, p)
+		}
+	}
+	return nil
+}
+
+// apiServer adds the API server's encryption flag and mounts to c.
+func (e *Encryption) apiServer(c *v1beta4.ControlPlaneComponent) {
+	c.ExtraArgs = append(c.ExtraArgs, v1beta4.Arg{Name: "encryption-provider-config", Value: e.ConfigFile})
+	dirOrCreate := corev1.HostPathDirectoryOrCreate
+	c.ExtraVolumes = append(c.ExtraVolumes,
+		v1beta4.HostPathMount{Name: "berth-encryption-config", HostPath: filepath.Dir(e.ConfigFile), MountPath: filepath.Dir(e.ConfigFile), ReadOnly: true, PathType: dirOrCreate},
+		v1beta4.HostPathMount{Name: "berth-kms-socket", HostPath: e.SocketDir, MountPath: e.SocketDir, PathType: dirOrCreate},
+	)
 }
 
 // ErrInvalidParams wraps every validation failure of the parameters.
@@ -113,6 +145,11 @@ func InitConfig(p InitParams) ([]byte, error) {
 	if p.KubernetesVersion == "" {
 		return nil, invalid("Kubernetes version is empty")
 	}
+	if p.Encryption != nil {
+		if err := p.Encryption.validate(); err != nil {
+			return nil, err
+		}
+	}
 	cgroupDriver := p.CgroupDriver
 	if cgroupDriver == "" {
 		cgroupDriver = "systemd"
@@ -149,6 +186,9 @@ func InitConfig(p InitParams) ([]byte, error) {
 			// even when Service routing (kube-proxy) is down.
 			ControlPlaneComponent: v1beta4.ControlPlaneComponent{ExtraArgs: []v1beta4.Arg{{Name: "enable-aggregator-routing", Value: "true"}}},
 		},
+	}
+	if p.Encryption != nil {
+		p.Encryption.apiServer(&clusterCfg.APIServer.ControlPlaneComponent)
 	}
 	failFalse := false
 	kubeletCfg := kubeletv1beta1.KubeletConfiguration{

@@ -3,6 +3,7 @@ package kubeadm
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -82,6 +83,12 @@ func TestInitConfigInvalid(t *testing.T) {
 		"bad pod cidr": func(p *InitParams) { p.PodCIDR = "10.244.0.0" },
 		"no version":   func(p *InitParams) { p.KubernetesVersion = "" },
 		"bad cgroups":  func(p *InitParams) { p.CgroupDriver = "cgroupv3" },
+		"relative encryption config": func(p *InitParams) {
+			p.Encryption = &Encryption{ConfigFile: "encryption.yaml", SocketDir: "/run/berth/kms"}
+		},
+		"relative socket dir": func(p *InitParams) {
+			p.Encryption = &Encryption{ConfigFile: "/etc/kubernetes/berth/encryption-config.yaml", SocketDir: "run"}
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := validInit()
@@ -90,6 +97,52 @@ func TestInitConfigInvalid(t *testing.T) {
 				t.Fatalf("InitConfig() = %v, want ErrInvalidParams", err)
 			}
 		})
+	}
+}
+
+// With Encryption the API server gets the flag and both mounts, in the ClusterConfiguration that
+// kubeadm uploads for the control planes that join later; without it, neither.
+func TestInitConfigEncryption(t *testing.T) {
+	p := validInit()
+	p.Encryption = &Encryption{ConfigFile: "/etc/kubernetes/berth/encryption-config.yaml", SocketDir: "/run/berth/kms"}
+	out, err := InitConfig(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cluster struct {
+		Kind      string
+		APIServer struct {
+			ExtraArgs    []struct{ Name, Value string }
+			ExtraVolumes []struct {
+				Name, HostPath, MountPath, PathType string
+				ReadOnly                            bool
+			}
+		} `json:"apiServer"`
+	}
+	if err := yaml.Unmarshal([]byte(strings.Split(string(out), "---\n")[1]), &cluster); err != nil {
+		t.Fatal(err)
+	}
+	args := map[string]string{}
+	for _, a := range cluster.APIServer.ExtraArgs {
+		args[a.Name] = a.Value
+	}
+	if cluster.Kind != "ClusterConfiguration" || args["encryption-provider-config"] != "/etc/kubernetes/berth/encryption-config.yaml" ||
+		args["enable-aggregator-routing"] != "true" {
+		t.Errorf("API server args = %v", args)
+	}
+	vols := map[string]string{}
+	for _, v := range cluster.APIServer.ExtraVolumes {
+		vols[v.HostPath] = fmt.Sprintf("%s ro=%v %s", v.MountPath, v.ReadOnly, v.PathType)
+	}
+	if vols["/etc/kubernetes/berth"] != "/etc/kubernetes/berth ro=true DirectoryOrCreate" || vols["/run/berth/kms"] != "/run/berth/kms ro=false DirectoryOrCreate" {
+		t.Errorf("API server volumes = %v", vols)
+	}
+	plain, err := InitConfig(validInit())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(plain), "encryption-provider-config") || strings.Contains(string(plain), "extraVolumes") {
+		t.Errorf("without Encryption the config still encrypts:\n%s", plain)
 	}
 }
 

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/berth-k8s/berth/internal/kmsplugin"
 )
 
 // cgroupHierarchies lists the cgroup hierarchies under root (directories holding cgroup.procs): the
@@ -356,6 +358,8 @@ func (c *Cluster) bootstrapperEnv(n Node) []string {
 		"BERTH_COMPONENTS_DIR=" + c.cfg.ComponentsDir(),
 		"BERTH_JOINSERVICE_IMAGE=" + ImageJoinService,
 		"BERTH_WEBHOOK_IMAGE=" + c.cfg.WebhookImage, // empty: the webhook is not installed
+		// A control plane's KMS plugin serves its metrics on the node's address, for the host to scrape.
+		"BERTH_KMS_METRICS_LISTEN=" + netip.AddrPortFrom(n.IP, kmsplugin.MetricsPort).String(),
 		"PATH=" + c.cfg.Bins.K8s + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 	}
 	if attestation == AttestationTPM {

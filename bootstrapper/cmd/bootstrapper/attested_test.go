@@ -144,7 +144,7 @@ func TestBinaryAttestedInitResumesAfterCrash(t *testing.T) {
 		!strings.Contains(r.output, "Node attested (tpm)") || !strings.Contains(r.output, "Cluster initialized") {
 		t.Fatalf("resumed berth init: exit %d\n%s", r.code, r.output)
 	}
-	want := []string{"preflight skipped", "kubeadm-config skipped", "certs skipped", "kubeadm-init started", "kubeadm-init done"}
+	want := []string{"preflight skipped", "kubeadm-config skipped", "certs skipped", "kms skipped", "kubeadm-init started", "kubeadm-init done"}
 	if got := phaseLines(r.output); len(got) < len(want) || !slices.Equal(got[:len(want)], want) {
 		t.Fatalf("resumed phases:\n%s\nwant them to start with:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}

@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/pflag"
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/logging"
 	metachoose "github.com/berth-k8s/berth/internal/metadata/choose"
 	"github.com/berth-k8s/berth/internal/version"
@@ -52,6 +54,8 @@ type config struct {
 	etcdDir       string
 	recoverListen string
 	sealPCRs      []uint
+	kmsSocket     string
+	kmsMetrics    string
 }
 
 func defaultConfig() *config {
@@ -75,6 +79,8 @@ func defaultConfig() *config {
 		etcdDir:       "/var/lib/etcd",
 		recoverListen: ":9001",
 		sealPCRs:      []uint{4, 7, 11},
+		kmsSocket:     kmsplugin.DefaultSocket,
+		kmsMetrics:    net.JoinHostPort("127.0.0.1", strconv.Itoa(kmsplugin.MetricsPort)),
 	}
 }
 
@@ -113,6 +119,8 @@ func (c *config) register(f *pflag.FlagSet) {
 	f.StringVar(&c.etcdDir, "etcd-dir", c.etcdDir, "etcd's data directory on control planes (kept on the state disk)")
 	f.StringVar(&c.recoverListen, "recovery-listen", c.recoverListen, "address the recovery server listens on while the state disk waits for 'berth recover'")
 	f.UintSliceVar(&c.sealPCRs, "seal-pcrs", c.sealPCRs, "boot PCRs the state disk key is sealed to (--attestation=tpm); the lock PCR is always required to be zero")
+	f.StringVar(&c.kmsSocket, "kms-socket", c.kmsSocket, "unix socket of the KMS plugin a control plane runs for its API server (Secrets are encrypted at rest through it); kubeadm mounts its directory into the API server's pod")
+	f.StringVar(&c.kmsMetrics, "kms-metrics-listen", c.kmsMetrics, "HOST:PORT where a control plane's KMS plugin serves /metrics (berth_kms_*); empty serves none")
 	c.log.AddFlags(f)
 }
 
@@ -189,6 +197,14 @@ func (c *config) validate() error {
 	for _, p := range c.sealPCRs {
 		if p > 23 || (c.attestation == "tpm" && p == c.lockPCR) {
 			errs = append(errs, fmt.Errorf("--seal-pcrs: %d is not a boot PCR (0-23, not the lock PCR)", p))
+		}
+	}
+	if !filepath.IsAbs(c.kmsSocket) {
+		errs = append(errs, fmt.Errorf("--kms-socket %q must be absolute", c.kmsSocket))
+	}
+	if c.kmsMetrics != "" {
+		if _, _, err := net.SplitHostPort(c.kmsMetrics); err != nil {
+			errs = append(errs, fmt.Errorf("--kms-metrics-listen %q: %w", c.kmsMetrics, err))
 		}
 	}
 	if c.conntrackMax < -1 {

@@ -22,8 +22,10 @@ import (
 	"github.com/berth-k8s/berth/bootstrapper/initserver"
 	"github.com/berth-k8s/berth/bootstrapper/joinclient"
 	"github.com/berth-k8s/berth/bootstrapper/joincluster"
+	"github.com/berth-k8s/berth/bootstrapper/kmskeeper"
 	"github.com/berth-k8s/berth/internal/apiserver"
 	"github.com/berth-k8s/berth/internal/command"
+	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/kubelet"
 	"github.com/berth-k8s/berth/internal/logging"
@@ -141,7 +143,27 @@ func daemon(ctx context.Context, cfg *config) error {
 		},
 		JoinServiceHostPaths: tpmHostPaths(cfg.tpm),
 	}, fs)
-	initer := initcluster.New(initConfig, fs, meta, adm, kube, apiserver.Waiter{}, installer)
+	// A control plane's KMS plugin runs as this daemon's child, which holds its keys (kmskeeper).
+	self, err := selfPath()
+	if err != nil {
+		return fmt.Errorf("finding the daemon's binary for the KMS plugin: %w", err)
+	}
+	plugin := &kmsplugin.Supervisor{Path: self, Args: kmsPluginArgs(cfg), Stderr: os.Stderr, Log: log.Named("kmsplugin")}
+	keeper := kmskeeper.New(kmskeeper.Config{StateDir: cfg.stateDir, KubernetesDir: cfg.kubernetesDir, Socket: cfg.kmsSocket},
+		fs, log.Named("kmskeeper"), plugin, func(ctx context.Context) (string, string, error) {
+			inst, err := meta.Self(ctx)
+			if err != nil {
+				return "", "", err
+			}
+			if len(inst.IPs) == 0 {
+				return "", "", fmt.Errorf("metadata gives node %s no address", inst.Name)
+			}
+			return inst.Name, inst.IPs[0], nil
+		})
+	if cfg.diskBackend == "none" {
+		log.Warn("no state disk: a control plane keeps its KMS keys unencrypted in the state directory (development only)")
+	}
+	initer := initcluster.New(initConfig, fs, meta, adm, kube, apiserver.Waiter{}, installer).WithKMS(keeper, keeper.Encryption())
 	initOpts := []initserver.Option{initserver.WithServerOptions(
 		grpc.Creds(att.serverCreds),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 15 * time.Second}),
@@ -154,7 +176,7 @@ func daemon(ctx context.Context, cfg *config) error {
 	joiner := joincluster.New(joincluster.Config{
 		StateDir: cfg.stateDir, KubernetesDir: cfg.kubernetesDir, KubeletDir: cfg.kubeletDir, CRISocket: cfg.criSocket,
 		KubeletExtraArgs: cfg.kubeletExtraArgs(), NeverPull: cfg.neverPull,
-	}, log.Named("join"), fs, lock, adm, kube, state)
+	}, log.Named("join"), fs, lock, adm, kube, state).WithKMS(keeper)
 	if stage != nil {
 		joiner = joiner.WithDisk(stage)
 	}
@@ -167,6 +189,7 @@ func daemon(ctx context.Context, cfg *config) error {
 	}
 	deps := bootstrapper.Deps{
 		Log: log, Lock: lock, State: state, InitListener: lis, InitServer: initSrv, JoinClient: joinClient, Kubelet: kube,
+		KMS: keeper, KMSPlugin: plugin,
 	}
 	if cfg.kubelet == "process" {
 		// Where the daemon supervises the kubelet it is the node's supervisor and renews the

@@ -58,6 +58,7 @@ A flag on the command line wins over the environment.`,
 	}
 	cfg.register(cmd.Flags())
 	cmd.AddCommand(newRenewCertsCmd(&runErr))
+	cmd.AddCommand(newKMSPluginCmd(&runErr))
 	cmd.SetArgs(args)
 	err := cmd.ExecuteContext(ctx)
 	if err == nil {

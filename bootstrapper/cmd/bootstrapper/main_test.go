@@ -199,7 +199,8 @@ func startNode(t *testing.T, api *apiServer, secretHex string, failFirstInit boo
 		"--kubeadm-path=" + filepath.Join(binDir, "fakekubeadm"),
 		"--kubernetes-dir=" + n.k8sDir, "--kubelet-dir=" + n.kubeletDir,
 		"--cri-socket=unix://" + filepath.Join(dir, "cri.sock"),
-		"--joinservice-image=berth.local/joinservice:test", "--never-pull"}
+		"--joinservice-image=berth.local/joinservice:test", "--never-pull",
+		"--kms-socket=" + filepath.Join(dir, "kms", "kms.sock"), "--kms-metrics-listen="}
 	if len(extraArgs) == 0 {
 		extraArgs = []string{"--attestation=insecure-none"}
 	}
@@ -374,7 +375,7 @@ func TestBinaryInitFailsThenResumes(t *testing.T) {
 		t.Fatalf("first berth init: exit %d\n%s", r.code, r.output)
 	}
 	want := []string{"preflight started", "preflight done", "kubeadm-config started", "kubeadm-config done",
-		"certs started", "certs done", "kubeadm-init started", "kubeadm-init FAILED"}
+		"certs started", "certs done", "kms started", "kms done", "kubeadm-init started", "kubeadm-init FAILED"}
 	if got := phaseLines(r.output); !slices.Equal(got, want) {
 		t.Fatalf("first attempt phases:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
@@ -387,7 +388,7 @@ func TestBinaryInitFailsThenResumes(t *testing.T) {
 	if r.code != 0 || !strings.Contains(r.output, "Resuming with the master secret") || !strings.Contains(r.output, "Cluster initialized") {
 		t.Fatalf("second berth init: exit %d\n%s", r.code, r.output)
 	}
-	want = []string{"preflight skipped", "kubeadm-config skipped", "certs skipped", "kubeadm-init started", "kubeadm-init done",
+	want = []string{"preflight skipped", "kubeadm-config skipped", "certs skipped", "kms skipped", "kubeadm-init started", "kubeadm-init done",
 		"wait-apiserver started", "wait-apiserver done", "components started", "components done",
 		"admin-kubeconfig started", "admin-kubeconfig done"}
 	if got := phaseLines(r.output); !slices.Equal(got, want) {
