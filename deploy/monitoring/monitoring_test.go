@@ -27,14 +27,15 @@ import (
 	"go.uber.org/zap"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/webhook"
 	"github.com/berth-k8s/berth/internal/webhook/install"
 	"github.com/berth-k8s/berth/joinservice/certkeeper"
 	"github.com/berth-k8s/berth/joinservice/metrics"
 )
 
-// exported is every series name the Berth binaries that serve metrics export (the joinservice and
-// berth-webhook), from their own registries. A vector has no series before its first use, so each
+// exported is every series name the Berth binaries that serve metrics export (the joinservice,
+// berth-webhook and a control plane's KMS plugin), from their own registries. A vector has no series before its first use, so each
 // binary's metrics are used once first.
 func exported(t *testing.T) map[string]bool {
 	t.Helper()
@@ -87,8 +88,16 @@ func exported(t *testing.T) map[string]bool {
 	km.CSRDecision("approved", "NodeVerified")
 	gather(reg)
 
+	// A control plane's KMS plugin (bootstrapper kms-plugin).
+	kms := kmsplugin.NewMetrics()
+	kms.Request(kmsplugin.MethodStatus, "", nil, time.Millisecond)
+	kms.Health(true, "")
+	kms.Keys(kmsplugin.KeySet{Active: 1, Keys: []kmsplugin.Key{{Generation: 1, KEK: make([]byte, kmsplugin.KeySize)}}})
+	gather(kms.Registry())
+
 	for _, n := range []string{"berth_joinservice_attempts_total", "berth_webhook_decisions_total", "berth_webhook_decision_seconds_bucket", "berth_build_info",
-		"berth_cert_expiry_timestamp_seconds", "berth_certkeeper_leader", "berth_webhook_config_ok", "berth_certkeeper_csr_decisions_total"} {
+		"berth_cert_expiry_timestamp_seconds", "berth_certkeeper_leader", "berth_webhook_config_ok", "berth_certkeeper_csr_decisions_total",
+		"berth_kms_healthy", "berth_kms_generations"} {
 		if !names[n] {
 			t.Fatalf("%s is not among the exported names: the registries were not gathered as expected", n)
 		}
