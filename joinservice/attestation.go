@@ -26,7 +26,8 @@ import (
 // transportCredentials builds the server's transport credentials and the hot-reloadable policy from the
 // cluster's attestation policy (self-contained YAML from the join configuration). The holder is nil
 // without attestation.
-func transportCredentials(d Deps, policyYAML string, journal server.HandshakeJournal, obs server.Observer, session *atls.SessionProof) (credentials.TransportCredentials, *policywatch.Holder, error) {
+func transportCredentials(d Deps, policyYAML string, journal server.HandshakeJournal, obs server.Observer, session *atls.SessionProof,
+	known func(peer string) bool) (credentials.TransportCredentials, *policywatch.Holder, error) {
 	log := d.Log
 	if d.Attestation == "insecure-none" {
 		log.Warn("attestation is disabled: tickets go to any node metadata knows, over plaintext gRPC; development only")
@@ -40,7 +41,8 @@ func transportCredentials(d Deps, policyYAML string, journal server.HandshakeJou
 		return nil, nil, fmt.Errorf("cluster attestation policy: %w", err)
 	}
 	creds, err := atls.NewCredentials(d.Issuer, holder.Validator(), atls.WithLimiter(atls.NewLimiter(d.AttestLimits)),
-		atls.WithClaimCheck(server.ClaimCheck(holder.Policy, journal, obs)), atls.WithLogger(log.Named("atls")), atls.WithSessionProof(session))
+		atls.WithClaimCheck(server.ClaimCheck(holder.Policy, journal, obs)), atls.WithLogger(log.Named("atls")), atls.WithSessionProof(session),
+		atls.WithKnownPeers(known))
 	if err != nil {
 		return nil, nil, fmt.Errorf("creating attested TLS credentials: %w", err)
 	}

@@ -187,7 +187,12 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 		certifyAK(ctx, d.Issuer, keys, log)
 		session = atls.NewSessionProof(d.Issuer, log.Named("session"))
 	}
-	creds, holder, err := transportCredentials(d, string(cfg.AttestationPolicy), journal, m, session)
+	// Addresses metadata knows get an attested budget of their own (atls.WithKnownPeers).
+	known := server.NewKnownPeers(d.Metadata, log.Named("known-peers"))
+	if err := known.Refresh(ctx); err != nil {
+		log.Warn("listing the cluster's instances for the known peers' budget", zap.Error(err))
+	}
+	creds, holder, err := transportCredentials(d, string(cfg.AttestationPolicy), journal, m, session, known.Known)
 	probes.Set(condJoinConfig, err)
 	if err != nil {
 		return err
@@ -242,6 +247,7 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 		if session != nil {
 			g.Go(func() error { return session.Run(ctx) })
 		}
+		g.Go(func() error { return known.Run(ctx) })
 		checkEnded := probes.Started("attestation-check")
 		g.Go(func() error {
 			checkIssuer(ctx, d.Issuer, probes, log)

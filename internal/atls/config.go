@@ -33,7 +33,12 @@ type options struct {
 	session       *SessionProof
 	sessionMaxAge time.Duration
 	now           func() time.Time
+	// knownPeers says which remote IPs are the cluster's own instances (their own attested budget).
+	knownPeers func(peer string) bool
 }
+
+// known reports whether the server knows peer as its cluster's instance.
+func (o options) known(peer string) bool { return o.knownPeers != nil && o.knownPeers(peer) }
 
 // withClaims gives a client config the claims its dial already read for the probe.
 func withClaims(claims []string) Option {
@@ -46,6 +51,13 @@ func WithLimiter(l *Limiter) Option { return func(o *options) { o.limiter = l } 
 
 // WithObserver calls f after every validation of a peer, with the evidence seen and the verdict.
 func WithObserver(f func(Evidence, error)) Option { return func(o *options) { o.observe = f } }
+
+// WithKnownPeers tells an attesting server which remote IPs belong to its cluster's instances (as
+// metadata knows them): their attested handshakes draw from a budget of their own (Limits.Known),
+// which a flood from any other address cannot use up. known must return at once.
+func WithKnownPeers(known func(peer string) bool) Option {
+	return func(o *options) { o.knownPeers = known }
+}
 
 // WithLogger sets the logger (default: no logging).
 func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
@@ -90,7 +102,7 @@ type serverCerts struct {
 	attestKey *ecdsa.PrivateKey
 
 	mu       sync.Mutex
-	verdicts map[string]*tls.Certificate // claim refusals by verdict, up to maxVerdictCerts
+	verdicts map[string]*tls.Certificate // claim refusals and probe answers by content, up to maxVerdictCerts
 }
 
 // maxVerdictCerts bounds the claim refusals a server keeps signed.
@@ -116,10 +128,12 @@ func newServerCerts() (*serverCerts, error) {
 	return &serverCerts{key: key, plain: plain, refusal: refusal, attestKey: attestKey, verdicts: map[string]*tls.Certificate{}}, nil
 }
 
-// verdict returns the refusal certificate carrying ext, signing it only the first time.
+// verdict returns the certificate carrying ext (a refusal on claims, a probe's identity), signing it
+// only the first time.
 func (c *serverCerts) verdict(ext pkix.Extension) (*tls.Certificate, error) {
+	key := ext.Id.String() + "\x00" + string(ext.Value)
 	c.mu.Lock()
-	cert := c.verdicts[string(ext.Value)]
+	cert := c.verdicts[key]
 	c.mu.Unlock()
 	if cert != nil {
 		return cert, nil
@@ -133,7 +147,7 @@ func (c *serverCerts) verdict(ext pkix.Extension) (*tls.Certificate, error) {
 	if len(c.verdicts) >= maxVerdictCerts {
 		clear(c.verdicts) // verdicts repeat: the next ones are signed again
 	}
-	c.verdicts[string(ext.Value)] = cert
+	c.verdicts[key] = cert
 	return cert, nil
 }
 
@@ -155,16 +169,16 @@ func serverConfig(issuer Issuer, validator Validator, o options, certs *serverCe
 					o.log.Info("refusing handshake without attestation nonce", zap.String("peer", peer))
 					return nil, err
 				}
-				if !o.limiter.Allow(peer) {
-					o.log.Info("refusing attestation: rate limit", zap.String("peer", peer))
-					cfg.Certificates = []tls.Certificate{*certs.refusal}
-					cfg.CurvePreferences = probeCurves
-					return cfg, nil
-				}
+				// Claims are judged before the attested budget is charged: a refusal costs a plain TLS
+				// handshake and is charged to the unauthenticated budget.
 				if validator != nil {
-					if refused, err := claimRefusal(ctx, o, certs, peer, chi.SupportedProtos); refused != nil || err != nil {
+					if refused, err := claimRefusal(ctx, o, certs, peer, chi.SupportedProtos, true); refused != nil || err != nil {
 						return refused, err
 					}
+				}
+				if !o.limiter.AllowHandshake(peer, o.known(peer)) {
+					o.log.Debug("refusing attestation: rate limit", zap.String("peer", peer))
+					return refusalConfig(certs), nil
 				}
 				challenge := fromALPN(alpnChallenge, chi.SupportedProtos)
 				var cert *tls.Certificate
@@ -243,12 +257,13 @@ func probeConfig(ctx context.Context, issuer Issuer, validating bool, o options,
 		cfg.Certificates = []tls.Certificate{*certs.plain}
 		return cfg, nil
 	}
-	if !o.limiter.Allow(peer) {
-		cfg.Certificates = []tls.Certificate{*certs.refusal}
-		return cfg, nil
+	// A probe is unauthenticated work: charged to the peer and the unauthenticated budget, never to
+	// the attested one; admitted, it pays the peer's attested handshake that follows.
+	if !o.limiter.AllowProbe(peer) {
+		return refusalConfig(certs), nil
 	}
 	if validating {
-		if refused, err := claimRefusal(ctx, o, certs, peer, protos); refused != nil || err != nil {
+		if refused, err := claimRefusal(ctx, o, certs, peer, protos, false); refused != nil || err != nil {
 			return refused, err
 		}
 	}
@@ -280,6 +295,7 @@ func NewClientConfig(ctx context.Context, issuer Issuer, validator Validator, op
 		}
 		cfg.ServerName = encodeSNINonce(nonce)
 		chk := plainCheck(validator, nonce)
+		chk.ofServer = true
 		challenged := false
 		if ch, ok := validator.(Challenger); ok {
 			kc, certifies := certifier(validator)
@@ -289,7 +305,7 @@ func NewClientConfig(ctx context.Context, issuer Issuer, validator Validator, op
 				if err != nil {
 					return nil, fmt.Errorf("challenging server: %w", err)
 				}
-				chk = peerCheck{variant: validator.Variant(), validate: validate, nonce: nonce, activated: true}
+				chk = peerCheck{variant: validator.Variant(), validate: validate, nonce: nonce, activated: true, ofServer: true}
 				if challenge != nil {
 					cfg.NextProtos = append(cfg.NextProtos, toALPN(alpnChallenge, challenge)...)
 					chk.nonce = mixNonce(nonce, secret)
@@ -297,7 +313,7 @@ func NewClientConfig(ctx context.Context, issuer Issuer, validator Validator, op
 				}
 			case certifies:
 				// The server's key must be certified by a CA of the policy: no challenge.
-				chk = peerCheck{variant: validator.Variant(), validate: kc.ValidateCertified, nonce: nonce, activated: true}
+				chk = peerCheck{variant: validator.Variant(), validate: kc.ValidateCertified, nonce: nonce, activated: true, ofServer: true}
 			default:
 				return nil, fmt.Errorf("creating aTLS client config: %w: the validator requires key activation and no server identity was probed", ErrNotActivated)
 			}
@@ -307,6 +323,7 @@ func NewClientConfig(ctx context.Context, issuer Issuer, validator Validator, op
 			chk.session, chk.sessionMaxAge, chk.now = true, o.sessionMaxAge, o.now
 		}
 		cfg.VerifyPeerCertificate = func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
+			chk.claimed = claimsSent(cfg.NextProtos)
 			return verifyPeer(ctx, chk, rawCerts, o.observe)
 		}
 	} else {
@@ -363,13 +380,23 @@ func peerHost(c net.Conn) string {
 	return addr
 }
 
-// claimRefusal is the config refusing a client on its claimed measurements, or nil to go on.
-func claimRefusal(ctx context.Context, o options, certs *serverCerts, peer string, protos []string) (*tls.Config, error) {
+// refusalConfig is the config of the pre-made refusal (ErrRateLimited): a plain TLS handshake.
+func refusalConfig(certs *serverCerts) *tls.Config {
+	return &tls.Config{MinVersion: tls.VersionTLS13, CurvePreferences: probeCurves, Certificates: []tls.Certificate{*certs.refusal}}
+}
+
+// claimRefusal is the config refusing a client on its claimed measurements, or nil to go on. A
+// refusal in a handshake (charge) is charged to the unauthenticated budget (a probe paid already);
+// over it, the client gets the rate limit's refusal instead of the verdict.
+func claimRefusal(ctx context.Context, o options, certs *serverCerts, peer string, protos []string, charge bool) (*tls.Config, error) {
 	ext := judgeClaims(ctx, o, peer, protos)
 	if ext == nil {
 		return nil, nil
 	}
-	o.log.Info("refusing attestation: claimed measurements rejected", zap.String("peer", peer))
+	if charge && !o.limiter.AllowRefusal(peer) {
+		return refusalConfig(certs), nil
+	}
+	o.log.Debug("refusing attestation: claimed measurements rejected", zap.String("peer", peer))
 	cert, err := certs.verdict(*ext)
 	if err != nil {
 		return nil, err

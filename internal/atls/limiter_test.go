@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/berth-k8s/berth/internal/attestation"
 )
 
@@ -37,6 +39,56 @@ func TestLimiter(t *testing.T) {
 	}
 	if _, ok := l.peers["a"]; !ok {
 		t.Fatal("evicted the most recently seen peer")
+	}
+}
+
+// TestLimiterBudgets: a probe and the handshake it precedes cost one per-peer token; probes and
+// refusals never draw from the attested budgets; known peers have an attested budget of their own.
+func TestLimiterBudgets(t *testing.T) {
+	now := time.Unix(1000, 0)
+	l := newLimiterWithClock(Limits{PerPeer: 1, PerPeerBurst: 2, Global: 1, GlobalBurst: 2, Known: 1, KnownBurst: 2,
+		Unauthenticated: 1, UnauthenticatedBurst: 3, MaxPeers: 100}, func() time.Time { return now })
+	// A probe pays for the handshake after it: two probe-and-handshake pairs fit the burst of 2.
+	for i := range 2 {
+		if !l.AllowProbe("nat") || !l.AllowHandshake("nat", false) {
+			t.Fatalf("pair %d of a peer behind one address refused", i)
+		}
+	}
+	if l.AllowProbe("nat") {
+		t.Fatal("a third probe within the burst of 2 admitted")
+	}
+	// The unauthenticated budget (burst 3, two used) refuses probes of anyone past it, and those
+	// refusals cost no attested token.
+	if !l.AllowProbe("flood-1") || l.AllowProbe("flood-2") || l.AllowRefusal("flood-3") {
+		t.Fatal("the unauthenticated budget of 3 admitted more")
+	}
+	// The unknown peers' attested budget (burst 2) is spent by the two handshakes above; a known
+	// peer still has its own.
+	if l.AllowHandshake("stranger", false) {
+		t.Fatal("an unknown peer got an attested handshake past the global budget")
+	}
+	if !l.AllowHandshake("cp-1", true) || !l.AllowHandshake("cp-2", true) || l.AllowHandshake("cp-3", true) {
+		t.Fatal("known peers do not have their own budget of 2")
+	}
+	// A probe's credit expires.
+	now = now.Add(time.Minute)
+	if !l.AllowProbe("late") {
+		t.Fatal("probe refused after a minute")
+	}
+	now = now.Add(probeCreditTTL)
+	var got []bool
+	for range 3 {
+		got = append(got, l.AllowHandshake("late", false))
+	}
+	if !got[0] || !got[1] || got[2] {
+		t.Fatalf("handshakes after the credit expired: %v, want exactly the 2 per-peer tokens, no credit", got)
+	}
+	// Unlimited budgets stay unlimited.
+	u := NewLimiter(Limits{PerPeer: rate.Inf, Global: rate.Inf})
+	for range 100 {
+		if !u.AllowProbe("x") || !u.AllowHandshake("x", false) || !u.AllowHandshake("x", true) || !u.AllowRefusal("x") {
+			t.Fatal("an unlimited limiter refused")
+		}
 	}
 }
 

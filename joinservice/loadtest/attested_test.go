@@ -109,7 +109,8 @@ func TestJoinLoadAttested(t *testing.T) {
 	addr, metricsAddr := proctest.FreeAddr(t), proctest.FreeAddr(t)
 	// The harness measures capacity, not the limiters: every limit is lifted.
 	lifted := []string{"--rate-per-peer=1e9", "--rate-per-peer-burst=1000000000", "--rate-global=1e9", "--rate-global-burst=1000000000",
-		"--attest-rate-per-peer=1e9", "--attest-rate-per-peer-burst=1000000000", "--attest-rate-global=1e9", "--attest-rate-global-burst=1000000000"}
+		"--attest-rate-per-peer=1e9", "--attest-rate-per-peer-burst=1000000000", "--attest-rate-global=1e9", "--attest-rate-global-burst=1000000000",
+		"--attest-rate-known=1e9", "--attest-rate-known-burst=1000000000", "--attest-rate-unauthenticated=0"}
 	js := proctest.Start(t, proctest.Cmd{
 		Name: "joinservice", Path: proctest.Build(t, "github.com/berth-k8s/berth/joinservice/cmd/joinservice"), Grace: 20 * time.Second,
 		Args: append([]string{"--attestation=tpm", "--tpm=" + serviceTPM.Spec, "--metadata=static",

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"net"
 	"slices"
-	"strings"
 	"time"
 
 	"google.golang.org/grpc/credentials"
@@ -129,10 +128,15 @@ func (c *recordingCreds) Clone() credentials.TransportCredentials {
 // ClaimCheck judges the measurements a joining node claims in its ClientHello (atls.Claimer) against
 // the policy in force, before this replica quotes or activates for the node or validates its
 // document: a node running the wrong image costs one plain TLS handshake. A refusal reaches the
-// ledger (RPC "handshake", reason MEASUREMENT_MISMATCH, the digest of the claims as evidence) and the
-// metrics. The node, not authenticated yet, learns which indices deviate but not the expected values.
-// Claims that pass decide nothing: the node still proves its measurements, which the handler judges
-// again.
+// ledger (RPC "handshake", reason MEASUREMENT_MISMATCH, the digest of the claims as evidence, the
+// full verdict in the message; an unverified entry) and the metrics. Claims that pass decide
+// nothing: the node still proves its measurements, which the handler judges again.
+//
+// Claims reveal nothing the policy does not publish. They are judged as a whole: claims that leave
+// out an index the policy enforces are refused like claims that deviate, and the node is told only
+// that its claims do not satisfy the policy, never which index, which indices are judged or what is
+// expected. Judging only the indices a node claims (or claims that leave one out not at all) would
+// tell a node that claims one random value per index which indices the policy enforces.
 func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer) atls.ClaimCheck {
 	if obs == nil {
 		obs = nopObserver{}
@@ -144,7 +148,7 @@ func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer)
 			// handshake with UNKNOWN_VARIANT, not here.
 			return nil
 		}
-		err := claimedViolations(p, claims)
+		err := judgeClaims(p, claims)
 		if err == nil {
 			return nil
 		}
@@ -153,45 +157,34 @@ func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer)
 			Time: time.Now().UTC(), Peer: peer, RPC: "handshake", Outcome: ledger.OutcomeRejected, Reason: ReasonMeasurements,
 			Message: "claimed measurements: " + err.Error(), EvidenceSHA256: claimsDigest(claims), Kind: joinledger.KindUnverified,
 		})
-		return &atls.Rejection{Reason: ReasonMeasurements, Message: claimVerdict(err)}
+		return &atls.Rejection{Reason: ReasonMeasurements, Message: ClaimVerdict}
 	}
 }
 
-// claimedViolations judges the indices the node claimed and ignores the ones it did not claim: those
-// are judged after the handshake, and naming them would tell any peer which indices the policy
-// enforces.
-func claimedViolations(p *policy.Policy, claims attestation.Measurements) error {
-	_, err := p.Evaluate(claims)
-	var mm *policy.MismatchError
-	if !errors.As(err, &mm) {
-		return err
-	}
-	var kept []policy.Violation
-	for _, v := range mm.Violations {
-		if _, claimed := claims[v.Index]; claimed {
-			kept = append(kept, v)
+// ClaimVerdict is all a node refused on its claims learns.
+const ClaimVerdict = "claimed measurements do not satisfy the cluster policy; the cluster's join ledger says why (berth status)"
+
+// errUnclaimed names the enforced indices a node's claims leave out (for the ledger only).
+type errUnclaimed []uint32
+
+func (e errUnclaimed) Error() string {
+	return fmt.Sprintf("the claims leave out enforced indices %v", []uint32(e))
+}
+
+// judgeClaims judges claims as a whole: every index the policy enforces must be claimed, and the
+// claims must satisfy the policy.
+func judgeClaims(p *policy.Policy, claims attestation.Measurements) error {
+	var missing errUnclaimed
+	for _, e := range p.Expectations {
+		if _, ok := claims[e.Index]; !ok && e.Mode == policy.Enforce {
+			missing = append(missing, e.Index)
 		}
 	}
-	if len(kept) == 0 {
-		return nil
+	if len(missing) > 0 {
+		return missing
 	}
-	return &policy.MismatchError{Violations: kept}
-}
-
-// claimVerdict is what an unauthenticated node learns from a refusal on its claims: which indices
-// deviate and what it claimed there, never the policy's expected values or where they come from
-// (the ledger has those; berth status shows them to the cluster's operator).
-func claimVerdict(err error) string {
-	var mm *policy.MismatchError
-	if !errors.As(err, &mm) || len(mm.Violations) == 0 {
-		return "claimed measurements do not satisfy the cluster policy"
-	}
-	parts := make([]string, len(mm.Violations))
-	for i, v := range mm.Violations {
-		parts[i] = fmt.Sprintf("index %d: claimed %s", v.Index, v.Actual)
-	}
-	return "claimed measurements do not satisfy the cluster policy (" + strings.Join(parts, "; ") +
-		"); the expected values are in the cluster's join ledger (berth status)"
+	_, err := p.Evaluate(claims)
+	return err
 }
 
 // claimsDigest is the hex SHA-256 over "index=value;" of every claimed measurement, ascending.

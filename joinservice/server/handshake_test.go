@@ -12,40 +12,65 @@ import (
 	"github.com/berth-k8s/berth/joinservice/ledger"
 )
 
-// TestClaimCheck: only claimed indices are judged, an unauthenticated node learns neither the
-// expected values nor which other indices the policy checks, and claims never judge another variant.
+// TestClaimCheck: claims are judged as a whole; a refused node learns the one verdict and nothing of
+// the policy (neither the expected values nor which indices are judged), the ledger gets the full
+// reason; claims never judge another variant.
 func TestClaimCheck(t *testing.T) {
 	zero := strings.Repeat("00", 32)
-	tpm := mustPolicy(t, "variant: tpm\nmeasurements:\n  4: {expected: "+zero+", source: the image}\n  15: {expected: "+zero+", source: fresh node}\n")
+	tpm := mustPolicy(t, "variant: tpm\nmeasurements:\n  4: {expected: "+zero+", source: the image}\n  15: {expected: "+zero+", source: fresh node}\n"+
+		"  7: {expected: "+zero+", mode: warn}\n")
 	tdx := mustPolicy(t, "variant: tdx\nmeasurements:\n  4: {expected: "+strings.Repeat("00", 48)+", source: the image}\n")
 	wrong := bytes.Repeat([]byte{0x9d}, 32)
+	all := func(over map[uint32][]byte) attestation.Measurements {
+		m := attestation.Measurements{}
+		for i := range uint32(24) {
+			m[i] = make([]byte, 32)
+		}
+		for i, v := range over {
+			m[i] = v
+		}
+		return m
+	}
 	for name, tc := range map[string]struct {
-		policy  *policy.Policy
-		claims  attestation.Measurements
-		refused string // what the verdict names; empty: not refused
+		policy *policy.Policy
+		claims attestation.Measurements
+		ledger string // what the ledger's message names; empty: not refused
 	}{
-		"good claims":                        {policy: tpm, claims: attestation.Measurements{4: make([]byte, 32), 15: make([]byte, 32)}},
-		"an index the policy does not check": {policy: tpm, claims: attestation.Measurements{0: wrong}},
-		"a wrong claimed index":              {policy: tpm, claims: attestation.Measurements{4: wrong}, refused: "index 4: claimed 9d9d"},
+		"good claims":                        {policy: tpm, claims: all(nil)},
+		"good claims, a warn index deviates": {policy: tpm, claims: all(map[uint32][]byte{7: wrong})},
+		"only the enforced indices":          {policy: tpm, claims: attestation.Measurements{4: make([]byte, 32), 15: make([]byte, 32)}},
+		"a wrong enforced index":             {policy: tpm, claims: all(map[uint32][]byte{4: wrong}), ledger: "index 4: expected " + zero},
+		"an enforced index left out":         {policy: tpm, claims: attestation.Measurements{4: make([]byte, 32)}, ledger: "leave out enforced indices [15]"},
+		"only an index the policy ignores":   {policy: tpm, claims: attestation.Measurements{0: wrong}, ledger: "leave out enforced indices [4 15]"},
 		"a cluster of another variant":       {policy: tdx, claims: attestation.Measurements{4: wrong}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			j := &journal{}
 			rej := ClaimCheck(func() *policy.Policy { return tc.policy }, j, nil)(context.Background(), "198.51.100.20", tc.claims)
-			if tc.refused == "" {
+			if tc.ledger == "" {
 				if rej != nil || len(j.all()) != 0 {
 					t.Fatalf("refused: %v, ledger %+v", rej, j.all())
 				}
 				return
 			}
-			if rej == nil || rej.Reason != ReasonMeasurements || !strings.Contains(rej.Message, tc.refused) ||
-				strings.Contains(rej.Message, "index 15") || strings.Contains(rej.Message, zero) {
-				t.Fatalf("verdict %v, want one naming only %q", rej, tc.refused)
+			if rej == nil || rej.Reason != ReasonMeasurements || rej.Message != ClaimVerdict {
+				t.Fatalf("verdict %v, want the one verdict %q", rej, ClaimVerdict)
 			}
-			if es := j.all(); len(es) != 1 || es[0].Peer != "198.51.100.20" || !strings.Contains(es[0].Message, "expected "+zero) {
-				t.Fatalf("ledger %+v, want the full verdict for the peer", es)
+			if es := j.all(); len(es) != 1 || es[0].Peer != "198.51.100.20" || !strings.Contains(es[0].Message, tc.ledger) {
+				t.Fatalf("ledger %+v, want the full reason %q for the peer", es, tc.ledger)
 			}
 		})
+	}
+	// A node claiming one random value at every index and one claiming only the indices the policy
+	// does not judge get the same answer: the verdict says nothing about which indices are judged.
+	check := ClaimCheck(func() *policy.Policy { return tpm }, &journal{}, nil)
+	random := all(nil)
+	for i := range random {
+		random[i] = bytes.Repeat([]byte{byte(i + 1)}, 32)
+	}
+	a, b := check(context.Background(), "198.51.100.21", random), check(context.Background(), "198.51.100.21", attestation.Measurements{0: wrong, 1: wrong})
+	if a == nil || b == nil || *a != *b {
+		t.Fatalf("verdicts %v and %v differ", a, b)
 	}
 }
 

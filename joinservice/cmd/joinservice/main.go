@@ -81,7 +81,10 @@ ask for them, and every replica reports its node's control-plane certificate exp
 
 Every attempt goes to the join ledger (ConfigMap berth-join-ledger and Events on it; berth status
 prints it). Calls are rate-limited per peer address and overall (--rate-*), and so are attested
-handshakes, each of which costs this node's TPM a quote (--attest-rate-*); control-plane joins are
+handshakes (--attest-rate-*): per peer address, then from a budget of the cluster's instances (as
+metadata knows them) and a budget of everyone else, so that a flood from unknown addresses never
+uses up what the cluster's nodes need; identity probes and refusals on claims, which cost no TPM
+work, have a budget of their own; control-plane joins are
 serialized across replicas with Lease berth-control-plane-join. Prometheus metrics (/metrics) and
 the probes are served on --metrics-listen (loopback unless told; the DaemonSet binds the node's own
 address): /livez is 200 while every loop of the service runs, /readyz only once it has read the
@@ -117,10 +120,14 @@ BERTH_LOG_FORMAT; the bootstrapper passes its own to the DaemonSet.`,
 	f.IntVar(&o.limits.PerPeerBurst, "rate-per-peer-burst", o.limits.PerPeerBurst, "burst of --rate-per-peer")
 	f.Float64Var((*float64)(&o.limits.Global), "rate-global", float64(o.limits.Global), "join tickets per second over all peers")
 	f.IntVar(&o.limits.GlobalBurst, "rate-global-burst", o.limits.GlobalBurst, "burst of --rate-global")
-	f.Float64Var((*float64)(&o.attestLimits.PerPeer), "attest-rate-per-peer", float64(o.attestLimits.PerPeer), "attested handshakes and identity probes per second per peer address (a join makes one of each; a handshake costs this node's TPM a quote)")
+	f.Float64Var((*float64)(&o.attestLimits.PerPeer), "attest-rate-per-peer", float64(o.attestLimits.PerPeer), "attestation attempts per second per peer address (an identity probe and the handshake it precedes are one)")
 	f.IntVar(&o.attestLimits.PerPeerBurst, "attest-rate-per-peer-burst", o.attestLimits.PerPeerBurst, "burst of --attest-rate-per-peer")
-	f.Float64Var((*float64)(&o.attestLimits.Global), "attest-rate-global", float64(o.attestLimits.Global), "attested handshakes and identity probes per second over all peers (two per join); size it to this node's TPM")
+	f.Float64Var((*float64)(&o.attestLimits.Global), "attest-rate-global", float64(o.attestLimits.Global), "attested handshakes per second of peers metadata does not know as the cluster's instances; size it to this node's TPM")
 	f.IntVar(&o.attestLimits.GlobalBurst, "attest-rate-global-burst", o.attestLimits.GlobalBurst, "burst of --attest-rate-global")
+	f.Float64Var((*float64)(&o.attestLimits.Known), "attest-rate-known", float64(o.attestLimits.Known), "attested handshakes per second of the cluster's instances (metadata), a budget of their own that no flood from elsewhere touches")
+	f.IntVar(&o.attestLimits.KnownBurst, "attest-rate-known-burst", o.attestLimits.KnownBurst, "burst of --attest-rate-known")
+	f.Float64Var((*float64)(&o.attestLimits.Unauthenticated), "attest-rate-unauthenticated", float64(o.attestLimits.Unauthenticated), "identity probes and claim refusals per second over all peers (no TPM work; 0: unlimited)")
+	f.IntVar(&o.attestLimits.UnauthenticatedBurst, "attest-rate-unauthenticated-burst", o.attestLimits.UnauthenticatedBurst, "burst of --attest-rate-unauthenticated")
 	o.log.AddFlags(f)
 	cmd.SetArgs(os.Args[1:])
 	if err := cmd.ExecuteContext(ctx); err != nil {
