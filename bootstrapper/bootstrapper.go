@@ -117,13 +117,18 @@ func Run(ctx context.Context, d Deps) error {
 	}
 	if d.KMS != nil {
 		// Before the kubelet starts the API server: its plugin should be up when it asks.
-		if restored, err := d.KMS.Restore(); err != nil {
+		restored, err := d.KMS.Restore()
+		if err != nil {
 			log.Error("restoring the KMS keys: this control plane's API server cannot decrypt Secrets", zap.Error(err))
 		} else if restored {
 			log.Info("KMS keys restored from the state disk")
 		}
-		g.Go(func() error { return d.KMSPlugin.Run(gctx) })
-		g.Go(func() error { return d.KMS.Run(gctx) })
+		// A node that joined without keys is a worker: it never runs a plugin, and the daemon need
+		// not stay for one. Any other node may still get keys (init, a control-plane join).
+		if m != modeJoined || restored || err != nil {
+			g.Go(func() error { return d.KMSPlugin.Run(gctx) })
+			g.Go(func() error { return d.KMS.Run(gctx) })
+		}
 	}
 	switch m {
 	case modeFresh:

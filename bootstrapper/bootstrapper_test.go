@@ -257,3 +257,53 @@ func TestRestartOfInitializedNodeReconcilesComponents(t *testing.T) {
 		})
 	}
 }
+
+// kms records Restore and whether the keeper and plugin ran.
+type kms struct {
+	restored bool
+	kubelet  *kubelet
+	// beforeKubelet is whether Restore ran before the kubelet was started.
+	beforeKubelet bool
+	ran           chan string
+}
+
+func (k *kms) Restore() (bool, error) {
+	k.beforeKubelet = len(k.kubelet.started) == 0
+	return k.restored, nil
+}
+func (k *kms) Run(ctx context.Context) error { k.ran <- "keeper"; <-ctx.Done(); return nil }
+
+type kmsPlugin struct{ k *kms }
+
+func (p kmsPlugin) Run(ctx context.Context) error { p.k.ran <- "plugin"; <-ctx.Done(); return nil }
+
+// A restarted control plane restores its KMS keys before the kubelet starts its API server, and runs
+// the keeper and the plugin; a joined node without keys (a worker) runs neither.
+func TestRestartRestoresKMSKeysFirst(t *testing.T) {
+	for _, cp := range []bool{true, false} {
+		n := newNode(t)
+		if err := n.deps.Lock.lock.TryLockOnce(context.Background(), "join", []byte{1}); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.state.Save(&nodestate.State{Role: nodestate.RoleJoin, ClusterID: "01", NodeName: "n", Done: true}); err != nil {
+			t.Fatal(err)
+		}
+		n.deps.Lock = NewRace(nodelock.New(nodelock.NewFileMarker(n.fs, "/state/bootstrapped")))
+		k := &kms{restored: cp, kubelet: n.kubelet, ran: make(chan string, 2)}
+		n.deps.KMS, n.deps.KMSPlugin = k, kmsPlugin{k}
+		stop := n.run(t)
+		<-n.kubelet.started
+		if cp {
+			got := map[string]bool{<-k.ran: true, <-k.ran: true}
+			if !got["keeper"] || !got["plugin"] || !k.beforeKubelet {
+				t.Errorf("control plane: ran %v, restored before the kubelet: %v", got, k.beforeKubelet)
+			}
+		}
+		if err := stop(); err != nil {
+			t.Fatalf("Run() = %v", err)
+		}
+		if !cp && len(k.ran) != 0 {
+			t.Errorf("a worker ran the KMS %s", <-k.ran)
+		}
+	}
+}

@@ -40,6 +40,7 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -95,6 +96,8 @@ const (
 	statusTimeout = 5 * time.Second
 	// kubeconfigPoll is how often Run looks for the admin kubeconfig kubeadm writes.
 	kubeconfigPoll = time.Second
+	// retireRescan is how long a scan that kept a generation counts before etcd is scanned again.
+	retireRescan = 30 * time.Second
 )
 
 // Plugin is the plugin process as the keeper drives it (kmsplugin.Supervisor).
@@ -351,6 +354,10 @@ type run struct {
 	keysFailed string // the spec digest the keeper last failed to follow, so it logs once
 	// recordedEncrypt is the key ID last written to encryptKeyIDFile.
 	recordedEncrypt string
+	// retireScan is the last scan before retiring generations, for the key set retireDigest names.
+	retireScan   *etcdscan.Report
+	retireDigest string
+	retireAt     time.Time
 }
 
 func (r *run) loop(ctx context.Context) error {
@@ -483,10 +490,12 @@ func (r *run) nextKeySet(ctx context.Context, cur kmsplugin.KeySet, spec kmsstat
 		if err != nil {
 			return kmsplugin.KeySet{}, "", fmt.Errorf("checking etcd before retiring generations: %w", err)
 		}
+		var parts []string
 		for _, k := range kept {
 			next.Keys = append(next.Keys, k.key)
-			msg += fmt.Sprintf("keeping generation %d: %d objects are still stored under it; ", k.key.Generation, k.objects)
+			parts = append(parts, fmt.Sprintf("keeping generation %d: %d objects are still stored under it", k.key.Generation, k.objects))
 		}
+		msg = strings.Join(parts, "; ")
 	}
 	return next, msg, next.Validate()
 }
@@ -496,19 +505,31 @@ type keptKey struct {
 	objects int
 }
 
-// stillStored scans etcd for objects under the dropped keys.
+// stillStored scans etcd for objects under the dropped keys. While the answer is the same spec's
+// and younger than retireRescan, it is not asked again: a keeper that keeps a generation checks
+// again after a while, not at every step.
 func (r *run) stillStored(ctx context.Context, next kmsplugin.KeySet, dropped []kmsplugin.Key) ([]keptKey, error) {
+	digest := fmt.Sprint(next.Generations(), next.Active, len(dropped))
+	if r.retireScan != nil && r.retireDigest == digest && time.Since(r.retireAt) < retireRescan {
+		return r.keptFrom(*r.retireScan, dropped), nil
+	}
 	rep, err := r.etcdScan(ctx, next)
 	if err != nil {
 		return nil, err
 	}
+	r.retireScan, r.retireDigest, r.retireAt = &rep, digest, time.Now()
+	return r.keptFrom(rep, dropped), nil
+}
+
+// keptFrom lists the dropped keys rep finds objects under.
+func (r *run) keptFrom(rep etcdscan.Report, dropped []kmsplugin.Key) []keptKey {
 	var kept []keptKey
 	for _, k := range dropped {
 		if n := rep.ByKeyID[kmsplugin.KeyID(k.Generation, k.KEK)]; n > 0 {
 			kept = append(kept, keptKey{k, n})
 		}
 	}
-	return kept, nil
+	return kept
 }
 
 // etcdScan scans the encrypted resources, listing what is not under set's active key.
