@@ -29,6 +29,10 @@
 //	                                                                    is bound to
 //	a thousand idle connections                   genuine joins succeed    a peer cannot hold the service's handshakes
 //	malformed policy update                  PolicyRejected Event     the policy in force stays; joins go on
+//	a flood of identity probes with random   refusals; genuine joins  probes cost no TPM work and draw from a budget
+//	  claims from 500 addresses                succeed                  of their own; known addresses have their own
+//	  (TestFloodKeepsGenuineJoins, 8 s;                                 attested budget; the ledger keeps the evidence
+//	  make attack-flood, 30 s)                                          from before the flood
 //	InitServer (TestInitServerUnderAttack)
 //	1,000 wrong init secrets, one connection PERMISSION_DENIED or     one generic answer that says nothing; at most
 //	                                           RESOURCE_EXHAUSTED       the burst plus one a second reach the check
