@@ -69,7 +69,11 @@ resumes where it stopped. Progress goes to stderr, the result to stdout (-o json
 				return fmt.Errorf("rotating the KMS key: %w", err)
 			}
 			if output.structured() {
-				return output.encode(cmd.OutOrStdout(), res)
+				return output.encode(cmd.OutOrStdout(), rotateReport{
+					From: res.From, To: res.To, FromKeyIDs: res.FromKeyIDs, ToKeyID: res.ToKeyID, ControlPlanes: res.ControlPlanes,
+					Rewritten: res.Rewritten, Scans: res.Scans, Objects: res.Objects, NotEncrypted: res.NotEncrypted,
+					TookSeconds: res.Took.Seconds(),
+				})
 			}
 			_, _ = fmt.Fprintf(cmd.OutOrStdout(), "KMS key rotated to generation %d (%s) on %s in %s: %d Secrets rewritten, %d stored, none under an older key.\n",
 				res.To, res.ToKeyID, strings.Join(res.ControlPlanes, ", "), res.Took.Round(100*time.Millisecond), res.Rewritten, res.Objects)
@@ -82,6 +86,25 @@ resumes where it stopped. Progress goes to stderr, the result to stdout (-o json
 	f.DurationVar(&stepTimeout, "step-timeout", 3*time.Minute, "how long to wait for every control plane at each step")
 	f.DurationVar(&timeout, "timeout", 20*time.Minute, "how long the whole rotation may take")
 	return cmd
+}
+
+// rotateReport is what berth secrets rotate-key -o json|yaml prints. Its field names are stable.
+type rotateReport struct {
+	// From is the oldest generation the rotation retired, To the one now active.
+	From uint32 `json:"from"`
+	To   uint32 `json:"to"`
+	// FromKeyIDs are the retired generations' key IDs, ToKeyID the active one's.
+	FromKeyIDs []string `json:"fromKeyIDs"`
+	ToKeyID    string   `json:"toKeyID"`
+	// ControlPlanes are the nodes whose plugins followed.
+	ControlPlanes []string `json:"controlPlanes"`
+	// Rewritten counts the Secrets rewritten under the new key, Scans the etcd scans, Objects what the
+	// last scan read (all under ToKeyID), NotEncrypted the stored Secrets the plugin did not encrypt.
+	Rewritten    int     `json:"rewritten"`
+	Scans        int     `json:"scans"`
+	Objects      int     `json:"objects"`
+	NotEncrypted int     `json:"notEncrypted"`
+	TookSeconds  float64 `json:"tookSeconds"`
 }
 
 func newSecretsStatusCmd() *cobra.Command {

@@ -68,3 +68,29 @@ func TestEncryptionSection(t *testing.T) {
 		t.Errorf("empty cluster:\n%s", out.String())
 	}
 }
+
+// The -o json field names of both secrets commands are the documented, stable ones.
+func TestSecretsJSONFields(t *testing.T) {
+	for _, c := range []struct {
+		v    any
+		keys []string
+	}{
+		{encryptionReport{}, []string{"provider", "resources", "apiServerCheck", "healthy", "generations", "active", "rotating", "controlPlanes"}},
+		{rotateReport{}, []string{"from", "to", "fromKeyIDs", "toKeyID", "controlPlanes", "rewritten", "scans", "objects", "notEncrypted", "tookSeconds"}},
+	} {
+		v, keys := c.v, c.keys
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		for _, k := range keys {
+			if _, ok := m[k]; !ok {
+				t.Errorf("%T -o json lacks %q", v, k)
+			}
+		}
+	}
+}
