@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -137,6 +139,15 @@ func TestMiniCluster(t *testing.T) {
 	nodes := strings.Fields(c.kube("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}"))
 	if strings.Join(nodes, " ") != "cp1 w1 w2" {
 		t.Fatalf("nodes = %v, want cp1 w1 w2", nodes)
+	}
+	// w1 and w2 started before berth init, with the image's join policy (no attestation-key CA): the
+	// joinservice's TPM activated its key for each of them. berth init wrote the cluster's join
+	// policy, which nodes added later get (checkDayTwo: w3 joins without TPM work on the joinservice).
+	if _, a := tpmWork(t, nodeIP(t, c.dir, "cp1")); a < 2 {
+		t.Errorf("the joinservice activated its key %v times for w1 and w2, want at least 2", a)
+	}
+	if b, err := os.ReadFile(filepath.Join(c.dir, "join-policy.yaml")); err != nil || !strings.Contains(string(b), "akRoots:") {
+		t.Errorf("berth init wrote no cluster join policy with the attestation-key CA: %v\n%s", err, b)
 	}
 
 	applyTestApp(t, c)
@@ -361,6 +372,46 @@ func checkNoResidue(t *testing.T, dir string, pids []int) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+// joinserviceMetrics reads the samples of the joinservice's metrics on node ip (port 9003), by name
+// and labels as the exposition format writes them.
+func joinserviceMetrics(t *testing.T, ip string) map[string]float64 {
+	t.Helper()
+	client := &http.Client{Timeout: 10 * time.Second}
+	var body []byte
+	if err := wait.PollUntilContextTimeout(context.Background(), time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(ip, "9003")+"/metrics", nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			return false, nil
+		}
+		defer resp.Body.Close()
+		body, err = io.ReadAll(resp.Body)
+		return err == nil && resp.StatusCode == http.StatusOK, nil
+	}); err != nil {
+		t.Fatalf("reading the joinservice's metrics on %s: %v", ip, err)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		i := strings.LastIndexByte(line, ' ')
+		if line == "" || line[0] == '#' || i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out
+}
+
+// tpmWork returns how many quotes and activations the joinservice on node ip made for single
+// connections (nodes that could not take its session proof) since it started.
+func tpmWork(t *testing.T, ip string) (quotes, activations float64) {
+	t.Helper()
+	m := joinserviceMetrics(t, ip)
+	return m[`berth_joinservice_attestation_operations_total{operation="quote",purpose="connection"}`],
+		m[`berth_joinservice_attestation_operations_total{operation="activation",purpose="connection"}`]
+}
 
 // TestMiniAttestedInit brings up one control plane with TPM attestation and initializes it the way
 // an operator does: berth init checks the node's quote (EK certificate from the cluster's mini CA,

@@ -49,10 +49,24 @@ func checkDayTwo(t *testing.T, c *cluster, restartOut string) {
 		t.Fatalf("berth verify against the rebooted joinservice: %v\n%s", err, out)
 	}
 	t.Logf("berth verify after the power cut: ACCEPTED (lock register re-extended)")
+	// w3 is created after berth init: it gets the cluster's join policy (with the attestation-key
+	// CA), takes the joinservice's session proof, and its join costs the joinservice's TPM nothing.
+	q0, a0 := tpmWork(t, cpIP)
+	joins := func() float64 {
+		return joinserviceMetrics(t, cpIP)[`berth_joinservice_attempts_total{outcome="accepted",reason="",rpc="join"}`]
+	}
+	j0 := joins()
 	start := time.Now()
 	out = c.must(10*time.Minute, c.berth, "mini", "add", "--dir", c.dir, "--workers", "1")
 	t.Logf("berth mini add --workers 1 (%.1fs):\n%s", time.Since(start).Seconds(), out)
 	c.kube("wait", "--for=condition=Ready", "node/w3", "--timeout=120s")
+	q1, a1 := tpmWork(t, cpIP)
+	if j1 := joins(); j1 <= j0 || q1 != q0 || a1 != a0 {
+		t.Errorf("w3's join: %v joins accepted, which cost the joinservice's TPM %v quotes and %v activations for connections; want a join and none",
+			j1-j0, q1-q0, a1-a0)
+	} else {
+		t.Logf("w3 joined through the session proof: %v join(s), no quote or activation of the joinservice's TPM for it", j1-j0)
+	}
 
 	// 2. A worker whose boot measures differently cannot unseal and is refused on rejoin.
 	w1IP := nodeIP(t, c.dir, "w1")

@@ -19,6 +19,7 @@ import (
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/joinservice/health"
+	"github.com/berth-k8s/berth/joinservice/metrics"
 	"github.com/berth-k8s/berth/joinservice/policywatch"
 	"github.com/berth-k8s/berth/joinservice/server"
 )
@@ -26,7 +27,7 @@ import (
 // transportCredentials builds the server's transport credentials and the hot-reloadable policy from the
 // cluster's attestation policy (self-contained YAML from the join configuration). The holder is nil
 // without attestation.
-func transportCredentials(d Deps, policyYAML string, journal server.HandshakeJournal, obs server.Observer, session *atls.SessionProof,
+func transportCredentials(d Deps, policyYAML string, journal server.HandshakeJournal, m *metrics.Metrics, session *atls.SessionProof,
 	known func(peer string) bool) (credentials.TransportCredentials, *policywatch.Holder, error) {
 	log := d.Log
 	if d.Attestation == "insecure-none" {
@@ -40,13 +41,54 @@ func transportCredentials(d Deps, policyYAML string, journal server.HandshakeJou
 	if err != nil {
 		return nil, nil, fmt.Errorf("cluster attestation policy: %w", err)
 	}
-	creds, err := atls.NewCredentials(d.Issuer, holder.Validator(), atls.WithLimiter(atls.NewLimiter(d.AttestLimits)),
-		atls.WithClaimCheck(server.ClaimCheck(holder.Policy, journal, obs)), atls.WithLogger(log.Named("atls")), atls.WithSessionProof(session),
+	creds, err := atls.NewCredentials(countedIssuer(d.Issuer, metrics.PurposeConnection, m), holder.Validator(), atls.WithLimiter(atls.NewLimiter(d.AttestLimits)),
+		atls.WithClaimCheck(server.ClaimCheck(holder.Policy, journal, m)), atls.WithLogger(log.Named("atls")), atls.WithSessionProof(session),
 		atls.WithKnownPeers(known))
 	if err != nil {
 		return nil, nil, fmt.Errorf("creating attested TLS credentials: %w", err)
 	}
 	return creds, holder, nil
+}
+
+// opCounter counts attestation operations (metrics.Metrics).
+type opCounter interface {
+	AttestationOperation(purpose, operation string)
+}
+
+// countedIssuer returns issuer counting its quotes (and activations, where it activates) for
+// purpose, so the metrics show which work a join cost this replica's TPM.
+func countedIssuer(issuer atls.Issuer, purpose string, c opCounter) atls.Issuer {
+	if issuer == nil || c == nil {
+		return issuer
+	}
+	ci := counting{Issuer: issuer, purpose: purpose, c: c}
+	if a, ok := issuer.(atls.Activator); ok {
+		return countingActivator{counting: ci, a: a}
+	}
+	return ci
+}
+
+type counting struct {
+	atls.Issuer
+	purpose string
+	c       opCounter
+}
+
+func (i counting) Issue(ctx context.Context, userData, nonce []byte) ([]byte, error) {
+	i.c.AttestationOperation(i.purpose, metrics.OperationQuote)
+	return i.Issuer.Issue(ctx, userData, nonce)
+}
+
+type countingActivator struct {
+	counting
+	a atls.Activator
+}
+
+func (i countingActivator) Identity(ctx context.Context) ([]byte, error) { return i.a.Identity(ctx) }
+
+func (i countingActivator) Activate(ctx context.Context, challenge []byte) ([]byte, error) {
+	i.c.AttestationOperation(i.purpose, metrics.OperationActivate)
+	return i.a.Activate(ctx, challenge)
 }
 
 // akCertifier is an issuer whose attestation key the cluster's AK CA can certify (vtpm.Issuer).

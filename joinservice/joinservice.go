@@ -185,7 +185,7 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 	var session *atls.SessionProof
 	if d.Attestation != "insecure-none" && d.Issuer != nil {
 		certifyAK(ctx, d.Issuer, keys, log)
-		session = atls.NewSessionProof(d.Issuer, log.Named("session"))
+		session = atls.NewSessionProof(countedIssuer(d.Issuer, metrics.PurposeSession, m), log.Named("session"))
 	}
 	// Addresses metadata knows get an attested budget of their own (atls.WithKnownPeers).
 	known := server.NewKnownPeers(d.Metadata, log.Named("known-peers"))
@@ -250,7 +250,7 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 		g.Go(func() error { return known.Run(ctx) })
 		checkEnded := probes.Started("attestation-check")
 		g.Go(func() error {
-			checkIssuer(ctx, d.Issuer, probes, log)
+			checkIssuer(ctx, countedIssuer(d.Issuer, metrics.PurposeSelfCheck, m), probes, log)
 			checkEnded(nil)
 			return nil
 		})

@@ -62,7 +62,10 @@ type initConfig struct {
 	InitSecretFile string `json:"initSecretFile,omitempty"`
 	// AttestationPolicyFile names the cluster's attestation policy (YAML) for the joinservice.
 	AttestationPolicyFile string `json:"attestationPolicyFile,omitempty"`
-	Components            struct {
+	// JoinPolicyFile names the join policy (YAML) joining nodes check the joinservice against; init
+	// writes it, with the cluster's attestation-key CA added, to the workspace's join-policy.yaml.
+	JoinPolicyFile string `json:"joinPolicyFile,omitempty"`
+	Components     struct {
 		SkipKubeProxy   bool   `json:"skipKubeProxy,omitempty"`
 		SkipCoreDNS     bool   `json:"skipCoreDNS,omitempty"`
 		ImagePolicyFile string `json:"imagePolicyFile,omitempty"`
@@ -120,9 +123,19 @@ The config file (YAML):
   apiServerCertSANs: [198.51.100.10]
   initSecretFile: init-secret        # or initSecret: <hex>
   attestationPolicyFile: policy.yaml # optional
+  joinPolicyFile: join-policy.yaml   # optional, see below
   components: {skipKubeProxy: false, skipCoreDNS: false}
 
-The node's progress goes to stderr; the result (cluster ID, admin kubeconfig) to stdout.`,
+Nodes that join check the cluster's joinservice against a join policy (the bootstrapper's
+BERTH_JOIN_POLICY: the image's measurements, a set lock register, the EK CAs). With joinPolicyFile,
+init writes that policy, self-contained and with the cluster's attestation-key CA in akRoots, to
+the workspace's join-policy.yaml once the master secret exists (the CA is derived from it; the
+file holds nothing secret). Give that file to the nodes you create from then on, where they read
+their join policy: their joins then cost the joinservice no TPM work (it shows a certified key and
+a session proof renewed every 10 s). A node with a policy without the CA, such as one created
+before init, still joins; the joinservice's TPM then proves its key to that node in the handshake.
+
+The node's progress goes to stderr; the result (cluster ID, admin kubeconfig, join policy) to stdout.`,
 		Example: `  berth init --endpoint 198.51.100.10:9000 --config cluster.yaml --workspace ./my-cluster
   export KUBECONFIG=$PWD/my-cluster/admin.conf && berth status`,
 		Args: cobra.NoArgs,
@@ -341,6 +354,10 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 			return usageErr("%s: %w", policyFile, err)
 		}
 	}
+	joinPolicy, err := loadJoinPolicy(o.configPath, cfg.JoinPolicyFile)
+	if err != nil {
+		return err
+	}
 	if err := checkWorkspace(o.workspace); err != nil {
 		return err
 	}
@@ -389,6 +406,10 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 	if err != nil {
 		return err
 	}
+	joinPolicyPath, err := publishJoinPolicy(o.workspace, joinPolicy, master, salt, errOut)
+	if err != nil {
+		return err
+	}
 
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
@@ -416,7 +437,32 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 		return fmt.Errorf("opening init log: %w", err)
 	}
 	defer logFile.Close()
-	return receiveInit(stream, out, errOut, logFile, o)
+	return receiveInit(stream, out, errOut, logFile, o, joinPolicyPath)
+}
+
+// publishJoinPolicy writes the cluster's join policy (joinPolicy with the cluster's attestation-key
+// CA) into the workspace and returns its path; "" when the config names no join policy.
+func publishJoinPolicy(dir string, joinPolicy, master, salt []byte, errOut io.Writer) (string, error) {
+	if joinPolicy == nil {
+		return "", nil
+	}
+	keys, err := clusterkeys.New(master, salt)
+	if err != nil {
+		return "", err
+	}
+	data, err := clusterJoinPolicy(joinPolicy, keys)
+	if err != nil {
+		return "", err
+	}
+	if err := checkJoinPolicy(data, fileJoinPolicy); err != nil {
+		return "", err
+	}
+	path, err := writeJoinPolicy(dir, data)
+	if err != nil {
+		return "", err
+	}
+	_, _ = fmt.Fprintf(errOut, "Wrote the join policy for this cluster's new nodes to %s (with the cluster's attestation-key CA)\n", path)
+	return path, nil
 }
 
 // attestVerdict remembers what the node proved, or why it was rejected, in the last handshake.
@@ -484,7 +530,7 @@ func waitConnected(ctx context.Context, conn *grpc.ClientConn, timeout time.Dura
 
 // receiveInit shows the node's progress on errOut (and its output with --verbose) and writes the
 // result to out.
-func receiveInit(stream initproto.InitService_InitClient, out, errOut, logFile io.Writer, o initOptions) error {
+func receiveInit(stream initproto.InitService_InitClient, out, errOut, logFile io.Writer, o initOptions, joinPolicyPath string) error {
 	start := time.Now()
 	started := map[string]time.Time{}
 	for {
@@ -529,12 +575,12 @@ func receiveInit(stream initproto.InitService_InitClient, out, errOut, logFile i
 			}
 			return fmt.Errorf("%w: %s", ErrInitFailed, msg)
 		case *initproto.InitResponse_Success:
-			return writeInitResult(out, o.workspace, k.Success, time.Since(start))
+			return writeInitResult(out, o.workspace, k.Success, time.Since(start), joinPolicyPath)
 		}
 	}
 }
 
-func writeInitResult(out io.Writer, dir string, s *initproto.InitSuccess, took time.Duration) error {
+func writeInitResult(out io.Writer, dir string, s *initproto.InitSuccess, took time.Duration, joinPolicyPath string) error {
 	if len(s.GetKubeconfig()) == 0 {
 		return errors.New("the node reported success without a kubeconfig")
 	}
@@ -549,8 +595,11 @@ func writeInitResult(out io.Writer, dir string, s *initproto.InitSuccess, took t
 	if abs, err := filepath.Abs(adminPath); err == nil {
 		adminPath = abs // the printed commands work from any directory
 	}
-	_, _ = fmt.Fprintf(out, "\nCluster initialized in %s.\nCluster ID: %s\nAdmin kubeconfig: %s\nUse it with:\n  export KUBECONFIG=%s\n  berth status\n",
-		took.Round(time.Millisecond), idHex, adminPath, adminPath)
+	_, _ = fmt.Fprintf(out, "\nCluster initialized in %s.\nCluster ID: %s\nAdmin kubeconfig: %s\n", took.Round(time.Millisecond), idHex, adminPath)
+	if joinPolicyPath != "" {
+		_, _ = fmt.Fprintf(out, "Join policy for new nodes (BERTH_JOIN_POLICY): %s\n", joinPolicyPath)
+	}
+	_, _ = fmt.Fprintf(out, "Use it with:\n  export KUBECONFIG=%s\n  berth status\n", adminPath)
 	return nil
 }
 

@@ -9,8 +9,8 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// inlinePolicy returns the policy with every `trustRoots: - file: X` replaced by `pem: <contents>`
-// and a `tdx: collateralBundle: file: X` by `json: <contents>`, so that the node (and the
+// inlinePolicy returns the policy with every `trustRoots: - file: X` (and `akRoots: - file: X`)
+// replaced by `pem: <contents>` and a `tdx: collateralBundle: file: X` by `json: <contents>`, so that the node (and the
 // joinservice reading it from a ConfigMap) needs no file beside it. Relative files are resolved
 // against baseDir.
 func inlinePolicy(data []byte, baseDir string) ([]byte, error) {
@@ -24,10 +24,10 @@ func inlinePolicy(data []byte, baseDir string) ([]byte, error) {
 	root := doc.Content[0]
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		switch key, val := root.Content[i].Value, root.Content[i+1]; {
-		case key == "trustRoots" && val.Kind == yaml.SequenceNode:
+		case (key == "trustRoots" || key == "akRoots") && val.Kind == yaml.SequenceNode:
 			for _, entry := range val.Content {
 				if err := inlineFile(entry, "pem", baseDir); err != nil {
-					return nil, fmt.Errorf("attestation policy trust root: %w", err)
+					return nil, fmt.Errorf("attestation policy %s: %w", key, err)
 				}
 			}
 		case key == "tdx" && val.Kind == yaml.MappingNode:

@@ -48,16 +48,20 @@ podCIDR: %s
 apiServerCertSANs: [%s]
 initSecretFile: %s
 `, c.cfg.Name, KubernetesVersion, c.cfg.ServiceCIDR.Masked(), c.cfg.PodCIDR.Masked(), c.cfg.HostAddr(), c.initSecretPath()) +
-		map[bool]string{true: "attestationPolicyFile: " + c.cfg.PolicyPath() + "\n"}[c.cfg.Attestation == AttestationTPM])
+		map[bool]string{true: "attestationPolicyFile: " + c.cfg.PolicyPath() + "\njoinPolicyFile: " + c.cfg.ImageJoinPolicyPath() + "\n"}[c.cfg.Attestation == AttestationTPM])
 }
 
 func (c *Cluster) initSecretPath() string { return filepath.Join(c.cfg.Dir, "init-secret") }
 
-// PrepareInit writes the attestation policy and `berth init`'s config file into the cluster
-// directory and returns the arguments of the `berth init` command that initializes the cluster
-// through the first control plane (without the berth binary itself).
+// PrepareInit writes the attestation policy, the image's join policy and `berth init`'s config
+// file into the cluster directory and returns the arguments of the `berth init` command that
+// initializes the cluster through the first control plane (without the berth binary itself). berth
+// init writes the cluster's join policy (JoinPolicyPath) into the same directory.
 func (c *Cluster) PrepareInit() ([]string, error) {
 	if err := writeFile(c.cfg.PolicyPath(), c.policyFile(), 0o644); err != nil {
+		return nil, err
+	}
+	if err := writeFile(c.cfg.ImageJoinPolicyPath(), c.joinPolicyFile(), 0o644); err != nil {
 		return nil, err
 	}
 	cfgPath := filepath.Join(c.cfg.Dir, "init.yaml")

@@ -226,7 +226,7 @@ func (c *Cluster) removeFiles() error {
 		}
 	} else {
 		for _, name := range []string{"nodes", "ns", "tpm-ca", "components", "admin.conf", "agent.log", "init.yaml", "init-secret", "policy.yaml",
-			"init.log", "master-secret.json", "cluster-id", "state.json", "state.json.tmp", "join-policy.yaml", agentNodesFile} {
+			"init.log", "master-secret.json", "cluster-id", "state.json", "state.json.tmp", "join-policy.yaml", "image-join-policy.yaml", agentNodesFile} {
 			if err := os.RemoveAll(filepath.Join(c.cfg.Dir, name)); err != nil {
 				errs = append(errs, fmt.Errorf("removing %s: %w", name, err))
 			}

@@ -97,9 +97,9 @@ trustRoots:
 `, BootPCR, ExpectedBootPCR(), LockPCR, strings.Repeat("00", 32), c.cfg.TPMCARoot(), c.cfg.TPMCAIntermediate()))
 }
 
-// joinPolicyFile is what a joining node demands of the joinservice: the same genuine boot, and a
-// lock register that is set (it runs on a bootstrapped node; the node also checks it holds the
-// cluster ID of the ticket).
+// joinPolicyFile is what a joining node of the mini image demands of the joinservice: the same
+// genuine boot, and a lock register that is set (it runs on a bootstrapped node; the node also
+// checks it holds the cluster ID of the ticket). berth init adds the cluster's attestation-key CA.
 func (c *Cluster) joinPolicyFile() []byte {
 	return []byte(fmt.Sprintf(`# Written by berth mini.
 variant: tpm

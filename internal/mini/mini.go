@@ -304,8 +304,16 @@ func (c Config) ComponentsDir() string { return filepath.Join(c.Dir, "components
 // PolicyPath is the attestation policy berth init uses (and sends to the cluster).
 func (c Config) PolicyPath() string { return filepath.Join(c.Dir, "policy.yaml") }
 
-// JoinPolicyPath is the policy a joining node checks the joinservice against.
+// JoinPolicyPath is the cluster's join policy, which berth init writes into its workspace (the
+// cluster directory): the image's join policy with the cluster's attestation-key CA. Nodes started
+// after init check the joinservice against it.
 func (c Config) JoinPolicyPath() string { return filepath.Join(c.Dir, "join-policy.yaml") }
+
+// ImageJoinPolicyPath is the join policy the nodes' image carries (the same boot, a set lock
+// register, the mini-local EK CA): what a node started before the cluster exists checks the
+// joinservice against. It lists no attestation-key CA, so the joinservice's TPM proves its key to
+// such a node in the handshake.
+func (c Config) ImageJoinPolicyPath() string { return filepath.Join(c.Dir, "image-join-policy.yaml") }
 
 // StatePath is the cluster's state file.
 func (c Config) StatePath() string { return filepath.Join(c.Dir, "state.json") }

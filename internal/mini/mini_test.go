@@ -404,6 +404,25 @@ func TestUpCommandsAndDownFromState(t *testing.T) {
 	if strings.Contains(strings.Join(env2, "\n"), filepath.Join(cfg.NodeDir("w1"), "state")+"\n") {
 		t.Errorf("bootstrapper env names the old host state directory: %v", env2)
 	}
+	// Nodes started before berth init check the joinservice against the image's join policy (no
+	// attestation-key CA: the joinservice activates its key for them); berth init writes the
+	// cluster's, which nodes started afterwards get, and its config names the image's as the base.
+	if !slices.Contains(env2, "BERTH_JOIN_POLICY="+cfg.ImageJoinPolicyPath()) {
+		t.Errorf("bootstrapper env before init lacks the image's join policy: %v", env2)
+	}
+	if b, err := os.ReadFile(cfg.ImageJoinPolicyPath()); err != nil || !strings.Contains(string(b), "nonZero: true") || strings.Contains(string(b), "akRoots") {
+		t.Errorf("image join policy = %q, %v", b, err)
+	}
+	if err := os.WriteFile(cfg.JoinPolicyPath(), []byte("variant: tpm\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if env3 := cl.bootstrapperEnv(cfg.Nodes()[2]); !slices.Contains(env3, "BERTH_JOIN_POLICY="+cfg.JoinPolicyPath()) {
+		t.Errorf("bootstrapper env after init lacks the cluster's join policy: %v", env3)
+	}
+	cl.cfg.Attestation = AttestationTPM
+	if !strings.Contains(string(cl.initConfig()), "joinPolicyFile: "+cfg.ImageJoinPolicyPath()+"\n") {
+		t.Errorf("berth init's config does not name the image's join policy:\n%s", cl.initConfig())
+	}
 	if _, err := cl.Up(context.Background(), UpOptions{}); !errors.Is(err, ErrExists) {
 		t.Errorf("second Up = %v, want ErrExists", err)
 	}

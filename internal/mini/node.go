@@ -307,7 +307,7 @@ func (c *Cluster) bootstrapper(n Node) error {
 	if c.cfg.Bootstrapper == "" {
 		return nil
 	}
-	if err := writeFile(c.cfg.JoinPolicyPath(), c.joinPolicyFile(), 0o644); err != nil {
+	if err := writeFile(c.cfg.ImageJoinPolicyPath(), c.joinPolicyFile(), 0o644); err != nil {
 		return err
 	}
 	if _, err := c.startDaemon(n.Name, "bootstrapper", Cmd{
@@ -363,8 +363,13 @@ func (c *Cluster) bootstrapperEnv(n Node) []string {
 		"PATH=" + c.cfg.Bins.K8s + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 	}
 	if attestation == AttestationTPM {
-		// What this node demands of the joinservice before it joins.
-		env = append(env, "BERTH_JOIN_POLICY="+c.cfg.JoinPolicyPath(), fmt.Sprintf("BERTH_LOCK_PCR=%d", LockPCR))
+		// What this node demands of the joinservice before it joins: the cluster's join policy once
+		// berth init wrote it (a node created after init), else the image's (one created before).
+		joinPolicy := c.cfg.ImageJoinPolicyPath()
+		if _, err := os.Stat(c.cfg.JoinPolicyPath()); err == nil {
+			joinPolicy = c.cfg.JoinPolicyPath()
+		}
+		env = append(env, "BERTH_JOIN_POLICY="+joinPolicy, fmt.Sprintf("BERTH_LOCK_PCR=%d", LockPCR))
 	}
 	return env
 }

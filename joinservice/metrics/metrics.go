@@ -13,6 +13,11 @@
 //     capacity of newer ones came within one write interval (floods).
 //   - policy_reloads_total{result}: attestation policy updates applied ("applied") or refused
 //     ("rejected").
+//   - attestation_operations_total{purpose,operation}: the attestation work of this replica's TPM
+//     (or TDX module): operation "quote" (a document) or "activation" (a TPM2_ActivateCredential),
+//     for purpose "connection" (one handshake: a node that cannot take the session proof),
+//     "session" (the session proof, renewed every 10 s for every node) or "self_check" (readiness).
+//     A join that took the session proof adds nothing to purpose "connection".
 //
 // The registry also holds berth_build_info (internal/buildinfo) and the Go runtime and process
 // collectors.
@@ -43,7 +48,17 @@ type Metrics struct {
 	duration *prometheus.HistogramVec
 	inFlight prometheus.Gauge
 	reloads  *prometheus.CounterVec
+	attestOp *prometheus.CounterVec
 }
+
+// Purposes and operations of AttestationOperation.
+const (
+	PurposeConnection = "connection"
+	PurposeSession    = "session"
+	PurposeSelfCheck  = "self_check"
+	OperationQuote    = "quote"
+	OperationActivate = "activation"
+)
 
 // Ledger is the join ledger's counters (ledger.Writer).
 type Ledger interface {
@@ -68,8 +83,16 @@ func New(l Ledger) *Metrics {
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "policy_reloads_total", Help: "Attestation policy updates by result (applied, rejected).",
 		}, []string{"result"}),
+		attestOp: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "attestation_operations_total",
+			Help: "Attestation operations of this replica's TPM or TDX module by purpose (connection, session, self_check) and operation (quote, activation).",
+		}, []string{"purpose", "operation"}),
 	}
-	m.reg.MustRegister(m.attempts, m.duration, m.inFlight, m.reloads, buildinfo.Collector(),
+	for _, p := range []string{PurposeConnection, PurposeSession, PurposeSelfCheck} {
+		m.attestOp.WithLabelValues(p, OperationQuote)
+	}
+	m.attestOp.WithLabelValues(PurposeConnection, OperationActivate)
+	m.reg.MustRegister(m.attempts, m.duration, m.inFlight, m.reloads, m.attestOp, buildinfo.Collector(),
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if l != nil {
 		m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
@@ -101,6 +124,11 @@ func (m *Metrics) PolicyReload(applied bool) {
 		result = "applied"
 	}
 	m.reloads.WithLabelValues(result).Inc()
+}
+
+// AttestationOperation counts one attestation operation of this replica's TPM or TDX module.
+func (m *Metrics) AttestationOperation(purpose, operation string) {
+	m.attestOp.WithLabelValues(purpose, operation).Inc()
 }
 
 // Registry is the registry the metrics are in.

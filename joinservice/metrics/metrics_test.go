@@ -27,6 +27,9 @@ func TestServeExposesJoinMetrics(t *testing.T) {
 	m.InFlight(1)
 	m.InFlight(-1)
 	m.PolicyReload(false)
+	m.AttestationOperation(PurposeSession, OperationQuote)
+	m.AttestationOperation(PurposeSession, OperationQuote)
+	m.AttestationOperation(PurposeConnection, OperationActivate)
 
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -56,6 +59,9 @@ func TestServeExposesJoinMetrics(t *testing.T) {
 		`berth_joinservice_ledger_dropped_total 7`,
 		`berth_joinservice_ledger_superseded_total 9`,
 		`berth_joinservice_policy_reloads_total{result="rejected"} 1`,
+		`berth_joinservice_attestation_operations_total{operation="quote",purpose="session"} 2`,
+		`berth_joinservice_attestation_operations_total{operation="activation",purpose="connection"} 1`,
+		`berth_joinservice_attestation_operations_total{operation="quote",purpose="connection"} 0`,
 		`go_goroutines`,
 		`berth_build_info{commit="` + version.Commit() + `",go_version="` + runtime.Version() + `",version="` + version.Version + `"} 1`,
 	} {

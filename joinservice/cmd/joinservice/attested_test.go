@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -42,7 +45,10 @@ func indent(s, prefix string) string {
 // from an untrusted manufacturer are refused in the handshake; an update of the cluster policy in ConfigMap
 // berth-join-config takes effect without a restart (the same node is now refused, naming PCR 4); a
 // malformed update is refused with a PolicyRejected Event and the policy in force stays; the ledger
-// holds every attempt with the digest of the node's evidence.
+// holds every attempt with the digest of the node's evidence. Its metrics show the TPM work each
+// join cost: a node whose join policy lists no attestation-key CA gets an activation and a quote of
+// its own; one whose policy lists the cluster's CA takes the session proof, and its join costs the
+// joinservice's TPM nothing.
 func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 	swCA := vtpmtest.NewSwtpmCA(t) // skips without swtpm
 	env := apiservertest.Shared(t) // skips without kube-apiserver and etcd
@@ -63,16 +69,29 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 	if err := env.InstallBerth(ctx, clusterPolicy(zero)); err != nil {
 		t.Fatal(err)
 	}
-	joinPolicy, err := policy.Parse([]byte("variant: tpm\nmeasurements:\n  4: {expected: "+zero+", source: the image}\n  15: {nonZero: true, source: bootstrapped}\n"+roots), "join policy", nil)
+	imagePolicy := "variant: tpm\nmeasurements:\n  4: {expected: " + zero + ", source: the image}\n  15: {nonZero: true, source: bootstrapped}\n" + roots
+	joinPolicy, err := policy.Parse([]byte(imagePolicy), "join policy", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys := apiservertest.ClusterKeys()
+	akCA, err := vtpm.ClusterAKCA(keys.AKCASeed(), keys.ClusterID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	clusterJoinPolicy, err := policy.Parse([]byte(imagePolicy+"akRoots:\n  - pem: |\n"+indent(string(akCA.PEM()), "      ")), "cluster join policy", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 
+	metricsAddr := proctest.FreeAddr(t)
 	js, addr := startJoinService(t, env, "self: {name: cp-0, role: control-plane, ips: [198.51.100.10]}\npeers:\n  - {name: worker-9, role: worker, ips: [127.0.0.1]}\n",
-		nil, "--attestation=tpm", "--tpm="+serviceTPM.Spec, "--metrics-listen=")
+		nil, "--attestation=tpm", "--tpm="+serviceTPM.Spec, "--metrics-listen="+metricsAddr,
+		// One node address makes every attempt here: room for them in its bursts.
+		"--attest-rate-per-peer-burst=32", "--rate-per-peer-burst=16")
 
-	joinAs := func(issuer atls.Issuer) (*joinproto.IssueJoinTicketResponse, error) {
-		validator, err := choose.NewValidator(joinPolicy, zap.NewNop())
+	joinWith := func(p *policy.Policy, issuer atls.Issuer) (*joinproto.IssueJoinTicketResponse, error) {
+		validator, err := choose.NewValidator(p, zap.NewNop())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -86,6 +105,9 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 		}
 		defer closer.Close()
 		return client.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_WORKER, DiskUuid: "0f8b9c2e-5d1a-4b7e-9a3c-2e6f1d4b8a70"})
+	}
+	joinAs := func(issuer atls.Issuer) (*joinproto.IssueJoinTicketResponse, error) {
+		return joinWith(joinPolicy, issuer)
 	}
 	join := func() (*joinproto.IssueJoinTicketResponse, error) {
 		return joinAs(vtpm.NewIssuer(nodeTPM.Open, zap.NewNop()))
@@ -102,6 +124,33 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 	}
 	if err != nil || resp.GetNodeName() != "worker-9" {
 		t.Fatalf("genuine join: %v", err)
+	}
+	// The TPM work per join, by the node's join policy. The first join activated the joinservice's
+	// key for the node and quoted for it (the session proof is no use to a node that must challenge).
+	work := func() (quotes, activations float64) {
+		m := scrapeMetrics(t, metricsAddr)
+		return m[`berth_joinservice_attestation_operations_total{operation="quote",purpose="connection"}`],
+			m[`berth_joinservice_attestation_operations_total{operation="activation",purpose="connection"}`]
+	}
+	q0, a0 := work()
+	if q0 < 1 || a0 < 1 {
+		t.Fatalf("a join without the attestation-key CA: %v quotes, %v activations for connections, want at least 1 each", q0, a0)
+	}
+	if _, err := joinWith(clusterJoinPolicy, vtpm.NewIssuer(nodeTPM.Open, zap.NewNop())); err != nil {
+		t.Fatalf("join with the cluster's join policy: %v", err)
+	}
+	if q1, a1 := work(); q1 != q0 || a1 != a0 {
+		t.Fatalf("a join through the session proof cost the joinservice's TPM %v quotes and %v activations, want none", q1-q0, a1-a0)
+	}
+	if s := scrapeMetrics(t, metricsAddr)[`berth_joinservice_attestation_operations_total{operation="quote",purpose="session"}`]; s < 1 {
+		t.Fatalf("no session proof quoted (%v)", s)
+	}
+	// A node with the image's policy, which does not know the cluster, still joins; it costs a quote.
+	if _, err := join(); err != nil {
+		t.Fatalf("join with the image's join policy after the session one: %v", err)
+	}
+	if q2, _ := work(); q2 != q0+1 {
+		t.Fatalf("a join with the image's policy cost %v connection quotes, want 1", q2-q0)
 	}
 
 	// Replayed evidence: a node that answers a second handshake with the document of its first.
@@ -162,7 +211,7 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 	}
 
 	var mine []ledger.Entry
-	// The ledger is written asynchronously: wait until the six attempts are in (or time out and judge
+	// The ledger is written asynchronously: wait until the eight attempts are in (or time out and judge
 	// what is there). The two refusals on claims are one entry of two attempts (refusals of one peer
 	// and reason are aggregated).
 	_ = wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
@@ -175,14 +224,15 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 				attempts += max(e.Count, 1)
 			}
 		}
-		return attempts >= 6, nil
+		return attempts >= 8, nil
 	})
-	// Accepted, accepted (the replay's first), the replay, the unrooted key, two refusals on claims.
-	if len(mine) != 5 || mine[4].Count != 2 {
-		t.Fatalf("%d ledger entries from the node, want 5 (the last of 2 attempts): %+v", len(mine), mine)
+	// Accepted three times (the image's and the cluster's join policy, the image's again), accepted
+	// (the replay's first), the replay, the unrooted key, two refusals on claims.
+	if len(mine) != 7 || mine[6].Count != 2 {
+		t.Fatalf("%d ledger entries from the node, want 7 (the last of 2 attempts): %+v", len(mine), mine)
 	}
 	for i, want := range []struct{ rpc, reason, text string }{
-		{"join", "", ""}, {"join", "", ""},
+		{"join", "", ""}, {"join", "", ""}, {"join", "", ""}, {"join", "", ""},
 		{"handshake", "NONCE_MISMATCH", "another nonce"},
 		{"handshake", "UNTRUSTED_ROOT", "EK certificate"},
 		{"handshake", "MEASUREMENT_MISMATCH", "claimed measurements: measurement mismatch: index 4: expected " + ones},
@@ -216,4 +266,31 @@ func (r *replayingIssuer) Issue(ctx context.Context, userData, nonce []byte) ([]
 	doc, err := r.Issuer.Issue(ctx, userData, nonce)
 	r.doc = doc
 	return doc, err
+}
+
+// scrapeMetrics reads the joinservice's metrics: the value of every sample by its name and labels
+// as the exposition format writes them.
+func scrapeMetrics(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := client.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatalf("reading metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("reading metrics: %v", err)
+	}
+	out := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		i := strings.LastIndexByte(line, ' ')
+		if line == "" || line[0] == '#' || i < 0 {
+			continue
+		}
+		if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+			out[line[:i]] = v
+		}
+	}
+	return out
 }

@@ -1,0 +1,157 @@
+package cli
+
+import (
+	"bytes"
+	"crypto/rand"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"go.uber.org/zap"
+
+	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
+	"github.com/berth-k8s/berth/internal/clusterkeys"
+)
+
+func testKeys(t *testing.T) *clusterkeys.Keys {
+	t.Helper()
+	master, salt := make([]byte, 32), make([]byte, 32)
+	_, _ = rand.Read(master)
+	_, _ = rand.Read(salt)
+	k, err := clusterkeys.New(master, salt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// The join policy berth init writes lists the cluster's attestation-key CA, is self-contained, and
+// makes a node's validator accept certified keys; the operator's other akRoots stay.
+func TestClusterJoinPolicy(t *testing.T) {
+	ekCA, err := vtpmtest.NewCA("join policy test EK CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherAK, err := vtpm.NewAKCA(bytes.Repeat([]byte{7}, 32), "a platform's AK CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for name, data := range map[string][]byte{"ek-ca.pem": ekCA.PEM(), "platform-ak-ca.pem": otherAK.PEM()} {
+		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const base = "# the image's join policy\nvariant: tpm\nmeasurements:\n  15: {nonZero: true, source: bootstrapped}\ntrustRoots:\n  - file: ek-ca.pem\n"
+	keys := testKeys(t)
+	ca, err := vtpm.ClusterAKCA(keys.AKCASeed(), keys.ClusterID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		src       string
+		wantRoots int
+	}{
+		"without akRoots":    {base, 1},
+		"with another CA":    {base + "akRoots:\n  - file: platform-ak-ca.pem\n", 2},
+		"with the cluster's": {base + "akRoots:\n  - pem: |\n" + indent(string(ca.PEM()), "      "), 1},
+	} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(dir, "join.yaml")
+			if err := os.WriteFile(path, []byte(tc.src), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			tmpl, err := loadJoinPolicy(filepath.Join(dir, "cluster.yaml"), "join.yaml")
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, err := clusterJoinPolicy(tmpl, keys)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p, err := policy.Parse(out, "out", nil) // no file access: self-contained
+			if err != nil {
+				t.Fatalf("%v\n%s", err, out)
+			}
+			if len(p.AKRoots) != tc.wantRoots || !p.AKRoots[len(p.AKRoots)-1].Equal(ca.Cert) {
+				t.Fatalf("akRoots = %d certificates, the last the cluster's: want %d\n%s", len(p.AKRoots), tc.wantRoots, out)
+			}
+			if len(p.TrustRoots) != 1 || len(p.Expectations) != 1 {
+				t.Errorf("the operator's policy lost content:\n%s", out)
+			}
+			v, err := vtpm.NewValidator(p, zap.NewNop())
+			if err != nil || !v.CertifiesKeys() {
+				t.Fatalf("validator = %v, certifies keys: %v", err, v != nil && v.CertifiesKeys())
+			}
+			again, err := clusterJoinPolicy(out, keys)
+			if err != nil || !bytes.Equal(again, out) {
+				t.Errorf("adding the CA twice changed the policy (%v):\n%s\n---\n%s", err, out, again)
+			}
+			ws := t.TempDir()
+			written, err := writeJoinPolicy(ws, out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi, err := os.Stat(written); err != nil || fi.Mode().Perm() != 0o644 || written != filepath.Join(ws, fileJoinPolicy) {
+				t.Errorf("written %s: %v %v", written, fi, err)
+			}
+			if left, _ := filepath.Glob(filepath.Join(ws, fileJoinPolicy+".*")); len(left) != 0 {
+				t.Errorf("temporary files left: %v", left)
+			}
+		})
+	}
+
+	// Another cluster's policy names another CA.
+	other := testKeys(t)
+	tmpl, err := inlinePolicy([]byte(base), dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := clusterJoinPolicy(tmpl, keys)
+	b, _ := clusterJoinPolicy(tmpl, other)
+	if bytes.Equal(a, b) {
+		t.Error("two clusters got the same join policy")
+	}
+	// A TDX join policy has no attestation keys: unchanged.
+	tdxPolicy := []byte("variant: tdx\ntdx: {collateralDir: c}\n")
+	if out, err := clusterJoinPolicy(tdxPolicy, keys); err != nil || !bytes.Equal(out, tdxPolicy) {
+		t.Errorf("TDX join policy = %q, %v", out, err)
+	}
+}
+
+// A join policy a node could not use stops berth init before it connects to anything.
+func TestLoadJoinPolicyRefusesBadPolicies(t *testing.T) {
+	dir := t.TempDir()
+	for name, src := range map[string]string{
+		"not a policy":    "variant: tpm\nmeasurements: [1, 2]\n",
+		"no EK CA":        "variant: tpm\nmeasurements:\n  15: {nonZero: true}\n",
+		"missing CA file": "variant: tpm\ntrustRoots:\n  - file: missing.pem\n",
+		"unknown field":   "variant: tpm\nakRoot: []\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, "join.yaml"), []byte(src), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		_, err := loadJoinPolicy(filepath.Join(dir, "cluster.yaml"), "join.yaml")
+		var ee *exitError
+		if !errors.As(err, &ee) || ee.code != exitUsage {
+			t.Errorf("%s: loadJoinPolicy = %v, want a usage error", name, err)
+		}
+	}
+	if data, err := loadJoinPolicy(filepath.Join(dir, "cluster.yaml"), ""); data != nil || err != nil {
+		t.Errorf("no joinPolicyFile: %q, %v", data, err)
+	}
+}
+
+func indent(s, prefix string) string {
+	lines := strings.SplitAfter(s, "\n")
+	for i, l := range lines {
+		if l != "" {
+			lines[i] = prefix + l
+		}
+	}
+	return strings.Join(lines, "")
+}
