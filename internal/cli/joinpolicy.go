@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"go.yaml.in/yaml/v3"
 
@@ -136,4 +137,51 @@ func writeJoinPolicy(dir string, data []byte) (string, error) {
 		return "", fmt.Errorf("writing join policy: %w", err)
 	}
 	return path, nil
+}
+
+func newPolicyJoinCmd() *cobra.Command {
+	var policyPath, workspace string
+	cmd := &cobra.Command{
+		Use:   "join --policy FILE --workspace DIR",
+		Short: "Print a cluster's join policy: a join policy with the cluster's attestation-key CA",
+		Long: `berth policy join prints the join policy --policy (what joining nodes demand of the
+joinservice: the image's measurements, a set lock register, the EK CAs) self-contained and with
+the attestation-key CA of the cluster whose master secret is in the workspace (berth init's
+master-secret.json) added to akRoots: what berth init writes to the workspace's join-policy.yaml
+when its config names joinPolicyFile. Use it for a cluster initialized without joinPolicyFile, or
+for a new image's join policy. Nodes holding it accept the cluster's joinservices by their
+certified key and session proof, so their joins cost the joinservices' TPMs nothing. The output
+holds nothing secret; it reads the master secret only to derive the CA.`,
+		Example: `  berth policy join --policy image-join-policy.yaml --workspace ./my-cluster > join-policy.yaml`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if policyPath == "" || workspace == "" {
+				return usageErr("policy join needs --policy and --workspace")
+			}
+			data, err := loadJoinPolicy(policyPath, filepath.Base(policyPath))
+			if err != nil {
+				return err
+			}
+			master, salt, ok, err := readWorkspaceSecret(workspace)
+			if err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			if !ok {
+				return usageErr("workspace %s holds no %s", workspace, fileMasterSecret)
+			}
+			keys, err := clusterkeys.New(master, salt)
+			if err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			if data, err = clusterJoinPolicy(data, keys); err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			_, err = cmd.OutOrStdout().Write(data)
+			return err
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&policyPath, "policy", "", "join policy file (YAML)")
+	f.StringVar(&workspace, "workspace", "", "berth init's workspace (its master-secret.json)")
+	return cmd
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -154,4 +155,44 @@ func indent(s, prefix string) string {
 		}
 	}
 	return strings.Join(lines, "")
+}
+
+// berth policy join prints a workspace's cluster join policy, the same berth init writes.
+func TestPolicyJoinCommand(t *testing.T) {
+	ekCA, err := vtpmtest.NewCA("EK CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "ek-ca.pem"), ekCA.PEM(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	src := filepath.Join(dir, "image-join.yaml")
+	if err := os.WriteFile(src, []byte("variant: tpm\nmeasurements:\n  15: {nonZero: true}\ntrustRoots:\n  - file: ek-ca.pem\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ws := filepath.Join(dir, "ws")
+	if code, out := run("policy", "join", "--policy", src, "--workspace", ws); code != exitUsage {
+		t.Fatalf("a workspace without a master secret: exit %d\n%s", code, out)
+	}
+	master, salt, err := prepareWorkspace(ws, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, out, stderr := runSplit("policy", "join", "--policy", src, "--workspace", ws)
+	if code != exitOK {
+		t.Fatalf("policy join: exit %d\n%s", code, stderr)
+	}
+	keys, err := clusterkeys.New(master, salt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := vtpm.ClusterAKCA(keys.AKCASeed(), keys.ClusterID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Parse([]byte(out), "out", nil)
+	if err != nil || len(p.AKRoots) != 1 || !p.AKRoots[0].Equal(ca.Cert) || len(p.TrustRoots) != 1 {
+		t.Fatalf("policy join printed (%v):\n%s", err, out)
+	}
 }

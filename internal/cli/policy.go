@@ -14,11 +14,12 @@ func newPolicyCmd() *cobra.Command {
 		Short: "Work with attestation policies",
 		Example: `  berth policy check --policy policy.yaml --evidence node.evidence
   berth policy measure --uki berth.efi > berth.measurements.yaml
-  berth policy merge --policy policy.yaml --measurements berth.measurements.yaml > next-policy.yaml`,
+  berth policy merge --policy policy.yaml --measurements berth.measurements.yaml > next-policy.yaml
+  berth policy join --policy image-join-policy.yaml --workspace ./my-cluster > join-policy.yaml`,
 		Args: cobra.NoArgs,
 		RunE: groupHelp,
 	}
-	cmd.AddCommand(newPolicyCheckCmd(), newPolicyMeasureCmd(), newPolicyMergeCmd())
+	cmd.AddCommand(newPolicyCheckCmd(), newPolicyMeasureCmd(), newPolicyMergeCmd(), newPolicyJoinCmd())
 	return cmd
 }
 

@@ -124,8 +124,12 @@ type verdictReport struct {
 	CapturedAt time.Time `json:"capturedAt"`
 	// Variant is the attestation variant the node used (tpm, tdx), "" when it presented none.
 	Variant string `json:"variant"`
-	// AttestationKeyActivated: the TPM attestation key was proven to live with the certified EK.
+	// AttestationKeyActivated: the TPM attestation key was proven to live with the trusted EK.
 	AttestationKeyActivated bool `json:"attestationKeyActivated"`
+	// EKPublicSHA256 is the SHA-256 of the TPM endorsement key's public area the evidence names, hex
+	// (what a policy's tpm.ekPublicSHA256 pins); proven only when the verdict is ACCEPTED, "" for
+	// other variants.
+	EKPublicSHA256 string `json:"ekPublicSHA256"`
 	// Policy names the policy file the verdict comes from.
 	Policy string `json:"policy"`
 	// MeasurementsVerified is false when the document was rejected before its measurements were
@@ -162,6 +166,11 @@ func newVerdictReport(p *policy.Policy, ev atls.Evidence, verdict error) *verdic
 	r := &verdictReport{
 		Variant: ev.Variant, AttestationKeyActivated: ev.Activated, Policy: p.Origin,
 		MeasurementsVerified: true, Measurements: []measurementReport{}, Warnings: []string{}, Verdict: verdictAccepted,
+	}
+	if ev.Variant == vtpm.Variant && len(ev.Document) > 0 {
+		if id, err := vtpm.EKPublicSHA256(ev.Document); err == nil {
+			r.EKPublicSHA256 = hex.EncodeToString(id)
+		}
 	}
 	m := ev.Result.Measurements
 	if len(m) == 0 && ev.Variant == vtpm.Variant && len(ev.Document) > 0 {
@@ -211,8 +220,11 @@ func (r *verdictReport) printText(out io.Writer) {
 		_, _ = fmt.Fprintf(out, "endpoint: %s\n", r.Endpoint)
 	}
 	_, _ = fmt.Fprintf(out, "variant: %s\n", orNone(r.Variant))
+	if r.EKPublicSHA256 != "" {
+		_, _ = fmt.Fprintf(out, "endorsement key: public area SHA-256 %s\n", r.EKPublicSHA256)
+	}
 	if r.AttestationKeyActivated {
-		_, _ = fmt.Fprintln(out, "attestation key: activated (proven to live with the certified endorsement key)")
+		_, _ = fmt.Fprintln(out, "attestation key: activated (proven to live with the trusted endorsement key)")
 	}
 	_, _ = fmt.Fprintf(out, "policy: %s\n", r.Policy)
 	if len(r.Measurements) > 0 {

@@ -289,3 +289,35 @@ func TestPolicyCheckUnattested(t *testing.T) {
 		t.Fatalf("-o xml: exit %d, stderr %q", code, stderr)
 	}
 }
+
+// TestPolicyCheckPinnedEK: berth verify shows the digest of the node's EK public area, and berth
+// policy check judges recorded evidence under tpm.ekTrust: pinned: accepted when that EK is
+// pinned, rejected when another is (its certificate, though it chains, counts for nothing there).
+func TestPolicyCheckPinnedEK(t *testing.T) {
+	addr, caPEM := attestingNode(t)
+	dir := t.TempDir()
+	good := writePolicy(t, dir, "good.yaml", "  15: {expected: "+strings.Repeat("00", 32)+"}\n", caPEM)
+	evidence := filepath.Join(dir, "node.evidence")
+	code, out, _ := runSplit("verify", "--endpoint", addr, "--policy", good, "--save-evidence", evidence, "-o", "json")
+	m := decodeVerdict(t, "json", out)
+	ek, _ := m["ekPublicSHA256"].(string)
+	if code != exitOK || len(ek) != 64 {
+		t.Fatalf("verify -o json: exit %d, ekPublicSHA256 %q\n%s", code, ek, out)
+	}
+	pinned := func(name, digest string) string {
+		path := filepath.Join(dir, name)
+		doc := "variant: tpm\nmeasurements:\n  15: {expected: " + strings.Repeat("00", 32) + "}\ntpm:\n  ekTrust: pinned\n  ekPublicSHA256: [" + digest + "]\n"
+		if err := os.WriteFile(path, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	code, out = run("policy", "check", "--policy", pinned("pinned.yaml", ek), "--evidence", evidence)
+	if code != exitOK || !strings.Contains(out, "verdict: ACCEPTED") || !strings.Contains(out, "endorsement key: public area SHA-256 "+ek) {
+		t.Fatalf("policy check with the node's EK pinned: exit %d\n%s", code, out)
+	}
+	code, out = run("policy", "check", "--policy", pinned("other.yaml", strings.Repeat("ab", 32)), "--evidence", evidence)
+	if code != exitRejected || !strings.Contains(out, "EK "+ek+" is not among the policy's pinned EKs") {
+		t.Fatalf("policy check with another EK pinned: exit %d\n%s", code, out)
+	}
+}

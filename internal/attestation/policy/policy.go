@@ -15,6 +15,13 @@
 //	akRoots:                      # TPM only, optional: CAs that certify attestation keys they saw
 //	  - file: cluster-ak-ca.pem   # activated (vtpm.AKCA, a cluster's); a key they certified needs no
 //	                              # activation in the handshake (file or pem, like trustRoots)
+//	tpm:                          # TPM only, optional
+//	  ekTrust: pinned             # how an EK is trusted: certificate (the default: its certificate
+//	                              # chains to trustRoots) or pinned (its public area is listed below,
+//	                              # with or without a certificate; for platforms that publish EK public
+//	                              # keys and no EK CA, such as AWS NitroTPM). pinned takes no trustRoots.
+//	  ekPublicSHA256:             # pinned: SHA-256 (hex) of each trusted EK's public area (TPMT_PUBLIC)
+//	    - 9f86d081...
 //	tdx:                          # TDX only, all optional
 //	  collateralBundle:           # collateral the operator ships (tdx.ParseCollateralBundle); never fetched
 //	    file: collateral.json     # relative to the policy; or json: | with the bundle inline
@@ -26,6 +33,10 @@
 // A TDX verifier gets its collateral from exactly one source: the bundle, the directory, or a PCS (Intel's
 // unless pcsURL names another, such as a caching service the operator runs). Only the PCS is ever reached
 // over the network, and only when neither offline source is set.
+//
+// A TPM's EK is trusted either way tpm.ekTrust names, never both: by a certificate chaining to
+// trustRoots, or by its pin. Either way the attestation key must still prove that it lives with that
+// EK (credential activation in the handshake, or an akRoots certificate).
 //
 // Evaluate compares actual measurements with the expectations. An enforced deviation fails with a
 // *MismatchError (errors.Is attestation.ErrMeasurementMismatch) that names every deviating index, the
@@ -141,6 +152,72 @@ type Policy struct {
 	Origin string
 	// TDX holds the TDX variant's options; nil when the file has no tdx section.
 	TDX *TDXOptions
+	// TPM holds the TPM variant's options; nil when the file has no tpm section (EKs are then
+	// trusted by their certificate).
+	TPM *TPMOptions
+}
+
+// EK trust choices of TPMOptions.EKTrust.
+const (
+	// EKTrustCertificate trusts an EK whose certificate chains to the policy's trustRoots.
+	EKTrustCertificate = "certificate"
+	// EKTrustPinned trusts an EK whose public area's SHA-256 the policy lists, whatever certificate
+	// the document carries (none, on platforms without an EK CA).
+	EKTrustPinned = "pinned"
+)
+
+// TPMOptions are the TPM variant's options.
+type TPMOptions struct {
+	// EKTrust is EKTrustCertificate or EKTrustPinned.
+	EKTrust string
+	// EKPublicSHA256 are the pinned EKs: SHA-256 of each one's public area (TPMT_PUBLIC); set only
+	// with EKTrustPinned.
+	EKPublicSHA256 [][]byte
+}
+
+// PinsEK reports whether the options pin the EK whose public area has the SHA-256 digest.
+func (o *TPMOptions) PinsEK(digest []byte) bool {
+	if o == nil || o.EKTrust != EKTrustPinned {
+		return false
+	}
+	for _, d := range o.EKPublicSHA256 {
+		if bytes.Equal(d, digest) {
+			return true
+		}
+	}
+	return false
+}
+
+// fileTPM is the on-disk shape of the tpm section.
+type fileTPM struct {
+	EKTrust        string   `yaml:"ekTrust"`
+	EKPublicSHA256 []string `yaml:"ekPublicSHA256"`
+}
+
+// load checks the tpm section.
+func (f *fileTPM) load() (*TPMOptions, error) {
+	o := &TPMOptions{EKTrust: f.EKTrust}
+	switch f.EKTrust {
+	case "", EKTrustCertificate:
+		o.EKTrust = EKTrustCertificate
+		if len(f.EKPublicSHA256) > 0 {
+			return nil, errors.New("ekPublicSHA256 lists pinned EKs, which only ekTrust: pinned trusts; set it or remove the list")
+		}
+	case EKTrustPinned:
+		if len(f.EKPublicSHA256) == 0 {
+			return nil, errors.New("ekTrust: pinned needs at least one digest in ekPublicSHA256")
+		}
+	default:
+		return nil, fmt.Errorf("ekTrust %q is neither %s nor %s", f.EKTrust, EKTrustCertificate, EKTrustPinned)
+	}
+	for i, h := range f.EKPublicSHA256 {
+		d, err := hex.DecodeString(strings.TrimPrefix(h, "0x"))
+		if err != nil || len(d) != 32 {
+			return nil, fmt.Errorf("ekPublicSHA256[%d]: %q is not a hex SHA-256 digest", i, h)
+		}
+		o.EKPublicSHA256 = append(o.EKPublicSHA256, d)
+	}
+	return o, nil
 }
 
 // TDXOptions are the TDX variant's verification options.
@@ -329,7 +406,24 @@ func Parse(data []byte, origin string, readFile func(name string) ([]byte, error
 			return nil, fmt.Errorf("%w: %s: tdx: %w", ErrInvalid, origin, err)
 		}
 	}
+	if doc.TPM != nil {
+		if doc.Variant != "tpm" {
+			return nil, fmt.Errorf("%w: %s: a tpm section in a policy for variant %q", ErrInvalid, origin, doc.Variant)
+		}
+		var err error
+		if p.TPM, err = doc.TPM.load(); err != nil {
+			return nil, fmt.Errorf("%w: %s: tpm: %w", ErrInvalid, origin, err)
+		}
+	}
 	return p, nil
+}
+
+// EKTrust returns how the policy trusts TPM endorsement keys: EKTrustCertificate or EKTrustPinned.
+func (p *Policy) EKTrust() string {
+	if p.TPM == nil {
+		return EKTrustCertificate
+	}
+	return p.TPM.EKTrust
 }
 
 // load checks that at most one collateral source is set and reads the bundle.
@@ -383,6 +477,7 @@ type fileDoc struct {
 	TrustRoots   []trustRoot `yaml:"trustRoots"`
 	AKRoots      []trustRoot `yaml:"akRoots"`
 	TDX          *TDXOptions `yaml:"tdx"`
+	TPM          *fileTPM    `yaml:"tpm"`
 }
 
 // fileExpectation is the on-disk shape of one measurement expectation.

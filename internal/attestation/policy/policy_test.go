@@ -225,3 +225,43 @@ func FuzzParse(f *testing.F) {
 		_, _ = p.Evaluate(zeros)
 	})
 }
+
+// The tpm section names how EKs are trusted; pinned EKs are an explicit choice with digests, never
+// implied.
+func TestTPMSection(t *testing.T) {
+	pin := strings.Repeat("ab", 32)
+	p, err := Parse([]byte("variant: tpm\ntpm:\n  ekTrust: pinned\n  ekPublicSHA256: [\""+pin+"\", 0x"+strings.Repeat("cd", 32)+"]\n"), "pinned.yaml", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.EKTrust() != EKTrustPinned || !p.TPM.PinsEK(digest(0xab)) || !p.TPM.PinsEK(digest(0xcd)) || p.TPM.PinsEK(digest(0xef)) {
+		t.Fatalf("pinned policy = %+v", p.TPM)
+	}
+	for name, src := range map[string]string{
+		"no tpm section": "variant: tpm\n",
+		"certificate":    "variant: tpm\ntpm: {ekTrust: certificate}\n",
+		"default":        "variant: tpm\ntpm: {}\n",
+	} {
+		p, err := Parse([]byte(src), name, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if p.EKTrust() != EKTrustCertificate || p.TPM.PinsEK(digest(0xab)) {
+			t.Errorf("%s: EK trust %q pins %v", name, p.EKTrust(), p.TPM.PinsEK(digest(0xab)))
+		}
+	}
+	for name, src := range map[string]string{
+		"pinned without digests":      "variant: tpm\ntpm: {ekTrust: pinned}\n",
+		"digests without pinned":      "variant: tpm\ntpm: {ekPublicSHA256: [" + pin + "]}\n",
+		"digests under certificate":   "variant: tpm\ntpm: {ekTrust: certificate, ekPublicSHA256: [" + pin + "]}\n",
+		"unknown trust":               "variant: tpm\ntpm: {ekTrust: any}\n",
+		"short digest":                "variant: tpm\ntpm: {ekTrust: pinned, ekPublicSHA256: [abcd]}\n",
+		"not hex":                     "variant: tpm\ntpm: {ekTrust: pinned, ekPublicSHA256: [" + strings.Repeat("zz", 32) + "]}\n",
+		"unknown field":               "variant: tpm\ntpm: {ekTrust: pinned, ekPins: [" + pin + "]}\n",
+		"tpm section in a TDX policy": "variant: tdx\ntpm: {ekTrust: pinned, ekPublicSHA256: [" + pin + "]}\n",
+	} {
+		if _, err := Parse([]byte(src), name, nil); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: got %v, want ErrInvalid", name, err)
+		}
+	}
+}

@@ -3,6 +3,9 @@ package vtpm
 import (
 	"context"
 	"crypto/sha256"
+	"fmt"
+
+	"github.com/berth-k8s/berth/internal/attestation"
 )
 
 // MachineIdentity returns this TPM's machine identity: the bytes a Validator puts in
@@ -26,4 +29,17 @@ func (i *Issuer) MachineIdentity(ctx context.Context) ([]byte, error) {
 func ekIdentity(ekPublic []byte) []byte {
 	sum := sha256.Sum256(ekPublic)
 	return sum[:]
+}
+
+// EKPublicSHA256 returns the SHA-256 of the EK public area a document names, without trusting it:
+// the value a policy's tpm.ekPublicSHA256 pins, for display (berth verify, berth policy check).
+func EKPublicSHA256(raw []byte) ([]byte, error) {
+	doc, err := ParseDocument(raw)
+	if err != nil {
+		return nil, err
+	}
+	if len(doc.EKPublic) == 0 {
+		return nil, fmt.Errorf("%w: the document names no EK", attestation.ErrMalformed)
+	}
+	return ekIdentity(doc.EKPublic), nil
 }

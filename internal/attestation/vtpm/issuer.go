@@ -25,7 +25,8 @@ const DefaultAKHandle = 0x81000b01
 // DefaultPCRs is the selection the Issuer quotes unless configured otherwise: all 24 PC Client PCRs.
 var DefaultPCRs = []uint{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23}
 
-// ErrNoEKCertificate means the TPM holds no EK certificate at the configured NV index.
+// ErrNoEKCertificate means the TPM holds no EK certificate at the configured NV index. The Issuer
+// then issues documents without one, which only a policy pinning the EK accepts.
 var ErrNoEKCertificate = errors.New("TPM has no EK certificate")
 
 // akTemplate is a restricted ECDSA P-256 signing key that never leaves the TPM.
@@ -220,7 +221,12 @@ func (i *Issuer) quote(ctx context.Context, qualifying []byte) (Document, error)
 // EK certificate.
 func (i *Issuer) createAK(c transport.TPM) (*akRecord, error) {
 	ekCert, err := readNV(c, i.ekCertIndex)
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrNoEKCertificate):
+		// Platforms without an EK CA (AWS NitroTPM) provision none: a validator must pin this EK.
+		i.log.Info("the TPM holds no EK certificate: validators must pin its EK (policy tpm.ekTrust: pinned)", zap.Uint32("nvIndex", i.ekCertIndex))
+		ekCert = nil
+	case err != nil:
 		return nil, err
 	}
 	ek, err := createEK(c)
@@ -326,8 +332,11 @@ func flush(c transport.TPM, h tpm2.TPMHandle) {
 // readNV reads a whole NV index with owner authorization.
 func readNV(c transport.TPM, index uint32) ([]byte, error) {
 	pub, err := tpm2.NVReadPublic{NVIndex: tpm2.TPMHandle(index)}.Execute(c)
-	if err != nil {
+	if errors.Is(err, tpm2.TPMRCHandle) {
 		return nil, fmt.Errorf("%w at NV index %#x: %w", ErrNoEKCertificate, index, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("reading NV index %#x: %w", index, err)
 	}
 	nvPub, err := pub.NVPublic.Contents()
 	if err != nil {

@@ -70,8 +70,11 @@ func NewValidator(p *policy.Policy, log *zap.Logger) (*Validator, error) {
 	if p.Variant != Variant {
 		return nil, fmt.Errorf("%w: policy is for %q, not %q", attestation.ErrUnknownVariant, p.Variant, Variant)
 	}
-	if len(p.TrustRoots) == 0 {
-		return nil, fmt.Errorf("%w: a tpm policy needs at least one EK CA in trustRoots", policy.ErrInvalid)
+	switch {
+	case p.EKTrust() == policy.EKTrustPinned && len(p.TrustRoots) > 0:
+		return nil, fmt.Errorf("%w: tpm.ekTrust: pinned trusts the listed EKs only; remove trustRoots (an EK certificate is no alternative to a pin)", policy.ErrInvalid)
+	case p.EKTrust() == policy.EKTrustCertificate && len(p.TrustRoots) == 0:
+		return nil, fmt.Errorf("%w: a tpm policy needs at least one EK CA in trustRoots (or tpm.ekTrust: pinned with the EKs' digests)", policy.ErrInvalid)
 	}
 	for _, e := range p.Expectations {
 		if e.Index > 23 {
@@ -307,17 +310,46 @@ func verifySignature(pub crypto.PublicKey, msg, rawSig []byte) error {
 	}
 }
 
-// verifyEK checks that the EK certificate chains to a trust root, that it certifies the document's EK,
-// and that the AK (akKey, from doc.AKPublic) was created under that EK (TPM2_CertifyCreation, signed
-// by the AK). It returns what later validations of the same identity reuse.
-func (v *Validator) verifyEK(doc *Document, akKey crypto.PublicKey) (*verifiedIdentity, error) {
-	cert, err := parseEKCert(doc.EKCert)
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", attestation.ErrUntrustedRoot, err)
+// pinnedNotAfter is when the identity cache forgets an identity whose EK the policy pins: never on
+// its own (a policy change builds a new validator).
+var pinnedNotAfter = time.Date(9999, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// trustEK checks that the policy trusts the document's EK: its certificate chains to a trust root
+// (the certificate is returned, to be matched with the EK), or, with tpm.ekTrust: pinned, its public
+// area's digest is pinned (no certificate is consulted). notAfter is when that trust must be checked
+// again.
+func (v *Validator) trustEK(doc *Document) (cert *x509.Certificate, notAfter time.Time, err error) {
+	if v.policy.EKTrust() == policy.EKTrustPinned {
+		id := ekIdentity(doc.EKPublic)
+		if !v.policy.TPM.PinsEK(id) {
+			return nil, time.Time{}, fmt.Errorf("%w: EK %x is not among the policy's pinned EKs (tpm.ekPublicSHA256)", attestation.ErrUntrustedRoot, id)
+		}
+		return nil, pinnedNotAfter, nil
+	}
+	if cert, err = parseEKCert(doc.EKCert); err != nil {
+		return nil, time.Time{}, fmt.Errorf("%w: %w", attestation.ErrUntrustedRoot, err)
 	}
 	chains, err := cert.Verify(x509.VerifyOptions{Roots: v.roots, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}, CurrentTime: v.now()})
 	if err != nil {
-		return nil, fmt.Errorf("%w: EK certificate: %w", attestation.ErrUntrustedRoot, err)
+		return nil, time.Time{}, fmt.Errorf("%w: EK certificate: %w", attestation.ErrUntrustedRoot, err)
+	}
+	notAfter = cert.NotAfter
+	for _, c := range chains[0] {
+		if c.NotAfter.Before(notAfter) {
+			notAfter = c.NotAfter
+		}
+	}
+	return cert, notAfter, nil
+}
+
+// verifyEK checks that the policy trusts the document's EK (trustEK: a certificate for it chaining
+// to a trust root, or its pin), and that the AK (akKey, from doc.AKPublic) was created under that EK
+// (TPM2_CertifyCreation, signed by the AK). It returns what later validations of the same identity
+// reuse. That the AK lives with the EK is proven apart: by activation or an AK certificate.
+func (v *Validator) verifyEK(doc *Document, akKey crypto.PublicKey) (*verifiedIdentity, error) {
+	cert, notAfter, err := v.trustEK(doc)
+	if err != nil {
+		return nil, err
 	}
 	ekPub, err := tpm2.Unmarshal[tpm2.TPMTPublic](doc.EKPublic)
 	if err != nil {
@@ -330,8 +362,10 @@ func (v *Validator) verifyEK(doc *Document, akKey crypto.PublicKey) (*verifiedId
 	if err != nil {
 		return nil, fmt.Errorf("%w: EK public key: %w", attestation.ErrMalformed, err)
 	}
-	if k, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !k.Equal(ekKey) {
-		return nil, fmt.Errorf("%w: EK certificate is for another key", attestation.ErrUntrustedRoot)
+	if cert != nil {
+		if k, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !k.Equal(ekKey) {
+			return nil, fmt.Errorf("%w: EK certificate is for another key", attestation.ErrUntrustedRoot)
+		}
 	}
 	ekName, err := tpm2.ObjectName(ekPub)
 	if err != nil {
@@ -365,12 +399,6 @@ func (v *Validator) verifyEK(doc *Document, akKey crypto.PublicKey) (*verifiedId
 	}
 	if !bytes.Equal(cd.ParentName.Buffer, ekName.Buffer) {
 		return nil, fmt.Errorf("%w: AK was not created under the certified EK", attestation.ErrUntrustedRoot)
-	}
-	notAfter := cert.NotAfter
-	for _, c := range chains[0] {
-		if c.NotAfter.Before(notAfter) {
-			notAfter = c.NotAfter
-		}
 	}
 	return &verifiedIdentity{akKey: akKey, akName: akName.Buffer, identity: ekIdentity(doc.EKPublic), notAfter: notAfter}, nil
 }

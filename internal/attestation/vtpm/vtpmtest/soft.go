@@ -84,7 +84,32 @@ func NewSoftTPM(ca *CA, pcrs map[uint32][]byte) (*SoftTPM, error) {
 	if err != nil {
 		return nil, err
 	}
+	return newSoftTPM(ek, ekPub, ekName, ekCert, pcrs)
+}
 
+// NewImpostor returns a SoftTPM that claims the EK whose public area (TPMT_PUBLIC) is ekPublic,
+// another TPM's, without holding it: its documents name that EK, carry no EK certificate, and record
+// a software AK as created under that EK (a record the AK signs itself, so anyone can write it). It
+// cannot activate a credential made for that EK. Tests use it to show that trusting an EK, for
+// example by a pin, does not extend to an AK until the AK proves it lives with the EK.
+func NewImpostor(ekPublic []byte, pcrs map[uint32][]byte) (*SoftTPM, error) {
+	if err := checkPCRs(pcrs); err != nil {
+		return nil, err
+	}
+	ekPub, err := tpm2.Unmarshal[tpm2.TPMTPublic](ekPublic)
+	if err != nil {
+		return nil, fmt.Errorf("decoding EK public area: %w", err)
+	}
+	ekName, err := tpm2.ObjectName(ekPub)
+	if err != nil {
+		return nil, fmt.Errorf("computing EK name: %w", err)
+	}
+	return newSoftTPM(nil, *ekPub, ekName, nil, pcrs)
+}
+
+// newSoftTPM makes the AK of a SoftTPM whose EK has the public area ekPub (and the private key ek,
+// nil for an impostor) and certificate ekCert.
+func newSoftTPM(ek *rsa.PrivateKey, ekPub tpm2.TPMTPublic, ekName *tpm2.TPM2BName, ekCert []byte, pcrs map[uint32][]byte) (*SoftTPM, error) {
 	ak, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("generating AK: %w", err)
@@ -278,6 +303,9 @@ func (s *SoftTPM) Activate(_ context.Context, challenge []byte) ([]byte, error) 
 	blob, encSeed, err := vtpm.ParseChallenge(challenge)
 	if err != nil {
 		return nil, err
+	}
+	if s.ek == nil {
+		return nil, fmt.Errorf("decrypting credential seed: %w: this impostor does not hold the EK", ErrBadCredential)
 	}
 	// The seed is encrypted to the EK with OAEP over its name algorithm and the label "IDENTITY".
 	seed, err := rsa.DecryptOAEP(sha256.New(), nil, s.ek, encSeed, []byte(labelIdentity+"\x00"))
