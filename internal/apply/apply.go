@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/wait"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -204,7 +205,8 @@ func Unstructured(applyConfiguration any) (*unstructured.Unstructured, error) {
 	return obj, nil
 }
 
-// Decode parses a multi-document YAML or JSON stream into objects, skipping empty documents.
+// Decode parses a multi-document YAML or JSON stream into objects, skipping empty documents; a List's
+// items count as objects of their own.
 func Decode(data []byte) ([]*unstructured.Unstructured, error) {
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	var objs []*unstructured.Unstructured
@@ -220,6 +222,21 @@ func Decode(data []byte) ([]*unstructured.Unstructured, error) {
 			continue
 		}
 		obj := &unstructured.Unstructured{Object: m}
+		if obj.IsList() {
+			// A v1 List (kubectl get -o json, berth manifests -o json): its items.
+			err := obj.EachListItem(func(item runtime.Object) error {
+				u, ok := item.(*unstructured.Unstructured)
+				if !ok || u.GetKind() == "" || u.GetName() == "" {
+					return errors.New("decoding manifest: list item without kind or name")
+				}
+				objs = append(objs, u)
+				return nil
+			})
+			if err != nil {
+				return nil, err
+			}
+			continue
+		}
 		if obj.GetKind() == "" || obj.GetName() == "" {
 			return nil, errors.New("decoding manifest: object without kind or name")
 		}

@@ -87,3 +87,37 @@ func TestUnstructured(t *testing.T) {
 		t.Error("Unstructured of a configuration without a kind succeeded")
 	}
 }
+
+// TestDecode: documents in order, empty ones skipped, a List's items as objects of their own, and
+// an object without kind or name refused.
+func TestDecode(t *testing.T) {
+	objs, err := Decode([]byte(`---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: a, namespace: x}
+---
+---
+{"apiVersion": "v1", "kind": "List", "items": [
+  {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "b", "namespace": "x"}},
+  {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "c"}}]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, o := range objs {
+		got = append(got, o.GetKind()+"/"+o.GetName())
+	}
+	if strings.Join(got, " ") != "ConfigMap/a ServiceAccount/b Namespace/c" {
+		t.Fatalf("Decode() = %v", got)
+	}
+	for _, bad := range []string{
+		"apiVersion: v1\nkind: ConfigMap\nmetadata: {namespace: x}\n",
+		`{"apiVersion": "v1", "kind": "List", "items": [{"apiVersion": "v1", "kind": "ConfigMap"}]}`,
+		"kind: [\n",
+	} {
+		if _, err := Decode([]byte(bad)); err == nil {
+			t.Errorf("Decode(%q) = nil error", bad)
+		}
+	}
+}
