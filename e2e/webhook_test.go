@@ -19,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/berth-k8s/berth/internal/prereq"
 )
 
 const (
@@ -49,11 +51,11 @@ func whPod(ns, name, image string, finalizers ...string) *corev1.Pod {
 // the installer, which writes nothing.
 func TestMiniWebhook(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root")
+		prereq.Missing(t, "needs root")
 	}
 	root := repoRoot(t)
 	if _, err := os.Stat(filepath.Join(root, "bin", "berth-webhook")); err != nil {
-		t.Skip("bin/berth-webhook missing: the mini cluster cannot carry the webhook image (make build with the webhook wired)")
+		prereq.Missing(t, "bin/berth-webhook missing: the mini cluster cannot carry the webhook image (make build with the webhook wired)")
 	}
 	c := &cluster{t: t, root: root, dir: filepath.Join(t.TempDir(), "cluster"), berth: filepath.Join(root, "bin", "berth")}
 	kbin := strings.TrimSpace(c.must(30*time.Minute, filepath.Join(root, "scripts", "build-k8s.sh"), "k8s"))
@@ -72,7 +74,7 @@ func TestMiniWebhook(t *testing.T) {
 		t.Fatalf("berth mini up: %v", err)
 	}
 	if _, err := c.run(time.Minute, c.kubectl, "--kubeconfig", filepath.Join(c.dir, "admin.conf"), "get", "validatingwebhookconfiguration", "berth-image-policy"); err != nil {
-		t.Skip("berth init did not install the webhook (no --webhook-image: bin/berth-webhook was not built)")
+		prereq.Missing(t, "berth init did not install the webhook (no --webhook-image: bin/berth-webhook was not built)")
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(c.dir, "admin.conf"))
 	if err != nil {

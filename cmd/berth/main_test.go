@@ -29,6 +29,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
+	"github.com/berth-k8s/berth/internal/prereq"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(removeBuild{m}) }
@@ -71,7 +72,7 @@ func build(t *testing.T) string {
 	t.Helper()
 	for _, tool := range []string{"make", "git"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is needed to build berth as make build does", tool)
+			prereq.Missing(t, "%s is needed to build berth as make build does", tool)
 		}
 	}
 	root := repoRoot(t)
@@ -336,7 +337,7 @@ func TestVersionStamped(t *testing.T) {
 	}
 	head, err := exec.CommandContext(t.Context(), "git", "-C", repoRoot(t), "rev-parse", "HEAD").Output()
 	if err != nil {
-		t.Skipf("not a git checkout: %v", err)
+		prereq.Missing(t, "not a git checkout: %v", err)
 	}
 	if !strings.HasPrefix(v["gitCommit"], strings.TrimSpace(string(head))) {
 		t.Errorf("gitCommit %q, want HEAD %s", v["gitCommit"], head)

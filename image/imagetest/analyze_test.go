@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/berth-k8s/berth/internal/prereq"
 )
 
 // systemdAnalyze returns the path of systemd-analyze or skips the test.
@@ -13,7 +15,7 @@ func systemdAnalyze(t *testing.T) string {
 	t.Helper()
 	p, err := exec.LookPath("systemd-analyze")
 	if err != nil {
-		t.Skip("systemd-analyze is not installed (Debian package systemd): cannot verify units")
+		prereq.Missing(t, "systemd-analyze is not installed (Debian package systemd): cannot verify units")
 	}
 	return p
 }

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/berth-k8s/berth/internal/prereq"
 )
 
 // writeFile creates root/p with the given content and mode, and its parent directories.
@@ -384,7 +386,7 @@ func TestKubeletAfterBootstrapper(t *testing.T) {
 func TestCmdlineEnv(t *testing.T) {
 	sh, err := exec.LookPath("sh")
 	if err != nil {
-		t.Skip("no sh in PATH: cannot run the kernel command line parser")
+		prereq.Missing(t, "no sh in PATH: cannot run the kernel command line parser")
 	}
 	script := filepath.Join("..", "mkosi.extra", "usr", "libexec", "berth", "cmdline-env")
 	tests := []struct {

@@ -43,6 +43,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/prereq"
 	"github.com/berth-k8s/berth/internal/proctest"
 )
 
@@ -162,13 +163,20 @@ var shared struct {
 	err  error
 }
 
-// Shared returns the test binary's Env, started on first use with opts; every call must pass the
-// same options. It skips t when the binaries are missing. TestMain stops it with StoppingShared.
-func Shared(t testing.TB, opts ...Option) *Env {
+// Require ends t when the binaries are missing: it skips, or fails under CI=true (prereq.Missing).
+func Require(t testing.TB) {
 	t.Helper()
 	if err := Available(); err != nil {
-		t.Skip(err.Error())
+		prereq.Missing(t, "%v", err)
 	}
+}
+
+// Shared returns the test binary's Env, started on first use with opts; every call must pass the
+// same options. Without the binaries it ends t as Require does. TestMain stops it with
+// StoppingShared.
+func Shared(t testing.TB, opts ...Option) *Env {
+	t.Helper()
+	Require(t)
 	o := resolve(opts)
 	shared.once.Do(func() {
 		shared.opts = o
@@ -197,12 +205,11 @@ func (s stoppingShared) Run() int {
 // goleak looks for leftover goroutines: goleak.VerifyTestMain(apiservertest.StoppingShared(m)).
 func StoppingShared(m proctest.Runner) proctest.Runner { return stoppingShared{m} }
 
-// Start runs a fresh Env for t and stops it at cleanup. It skips t when the binaries are missing.
+// Start runs a fresh Env for t and stops it at cleanup. Without the binaries it ends t as Require
+// does.
 func Start(t testing.TB, opts ...Option) *Env {
 	t.Helper()
-	if err := Available(); err != nil {
-		t.Skip(err.Error())
-	}
+	Require(t)
 	e, err := start(resolve(opts))
 	if err != nil {
 		t.Fatalf("starting the API server: %v", err)

@@ -20,6 +20,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/tpmsim"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
+	"github.com/berth-k8s/berth/internal/prereq"
 )
 
 // tpmPair returns an issuer on the reference simulator and validators accepting and rejecting it.
@@ -27,7 +28,7 @@ func tpmPair(tb testing.TB) (atls.Issuer, atls.Validator, atls.Validator) {
 	tb.Helper()
 	sim, err := tpmsim.New()
 	if errors.Is(err, tpmsim.ErrUnavailable) {
-		tb.Skip("TPM simulator needs cgo")
+		prereq.Missing(tb, "the TPM simulator needs cgo")
 	}
 	if err != nil {
 		tb.Fatal(err)

@@ -25,6 +25,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/prereq"
 	"github.com/berth-k8s/berth/recoverproto"
 )
 
@@ -106,7 +107,7 @@ func simulatedTPM(t *testing.T) (*tpmsim.Simulator, []byte) {
 	t.Helper()
 	sim, err := tpmsim.New()
 	if errors.Is(err, tpmsim.ErrUnavailable) {
-		t.Skip("TPM simulator needs cgo")
+		prereq.Missing(t, "the TPM simulator needs cgo")
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -28,6 +28,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/tpmsim"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
+	"github.com/berth-k8s/berth/internal/prereq"
 )
 
 // attestingNode serves server-attests handshakes from the reference simulator on loopback and
@@ -42,7 +43,7 @@ func attestingServer(t *testing.T, mutual bool) (string, []byte) {
 	t.Helper()
 	sim, err := tpmsim.New()
 	if errors.Is(err, tpmsim.ErrUnavailable) {
-		t.Skip("TPM simulator needs cgo")
+		prereq.Missing(t, "the TPM simulator needs cgo")
 	}
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/mini/image"
+	"github.com/berth-k8s/berth/internal/prereq"
 )
 
 // agentEnvVar makes the test binary act as the cluster's agent (`berth mini agent`), so the
@@ -55,10 +56,7 @@ func runTestAgent() int {
 // prerequisite fails the test instead.
 func requireIntegration(t *testing.T) {
 	t.Helper()
-	skip := t.Skipf
-	if os.Getenv("CI") == "true" {
-		skip = t.Fatalf
-	}
+	skip := func(format string, args ...any) { prereq.Missing(t, format, args...) }
 	if os.Geteuid() != 0 {
 		skip("needs root (network namespaces, mounts, cgroups)")
 	}

@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/go-containerregistry/pkg/name"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+
+	"github.com/berth-k8s/berth/internal/prereq"
 )
 
 func TestBuildAndArchive(t *testing.T) {
@@ -102,7 +104,7 @@ func TestDynamicClosure(t *testing.T) {
 	}
 	const nft = "/usr/sbin/nft"
 	if _, err := os.Stat(nft); err != nil {
-		t.Skip("nft not installed (apt package nftables)")
+		prereq.Missing(t, "nft not installed (apt package nftables)")
 	}
 	files, err = DynamicClosure(nft, DefaultLibDirs)
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/berth-k8s/berth/internal/apiservertest"
+	"github.com/berth-k8s/berth/internal/prereq"
 	"github.com/berth-k8s/berth/internal/proctest"
 )
 
@@ -135,7 +136,7 @@ var (
 func sharedEnv(tb testing.TB) *env {
 	tb.Helper()
 	if skipReason != "" {
-		tb.Skip(skipReason)
+		prereq.Missing(tb, "%s", skipReason)
 	}
 	api := apiservertest.Shared(tb,
 		apiservertest.AdvertiseAddress(apiserverIP),

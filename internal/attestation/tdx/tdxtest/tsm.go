@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
+	"github.com/berth-k8s/berth/internal/prereq"
 )
 
 // Unmount retries: the kernel refuses (EBUSY) while a process still has a file of the mount open.
@@ -35,7 +36,7 @@ const (
 func ServeTSM(t testing.TB, td *TD, root string) {
 	t.Helper()
 	if _, err := os.Stat("/dev/fuse"); err != nil {
-		t.Skipf("serving configfs-tsm needs FUSE: %v", err)
+		prereq.Missing(t, "serving configfs-tsm needs FUSE: %v", err)
 	}
 	dir := filepath.Join(root, tdx.TSMReportDir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -49,7 +50,7 @@ func ServeTSM(t testing.TB, td *TD, root string) {
 	})
 	if err != nil {
 		if errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EACCES) {
-			t.Skipf("serving configfs-tsm needs permission to mount FUSE: %v", err)
+			prereq.Missing(t, "serving configfs-tsm needs permission to mount FUSE: %v", err)
 		}
 		t.Fatalf("mounting configfs-tsm at %s: %v", dir, err)
 	}
