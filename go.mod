@@ -95,6 +95,7 @@ require (
 	k8s.io/kms v0.34.2
 	k8s.io/kubelet v0.0.0
 	k8s.io/kubernetes v1.34.2
+	k8s.io/pod-security-admission v0.0.0
 	sigs.k8s.io/yaml v1.6.0
 )
 

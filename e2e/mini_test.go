@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/mini"
+	"github.com/berth-k8s/berth/internal/prereq"
 )
 
 const (
@@ -100,7 +101,7 @@ func (c *cluster) kubeEventually(timeout time.Duration, want string, args ...str
 // checks that berth mini down leaves nothing behind.
 func TestMiniCluster(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root")
+		prereq.Missing(t, "needs root")
 	}
 	root := repoRoot(t)
 	c := &cluster{t: t, root: root, dir: filepath.Join(t.TempDir(), "cluster"), berth: filepath.Join(root, "bin", "berth")}
@@ -149,6 +150,7 @@ func TestMiniCluster(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(c.dir, "join-policy.yaml")); err != nil || !strings.Contains(string(b), "akRoots:") {
 		t.Errorf("berth init wrote no cluster join policy with the attestation-key CA: %v\n%s", err, b)
 	}
+	checkInClusterConventions(t, c)
 
 	applyTestApp(t, c)
 	c.kube("rollout", "status", "daemonset/testapp", "--timeout=120s")
@@ -422,7 +424,7 @@ func tpmWork(t *testing.T, ip string) (quotes, activations float64) {
 // resumes and the cluster comes up, with no process of the dead daemon left.
 func TestMiniAttestedInit(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root")
+		prereq.Missing(t, "needs root")
 	}
 	root := repoRoot(t)
 	c := &cluster{t: t, root: root, dir: filepath.Join(t.TempDir(), "cluster"), berth: filepath.Join(root, "bin", "berth")}
@@ -673,7 +675,7 @@ func bootstrapperPID(t *testing.T, dir, node string) int {
 // rejected by the joinservice, and up must say so, with the reason the joinservice gave.
 func TestMiniTamperedWorkerRejected(t *testing.T) {
 	if os.Geteuid() != 0 {
-		t.Skip("needs root")
+		prereq.Missing(t, "needs root")
 	}
 	root := repoRoot(t)
 	c := &cluster{t: t, root: root, dir: filepath.Join(t.TempDir(), "cluster"), berth: filepath.Join(root, "bin", "berth")}

@@ -30,6 +30,7 @@ import (
 
 	"github.com/spf13/afero"
 
+	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeadm"
@@ -204,6 +205,10 @@ func (i *Initializer) preflight(ctx context.Context, job *Job) error {
 }
 
 func (i *Initializer) writeConfig(_ context.Context, job *Job) error {
+	admission, err := berthsystem.WriteAdmissionConfiguration(i.fs, i.cfg.KubernetesDir)
+	if err != nil {
+		return err
+	}
 	cfg, err := kubeadm.InitConfig(kubeadm.InitParams{
 		Node: kubeadm.NodeParams{
 			Name: job.Self.Name, IP: job.Self.IPs[0], CRISocket: i.cfg.CRISocket,
@@ -219,6 +224,7 @@ func (i *Initializer) writeConfig(_ context.Context, job *Job) error {
 		KubeProxyMode:                i.cfg.KubeProxyMode,
 		KubeProxyConntrackMaxPerCore: i.cfg.KubeProxyConntrackMaxPerCore,
 		Encryption:                   i.encryption,
+		AdmissionConfigFile:          admission,
 	})
 	if err != nil {
 		return fmt.Errorf("rendering kubeadm config: %w", err)

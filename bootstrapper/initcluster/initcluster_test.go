@@ -82,6 +82,14 @@ func TestPhasesAndRetryOfKubeadmInit(t *testing.T) {
 	if err != nil || !strings.Contains(string(cfg), "advertiseAddress: 198.51.100.10") {
 		t.Fatalf("kubeadm config = %s, %v", cfg, err)
 	}
+	// The API server gets the admission configuration that exempts the joinservice's RuntimeClass.
+	admission, err := afero.ReadFile(fsys, "/etc/kubernetes/berth/admission.yaml")
+	if err != nil || !strings.Contains(string(admission), "berth-host") {
+		t.Fatalf("admission configuration = %s, %v", admission, err)
+	}
+	if !strings.Contains(string(cfg), "value: /etc/kubernetes/berth/admission.yaml") {
+		t.Fatalf("kubeadm config does not point the API server at the admission configuration:\n%s", cfg)
+	}
 	want := strings.Join([]string{
 		"kubeadm version -o short",
 		"kubeadm init phase certs all --config /state/kubeadm-init.yaml",

@@ -41,6 +41,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/metadata"
@@ -342,6 +343,12 @@ func safeRelPath(p string) (string, error) {
 // writeFiles writes the control-plane files and the kubelet's client certificate. It runs before
 // every attempt because kubeadm reset removes them.
 func (j *Joiner) writeFiles(t *joinproto.IssueJoinTicketResponse, kubeletKey crypto.Signer) error {
+	if len(t.GetControlPlaneFiles()) > 0 {
+		// The cluster configuration kubeadm join reads points the API server at it.
+		if _, err := berthsystem.WriteAdmissionConfiguration(j.fs, j.cfg.KubernetesDir); err != nil {
+			return err
+		}
+	}
 	pki := filepath.Join(j.cfg.KubernetesDir, "pki")
 	for _, f := range t.GetControlPlaneFiles() {
 		rel, _ := safeRelPath(f.GetPath())

@@ -96,6 +96,9 @@ func TestJoinSucceeds(t *testing.T) {
 	if ok, _ := afero.Exists(f.fs, "/state/kubeadm-join.yaml"); ok {
 		t.Fatal("join config with the bootstrap token left on disk")
 	}
+	if ok, _ := afero.Exists(f.fs, "/etc/kubernetes/berth/admission.yaml"); ok {
+		t.Fatal("a worker wrote the API server's admission configuration")
+	}
 }
 
 // Join runs in a synctest bubble, so the retry delay passes in the bubble's time.
@@ -236,6 +239,10 @@ func TestControlPlaneFilesWritten(t *testing.T) {
 	info, _ := f.fs.Stat("/etc/kubernetes/pki/etcd/ca.key")
 	if info.Mode().Perm() != 0o600 {
 		t.Errorf("etcd/ca.key mode = %v, want 0600", info.Mode().Perm())
+	}
+	// The cluster configuration kubeadm join reads points the API server at its admission configuration.
+	if admission, err := afero.ReadFile(f.fs, "/etc/kubernetes/berth/admission.yaml"); err != nil || !strings.Contains(string(admission), "berth-host") {
+		t.Errorf("admission configuration = %q, %v", admission, err)
 	}
 }
 

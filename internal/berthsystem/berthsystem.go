@@ -13,14 +13,17 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path"
 	"slices"
 	"strings"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
+	coordinationv1ac "k8s.io/client-go/applyconfigurations/coordination/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
@@ -42,6 +45,15 @@ const (
 	pkiDir          = "/etc/kubernetes/pki"
 	partOfLabel     = "app.kubernetes.io/part-of"
 	nameLabel       = "app.kubernetes.io/name"
+)
+
+// The joinservice's resources: it idles at a few MiB and a join costs a few milliseconds of CPU;
+// under a flood of joins its memory stays bounded by its rate limits. No CPU limit: throttling
+// would only slow joins down on a node that has CPU to spare.
+const (
+	joinServiceCPURequest    = "50m"
+	joinServiceMemoryRequest = "64Mi"
+	joinServiceMemoryLimit   = "512Mi"
 )
 
 // Config is how the components are deployed.
@@ -66,14 +78,18 @@ type Cluster struct {
 	Join    joinconfig.Config
 }
 
-// Objects returns every object of berth-system in the order they must be applied: the namespace, its
-// guard, the cluster Secret, the join ConfigMap, then the joinservice.
+// Objects returns every object Berth keeps in berth-system, in the order they must be applied: the
+// namespace with its Pod Security labels, the RuntimeClass of the joinservice's pods, the image guard
+// and the RuntimeClass guard, the cluster Secret, the join ConfigMap, the join ledger and the
+// control-plane join Lease (created here, so that the joinservice needs no right to create
+// ConfigMaps or Leases), then the joinservice.
 func Objects(cfg Config, c Cluster) ([]*unstructured.Unstructured, error) {
 	if cfg.JoinServiceImage == "" {
 		return nil, ErrNoJoinServiceImage
 	}
 	policy, binding := Guard(append([]string{cfg.JoinServiceImage}, cfg.GuardImages...))
-	typed := []any{Namespace(), policy, binding}
+	hostPolicy, hostBinding := HostRuntimeGuard(cfg.JoinServiceImage)
+	typed := []any{Namespace(c.Join.KubernetesVersion), RuntimeClass(), policy, binding, hostPolicy, hostBinding}
 	typed = append(typed, clusterData(c)...)
 	typed = append(typed, joinService(cfg)...)
 	out := make([]*unstructured.Unstructured, len(typed))
@@ -87,9 +103,12 @@ func Objects(cfg Config, c Cluster) ([]*unstructured.Unstructured, error) {
 	return out, nil
 }
 
-// Namespace returns the berth-system namespace.
-func Namespace() *corev1ac.NamespaceApplyConfiguration {
-	return corev1ac.Namespace(joinconfig.Namespace).WithLabels(map[string]string{partOfLabel: "berth"})
+// Namespace returns the berth-system namespace of a cluster of kubernetesVersion, enforcing the Pod
+// Security Standard "restricted" of that version (see podsecurity.go).
+func Namespace(kubernetesVersion string) *corev1ac.NamespaceApplyConfiguration {
+	labels := podSecurityLabels(kubernetesVersion)
+	labels[partOfLabel] = "berth"
+	return corev1ac.Namespace(joinconfig.Namespace).WithLabels(labels)
 }
 
 // clusterData returns the cluster Secret and the join ConfigMap.
@@ -103,23 +122,36 @@ func clusterData(c Cluster) []any {
 	}
 }
 
-// joinService returns the joinservice's ServiceAccount, Role, RoleBinding and DaemonSet.
+// joinService returns the objects the joinservice writes to (the join ledger, empty, and the
+// control-plane join and certificate keeper Leases, unheld), its ServiceAccount, Role, RoleBinding and DaemonSet. Applying
+// them again leaves what the joinservice wrote: the applier owns no field of the ledger's data or
+// the Lease's spec.
 func joinService(cfg Config) []any {
 	ns := joinconfig.Namespace
+	joinServiceLabels := map[string]string{nameLabel: joinconfig.JoinServiceName, partOfLabel: "berth"}
 	return []any{
+		corev1ac.ConfigMap(joinconfig.JoinLedgerName, ns).WithLabels(joinServiceLabels),
+		coordinationv1ac.Lease(joinconfig.ControlPlaneJoinLease, ns).WithLabels(joinServiceLabels),
+		coordinationv1ac.Lease(joinconfig.CertKeeperLease, ns).WithLabels(joinServiceLabels),
 		corev1ac.ServiceAccount(joinconfig.ServiceAccountName, ns),
-		// Everything the joinservice touches is in berth-system: a Role, not a ClusterRole.
+		// Everything the joinservice touches is in berth-system: a Role, not a ClusterRole, and in it
+		// only the objects it reads or writes, by name. Creating cannot be limited to a name, so the
+		// ledger and the Lease are created with the joinservice (above), and the joinservice creates
+		// nothing but Events.
 		rbacv1ac.Role(joinServiceRole, ns).WithRules(
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("secrets").
 				WithResourceNames(joinconfig.SecretName).WithVerbs("get"),
+			// The policy watcher lists and watches the join ConfigMap by name (a metadata.name field
+			// selector, which RBAC checks against resourceNames).
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
-				WithVerbs("get", "list", "watch", "create"),
+				WithResourceNames(joinconfig.JoinConfigName).WithVerbs("get", "list", "watch"),
 			// The join ledger is the one ConfigMap the joinservice rewrites.
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
-				WithResourceNames(joinconfig.JoinLedgerName).WithVerbs("update"),
+				WithResourceNames(joinconfig.JoinLedgerName).WithVerbs("get", "update"),
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("events").WithVerbs("create", "patch"),
+			// The control-plane join lock and the certificate keeper's leader election.
 			rbacv1ac.PolicyRule().WithAPIGroups("coordination.k8s.io").WithResources("leases").
-				WithVerbs("create", "get", "update", "delete"),
+				WithResourceNames(joinconfig.ControlPlaneJoinLease, joinconfig.CertKeeperLease).WithVerbs("get", "update"),
 		),
 		rbacv1ac.RoleBinding(joinServiceRole, ns).
 			WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("Role").WithName(joinServiceRole)).
@@ -138,13 +170,14 @@ func joinService(cfg Config) []any {
 		rbacv1ac.ClusterRoleBinding(csrApproverRole).
 			WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("ClusterRole").WithName(csrApproverRole)).
 			WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(joinconfig.ServiceAccountName).WithNamespace(ns)),
-		joinServiceDaemonSet(cfg),
+		JoinServiceDaemonSet(cfg),
 	}
 }
 
-// joinServiceDaemonSet returns the joinservice's DaemonSet: one pod on every control plane, on the
-// host's network, with the kubeadm PKI and the node's TPM.
-func joinServiceDaemonSet(cfg Config) *appsv1ac.DaemonSetApplyConfiguration {
+// JoinServiceDaemonSet returns the joinservice's DaemonSet, as Objects applies it: one pod on every
+// control plane, on the host's network, with the kubeadm PKI and the node's TPM (AddTDXGuest adds a TD
+// guest interface).
+func JoinServiceDaemonSet(cfg Config) *appsv1ac.DaemonSetApplyConfiguration {
 	pull := corev1.PullPolicy(cfg.ImagePullPolicy)
 	if pull == "" {
 		pull = corev1.PullIfNotPresent
@@ -194,7 +227,13 @@ func joinServiceDaemonSet(cfg Config) *appsv1ac.DaemonSetApplyConfiguration {
 			WithPeriodSeconds(5)).
 		WithEnv(env...).
 		WithVolumeMounts(mounts...).
-		WithSecurityContext(corev1ac.SecurityContext().WithPrivileged(privileged))
+		WithResources(corev1ac.ResourceRequirements().
+			WithRequests(corev1.ResourceList{
+				corev1.ResourceCPU:    resource.MustParse(joinServiceCPURequest),
+				corev1.ResourceMemory: resource.MustParse(joinServiceMemoryRequest),
+			}).
+			WithLimits(corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(joinServiceMemoryLimit)})).
+		WithSecurityContext(joinServiceSecurityContext(privileged))
 	return appsv1ac.DaemonSet(joinconfig.JoinServiceName, joinconfig.Namespace).
 		WithLabels(labels).
 		WithSpec(appsv1ac.DaemonSetSpec().
@@ -205,14 +244,44 @@ func joinServiceDaemonSet(cfg Config) *appsv1ac.DaemonSetApplyConfiguration {
 					WithServiceAccountName(joinconfig.ServiceAccountName).
 					WithHostNetwork(true).
 					WithPriorityClassName("system-cluster-critical").
+					// Exempt from berth-system's Pod Security "restricted" (podsecurity.go).
+					WithRuntimeClassName(HostRuntimeClass).
+					WithSecurityContext(corev1ac.PodSecurityContext().
+						WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
 					WithNodeSelector(map[string]string{controlPlaneLabel: ""}).
 					WithTolerations(corev1ac.Toleration().WithOperator(corev1.TolerationOpExists)).
 					WithContainers(container).
 					WithVolumes(volumes...))))
 }
 
+// joinServiceSecurityContext is the joinservice container's security context. It runs as root (the
+// kubeadm CA key and the TPM's socket are root's), but root without any capability reads only what
+// root owns, and that is all it needs; it never gains privileges and writes nothing to its image. A
+// TPM character device needs a privileged container, which has every capability anyway.
+func joinServiceSecurityContext(privileged bool) *corev1ac.SecurityContextApplyConfiguration {
+	sc := corev1ac.SecurityContext().WithPrivileged(privileged).WithReadOnlyRootFilesystem(true)
+	if !privileged {
+		sc.WithAllowPrivilegeEscalation(false).WithCapabilities(corev1ac.Capabilities().WithDrop("ALL"))
+	}
+	return sc
+}
+
 // fieldEnv is an environment variable set from a field of the pod.
 func fieldEnv(name, fieldPath string) *corev1ac.EnvVarApplyConfiguration {
 	return corev1ac.EnvVar().WithName(name).
 		WithValueFrom(corev1ac.EnvVarSource().WithFieldRef(corev1ac.ObjectFieldSelector().WithFieldPath(fieldPath)))
+}
+
+// TPMHostPaths returns the host paths the joinservice needs mounted to reach its node's TPM named by
+// spec (a BERTH_TPM value): the directory of a unix socket, a device itself, nothing for TCP (the
+// joinservice shares the host's network) or no TPM.
+func TPMHostPaths(spec string) []string {
+	switch {
+	case spec == "" || strings.HasPrefix(spec, "tcp:"):
+		return nil
+	case strings.HasPrefix(spec, "unix:"):
+		return []string{path.Dir(strings.TrimPrefix(spec, "unix:"))}
+	default:
+		return []string{spec}
+	}
 }

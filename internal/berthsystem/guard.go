@@ -31,11 +31,6 @@ func Guard(images []string) (*admissionv1ac.ValidatingAdmissionPolicyApplyConfig
 	for n, img := range images {
 		quoted[n] = strconv.Quote(img)
 	}
-	podImages := func(o string) string {
-		return o + ".spec.containers.map(c, c.image)" +
-			" + (has(" + o + ".spec.initContainers) ? " + o + ".spec.initContainers.map(c, c.image) : [])" +
-			" + (has(" + o + ".spec.ephemeralContainers) ? " + o + ".spec.ephemeralContainers.map(c, c.image) : [])"
-	}
 	labels := map[string]string{partOfLabel: "berth", "app.kubernetes.io/managed-by": "berth-bootstrapper"}
 	policy := admissionv1ac.ValidatingAdmissionPolicy(GuardName).
 		WithLabels(labels).
@@ -63,4 +58,11 @@ func Guard(images []string) (*admissionv1ac.ValidatingAdmissionPolicyApplyConfig
 			WithPolicyName(GuardName).
 			WithValidationActions(admissionv1.Deny))
 	return policy, binding
+}
+
+// podImages is a CEL expression for the images of every container of the pod o (object or oldObject).
+func podImages(o string) string {
+	return o + ".spec.containers.map(c, c.image)" +
+		" + (has(" + o + ".spec.initContainers) ? " + o + ".spec.initContainers.map(c, c.image) : [])" +
+		" + (has(" + o + ".spec.ephemeralContainers) ? " + o + ".spec.ephemeralContainers.map(c, c.image) : [])"
 }

@@ -7,8 +7,11 @@ import (
 	"testing"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 
@@ -108,28 +111,104 @@ const (
 	policyLoad = 10 * time.Second
 )
 
-// TestJoinServiceRBACOnAPIServer: the joinservice's rights end at berth-system, and there at the one
-// Secret it reads.
+// TestJoinServiceRBACOnAPIServer: the joinservice's rights end at berth-system, and there at the
+// objects it reads and writes, by name: the cluster Secret, the join ConfigMap (get, and list and watch
+// by name, as its policy watcher does), the join ledger and the control-plane join Lease (get and
+// update). It creates nothing but Events.
 func TestJoinServiceRBACOnAPIServer(t *testing.T) {
 	env := apiservertest.Start(t)
 	ctx := context.Background()
 	if err := env.InstallBerth(ctx, "measurements: {}\n"); err != nil {
 		t.Fatal(err)
 	}
+	admin := env.Client(t, apiservertest.AdminUser)
+	if _, err := admin.CoreV1().ConfigMaps(joinconfig.Namespace).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "other"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	js := env.Client(t, apiservertest.JoinServiceUser)
-	if _, err := js.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, joinconfig.SecretName, metav1.GetOptions{}); err != nil {
-		t.Errorf("reading %s: %v", joinconfig.SecretName, err)
+	cms := js.CoreV1().ConfigMaps(joinconfig.Namespace)
+	byName := metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", joinconfig.JoinConfigName).String()}
+	allowed := map[string]func() error{
+		"get the cluster Secret": func() error {
+			_, err := js.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, joinconfig.SecretName, metav1.GetOptions{})
+			return err
+		},
+		"get the join ConfigMap":          func() error { _, err := cms.Get(ctx, joinconfig.JoinConfigName, metav1.GetOptions{}); return err },
+		"list the join ConfigMap by name": func() error { _, err := cms.List(ctx, byName); return err },
+		"watch the join ConfigMap by name": func() error {
+			w, err := cms.Watch(ctx, byName)
+			if err == nil {
+				w.Stop()
+			}
+			return err
+		},
+		"update the ledger": func() error {
+			cm, err := cms.Get(ctx, joinconfig.JoinLedgerName, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			cm.Data = map[string]string{"entries.json": "[]"}
+			_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+			return err
+		},
+		"update the Lease": func() error {
+			l, err := js.CoordinationV1().Leases(joinconfig.Namespace).Get(ctx, joinconfig.ControlPlaneJoinLease, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			holder := "cp1"
+			l.Spec.HolderIdentity = &holder
+			_, err = js.CoordinationV1().Leases(joinconfig.Namespace).Update(ctx, l, metav1.UpdateOptions{})
+			return err
+		},
+		"create an Event": func() error {
+			_, err := js.CoreV1().Events(joinconfig.Namespace).Create(ctx, &corev1.Event{
+				ObjectMeta:     metav1.ObjectMeta{GenerateName: "join-"},
+				InvolvedObject: corev1.ObjectReference{Kind: "ConfigMap", Namespace: joinconfig.Namespace, Name: joinconfig.JoinLedgerName},
+				Reason:         "Test", Message: "test", Type: corev1.EventTypeNormal,
+			}, metav1.CreateOptions{})
+			return err
+		},
 	}
-	if _, err := js.CoreV1().ConfigMaps(joinconfig.Namespace).List(ctx, metav1.ListOptions{}); err != nil {
-		t.Errorf("listing ConfigMaps in %s (the policy informer): %v", joinconfig.Namespace, err)
+	for name, call := range allowed {
+		if err := call(); err != nil {
+			t.Errorf("the joinservice may not %s: %v", name, err)
+		}
 	}
-	if _, err := js.CoreV1().Secrets(joinconfig.Namespace).List(ctx, metav1.ListOptions{}); err == nil {
-		t.Error("the joinservice may list the Secrets of berth-system")
+	refused := map[string]func() error{
+		"list every ConfigMap":  func() error { _, err := cms.List(ctx, metav1.ListOptions{}); return err },
+		"get another ConfigMap": func() error { _, err := cms.Get(ctx, "other", metav1.GetOptions{}); return err },
+		"update the join config": func() error {
+			_, err := cms.Update(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: joinconfig.JoinConfigName}}, metav1.UpdateOptions{})
+			return err
+		},
+		"create a ConfigMap": func() error {
+			_, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "planted"}}, metav1.CreateOptions{})
+			return err
+		},
+		"create a Lease": func() error {
+			_, err := js.CoordinationV1().Leases(joinconfig.Namespace).Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "other"}}, metav1.CreateOptions{})
+			return err
+		},
+		"delete the Lease": func() error {
+			return js.CoordinationV1().Leases(joinconfig.Namespace).Delete(ctx, joinconfig.ControlPlaneJoinLease, metav1.DeleteOptions{})
+		},
+		"list the Secrets of berth-system": func() error {
+			_, err := js.CoreV1().Secrets(joinconfig.Namespace).List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"list Secrets in kube-system": func() error {
+			_, err := js.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{})
+			return err
+		},
+		"create Secrets in kube-system": func() error {
+			_, err := js.CoreV1().Secrets("kube-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "bootstrap-token-abcdef"}}, metav1.CreateOptions{})
+			return err
+		},
 	}
-	if _, err := js.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{}); err == nil {
-		t.Error("the joinservice may list Secrets in kube-system")
-	}
-	if _, err := js.CoreV1().Secrets("kube-system").Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "bootstrap-token-abcdef"}}, metav1.CreateOptions{}); err == nil {
-		t.Error("the joinservice may create Secrets in kube-system")
+	for name, call := range refused {
+		if err := call(); !apierrors.IsForbidden(err) {
+			t.Errorf("the joinservice may %s (%v), want Forbidden", name, err)
+		}
 	}
 }

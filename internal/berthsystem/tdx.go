@@ -91,7 +91,10 @@ func AddTDXGuest(ds *appsv1ac.DaemonSetApplyConfiguration, iface TDXGuestInterfa
 		if c.SecurityContext == nil {
 			c.WithSecurityContext(corev1ac.SecurityContext())
 		}
+		// A privileged container has every capability and may not forbid privilege escalation.
 		c.SecurityContext.WithPrivileged(true)
+		c.SecurityContext.AllowPrivilegeEscalation = nil
+		c.SecurityContext.Capabilities = nil
 	}
 	return nil
 }

@@ -11,26 +11,20 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
-	metav1ac "k8s.io/client-go/applyconfigurations/meta/v1"
 
 	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 	"github.com/berth-k8s/berth/internal/berthsystem"
 )
 
-// joinServiceDaemonSet is a DaemonSet shaped like the joinservice's: one container named joinservice with
-// the PKI mount and an environment.
+// joinServiceDaemonSet is the joinservice's DaemonSet, in namespace.
 func joinServiceDaemonSet(namespace string) *appsv1ac.DaemonSetApplyConfiguration {
-	labels := map[string]string{"app.kubernetes.io/name": "berth-joinservice"}
-	return appsv1ac.DaemonSet("berth-joinservice", namespace).WithSpec(appsv1ac.DaemonSetSpec().
-		WithSelector(metav1ac.LabelSelector().WithMatchLabels(labels)).
-		WithTemplate(corev1ac.PodTemplateSpec().WithLabels(labels).WithSpec(corev1ac.PodSpec().
-			WithHostNetwork(true).
-			WithContainers(corev1ac.Container().WithName("joinservice").WithImage("berth.local/joinservice:dev").
-				WithEnv(corev1ac.EnvVar().WithName("BERTH_ATTESTATION").WithValue("tdx")).
-				WithVolumeMounts(corev1ac.VolumeMount().WithName("pki").WithMountPath("/etc/kubernetes/pki").WithReadOnly(true)).
-				WithSecurityContext(corev1ac.SecurityContext().WithPrivileged(false))).
-			WithVolumes(corev1ac.Volume().WithName("pki").WithHostPath(corev1ac.HostPathVolumeSource().WithPath("/etc/kubernetes/pki"))))))
+	ds := berthsystem.JoinServiceDaemonSet(berthsystem.Config{
+		JoinServiceImage: "berth.local/joinservice:dev",
+		JoinServiceEnv:   map[string]string{"BERTH_ATTESTATION": "tdx"},
+	})
+	ds.WithNamespace(namespace)
+	return ds
 }
 
 // tdxView is what AddTDXGuest added, as the joinservice sees it.
@@ -69,11 +63,11 @@ func TestAddTDXGuest(t *testing.T) {
 	testCases := map[berthsystem.TDXGuestInterface]tdxView{
 		berthsystem.TDXConfigfsTSM: {
 			hostPath: "/sys/kernel/config", hostType: "Directory", mountPath: "/run/berth/tdx/sys/kernel/config",
-			root: "/run/berth/tdx", volumes: 2, mounts: 2, env: 2,
+			root: "/run/berth/tdx", volumes: 2, mounts: 2, env: 4,
 		},
 		berthsystem.TDXLegacyDevice: {
 			hostPath: "/dev/tdx-guest", hostType: "CharDevice", mountPath: "/run/berth/tdx/dev/tdx-guest",
-			root: "/run/berth/tdx", privileged: true, volumes: 2, mounts: 2, env: 2,
+			root: "/run/berth/tdx", privileged: true, volumes: 2, mounts: 2, env: 4,
 		},
 	}
 	for iface, want := range testCases {

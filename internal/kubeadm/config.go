@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -56,6 +57,11 @@ type InitParams struct {
 	// It goes into the ClusterConfiguration, which kubeadm uploads: every control plane that joins
 	// later gets the same flag and mounts, so its files must be in the same places.
 	Encryption *Encryption
+	// AdmissionConfigFile, when set, is the absolute path of the API server's admission configuration
+	// (--admission-control-config-file); its directory is mounted read-only into the API server's
+	// static pod. The setting is part of the cluster configuration, so control planes that join later
+	// get it too: the file must be at the same path on every control plane before kubeadm runs.
+	AdmissionConfigFile string
 }
 
 // Encryption is where a control plane keeps what the API server needs to encrypt at rest.
@@ -170,6 +176,9 @@ func InitConfig(p InitParams) ([]byte, error) {
 			TTL:         &metav1.Duration{Duration: time.Minute},
 		}},
 	}
+	if p.AdmissionConfigFile != "" && !filepath.IsAbs(p.AdmissionConfigFile) {
+		return nil, invalid("admission configuration %q is not an absolute path", p.AdmissionConfigFile)
+	}
 	clusterCfg := v1beta4.ClusterConfiguration{
 		TypeMeta:             metav1.TypeMeta{APIVersion: v1beta4.SchemeGroupVersion.String(), Kind: "ClusterConfiguration"},
 		ClusterName:          p.ClusterName,
@@ -189,6 +198,17 @@ func InitConfig(p InitParams) ([]byte, error) {
 	}
 	if p.Encryption != nil {
 		p.Encryption.apiServer(&clusterCfg.APIServer.ControlPlaneComponent)
+	}
+	if p.AdmissionConfigFile != "" {
+		dir := filepath.Dir(p.AdmissionConfigFile)
+		api := &clusterCfg.APIServer.ControlPlaneComponent
+		api.ExtraArgs = append(api.ExtraArgs, v1beta4.Arg{Name: "admission-control-config-file", Value: p.AdmissionConfigFile})
+		// The encryption configuration may live in the same directory: a pod mounts a path once.
+		if !slices.ContainsFunc(api.ExtraVolumes, func(v v1beta4.HostPathMount) bool { return v.MountPath == dir }) {
+			api.ExtraVolumes = append(api.ExtraVolumes, v1beta4.HostPathMount{
+				Name: "berth-admission", HostPath: dir, MountPath: dir, ReadOnly: true, PathType: corev1.HostPathDirectory,
+			})
+		}
 	}
 	failFalse := false
 	kubeletCfg := kubeletv1beta1.KubeletConfiguration{

@@ -73,6 +73,57 @@ func TestInitConfig(t *testing.T) {
 	}
 }
 
+// TestInitConfigAdmission: the admission configuration reaches the API server as a flag, and its
+// directory as a read-only mount; without one, neither is there.
+func TestInitConfigAdmission(t *testing.T) {
+	p := validInit()
+	p.AdmissionConfigFile = "/etc/kubernetes/berth/admission.yaml"
+	out, err := InitConfig(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cluster struct {
+		Kind      string
+		APIServer struct {
+			ExtraArgs    []struct{ Name, Value string }
+			ExtraVolumes []struct {
+				Name, HostPath, MountPath, PathType string
+				ReadOnly                            bool
+			}
+		}
+	}
+	if err := yaml.Unmarshal([]byte(strings.Split(string(out), "---\n")[1]), &cluster); err != nil {
+		t.Fatal(err)
+	}
+	args := map[string]string{}
+	for _, a := range cluster.APIServer.ExtraArgs {
+		args[a.Name] = a.Value
+	}
+	if cluster.Kind != "ClusterConfiguration" || args["admission-control-config-file"] != p.AdmissionConfigFile ||
+		args["enable-aggregator-routing"] != "true" {
+		t.Errorf("API server arguments %v", cluster.APIServer.ExtraArgs)
+	}
+	if v := cluster.APIServer.ExtraVolumes; len(v) != 1 || v[0].HostPath != "/etc/kubernetes/berth" ||
+		v[0].MountPath != "/etc/kubernetes/berth" || !v[0].ReadOnly || v[0].PathType != "Directory" {
+		t.Errorf("API server volumes %+v", v)
+	}
+	// With the encryption configuration in the same directory, the directory is mounted once.
+	p.Encryption = &Encryption{ConfigFile: "/etc/kubernetes/berth/encryption-config.yaml", SocketDir: "/run/berth/kms"}
+	if out, err = InitConfig(p); err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(out), "mountPath: /etc/kubernetes/berth\n"); n != 1 || !strings.Contains(string(out), "admission-control-config-file") {
+		t.Errorf("/etc/kubernetes/berth mounted %d times:\n%s", n, out)
+	}
+	out, err = InitConfig(validInit())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(out), "admission-control-config-file") || strings.Contains(string(out), "extraVolumes") {
+		t.Errorf("admission configuration without one asked for:\n%s", out)
+	}
+}
+
 func TestInitConfigInvalid(t *testing.T) {
 	for name, mutate := range map[string]func(*InitParams){
 		"no name":      func(p *InitParams) { p.Node.Name = "" },
@@ -89,6 +140,7 @@ func TestInitConfigInvalid(t *testing.T) {
 		"relative socket dir": func(p *InitParams) {
 			p.Encryption = &Encryption{ConfigFile: "/etc/kubernetes/berth/encryption-config.yaml", SocketDir: "run"}
 		},
+		"relative admission configuration": func(p *InitParams) { p.AdmissionConfigFile = "berth/admission.yaml" },
 	} {
 		t.Run(name, func(t *testing.T) {
 			p := validInit()

@@ -24,6 +24,7 @@ import (
 	"github.com/berth-k8s/berth/bootstrapper/joincluster"
 	"github.com/berth-k8s/berth/bootstrapper/kmskeeper"
 	"github.com/berth-k8s/berth/internal/apiserver"
+	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/command"
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeadm"
@@ -141,7 +142,7 @@ func daemon(ctx context.Context, cfg *config) error {
 			"BERTH_METADATA": cfg.metadata, "BERTH_METADATA_URL": cfg.metadataURL, "BERTH_METADATA_API_URL": cfg.metadataAPI,
 			"BERTH_METADATA_FILE": cfg.metadataFile, "BERTH_ATTESTATION": cfg.attestation, "BERTH_TPM": cfg.tpm,
 		},
-		JoinServiceHostPaths: tpmHostPaths(cfg.tpm),
+		JoinServiceHostPaths: berthsystem.TPMHostPaths(cfg.tpm),
 	}, fs)
 	// A control plane's KMS plugin runs as this daemon's child, which holds its keys (kmskeeper).
 	self, err := selfPath()
@@ -218,18 +219,6 @@ func pullPolicy(never bool) string {
 		return "Never"
 	}
 	return "IfNotPresent"
-}
-
-// tpmHostPaths returns what the joinservice must mount to use this node's TPM.
-func tpmHostPaths(spec string) []string {
-	switch {
-	case spec == "" || strings.HasPrefix(spec, "tcp:"):
-		return nil // nothing, or reachable over the host network
-	case strings.HasPrefix(spec, "unix:"):
-		return []string{filepath.Dir(strings.TrimPrefix(spec, "unix:"))}
-	default:
-		return []string{spec}
-	}
 }
 
 // lineLogger logs each line the component installer prints as one log entry.

@@ -103,7 +103,9 @@ var discovery = func() map[string]any {
 		"admissionregistration.k8s.io/v1": {res("validatingadmissionpolicies", "ValidatingAdmissionPolicy", false),
 			res("validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding", false),
 			res("validatingwebhookconfigurations", "ValidatingWebhookConfiguration", false)},
-		"policy/v1": {res("poddisruptionbudgets", "PodDisruptionBudget", true)},
+		"policy/v1":              {res("poddisruptionbudgets", "PodDisruptionBudget", true)},
+		"node.k8s.io/v1":         {res("runtimeclasses", "RuntimeClass", false)},
+		"coordination.k8s.io/v1": {res("leases", "Lease", true)},
 	}
 	docs := map[string]any{
 		"/api": metav1.APIVersions{TypeMeta: metav1.TypeMeta{Kind: "APIVersions"}, Versions: []string{"v1"},

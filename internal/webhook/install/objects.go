@@ -11,6 +11,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -32,6 +33,14 @@ const (
 	shutdownDelay     = 10 * time.Second
 	managedByLabel    = "app.kubernetes.io/managed-by"
 	controlPlaneLabel = "node-role.kubernetes.io/control-plane"
+)
+
+// The webhook's resources: it holds the policy and one certificate, and answers a review in
+// microseconds. No CPU limit: throttling would turn into admission latency for the whole cluster.
+const (
+	cpuRequest    = "50m"
+	memoryRequest = "32Mi"
+	memoryLimit   = "256Mi"
 )
 
 // get returns the live object, or nil when it does not exist.
@@ -126,6 +135,24 @@ func (w *Installer) ensureBackend(ctx context.Context) ([]byte, error) {
 		}
 	}
 	return caPEM, nil
+}
+
+// Objects returns the webhook's objects as an install of cfg applies them, for an operator to read
+// or diff (berth manifests): the canary namespace and its ServiceAccount, the webhook's
+// ServiceAccount, policy ConfigMap, Service, Deployment and PodDisruptionBudget, and the armed
+// ValidatingWebhookConfiguration with caPEM as its CA bundle. The TLS Secret is not among them: the
+// installer makes its CA and keys in the cluster, and keeps them there. berth-system itself is
+// internal/berthsystem's.
+func Objects(cfg Config, caPEM []byte) ([]*unstructured.Unstructured, error) {
+	if cfg.Image == "" {
+		return nil, failure(ErrInvalidConfiguration, "name the berth-webhook image", "no image")
+	}
+	cfg.defaults()
+	w := &Installer{cfg: cfg}
+	return []*unstructured.Unstructured{
+		w.canaryNamespace(), w.canaryServiceAccount(), w.serviceAccount(), w.policyConfigMap(),
+		w.service(), w.deployment(), w.pdb(), w.ValidatingWebhookConfiguration(caPEM, false),
+	}, nil
 }
 
 // waitNotTerminating waits until the namespace is not being deleted (a previous uninstall's canary
@@ -245,6 +272,12 @@ func (w *Installer) deployment() *unstructured.Unstructured {
 		WithReadinessProbe(httpProbe("/readyz", 2, 2)).
 		WithLivenessProbe(httpProbe("/livez", 10, 3)).
 		WithStartupProbe(httpProbe("/livez", 1, 120)).
+		WithResources(corev1ac.ResourceRequirements().
+			WithRequests(corev1.ResourceList{
+				corev1.ResourceCPU:    resource.MustParse(cpuRequest),
+				corev1.ResourceMemory: resource.MustParse(memoryRequest),
+			}).
+			WithLimits(corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(memoryLimit)})).
 		WithSecurityContext(corev1ac.SecurityContext().
 			WithAllowPrivilegeEscalation(false).
 			WithReadOnlyRootFilesystem(true).
@@ -275,8 +308,10 @@ func (w *Installer) deployment() *unstructured.Unstructured {
 						WithMaxSkew(1).WithTopologyKey("kubernetes.io/hostname").
 						WithWhenUnsatisfiable(corev1.ScheduleAnyway).
 						WithLabelSelector(selector())).
+					// Pod Security "restricted", which berth-system enforces.
 					WithSecurityContext(corev1ac.PodSecurityContext().
-						WithRunAsNonRoot(true).WithRunAsUser(65532).WithRunAsGroup(65532).WithFSGroup(65532)).
+						WithRunAsNonRoot(true).WithRunAsUser(65532).WithRunAsGroup(65532).WithFSGroup(65532).
+						WithSeccompProfile(corev1ac.SeccompProfile().WithType(corev1.SeccompProfileTypeRuntimeDefault))).
 					WithContainers(container).
 					WithVolumes(
 						corev1ac.Volume().WithName("tls").WithSecret(corev1ac.SecretVolumeSource().
