@@ -51,6 +51,7 @@ warnings and errors go to stderr.
 		newMiniCmd(),
 		newVerifyCmd(), newPolicyCmd(),
 		newStatusCmd(), newMetadataCmd(), newSecretsCmd(),
+		newManifestsCmd(),
 		newVersionCmd(),
 	)
 	return root
