@@ -25,6 +25,9 @@
 #   - Builds use GOCACHE=${BERTH_CACHE}/gocache (kept between builds), GOWORK=off, GOTOOLCHAIN=local and
 #     -mod=readonly, so go.mod/go.sum under build/ are never rewritten.
 #   - Exit status is non-zero when any build fails; the failed component's dir then has no stamp.
+#   - Progress (stderr): a cold build says what it builds, how many modules it fetched, how many
+#     packages it compiles (those `go list` calls stale under the same flags and cache), and every
+#     30 s or 5 % how many are done, the time so far and the time left at the rate so far.
 #
 # Example: KUBE_BIN=$(scripts/build-k8s.sh k8s) && "$KUBE_BIN/kubeadm" version -o short
 set -euo pipefail
@@ -66,12 +69,81 @@ inputs_hash() {
   } | sha256sum | cut -c1-12
 }
 
-# gobuild DIR OUT ARGS... runs go build in module DIR with the shared cache settings.
+# duration SECONDS prints it as 1h02m, 4m05s or 12s.
+duration() {
+  local s=$1
+  if ((s >= 3600)); then printf '%dh%02dm' $((s / 3600)) $((s % 3600 / 60))
+  elif ((s >= 60)); then printf '%dm%02ds' $((s / 60)) $((s % 60))
+  else printf '%ds' "$s"; fi
+}
+
+# gocmd DIR ARGS... runs the go command in module DIR with the shared cache settings.
+gocmd() {
+  local dir=$1
+  shift
+  (cd "$dir" && GOCACHE="$CACHE/gocache" GOWORK=off GOTOOLCHAIN=local GOFLAGS=-mod=readonly go "$@")
+}
+
+# Progress is reported at most every PROGRESS_EVERY seconds or PROGRESS_PERCENT percent.
+PROGRESS_EVERY=30
+PROGRESS_PERCENT=5
+
+# fetch_progress NAME MODULES reads the go command's stderr while it resolves packages, passes it on
+# to stderr except its "go: downloading" lines, and says how many modules it has fetched (of at most
+# MODULES, the module's build list).
+fetch_progress() {
+  local name=$1 modules=$2 fetched=0 start=$SECONDS last=$SECONDS line
+  while IFS= read -r line; do
+    if [[ $line == "go: downloading "* ]]; then
+      fetched=$((fetched + 1))
+      if ((SECONDS - last >= PROGRESS_EVERY)); then
+        log "$name: fetched $fetched modules (of at most $modules), $(duration $((SECONDS - start))) so far"
+        last=$SECONDS
+      fi
+    else
+      printf '%s\n' "$line" >&2
+    fi
+  done
+  ((fetched == 0)) || log "$name: fetched $fetched modules in $(duration $((SECONDS - start)))"
+}
+
+# build_progress NAME TOTAL reads `go build -v` (one import path per package compiled) and reports how
+# far the build is: packages compiled of TOTAL (what go list called stale), time so far, and the time
+# left at the rate so far. Anything else (compiler errors) passes through to stderr.
+build_progress() {
+  local name=$1 total=$2 compiled=0 start=$SECONDS last=$SECONDS lastpct=0 line pct elapsed
+  while IFS= read -r line; do
+    if [[ $line =~ ^[A-Za-z0-9_.~+/-]+$ ]]; then
+      compiled=$((compiled + 1))
+      ((total > 0)) || continue
+      pct=$((100 * compiled / total))
+      ((pct <= 99)) || pct=99
+      if ((pct >= lastpct + PROGRESS_PERCENT || SECONDS - last >= PROGRESS_EVERY)); then
+        elapsed=$((SECONDS - start))
+        log "$name: $compiled of $total packages compiled ($pct%), $(duration "$elapsed") so far, about $(duration $((elapsed * (total - compiled) / compiled))) left"
+        last=$SECONDS
+        lastpct=$pct
+      fi
+    else
+      printf '%s\n' "$line" >&2
+    fi
+  done
+}
+
+# gobuild DIR OUT ARGS... builds ARGS (build flags, then packages) in module DIR into OUT with the
+# shared cache settings, saying on stderr what it fetches and compiles and how far it is.
 gobuild() {
-  local dir=$1 out=$2
+  local dir=$1 out=$2 name
+  name=$(basename "$dir")
   shift 2
-  (cd "$dir" && GOCACHE="$CACHE/gocache" GOWORK=off GOTOOLCHAIN=local GOFLAGS=-mod=readonly \
-    go build -trimpath -o "$out/" "$@")
+  local modules stale
+  modules=$(gocmd "$dir" list -m all 2>/dev/null | wc -l)
+  log "$name: resolving its packages (modules not yet in the module cache are fetched first)"
+  # Staleness as go build will see it: same flags, same cache. The main packages count too (linked).
+  stale=$({ gocmd "$dir" list -trimpath -deps -f '{{if .Stale}}{{.ImportPath}}{{end}}' "$@" 2>&1 1>&3 |
+    fetch_progress "$name" "$modules"; } 3>&1 | grep -c . || true)
+  log "$name: compiling $stale packages"
+  gocmd "$dir" build -v -trimpath -o "$out/" "$@" 2>&1 | build_progress "$name" "$stale"
 }
 
 build_one() {
