@@ -54,6 +54,7 @@ func TestInstallOrder(t *testing.T) {
 		"ConfigMap berth-system/berth-join-config",
 		"ConfigMap berth-system/berth-join-ledger",
 		"Lease berth-system/berth-control-plane-join",
+		"Lease berth-system/berth-cert-keeper",
 		"ServiceAccount berth-system/berth-joinservice",
 		"Role berth-system/berth:joinservice",
 		"RoleBinding berth-system/berth:joinservice",

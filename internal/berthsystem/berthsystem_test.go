@@ -68,8 +68,9 @@ func TestObjectsOrder(t *testing.T) {
 		"ValidatingAdmissionPolicy/berth-system-images", "ValidatingAdmissionPolicyBinding/berth-system-images",
 		"ValidatingAdmissionPolicy/berth-host-runtime", "ValidatingAdmissionPolicyBinding/berth-host-runtime",
 		"Secret/berth-cluster-secrets", "ConfigMap/berth-join-config", "ConfigMap/berth-join-ledger",
-		"Lease/berth-control-plane-join", "ServiceAccount/berth-joinservice", "Role/berth:joinservice",
-		"RoleBinding/berth:joinservice", "DaemonSet/berth-joinservice",
+		"Lease/berth-control-plane-join", "Lease/berth-cert-keeper", "ServiceAccount/berth-joinservice", "Role/berth:joinservice",
+		"RoleBinding/berth:joinservice", "ClusterRole/berth:joinservice:kubelet-serving-approver",
+		"ClusterRoleBinding/berth:joinservice:kubelet-serving-approver", "DaemonSet/berth-joinservice",
 	}
 	if !slices.Equal(kinds, want) {
 		t.Fatalf("objects\n%v\nwant\n%v", kinds, want)
@@ -123,7 +124,7 @@ func TestJoinServiceRoleNarrow(t *testing.T) {
 	want := map[string][]string{
 		"secrets":    {joinconfig.SecretName},
 		"configmaps": {joinconfig.JoinConfigName, joinconfig.JoinLedgerName},
-		"leases":     {joinconfig.ControlPlaneJoinLease},
+		"leases":     {joinconfig.ControlPlaneJoinLease, joinconfig.CertKeeperLease},
 	}
 	for res, names := range want {
 		got := slices.Sorted(slices.Values(covered[res]))
