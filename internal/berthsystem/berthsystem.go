@@ -30,6 +30,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/apply"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/kmsstate"
 )
 
 // ErrNoJoinServiceImage is returned when Config names no joinservice image.
@@ -148,6 +149,9 @@ func joinService(cfg Config) []any {
 			// The join ledger is the one ConfigMap the joinservice rewrites.
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
 				WithResourceNames(joinconfig.JoinLedgerName).WithVerbs("get", "update"),
+			// The control planes' KMS key spec, which control-plane join tickets carry.
+			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
+				WithResourceNames(kmsstate.ConfigMapName).WithVerbs("get"),
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("events").WithVerbs("create", "patch"),
 			// The control-plane join lock and the certificate keeper's leader election.
 			rbacv1ac.PolicyRule().WithAPIGroups("coordination.k8s.io").WithResources("leases").

@@ -19,6 +19,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/kmsstate"
 )
 
 const testJoinServiceImage = "berth.local/joinservice:v1"
@@ -123,7 +124,7 @@ func TestJoinServiceRoleNarrow(t *testing.T) {
 	}
 	want := map[string][]string{
 		"secrets":    {joinconfig.SecretName},
-		"configmaps": {joinconfig.JoinConfigName, joinconfig.JoinLedgerName},
+		"configmaps": {joinconfig.JoinConfigName, joinconfig.JoinLedgerName, kmsstate.ConfigMapName},
 		"leases":     {joinconfig.ControlPlaneJoinLease, joinconfig.CertKeeperLease},
 	}
 	for res, names := range want {

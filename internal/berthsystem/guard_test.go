@@ -19,6 +19,7 @@ import (
 	"github.com/berth-k8s/berth/internal/apply"
 	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/kmsstate"
 )
 
 // TestNamespaceGuardOnAPIServer runs the berth-system guard in a real kube-apiserver: foreign images
@@ -135,6 +136,10 @@ func TestJoinServiceRBACOnAPIServer(t *testing.T) {
 		},
 		"get the join ConfigMap":          func() error { _, err := cms.Get(ctx, joinconfig.JoinConfigName, metav1.GetOptions{}); return err },
 		"list the join ConfigMap by name": func() error { _, err := cms.List(ctx, byName); return err },
+		"read the KMS key spec": func() error {
+			_, err := kmsstate.Read(ctx, js)
+			return err
+		},
 		"watch the join ConfigMap by name": func() error {
 			w, err := cms.Watch(ctx, byName)
 			if err == nil {
