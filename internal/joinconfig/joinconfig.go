@@ -33,6 +33,9 @@ const (
 	// CertKeeperLease elects the joinservice replica that keeps the cluster's certificates
 	// (joinservice/certkeeper); its holder is NODE_suffix.
 	CertKeeperLease = "berth-cert-keeper"
+	// MachinesName is the ConfigMap recording every attested machine that joined and the ones an
+	// operator removed (its format is package machines').
+	MachinesName = "berth-machines"
 )
 
 // Ports of the joinservice on the host network of every control plane. Berth's host ports are one

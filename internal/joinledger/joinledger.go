@@ -1,9 +1,12 @@
 // Package joinledger is the format of the join ledger: the contract between the joinservice, which
-// writes it (joinservice/ledger), and `berth status`, which reads it.
+// writes it (joinservice/ledger), `berth node`, which adds membership events to it (Append), and
+// `berth status`, which reads it.
 //
 // The ledger is ConfigMap berth-join-ledger in Berth's namespace. Its key entries.json holds a JSON
 // array of Entry values, oldest first: the newest join attempts of all joinservice replicas, accepted
-// and rejected. An empty or missing key means no entries.
+// and rejected, and the membership events (IsMembership): a control-plane join that finished, or
+// whose slot a timeout freed (RPCControlPlaneJoin), a node an operator removed (RPCRemove) or
+// re-admitted (RPCReadmit). An empty or missing key means no entries.
 //
 // The ledger keeps its evidence. Entries are of three kinds (KindOf), each with a share of the
 // Capacity entries that no other kind can take (Quotas):
@@ -32,6 +35,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -52,6 +56,36 @@ const (
 	OutcomeAccepted = "accepted"
 	OutcomeRejected = "rejected"
 )
+
+// RPCs of the membership events.
+const (
+	// RPCControlPlaneJoin: the control-plane join slot was freed, accepted when the joinservice saw
+	// the node's etcd member voting and healthy and its API server ready, rejected (with
+	// ReasonControlPlaneJoinTimeout) when the join timeout freed it.
+	RPCControlPlaneJoin = "control-plane-join"
+	// RPCRemove: an operator removed the node (berth node remove) and revoked its machine's identity.
+	RPCRemove = "remove"
+	// RPCReadmit: an operator re-admitted a removed machine (berth node readmit).
+	RPCReadmit = "readmit"
+)
+
+// Reasons of membership events and of the refusals they cause.
+const (
+	// ReasonControlPlaneJoinTimeout: a control-plane join did not finish within the join timeout,
+	// which freed the slot for the next one.
+	ReasonControlPlaneJoinTimeout = "CONTROL_PLANE_JOIN_TIMEOUT"
+	// ReasonRevoked: a join or rejoin of a machine an operator removed.
+	ReasonRevoked = "REVOKED"
+)
+
+// IsMembership reports whether e is a membership event rather than a join attempt.
+func IsMembership(e Entry) bool {
+	switch e.RPC {
+	case RPCControlPlaneJoin, RPCRemove, RPCReadmit:
+		return true
+	}
+	return false
+}
 
 // Kinds of entries (see the package documentation).
 const (
@@ -105,6 +139,12 @@ type Entry struct {
 	Count int `json:"count,omitempty"`
 	// Kind is the entry's kind (Kind* constants); empty in entries of older writers (KindOf).
 	Kind string `json:"kind,omitempty"`
+	// Identity is the machine identity (package machines' encoding) of an accepted join, of a
+	// refused one that had one, or of the machine a membership event removed or re-admitted.
+	Identity string `json:"identity,omitempty"`
+	// TicketIssued is, for an RPCControlPlaneJoin event, when the ticket that started the join was
+	// issued: the slot was held from then until Time.
+	TicketIssued time.Time `json:"ticketIssued,omitzero"`
 }
 
 // ErrNoLedger is returned by Read when the cluster has no ledger yet (no join was attempted).
@@ -218,4 +258,52 @@ func Merge(existing, more []Entry) []Entry {
 	sort.SliceStable(all, func(i, j int) bool { return all[i].Time.Before(all[j].Time) })
 	kept, _ := Keep(Aggregate(all))
 	return kept
+}
+
+// appendRetries bounds the read-merge-write rounds of Append.
+const appendRetries = 8
+
+// Append adds es to the ledger with optimistic concurrency (read, Merge, write with the read
+// resourceVersion, again on a conflict), creating the ConfigMap when there is none; a ledger it cannot
+// decode is left alone. `berth node` records its membership events with it; the joinservice batches
+// its own entries through joinservice/ledger.
+func Append(ctx context.Context, client kubernetes.Interface, namespace string, es ...Entry) error {
+	cms := client.CoreV1().ConfigMaps(namespace)
+	var last error
+	for range appendRetries {
+		cm, err := cms.Get(ctx, ConfigMapName, metav1.GetOptions{})
+		create := apierrors.IsNotFound(err)
+		if err != nil && !create {
+			return fmt.Errorf("reading ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
+		}
+		if create {
+			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName, Namespace: namespace,
+				Labels: map[string]string{"app.kubernetes.io/part-of": "berth"}}}
+		}
+		existing, err := Decode(cm.Data[DataKey])
+		if err != nil {
+			return err
+		}
+		data, err := Encode(Merge(existing, es))
+		if err != nil {
+			return err
+		}
+		if cm.Data == nil {
+			cm.Data = map[string]string{}
+		}
+		cm.Data[DataKey] = data
+		if create {
+			_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
+		} else {
+			_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+		}
+		if err == nil {
+			return nil
+		}
+		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("writing ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
+		}
+		last = err
+	}
+	return fmt.Errorf("writing ConfigMap %s/%s: still conflicting after %d attempts: %w", namespace, ConfigMapName, appendRetries, last)
 }

@@ -161,3 +161,58 @@ func TestAggregate(t *testing.T) {
 		}
 	}
 }
+
+// TestAppendCreatesThenMerges: Append creates the ledger, then merges later events in time order
+// with what the joinservice wrote, and keeps what Merge keeps.
+func TestAppendCreatesThenMerges(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset()
+	removed := Entry{Time: at(5), Peer: "operator", Node: "w1", Role: "worker", RPC: RPCRemove, Outcome: OutcomeAccepted, Identity: "ab"}
+	if err := Append(ctx, client, "berth-system", removed); err != nil {
+		t.Fatalf("Append to no ledger: %v", err)
+	}
+	join := Entry{Time: at(1), Peer: "198.51.100.11", Node: "w1", RPC: "join", Outcome: OutcomeAccepted}
+	readmitted := Entry{Time: at(9), Peer: "operator", Node: "w1", RPC: RPCReadmit, Outcome: OutcomeAccepted}
+	if err := Append(ctx, client, "berth-system", readmitted, join); err != nil {
+		t.Fatalf("Append: %v", err)
+	}
+	got, err := Read(ctx, client, "berth-system")
+	if err != nil || len(got) != 3 || got[0] != join || got[1] != removed || got[2] != readmitted {
+		t.Fatalf("ledger = %+v, %v; want join, remove, readmit in time order", got, err)
+	}
+	var many []Entry
+	for i := range Capacity + 10 {
+		many = append(many, Entry{Time: at(10 + i), Peer: fmt.Sprintf("p%d", i), RPC: "join", Outcome: OutcomeAccepted})
+	}
+	if err := Append(ctx, client, "berth-system", many...); err != nil {
+		t.Fatal(err)
+	}
+	got, _ = Read(ctx, client, "berth-system")
+	want, _ := Keep(Aggregate(append(append([]Entry{join, removed, readmitted}, many...))))
+	if len(got) != len(want) || !got[len(got)-1].Time.Equal(at(10+Capacity+9)) {
+		t.Fatalf("after %d more entries the ledger holds %d, last at %v; want what Merge keeps (%d)", len(many), len(got), got[len(got)-1].Time, len(want))
+	}
+}
+
+// TestAppendRefusesAnUnreadableLedger: Append never overwrites a ledger it cannot decode.
+func TestAppendRefusesAnUnreadableLedger(t *testing.T) {
+	client := fake.NewClientset(&corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName, Namespace: "berth-system"},
+		Data:       map[string]string{DataKey: "{not json"},
+	})
+	if err := Append(context.Background(), client, "berth-system", Entry{Time: at(1), RPC: RPCRemove}); err == nil {
+		t.Fatal("Append over an unreadable ledger succeeded")
+	}
+	cm, _ := client.CoreV1().ConfigMaps("berth-system").Get(context.Background(), ConfigMapName, metav1.GetOptions{})
+	if cm.Data[DataKey] != "{not json" {
+		t.Fatalf("ledger changed to %q", cm.Data[DataKey])
+	}
+}
+
+func TestIsMembership(t *testing.T) {
+	for rpc, want := range map[string]bool{"join": false, "rejoin": false, "handshake": false, RPCControlPlaneJoin: true, RPCRemove: true, RPCReadmit: true} {
+		if got := IsMembership(Entry{RPC: rpc}); got != want {
+			t.Errorf("IsMembership(%s) = %v, want %v", rpc, got, want)
+		}
+	}
+}
