@@ -35,7 +35,6 @@ import (
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
 	"github.com/berth-k8s/berth/joinservice/certkeeper"
-	"github.com/berth-k8s/berth/joinservice/cplease"
 	"github.com/berth-k8s/berth/joinservice/health"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 	"github.com/berth-k8s/berth/joinservice/metrics"
@@ -80,6 +79,12 @@ type Deps struct {
 	// Dynamic reaches the API server with the joinservice's identity for the certificate keeper
 	// (package certkeeper); nil leaves the keeper out.
 	Dynamic dynamic.Interface
+	// Identity returns this node's attested machine identity (attestation.Result.Identity of its own
+	// documents); nil when its attestation has none (TDX, insecure-none).
+	Identity func(ctx context.Context) ([]byte, error)
+	// ControlPlaneJoinTimeout bounds how long a joining control plane holds the control-plane slot;
+	// zero means cplease.DefaultJoinTimeout.
+	ControlPlaneJoinTimeout time.Duration
 }
 
 // Readiness conditions of /readyz (package health), in the order they are met at start.
@@ -97,9 +102,9 @@ const (
 // so that the probes answer while the joinservice waits for the cluster secrets.
 func Run(ctx context.Context, d Deps) error {
 	log := d.Log
-	conditions := []string{condSecrets, condJoinConfig, condCA, condServing}
+	conditions := []string{condSecrets, condJoinConfig, condCA, condMachines, condServing}
 	if d.Attestation != "insecure-none" {
-		conditions = []string{condSecrets, condJoinConfig, condCA, condPolicy, condIssuer, condServing}
+		conditions = []string{condSecrets, condJoinConfig, condCA, condMachines, condPolicy, condIssuer, condServing}
 	}
 	probes := health.New(conditions...)
 	journal := ledger.NewWriter(d.Client, d.Namespace, d.Replica, log.Named("ledger"))
@@ -202,13 +207,14 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 		check = holder.Check
 		creds = server.RecordHandshakes(creds, journal, m)
 	}
+	members := newMembership(d, journal)
 	srv := server.New(server.Config{
 		APIServerEndpoint: cfg.APIServerEndpoint,
 		KubernetesVersion: cfg.KubernetesVersion,
 		PKIDir:            d.PKIDir,
 	}, log.Named("joinservice"), keys, salt, authority, d.Metadata, check,
 		server.WithJournal(journal), server.WithLimits(d.Limits), server.WithObserver(m),
-		server.WithControlPlaneLock(cplease.New(d.Client, d.Namespace, d.Replica, log.Named("lease"))),
+		server.WithControlPlaneLock(members.lock), server.WithMachineRecord(members.record),
 		server.WithKMSSpec(func(ctx context.Context) (kmsstate.Spec, error) {
 			st, err := kmsstate.Read(ctx, d.Client)
 			return st.Spec, err
@@ -232,6 +238,7 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 		ledgerEnded(err)
 		return err
 	})
+	members.run(ctx, g, d, probes)
 	if holder != nil {
 		w := policywatch.NewWatcher(d.Client, d.Namespace, joinconfig.JoinConfigName, d.Replica, holder, m, log.Named("policy"))
 		watchEnded := probes.Started("policy-watch")
@@ -254,6 +261,11 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 			checkEnded(nil)
 			return nil
 		})
+	}
+	// Joins are served once the machine record was read: before, a removed machine could not be
+	// told from a new one, and every join would be refused.
+	if !members.waitRead(ctx, d, probes) {
+		return nil // ctx ended
 	}
 	serveEnded := probes.Started("join-server")
 	g.Go(func() error {

@@ -60,6 +60,8 @@ func TestInstallOrder(t *testing.T) {
 		"RoleBinding berth-system/berth:joinservice",
 		"ClusterRole berth:joinservice:kubelet-serving-approver",
 		"ClusterRoleBinding berth:joinservice:kubelet-serving-approver",
+		"ClusterRole berth:joinservice:webhook-spread",
+		"ClusterRoleBinding berth:joinservice:webhook-spread",
 		"DaemonSet berth-system/berth-joinservice",
 	}, "\n")
 	if got := strings.Join(rec.applied, "\n"); got != want {

@@ -117,6 +117,16 @@ func Available() error {
 	return err
 }
 
+// EtcdBinary returns the etcd binary the API server runs on (for tests that run etcd members of their
+// own), or why there is none.
+func EtcdBinary() (string, error) {
+	_, etcd, err := binDirs()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(etcd, "etcd"), nil
+}
+
 // binDirs finds the kube and etcd bin dirs, or reports why not.
 func binDirs() (kube, etcd string, err error) {
 	kube, etcd = os.Getenv("BERTH_KUBE_BIN"), os.Getenv("BERTH_ETCD_BIN")

@@ -31,6 +31,7 @@ import (
 	"github.com/berth-k8s/berth/internal/apply"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/kmsstate"
+	"github.com/berth-k8s/berth/internal/webhook/install"
 )
 
 // ErrNoJoinServiceImage is returned when Config names no joinservice image.
@@ -43,9 +44,12 @@ const (
 	// csrApproverRole names the ClusterRole and binding of the joinservice's kubelet serving CSR
 	// approver.
 	csrApproverRole = "berth:joinservice:kubelet-serving-approver"
-	pkiDir          = "/etc/kubernetes/pki"
-	partOfLabel     = "app.kubernetes.io/part-of"
-	nameLabel       = "app.kubernetes.io/name"
+	// spreadRole names the ClusterRole and binding that let the joinservice see which nodes could
+	// run the webhook (joinservice/spread).
+	spreadRole  = "berth:joinservice:webhook-spread"
+	pkiDir      = "/etc/kubernetes/pki"
+	partOfLabel = "app.kubernetes.io/part-of"
+	nameLabel   = "app.kubernetes.io/name"
 )
 
 // The joinservice's resources: it idles at a few MiB and a join costs a few milliseconds of CPU;
@@ -132,6 +136,7 @@ func joinService(cfg Config) []any {
 	joinServiceLabels := map[string]string{nameLabel: joinconfig.JoinServiceName, partOfLabel: "berth"}
 	return []any{
 		corev1ac.ConfigMap(joinconfig.JoinLedgerName, ns).WithLabels(joinServiceLabels),
+		corev1ac.ConfigMap(joinconfig.MachinesName, ns).WithLabels(joinServiceLabels),
 		coordinationv1ac.Lease(joinconfig.ControlPlaneJoinLease, ns).WithLabels(joinServiceLabels),
 		coordinationv1ac.Lease(joinconfig.CertKeeperLease, ns).WithLabels(joinServiceLabels),
 		corev1ac.ServiceAccount(joinconfig.ServiceAccountName, ns),
@@ -146,16 +151,28 @@ func joinService(cfg Config) []any {
 			// selector, which RBAC checks against resourceNames).
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
 				WithResourceNames(joinconfig.JoinConfigName).WithVerbs("get", "list", "watch"),
-			// The join ledger is the one ConfigMap the joinservice rewrites.
+			// The join ledger and the machine record are the ConfigMaps the joinservice rewrites; it
+			// watches the machine record by name (joinservice/registry).
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
 				WithResourceNames(joinconfig.JoinLedgerName).WithVerbs("get", "update"),
+			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
+				WithResourceNames(joinconfig.MachinesName).WithVerbs("get", "list", "watch", "update"),
 			// The control planes' KMS key spec, which control-plane join tickets carry.
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
 				WithResourceNames(kmsstate.ConfigMapName).WithVerbs("get"),
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("events").WithVerbs("create", "patch"),
-			// The control-plane join lock and the certificate keeper's leader election.
+			// The control-plane join lock, which every replica watches for joins to end, and the
+			// certificate keeper's leader election.
 			rbacv1ac.PolicyRule().WithAPIGroups("coordination.k8s.io").WithResources("leases").
-				WithResourceNames(joinconfig.ControlPlaneJoinLease, joinconfig.CertKeeperLease).WithVerbs("get", "update"),
+				WithResourceNames(joinconfig.ControlPlaneJoinLease).WithVerbs("get", "list", "watch", "update"),
+			rbacv1ac.PolicyRule().WithAPIGroups("coordination.k8s.io").WithResources("leases").
+				WithResourceNames(joinconfig.CertKeeperLease).WithVerbs("get", "update"),
+			// It keeps the webhook's replicas on different nodes (joinservice/spread): it reads the
+			// Deployment and its pods and evicts one (the webhook's disruption budget decides).
+			rbacv1ac.PolicyRule().WithAPIGroups("apps").WithResources("deployments").
+				WithResourceNames(install.Name).WithVerbs("get"),
+			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("pods").WithVerbs("get", "list"),
+			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("pods/eviction").WithVerbs("create"),
 		),
 		rbacv1ac.RoleBinding(joinServiceRole, ns).
 			WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("Role").WithName(joinServiceRole)).
@@ -173,6 +190,12 @@ func joinService(cfg Config) []any {
 		),
 		rbacv1ac.ClusterRoleBinding(csrApproverRole).
 			WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("ClusterRole").WithName(csrApproverRole)).
+			WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(joinconfig.ServiceAccountName).WithNamespace(ns)),
+		rbacv1ac.ClusterRole(spreadRole).WithRules(
+			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("nodes").WithVerbs("get", "list"),
+		),
+		rbacv1ac.ClusterRoleBinding(spreadRole).
+			WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("ClusterRole").WithName(spreadRole)).
 			WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(joinconfig.ServiceAccountName).WithNamespace(ns)),
 		JoinServiceDaemonSet(cfg),
 	}

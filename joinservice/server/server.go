@@ -8,8 +8,15 @@
 // A ticket carries no bootstrap token: the node joins with kubeadm's discovery file, built from the
 // ticket's cluster CA and kubelet certificate and its own key (see bootstrapper/joincluster), workers
 // and control planes alike. So the joinservice writes nothing to the API server per join but its
-// batched ledger (and, for a control plane, the Lease that serializes control-plane joins), and no
-// bearer token exists that anyone could use to request a certificate for any node name.
+// batched ledger, a new machine's entry in the machine record (batched too), and for a control plane
+// the Lease that serializes control-plane joins, and no bearer token exists that anyone could use to
+// request a certificate for any node name.
+//
+// A control-plane ticket takes the control-plane slot (ControlPlaneLock) and hands it to the node's
+// join (ControlPlaneSlot.Joining), which holds it until the join finished; a worker's never waits for
+// it. With WithMachineRecord, a machine an operator removed (berth node remove) is refused with
+// REVOKED on join and on rejoin, by the same identity its disk binding uses (see below), whatever
+// name or address it has, and every machine admitted is recorded.
 //
 // A ticket carries the disk key of the state disk the node names (disk_uuid, a canonical UUID) and a
 // disk binding (clusterkeys.DiskBinding) of that disk to the attested machine's identity. A rebooted
@@ -136,6 +143,8 @@ type Server struct {
 	attest AttestationCheck
 	// cpLock serializes control-plane joins: etcd grows one member at a time.
 	cpLock ControlPlaneLock
+	// record knows the machines the cluster admitted and the ones an operator removed; nil: none.
+	record MachineRecord
 	// limiter bounds tickets per peer address and overall.
 	limiter *atls.Limiter
 	journal Journal
@@ -156,10 +165,6 @@ type AttestationCheck func(ctx context.Context) (warnings []string, err error)
 // ErrNoEvidence is returned by an AttestationCheck for a peer that presented no attestation.
 var ErrNoEvidence = errors.New("peer presented no attestation")
 
-// ErrControlPlaneBusy is returned by a ControlPlaneLock when another control plane is joining and
-// the wait for it ended.
-var ErrControlPlaneBusy = errors.New("another control plane is joining")
-
 // Journal records join attempts (ledger.Writer). Both methods must return at once.
 type Journal interface {
 	Record(ledger.Entry)
@@ -174,12 +179,6 @@ type Observer interface {
 	Latency(rpc, stage string, d time.Duration)
 	// InFlight adds delta to the number of attempts being handled.
 	InFlight(delta int)
-}
-
-// ControlPlaneLock serializes control-plane joins, across replicas when backed by a Lease.
-type ControlPlaneLock interface {
-	// Lock waits until holder holds the lock or ctx ends, and returns the function that releases it.
-	Lock(ctx context.Context, holder string) (unlock func(), err error)
 }
 
 // Option configures a Server.
@@ -407,6 +406,10 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 		return nil, err
 	}
 	identity, source := peerIdentity(ctx, inst)
+	a.entry.Identity = recordIdentity(ctx, inst)
+	if err := s.checkRevoked(a.entry.Identity, "join", log); err != nil {
+		return nil, err
+	}
 	s.obs.Latency("join", "validate", time.Since(a.start))
 	issueStart := time.Now()
 	var ips []net.IP
@@ -422,15 +425,8 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 	var kmsKeys []*joinproto.KMSKey
 	var kmsActive uint32
 	if wantRole == joinproto.Role_ROLE_CONTROL_PLANE {
-		unlock, err := s.cpLock.Lock(ctx, inst.Name)
-		if err != nil {
-			log.Warn("join rejected", zap.String("reason", ReasonControlPlaneBusy), zap.Error(err))
-			return nil, reject(codes.Unavailable, ReasonControlPlaneBusy, "another control plane is joining: retry later")
-		}
-		defer unlock()
-		if files, err = s.readControlPlaneFiles(); err != nil {
-			log.Error("reading control-plane files", zap.Error(err))
-			return nil, reject(codes.Unavailable, ReasonInternal, "the joinservice cannot read the control-plane files")
+		if files, err = s.controlPlaneSlot(ctx, a, inst, log); err != nil {
+			return nil, err
 		}
 		// Every generation the control planes hold: the new one must read what the others stored.
 		spec, err := s.kmsSpec(ctx)
@@ -448,6 +444,7 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 	}
 	// No bootstrap token (see the package documentation): the node joins with the CA and certificate.
 	s.obs.Latency("join", "issue", time.Since(issueStart))
+	s.admit(a.entry.Identity, inst)
 	log.Info("join ticket issued", zap.String("identitySource", source))
 	return &joinproto.IssueJoinTicketResponse{
 		NodeName:                   inst.Name,
@@ -488,6 +485,10 @@ func (s *Server) IssueRejoinTicket(ctx context.Context, req *joinproto.IssueRejo
 		return nil, err
 	}
 	identity, source := peerIdentity(ctx, inst)
+	a.entry.Identity = recordIdentity(ctx, inst)
+	if err := s.checkRevoked(a.entry.Identity, "rejoin", log); err != nil {
+		return nil, err
+	}
 	if !s.keys.VerifyDiskBinding(req.GetDiskUuid(), identity, req.GetDiskBinding()) {
 		log.Warn("rejoin rejected", zap.String("reason", ReasonDiskNotBound), zap.String("identitySource", source))
 		return nil, reject(codes.PermissionDenied, ReasonDiskNotBound, "this disk does not belong to the attested machine")

@@ -381,33 +381,89 @@ func TestRateLimitIsCheapAndNamed(t *testing.T) {
 	}
 }
 
-// blockingLock reports lock calls and waits for release.
+// recordingLock records the slots taken and what became of them.
 type recordingLock struct {
 	mu      sync.Mutex
 	holders []string
+	// joining and released record the slots' ends: node=address, holder.
+	joining, released []string
+	failJoining       error
+	waitedFor         string
 }
 
-func (l *recordingLock) Lock(_ context.Context, holder string) (func(), error) {
+func (l *recordingLock) Lock(_ context.Context, holder string) (ControlPlaneSlot, error) {
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.holders = append(l.holders, holder)
-	l.mu.Unlock()
-	return func() {}, nil
+	return &recordingSlot{l: l, holder: holder}, nil
 }
 
+type recordingSlot struct {
+	l      *recordingLock
+	holder string
+}
+
+func (s *recordingSlot) Release() {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	s.l.released = append(s.l.released, s.holder)
+}
+
+func (s *recordingSlot) WaitedFor() string { return s.l.waitedFor }
+
+func (s *recordingSlot) Joining(_ context.Context, node, address string) error {
+	s.l.mu.Lock()
+	defer s.l.mu.Unlock()
+	if s.l.failJoining != nil {
+		return s.l.failJoining
+	}
+	s.l.joining = append(s.l.joining, node+"="+address)
+	return nil
+}
+
+// TestControlPlaneJoinTakesTheLock: a control-plane ticket takes the slot and hands it to the
+// node's join (the slot stays taken until the join finished); a worker ticket never touches it.
 func TestControlPlaneJoinTakesTheLock(t *testing.T) {
-	l := &recordingLock{}
-	c := start(t, peers{{Name: "cp-1", Role: metadata.RoleControlPlane, IPs: []string{"127.0.0.1"}}}, WithControlPlaneLock(l))
+	l := &recordingLock{waitedFor: "control plane cp-0 is joining"}
+	j := &journal{}
+	c := start(t, peers{{Name: "cp-1", Role: metadata.RoleControlPlane, IPs: []string{"127.0.0.1"}}}, WithControlPlaneLock(l), WithJournal(j))
 	if _, err := c.IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE, DiskUuid: testDiskUUID}); err != nil {
 		t.Fatal(err)
 	}
-	if len(l.holders) != 1 || l.holders[0] != "cp-1" {
-		t.Fatalf("lock holders %v", l.holders)
+	if len(l.holders) != 1 || l.holders[0] != "cp-1" || len(l.joining) != 1 || l.joining[0] != "cp-1=127.0.0.1" || len(l.released) != 0 {
+		t.Fatalf("slot: taken by %v, handed to joins %v, released %v", l.holders, l.joining, l.released)
+	}
+	// The ledger shows that this join waited for the one before.
+	if es := j.all(); len(es) != 1 || es[0].Outcome != ledger.OutcomeAccepted || !strings.Contains(es[0].Message, "for the control-plane slot (control plane cp-0 is joining)") {
+		t.Fatalf("ledger %+v, want the accepted join naming the join it waited for", es)
+	}
+	w := &recordingLock{}
+	c = start(t, peers{{Name: "w-1", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}, WithControlPlaneLock(w))
+	if _, err := c.IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: testDiskUUID}); err != nil {
+		t.Fatal(err)
+	}
+	if len(w.holders) != 0 {
+		t.Fatalf("a worker join took the control-plane slot: %v", w.holders)
+	}
+}
+
+// TestControlPlaneSlotNotHandedOverIsNoTicket: when the slot cannot be handed to the join, no ticket
+// is issued and the slot is released.
+func TestControlPlaneSlotNotHandedOverIsNoTicket(t *testing.T) {
+	l := &recordingLock{failJoining: errors.New("lease update refused")}
+	c := start(t, peers{{Name: "cp-1", Role: metadata.RoleControlPlane, IPs: []string{"127.0.0.1"}}}, WithControlPlaneLock(l))
+	resp, err := c.IssueJoinTicket(context.Background(), &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE, DiskUuid: testDiskUUID})
+	if err == nil || resp != nil || status.Code(err) != codes.Unavailable {
+		t.Fatalf("IssueJoinTicket() = %v, %v; want Unavailable and no ticket", resp, err)
+	}
+	if len(l.released) != 1 {
+		t.Fatalf("slot not released: %v", l.released)
 	}
 }
 
 func TestLocalLockRespectsContext(t *testing.T) {
 	l := NewLocalLock()
-	unlock, err := l.Lock(context.Background(), "a")
+	slot, err := l.Lock(context.Background(), "a")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -416,10 +472,18 @@ func TestLocalLockRespectsContext(t *testing.T) {
 	if _, err := l.Lock(ctx, "b"); !errors.Is(err, ErrControlPlaneBusy) {
 		t.Fatalf("Lock() = %v, want ErrControlPlaneBusy", err)
 	}
-	unlock()
-	unlock2, err := l.Lock(context.Background(), "b")
+	if err := slot.Joining(context.Background(), "a", "127.0.0.1"); err != nil {
+		t.Fatal(err)
+	}
+	slot.Release() // a second end of the same slot changes nothing
+	slot2, err := l.Lock(context.Background(), "b")
 	if err != nil {
 		t.Fatal(err)
 	}
-	unlock2()
+	slot2.Release()
+	slot3, err := l.Lock(context.Background(), "c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	slot3.Release()
 }

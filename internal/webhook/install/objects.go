@@ -304,9 +304,14 @@ func (w *Installer) deployment() *unstructured.Unstructured {
 					WithTerminationGracePeriodSeconds(grace).
 					WithTolerations(corev1ac.Toleration().WithKey(controlPlaneLabel).
 						WithOperator(corev1.TolerationOpExists).WithEffect(corev1.TaintEffectNoSchedule)).
+					// One replica per node wherever there are nodes that can run them (their
+					// taints tolerated): losing a node must not take both. The scheduler never
+					// moves a placed pod; the joinservice evicts one of two that share a node when
+					// another node could run it (joinservice/spread), and this places the new one.
 					WithTopologySpreadConstraints(corev1ac.TopologySpreadConstraint().
 						WithMaxSkew(1).WithTopologyKey("kubernetes.io/hostname").
-						WithWhenUnsatisfiable(corev1.ScheduleAnyway).
+						WithWhenUnsatisfiable(corev1.DoNotSchedule).
+						WithNodeTaintsPolicy(corev1.NodeInclusionPolicyHonor).
 						WithLabelSelector(selector())).
 					// Pod Security "restricted", which berth-system enforces.
 					WithSecurityContext(corev1ac.PodSecurityContext().

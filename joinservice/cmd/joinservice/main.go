@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
@@ -25,6 +26,7 @@ import (
 	"github.com/berth-k8s/berth/internal/logging"
 	metachoose "github.com/berth-k8s/berth/internal/metadata/choose"
 	"github.com/berth-k8s/berth/joinservice"
+	"github.com/berth-k8s/berth/joinservice/cplease"
 	"github.com/berth-k8s/berth/joinservice/server"
 )
 
@@ -45,6 +47,7 @@ type options struct {
 	limits       atls.Limits
 	attestLimits atls.Limits
 	log          logging.Config
+	joinTimeout  time.Duration
 }
 
 func main() {
@@ -85,7 +88,12 @@ handshakes (--attest-rate-*): per peer address, then from a budget of the cluste
 metadata knows them) and a budget of everyone else, so that a flood from unknown addresses never
 uses up what the cluster's nodes need; identity probes and refusals on claims, which cost no TPM
 work, have a budget of their own; control-plane joins are
-serialized across replicas with Lease berth-control-plane-join. Prometheus metrics (/metrics) and
+serialized across replicas with Lease berth-control-plane-join, held from a control plane's ticket
+until its etcd member votes and answers and its API server is ready (or
+--control-plane-join-timeout passed). Every machine admitted is recorded by its attested identity in
+ConfigMap berth-machines; a machine an operator removed (berth node remove) is refused with REVOKED,
+and a removed control plane's etcd member is removed here, never breaking etcd's quorum unless the
+removal was forced. Prometheus metrics (/metrics) and
 the probes are served on --metrics-listen (loopback unless told; the DaemonSet binds the node's own
 address): /livez is 200 while every loop of the service runs, /readyz only once it has read the
 cluster secrets and the join configuration, loaded the CA, synced its policy watcher, made an
@@ -128,6 +136,7 @@ BERTH_LOG_FORMAT; the bootstrapper passes its own to the DaemonSet.`,
 	f.IntVar(&o.attestLimits.KnownBurst, "attest-rate-known-burst", o.attestLimits.KnownBurst, "burst of --attest-rate-known")
 	f.Float64Var((*float64)(&o.attestLimits.Unauthenticated), "attest-rate-unauthenticated", float64(o.attestLimits.Unauthenticated), "identity probes and claim refusals per second over all peers (no TPM work; 0: unlimited)")
 	f.IntVar(&o.attestLimits.UnauthenticatedBurst, "attest-rate-unauthenticated-burst", o.attestLimits.UnauthenticatedBurst, "burst of --attest-rate-unauthenticated")
+	f.DurationVar(&o.joinTimeout, "control-plane-join-timeout", cplease.DefaultJoinTimeout, "how long a control plane's join holds the control-plane slot at most, from its ticket until its etcd member votes and its API server is ready")
 	o.log.AddFlags(f)
 	cmd.SetArgs(os.Args[1:])
 	if err := cmd.ExecuteContext(ctx); err != nil {
@@ -162,7 +171,10 @@ func deps(ctx context.Context, o options, log *zap.Logger) (joinservice.Deps, er
 	d := joinservice.Deps{
 		Log: log, Listen: &net.ListenConfig{}, Attestation: o.attestation,
 		Address: o.listen, MetricsAddress: o.metricsAddr, Namespace: o.namespace, PKIDir: o.pkiDir, Replica: o.replica,
-		Limits: o.limits, AttestLimits: o.attestLimits,
+		Limits: o.limits, AttestLimits: o.attestLimits, ControlPlaneJoinTimeout: o.joinTimeout,
+	}
+	if o.joinTimeout <= 0 {
+		return d, fmt.Errorf("--control-plane-join-timeout %v: want a positive duration", o.joinTimeout)
 	}
 	switch o.attestation {
 	case "insecure-none", "tpm", "tdx":
@@ -180,7 +192,8 @@ func deps(ctx context.Context, o options, log *zap.Logger) (joinservice.Deps, er
 		if err != nil {
 			return d, fmt.Errorf("--tpm: %w", err)
 		}
-		d.Issuer = vtpm.NewIssuer(open, log.Named("tpm"))
+		issuer := vtpm.NewIssuer(open, log.Named("tpm"))
+		d.Issuer, d.Identity = issuer, issuer.MachineIdentity
 	case "tdx":
 		open, err := tdxOpener(o.tdxRoot)
 		if err != nil {

@@ -1,0 +1,72 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc/codes"
+
+	"github.com/berth-k8s/berth/internal/metadata"
+	"github.com/berth-k8s/berth/joinproto"
+)
+
+// ErrControlPlaneBusy is returned by a ControlPlaneLock when another control plane is joining (or
+// leaving) and the wait for it ended. Its wrapping error names who holds the slot.
+var ErrControlPlaneBusy = errors.New("the control-plane slot is taken")
+
+// ControlPlaneLock serializes changes of the control planes, across replicas when backed by a Lease
+// (cplease): etcd grows and shrinks one member at a time.
+type ControlPlaneLock interface {
+	// Lock waits until holder holds the slot or ctx ends; then it fails with ErrControlPlaneBusy.
+	Lock(ctx context.Context, holder string) (ControlPlaneSlot, error)
+}
+
+// ControlPlaneSlot is the slot a Lock took.
+type ControlPlaneSlot interface {
+	// Release frees the slot: the ticket was not issued (or the removal is done).
+	Release()
+	// Joining hands the slot to the join the ticket starts: it stays taken until a joinservice sees
+	// the node's etcd member voting and healthy and its API server ready, or until the join timeout
+	// frees it. An error means the slot could not be handed over; the ticket must not be issued.
+	Joining(ctx context.Context, node, address string) error
+	// WaitedFor says who held the slot while Lock waited for it; empty when it was free.
+	WaitedFor() string
+}
+
+// controlPlaneSlot takes the control-plane slot for inst, reads the control-plane files and hands
+// the slot to inst's join. A failure is the rejection to return, with the slot released.
+func (s *Server) controlPlaneSlot(ctx context.Context, a *attempt, inst metadata.Instance, log *callLog) ([]*joinproto.File, error) {
+	start := time.Now()
+	slot, err := s.cpLock.Lock(ctx, inst.Name)
+	if err != nil {
+		log.Warn("join rejected", zap.String("reason", ReasonControlPlaneBusy), zap.Error(err))
+		msg := "the control-plane slot is taken: retry later"
+		if errors.Is(err, ErrControlPlaneBusy) {
+			msg = err.Error() + ": retry later"
+		}
+		return nil, reject(codes.Unavailable, ReasonControlPlaneBusy, msg)
+	}
+	files, err := s.readControlPlaneFiles()
+	if err != nil {
+		slot.Release()
+		log.Error("reading control-plane files", zap.Error(err))
+		return nil, reject(codes.Unavailable, ReasonInternal, "the joinservice cannot read the control-plane files")
+	}
+	address := ""
+	if len(inst.IPs) > 0 {
+		address = inst.IPs[0]
+	}
+	if err := slot.Joining(ctx, inst.Name, address); err != nil {
+		slot.Release()
+		log.Error("handing the control-plane slot to the join", zap.Error(err))
+		return nil, reject(codes.Unavailable, ReasonInternal, "the joinservice cannot record the control-plane join: retry later")
+	}
+	if by := slot.WaitedFor(); by != "" {
+		// The ledger shows the wait: this join started only once the one before it finished.
+		a.entry.Message = fmt.Sprintf("waited %s for the control-plane slot (%s)", time.Since(start).Round(100*time.Millisecond), by)
+	}
+	return files, nil
+}
