@@ -439,6 +439,7 @@ type miniRestartFlags struct {
 	tamperBoot   []string
 	genuineBoot  []string
 	clearTPM     []string
+	wipeDisk     []string
 	bootstrapper bool
 }
 
@@ -457,7 +458,8 @@ those, and the others keep running.
 --tamper-boot makes a node's simulated boot measure a tampered image from this boot on (it stays
 so across later restarts until --genuine-boot), so the key sealed to its TPM does not unseal and
 the joinservice refuses it. --clear-tpm clears a node's TPM before its boot is measured: its sealed
-keys die, its EK and EK certificate stay.
+keys die, its EK and EK certificate stay. --wipe-disk reinstalls a node: its state disk is blank
+again and it joins as a fresh node, with the same TPM (the same machine to the joinservice).
 
 --bootstrapper-only is no power cut but a crash of the node daemon: it kills only the bootstrapper
 of the nodes with SIGKILL and starts it again; swtpm (with its PCRs), containerd, the namespaces and
@@ -469,6 +471,7 @@ posts a Ready heartbeat after the power cut and prints the time from the power c
 		Example: `  berth mini restart                      # every node at once
   berth mini restart w2 --tamper-boot w2 --no-wait
   berth mini restart cp1 --clear-tpm cp1 --no-wait
+  berth mini restart w1 --wipe-disk w1
   berth mini restart cp1 --bootstrapper-only --no-wait`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := requireRoot(); err != nil {
@@ -484,6 +487,7 @@ posts a Ready heartbeat after the power cut and prints the time from the power c
 	fl.StringSliceVar(&f.tamperBoot, "tamper-boot", nil, "NODE[,NODE]: from this boot on, measure the node's simulated boot as a tampered image (kept across restarts)")
 	fl.StringSliceVar(&f.genuineBoot, "genuine-boot", nil, "NODE[,NODE]: measure the node's simulated boot as the genuine image again (undoes --tamper-boot)")
 	fl.StringSliceVar(&f.clearTPM, "clear-tpm", nil, "NODE[,NODE]: clear the node's TPM (tpm2_clear) before its boot is measured; sealed keys die, the EK stays")
+	fl.StringSliceVar(&f.wipeDisk, "wipe-disk", nil, "NODE[,NODE]: reinstall the node: its state disk is blank again, so it joins as a fresh node; its TPM and EK stay (the same machine)")
 	fl.BoolVar(&f.bootstrapper, "bootstrapper-only", false, "kill only the nodes' bootstrapper (SIGKILL, a crash of the daemon) and start it again; no power cut")
 	return cmd
 }
@@ -504,8 +508,8 @@ func runMiniRestart(ctx context.Context, out, errOut io.Writer, names []string, 
 	_, _ = fmt.Fprintf(errOut, "berth mini restart: %s: %s\n", f.dir, strings.Join(nodeNames(nodes), " "))
 	start := time.Now()
 	if f.bootstrapper {
-		if len(f.tamperBoot)+len(f.genuineBoot)+len(f.clearTPM) > 0 {
-			return usageErr("--bootstrapper-only restarts no boot: it excludes --tamper-boot, --genuine-boot and --clear-tpm")
+		if len(f.tamperBoot)+len(f.genuineBoot)+len(f.clearTPM)+len(f.wipeDisk) > 0 {
+			return usageErr("--bootstrapper-only restarts no boot: it excludes --tamper-boot, --genuine-boot, --clear-tpm and --wipe-disk")
 		}
 		if err := cl.RestartBootstrappers(ctx, names); err != nil {
 			return err
@@ -514,7 +518,7 @@ func runMiniRestart(ctx context.Context, out, errOut io.Writer, names []string, 
 		return waitRestarted(ctx, out, errOut, cl, nodes, start, f)
 	}
 	t, err := cl.Restart(ctx, mini.RestartOptions{Progress: printPhase(errOut), Nodes: names,
-		TamperBoot: f.tamperBoot, GenuineBoot: f.genuineBoot, ClearTPM: f.clearTPM})
+		TamperBoot: f.tamperBoot, GenuineBoot: f.genuineBoot, ClearTPM: f.clearTPM, WipeDisk: f.wipeDisk})
 	if errors.Is(err, mini.ErrUnknownNode) || errors.Is(err, mini.ErrNotRestarted) {
 		return &exitError{code: exitUsage, err: err}
 	}
@@ -524,6 +528,9 @@ func runMiniRestart(ctx context.Context, out, errOut io.Writer, names []string, 
 	_, _ = fmt.Fprintf(errOut, "nodes restarted in %.2fs\n", t.Total().Seconds())
 	for _, n := range f.clearTPM {
 		_, _ = fmt.Fprintf(out, "  %s: TPM cleared before its boot was measured (sealed keys gone, EK kept)\n", n)
+	}
+	for _, n := range f.wipeDisk {
+		_, _ = fmt.Fprintf(out, "  %s: reinstalled (blank state disk, same TPM): it joins as a fresh node\n", n)
 	}
 	// The nodes as they booted: with the boot each measured.
 	if nodes, err = cl.RestartNodes(names); err != nil {

@@ -50,7 +50,7 @@ warnings and errors go to stderr.
 		newInitCmd(), newRecoverCmd(),
 		newMiniCmd(),
 		newVerifyCmd(), newPolicyCmd(),
-		newStatusCmd(), newMetadataCmd(), newSecretsCmd(),
+		newStatusCmd(), newNodeCmd(), newMetadataCmd(), newSecretsCmd(),
 		newManifestsCmd(),
 		newVersionCmd(),
 	)

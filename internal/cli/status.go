@@ -26,12 +26,16 @@ func newStatusCmd() *cobra.Command {
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "status",
-		Short: "Show the cluster's join ledger (rejected nodes and why, then accepted joins) and its encryption at rest",
+		Short: "Show the cluster's join ledger (rejected nodes, accepted joins, membership changes), certificates and encryption at rest",
 		Long: `berth status reads the join ledger the joinservice keeps in the cluster (ConfigMap
 berth-join-ledger in berth-system: the latest join attempts of every joinservice replica) and
 prints the rejected attempts first, newest first, with their reason code and message, then the
 accepted ones. The same attempts are Events on that ConfigMap:
   kubectl -n berth-system get events --field-selector involvedObject.name=berth-join-ledger
+
+Then the membership events (control-plane joins that finished or whose slot a timeout freed, nodes
+removed and re-admitted with berth node) and the removed machines the joinservice refuses with
+REVOKED (ConfigMap berth-machines).
 
 Then it prints the certificates Berth renews, the earliest expiry first: the image-policy webhook's
 serving certificate and CA bundle (renewed by the certificate keeper, the joinservice replica that
@@ -98,6 +102,12 @@ type statusReport struct {
 	Certificates certificatesReport `json:"certificates"`
 	// Encryption is the encryption-at-rest section (secrets.go); absent when it cannot be read.
 	Encryption *encryptionReport `json:"encryption,omitempty"`
+	// Membership are the membership events (not counted as attempts above), newest first, at most
+	// --limit; OmittedMembership counts the ones left out (status_membership.go).
+	Membership        []ledgerRecord `json:"membership"`
+	OmittedMembership int            `json:"omittedMembership"`
+	// RemovedMachines are the machines an operator removed and did not re-admit, newest first.
+	RemovedMachines []removedMachine `json:"removedMachines"`
 }
 
 // ledgerRecord is one ledger entry in statusReport.
@@ -122,18 +132,26 @@ func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, 
 	if err != nil && found {
 		return err
 	}
+	removed, err := readRemoved(ctx, client, namespace)
+	if err != nil {
+		return err
+	}
+	entries, membership := splitMembership(entries)
 	certs := readCertificates(ctx, client, namespace)
 	enc, encErr := encryptionSection(ctx, client)
 	if output.structured() {
 		r := newStatusReport(namespace, found, entries, limit)
 		r.Certificates = certs
 		r.Encryption = enc
+		r.Membership, r.OmittedMembership = membershipRecords(membership, limit)
+		r.RemovedMachines = removed
 		return output.encode(out, r)
 	}
 	if !found {
 		_, _ = fmt.Fprintln(out, "No join attempts recorded yet (no ConfigMap "+namespace+"/"+joinledger.ConfigMapName+").")
 	} else {
 		printLedger(out, entries, limit)
+		printMembership(out, membership, removed, limit)
 	}
 	printCertificates(out, certs, time.Now())
 	printEncryptionSection(out, enc, encErr)

@@ -82,6 +82,7 @@ func TestStatusStructured(t *testing.T) {
 		// No control plane reported (the fake cluster runs no keeper): not healthy.
 		Encryption: &encryptionReport{Provider: "KMS v2 plugin berth", Resources: []string{"secrets"}, APIServerCheck: "unknown (no REST client)",
 			Generations: []uint32{1}, Active: 1, ControlPlanes: []encryptionNode{}},
+		Membership: []ledgerRecord{}, RemovedMachines: []removedMachine{},
 	}
 	for _, format := range []outputFormat{outputJSON, outputYAML} {
 		var out bytes.Buffer

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"os"
 	"slices"
 	"strings"
 	"syscall"
 	"time"
 
+	"go.uber.org/zap"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -26,6 +29,9 @@ type RestartOptions struct {
 	// ClearTPM names restarted nodes whose TPM is cleared after swtpm starts and before the boot
 	// is measured: their sealed keys die, their EK and its certificate stay.
 	ClearTPM []string
+	// WipeDisk names restarted nodes that come back reinstalled: their state disk is blank again
+	// (a fresh node that joins anew), their TPM and its EK stay (the same machine).
+	WipeDisk []string
 }
 
 // ErrUnknownNode is returned when a node name is not one of the cluster's.
@@ -81,7 +87,7 @@ func (c *Cluster) Restart(ctx context.Context, opts RestartOptions) (Timings, er
 	for _, n := range nodes {
 		restarted[n.Name] = true
 	}
-	for _, list := range [][]string{opts.TamperBoot, opts.GenuineBoot, opts.ClearTPM} {
+	for _, list := range [][]string{opts.TamperBoot, opts.GenuineBoot, opts.ClearTPM, opts.WipeDisk} {
 		for _, name := range list {
 			if _, ok := c.cfg.Node(name); !ok {
 				return t, fmt.Errorf("%w: %q", ErrUnknownNode, name)
@@ -129,7 +135,12 @@ func (c *Cluster) Restart(ctx context.Context, opts RestartOptions) (Timings, er
 		name string
 		f    func() error
 	}{
-		{"power-off", func() error { return c.powerOff(ctx, nodes) }},
+		{"power-off", func() error {
+			if err := c.powerOff(ctx, nodes); err != nil {
+				return err
+			}
+			return c.wipeStateDisks(opts.WipeDisk)
+		}},
 		{"network", func() error { return c.network(ctx, nodes) }},
 		{"namespaces", func() error {
 			if err := c.ensureHostDirsLocked(); err != nil {
@@ -162,6 +173,21 @@ func (c *Cluster) powerOff(ctx context.Context, nodes []Node) error {
 	// device must be gone too before the node boots and opens the image again.
 	errs = append(errs, c.detachStateDisks(ctx, nodes))
 	return errors.Join(errs...)
+}
+
+// wipeStateDisks replaces the state disks of the named nodes with blank ones (they are off).
+func (c *Cluster) wipeStateDisks(names []string) error {
+	for _, name := range names {
+		n, _ := c.cfg.Node(name) // validated by Restart
+		if err := os.Remove(c.cfg.StateDisk(name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("wiping the state disk of %s: %w", name, err)
+		}
+		if err := c.createStateDisk(n); err != nil {
+			return fmt.Errorf("node %s: %w", name, err)
+		}
+		c.log.Info("wiped the node's state disk: it boots as a fresh node", zap.String("node", name))
+	}
+	return nil
 }
 
 func namesOf(nodes []Node) []string {

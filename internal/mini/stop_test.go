@@ -102,3 +102,35 @@ func TestStopRefusesBadNames(t *testing.T) {
 		t.Errorf("a refused stop ran commands:\n%s", got)
 	}
 }
+
+// TestRestartWipeDisk: a reinstalled node gets a blank state disk (the old one's bytes are gone),
+// keeps its TPM, and another node's disk is untouched.
+func TestRestartWipeDisk(t *testing.T) {
+	cl, rec, _ := upTestCluster(t)
+	cfg := cl.Config()
+	for _, n := range []string{"w1", "w2"} {
+		if err := os.WriteFile(cfg.StateDisk(n), []byte("the node's disk"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cl.Restart(context.Background(), RestartOptions{Nodes: []string{"w2"}, WipeDisk: []string{"w1"}}); !errors.Is(err, ErrNotRestarted) {
+		t.Fatalf("wiping a node that is not restarted = %v, want ErrNotRestarted", err)
+	}
+	n := count(rec)
+	if _, err := cl.Restart(context.Background(), RestartOptions{Nodes: []string{"w1"}, WipeDisk: []string{"w1"}}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(cfg.StateDisk("w1"))
+	if err != nil || st.Size() != cfg.StateDiskBytes() {
+		t.Fatalf("w1's disk after the wipe: %v, %v", st, err)
+	}
+	if b, _ := os.ReadFile(cfg.StateDisk("w1")); strings.Contains(string(b), "the node's disk") {
+		t.Fatal("w1's old disk content survived the wipe")
+	}
+	if b, _ := os.ReadFile(cfg.StateDisk("w2")); string(b) != "the node's disk" {
+		t.Fatal("w2's disk changed")
+	}
+	if cmds := since(rec, n); strings.Contains(cmds, "tpm2_clear") {
+		t.Errorf("the wipe touched w1's TPM:\n%s", cmds)
+	}
+}
