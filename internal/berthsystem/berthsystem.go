@@ -30,7 +30,6 @@ import (
 
 	"github.com/berth-k8s/berth/internal/apply"
 	"github.com/berth-k8s/berth/internal/joinconfig"
-	"github.com/berth-k8s/berth/internal/kmsstate"
 	"github.com/berth-k8s/berth/internal/webhook/install"
 )
 
@@ -159,7 +158,7 @@ func joinService(cfg Config) []any {
 				WithResourceNames(joinconfig.MachinesName).WithVerbs("get", "list", "watch", "update"),
 			// The control planes' KMS key spec, which control-plane join tickets carry.
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
-				WithResourceNames(kmsstate.ConfigMapName).WithVerbs("get"),
+				WithResourceNames(joinconfig.KMSConfigName).WithVerbs("get"),
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("events").WithVerbs("create", "patch"),
 			// The control-plane join lock, which every replica watches for joins to end, and the
 			// certificate keeper's leader election.

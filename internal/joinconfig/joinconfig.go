@@ -36,6 +36,9 @@ const (
 	// MachinesName is the ConfigMap recording every attested machine that joined and the ones an
 	// operator removed (its format is package machines').
 	MachinesName = "berth-machines"
+	// KMSConfigName is the ConfigMap with the control planes' KMS key spec (internal/kmsstate), which
+	// control-plane join tickets carry.
+	KMSConfigName = "berth-kms"
 )
 
 // Ports of the joinservice on the host network of every control plane. Berth's host ports are one

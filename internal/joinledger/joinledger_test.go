@@ -188,7 +188,7 @@ func TestAppendCreatesThenMerges(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, _ = Read(ctx, client, "berth-system")
-	want, _ := Keep(Aggregate(append(append([]Entry{join, removed, readmitted}, many...))))
+	want, _ := Keep(Aggregate(append([]Entry{join, removed, readmitted}, many...)))
 	if len(got) != len(want) || !got[len(got)-1].Time.Equal(at(10+Capacity+9)) {
 		t.Fatalf("after %d more entries the ledger holds %d, last at %v; want what Merge keeps (%d)", len(many), len(got), got[len(got)-1].Time, len(want))
 	}

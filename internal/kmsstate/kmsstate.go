@@ -42,7 +42,7 @@ import (
 )
 
 // ConfigMapName is the ConfigMap in joinconfig.Namespace.
-const ConfigMapName = "berth-kms"
+const ConfigMapName = joinconfig.KMSConfigName
 
 // Keys of the ConfigMap's data.
 const (

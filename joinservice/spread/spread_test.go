@@ -15,11 +15,13 @@ import (
 
 	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/webhook/install"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(apiservertest.StoppingShared(m)) }
 
-const testDeployment = "spread-test-webhook"
+// testDeployment is the webhook's Deployment: the joinservice's Role lets it read that one only.
+const testDeployment = install.Name
 
 var labels = map[string]string{"app.kubernetes.io/name": testDeployment}
 
@@ -92,7 +94,7 @@ func (c *cluster) deployment(replicas int32, stableStatus bool, disruptionsAllow
 		Spec: appsv1.DeploymentSpec{Replicas: &replicas, Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{
 				Tolerations: []corev1.Toleration{{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule}},
-				Containers:  []corev1.Container{{Name: "webhook", Image: "berth/joinservice:test"}},
+				Containers:  []corev1.Container{{Name: "webhook", Image: "berth/joinservice:test", SecurityContext: restricted()}},
 			}}},
 	}, metav1.CreateOptions{})
 	if err != nil {
@@ -123,7 +125,7 @@ func (c *cluster) pod(name, node string) {
 	c.t.Helper()
 	p, err := c.admin.CoreV1().Pods(joinconfig.Namespace).Create(c.ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels},
 		Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: joinconfig.ServiceAccountName, AutomountServiceAccountToken: new(bool),
-			Containers: []corev1.Container{{Name: "webhook", Image: "berth/joinservice:test"}}}}, metav1.CreateOptions{})
+			Containers: []corev1.Container{{Name: "webhook", Image: "berth/joinservice:test", SecurityContext: restricted()}}}}, metav1.CreateOptions{})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -200,4 +202,13 @@ func TestSpreadLeavesAloneWhenItCannotHelp(t *testing.T) {
 			}
 		})
 	}
+}
+
+// restricted is a container security context that Pod Security "restricted" admits, as berth-system
+// enforces.
+func restricted() *corev1.SecurityContext {
+	no, yes := false, true
+	return &corev1.SecurityContext{AllowPrivilegeEscalation: &no, RunAsNonRoot: &yes,
+		Capabilities:   &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}}
 }
