@@ -53,6 +53,7 @@ func TestInstallOrder(t *testing.T) {
 		"Secret berth-system/berth-cluster-secrets",
 		"ConfigMap berth-system/berth-join-config",
 		"ConfigMap berth-system/berth-join-ledger",
+		"ConfigMap berth-system/berth-machines",
 		"Lease berth-system/berth-control-plane-join",
 		"Lease berth-system/berth-cert-keeper",
 		"ServiceAccount berth-system/berth-joinservice",

@@ -156,7 +156,14 @@ func (c *Cluster) Up(ctx context.Context, opts UpOptions) (Timings, error) {
 		return t, err
 	}
 	if b, err := os.ReadFile(filepath.Join(c.env.Registry, c.cfg.Name)); err == nil {
-		return t, fmt.Errorf("%w: %s is in use by %s", ErrNameInUse, c.cfg.Name, strings.TrimSpace(string(b)))
+		owner := strings.TrimSpace(string(b))
+		// Up saves its state before it registers and Down unregisters before it removes the state,
+		// so an entry whose directory holds no state is what a Down that stopped half-way (or an
+		// older Berth) left; with no namespace or link of the name either, nothing of it runs.
+		if _, err := LoadState(owner); !errors.Is(err, ErrNoState) || c.netnsExists(c.cfg.SwitchNetns()) || c.linkExists(c.cfg.HostLink()) {
+			return t, fmt.Errorf("%w: %s is in use by %s", ErrNameInUse, c.cfg.Name, owner)
+		}
+		c.log.Warn("replacing the registry entry of a cluster that no longer exists", zap.String("name", c.cfg.Name), zap.String("dir", owner))
 	}
 	if c.netnsExists(c.cfg.SwitchNetns()) || c.linkExists(c.cfg.HostLink()) {
 		return t, fmt.Errorf("%w: %s or %s exists", ErrNameInUse, c.cfg.SwitchNetns(), c.cfg.HostLink())

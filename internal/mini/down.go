@@ -214,6 +214,12 @@ func (c *Cluster) removeFiles() error {
 	if c.mounted(c.cfg.NSDir()) {
 		return errors.Join(append(errs, errors.New("namespace directory is still mounted; not removing files"))...)
 	}
+	// The name is given back first: should Down stop while it removes the directory (the state
+	// file with it), nothing registered points at a cluster that no longer exists, and Up can use the
+	// name again.
+	if err := c.unregister(); err != nil {
+		errs = append(errs, err)
+	}
 	createdDir := c.state == nil || c.state.CreatedDir
 	if createdDir {
 		if err := os.RemoveAll(c.cfg.Dir); err != nil {
@@ -232,9 +238,16 @@ func (c *Cluster) removeFiles() error {
 			}
 		}
 	}
+	return errors.Join(errs...)
+}
+
+// unregister removes the cluster's registry entry and, when no other cluster is registered, the host
+// mount points Up created.
+func (c *Cluster) unregister() error {
+	var errs []error
 	unlock, err := c.lockRegistry()
 	if err != nil {
-		return errors.Join(append(errs, err)...)
+		return err
 	}
 	defer unlock()
 	if err := os.Remove(filepath.Join(c.env.Registry, c.cfg.Name)); err != nil && !errors.Is(err, fs.ErrNotExist) {

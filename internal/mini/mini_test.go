@@ -461,4 +461,27 @@ func TestUpCommandsAndDownFromState(t *testing.T) {
 	if _, err := Open(cfg.Dir, env, rec, zaptest.NewLogger(t)); !errors.Is(err, ErrNoState) {
 		t.Errorf("Open after Down = %v, want ErrNoState", err)
 	}
+	if _, err := os.Stat(filepath.Join(env.Registry, cfg.Name)); err == nil {
+		t.Error("registry entry left behind")
+	}
+
+	// A registry entry whose directory holds no cluster (a Down that stopped half-way) does not keep
+	// the name: the next Up replaces it.
+	if err := os.MkdirAll(env.Registry, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(env.Registry, cfg.Name), []byte(other.Dir+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cl3 := New(cfg, env, rec, zaptest.NewLogger(t))
+	if _, err := cl3.Up(context.Background(), UpOptions{}); err != nil {
+		t.Errorf("Up over a stale registry entry: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(env.Registry, cfg.Name)); strings.TrimSpace(string(b)) != cfg.Dir {
+		t.Errorf("registry entry = %q, want %s", b, cfg.Dir)
+	}
+	cl3.rmdir = os.RemoveAll
+	if _, err := cl3.Down(context.Background()); err != nil {
+		t.Fatalf("Down: %v", err)
+	}
 }
