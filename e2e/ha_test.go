@@ -263,25 +263,34 @@ type joinedEvent struct {
 // that names the wait).
 func (h *haCluster) checkSerializedJoins() {
 	h.t.Helper()
-	// The events carry ticketIssued, which berth status does not print: read the ledger itself.
-	raw := h.kube("-n", "berth-system", "get", "configmap", "berth-join-ledger", "-o", "jsonpath={.data.entries\\.json}")
-	var entries []struct {
-		joinedEvent
-		RPC    string `json:"rpc"`
-		Reason string `json:"reason"`
-	}
-	if err := json.Unmarshal([]byte(raw), &entries); err != nil {
-		h.t.Fatalf("reading the ledger: %v", err)
-	}
+	// The events carry ticketIssued, which berth status does not print: read the ledger itself. A
+	// control plane's join ends when a joinservice sees its API server ready too, which may come after
+	// its etcd member votes, and the ledger is written in batches: read it until both joins ended.
 	var joins []joinedEvent
 	waited := map[string]string{}
-	for _, e := range entries {
-		switch {
-		case e.RPC == "control-plane-join":
-			joins = append(joins, e.joinedEvent)
-		case e.RPC == "join" && e.Reason == "CONTROL_PLANE_JOIN_BUSY", e.RPC == "join" && strings.Contains(e.Message, "for the control-plane slot"):
-			waited[e.Node] = e.Message
+	err := wait.PollUntilContextTimeout(context.Background(), 2*time.Second, 2*time.Minute, true, func(context.Context) (bool, error) {
+		raw := h.kube("-n", "berth-system", "get", "configmap", "berth-join-ledger", "-o", "jsonpath={.data.entries\\.json}")
+		var entries []struct {
+			joinedEvent
+			RPC    string `json:"rpc"`
+			Reason string `json:"reason"`
 		}
+		if err := json.Unmarshal([]byte(raw), &entries); err != nil {
+			return false, fmt.Errorf("reading the ledger: %w", err)
+		}
+		joins, waited = nil, map[string]string{}
+		for _, e := range entries {
+			switch {
+			case e.RPC == "control-plane-join":
+				joins = append(joins, e.joinedEvent)
+			case e.RPC == "join" && e.Reason == "CONTROL_PLANE_JOIN_BUSY", e.RPC == "join" && strings.Contains(e.Message, "for the control-plane slot"):
+				waited[e.Node] = e.Message
+			}
+		}
+		return len(joins) >= 2, nil
+	})
+	if err != nil && !wait.Interrupted(err) {
+		h.t.Fatal(err)
 	}
 	sort.Slice(joins, func(i, j int) bool { return joins[i].TicketIssued.Before(joins[j].TicketIssued) })
 	for _, j := range joins {

@@ -62,8 +62,11 @@ func checkJoinPolicy(data []byte, origin string) error {
 // The CA certificate is public; adding it twice leaves one entry.
 func clusterJoinPolicy(data []byte, keys *clusterkeys.Keys) ([]byte, error) {
 	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil || len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
-		return nil, fmt.Errorf("parsing join policy: not a YAML mapping (%v)", err)
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil, fmt.Errorf("parsing join policy: %w", err)
+	}
+	if len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
+		return nil, errors.New("parsing join policy: not a YAML mapping")
 	}
 	root := doc.Content[0]
 	variant := ""
