@@ -27,7 +27,13 @@
 //	an address metadata does not know        UNKNOWN_PEER             the identity comes from metadata
 //	another node's disk (rejoin)             DISK_NOT_BOUND           the disk key goes only to the machine the disk
 //	                                                                    is bound to
-//	a thousand idle connections                   genuine joins succeed    a peer cannot hold the service's handshakes
+//	a thousand idle connections              genuine joins succeed    a peer cannot hold the service's handshakes
+//	claims probing the policy (one random    one identical verdict    claims are judged as a whole and the verdict
+//	  value per index, an index left out)                               names nothing: which indices are enforced
+//	                                                                    stays unknown
+//	ten nodes behind one address             all join; an answered    a probe and its handshake are one attempt: the
+//	  (activating the joinservice's key),      probe's handshake        probe's credit pays the handshake
+//	  their probes spending its tokens         goes through
 //	malformed policy update                  PolicyRejected Event     the policy in force stays; joins go on
 //	a flood of identity probes with random   refusals; genuine joins  probes cost no TPM work and draw from a budget
 //	  claims from 500 addresses                succeed                  of their own; known addresses have their own
@@ -39,6 +45,10 @@
 //	50 concurrent inits, 50 addresses        one runs, the others     the node is initialized once, for one cluster
 //	                                           BUSY or CLUSTER_MISMATCH
 //	init of a node metadata calls a worker   NOT_CONTROL_PLANE        the node stays fresh and can still join
+//	berth CLI (TestOperatorReadsNoImpostorText)
+//	an impostor's verdict on claims, rate    a reason code, or the    nothing an unauthenticated peer sends reaches
+//	  limit refusal and variant name, made     words quoted and         the operator's terminal verbatim; a client
+//	  of escape sequences and fake output      escaped                  without claims takes no claims verdict
 //
 // Each test names in its comments why the attack must fail; TestJoinServiceUnderAttack also checks that
 // a genuine node still joins after every attack.

