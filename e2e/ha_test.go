@@ -89,6 +89,9 @@ func TestMiniHA(t *testing.T) {
 	t.Logf("berth mini up (%.1fs):\n%s", upTook.Seconds(), out)
 	procs := recordedPIDs(t, c.dir)
 	defer func() {
+		if t.Failed() {
+			c.diagnose()
+		}
 		start := time.Now()
 		out, err := c.run(5*time.Minute, c.berth, "mini", "down", "--dir", c.dir)
 		t.Logf("berth mini down (%.1fs):\n%s", time.Since(start).Seconds(), out)

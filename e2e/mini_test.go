@@ -80,6 +80,31 @@ func (c *cluster) kube(args ...string) string {
 	return c.must(2*time.Minute, c.kubectl, append([]string{"--kubeconfig", filepath.Join(c.dir, "admin.conf")}, args...)...)
 }
 
+// diagnose logs what explains a failure before the cluster goes: the nodes with their pod ranges,
+// every pod with its node and address, the newest events, and each node's routes.
+func (c *cluster) diagnose() {
+	c.t.Helper()
+	kc := filepath.Join(c.dir, "admin.conf")
+	for _, args := range [][]string{
+		{"get", "nodes", "-o", "custom-columns=NAME:.metadata.name,READY:.status.conditions[?(@.type==\"Ready\")].status,PODCIDR:.spec.podCIDR,IP:.status.addresses[0].address"},
+		{"get", "pods", "-A", "-o", "wide"},
+		{"get", "events", "-A", "--sort-by=.lastTimestamp"},
+	} {
+		out, err := c.run(time.Minute, c.kubectl, append([]string{"--kubeconfig", kc}, args...)...)
+		if lines := strings.Split(out, "\n"); len(lines) > 60 {
+			out = strings.Join(lines[len(lines)-60:], "\n")
+		}
+		c.t.Logf("diagnosis: kubectl %s (%v):\n%s", strings.Join(args, " "), err, out)
+	}
+	entries, _ := os.ReadDir("/run/netns")
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), "berth-"+clusterName+"-") {
+			out, err := c.run(time.Minute, "ip", "-n", e.Name(), "route")
+			c.t.Logf("diagnosis: routes of %s (%v):\n%s", e.Name(), err, out)
+		}
+	}
+}
+
 // kubeEventually runs kubectl until its output contains want or timeout passes; it returns the last
 // output and whether want appeared.
 func (c *cluster) kubeEventually(timeout time.Duration, want string, args ...string) (string, bool) {
@@ -119,6 +144,9 @@ func TestMiniCluster(t *testing.T) {
 	t.Logf("berth mini up (%.1fs):\n%s", time.Since(start).Seconds(), out)
 	var procs []int
 	defer func() {
+		if t.Failed() {
+			c.diagnose()
+		}
 		start := time.Now()
 		out, err := c.run(5*time.Minute, c.berth, "mini", "down", "--dir", c.dir)
 		t.Logf("berth mini down (%.1fs):\n%s", time.Since(start).Seconds(), out)

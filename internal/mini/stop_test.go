@@ -108,9 +108,21 @@ func TestStopRefusesBadNames(t *testing.T) {
 func TestRestartWipeDisk(t *testing.T) {
 	cl, rec, _ := upTestCluster(t)
 	cfg := cl.Config()
+	cni := func(n string) string { return filepath.Join(cfg.NodeDir(n), "fs", "etc-cni-net.d", cniConfName) }
+	lease := func(n string) string {
+		return filepath.Join(cfg.NodeDir(n), "fs", "var-lib-cni", "networks", "berth-mini", "10.244.1.3")
+	}
 	for _, n := range []string{"w1", "w2"} {
 		if err := os.WriteFile(cfg.StateDisk(n), []byte("the node's disk"), 0o600); err != nil {
 			t.Fatal(err)
+		}
+		for _, f := range []string{cni(n), lease(n)} {
+			if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(f, []byte("10.244.1.0/24"), 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	if _, err := cl.Restart(context.Background(), RestartOptions{Nodes: []string{"w2"}, WipeDisk: []string{"w1"}}); !errors.Is(err, ErrNotRestarted) {
@@ -129,6 +141,20 @@ func TestRestartWipeDisk(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(cfg.StateDisk("w2")); string(b) != "the node's disk" {
 		t.Fatal("w2's disk changed")
+	}
+	// Its pod network configuration went with it (its next Node may get another pod range); w2's stays.
+	for _, f := range []string{cni("w1"), lease("w1")} {
+		if _, err := os.Stat(f); err == nil {
+			t.Errorf("%s survived the reinstall", f)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(cfg.NodeDir("w1"), "fs", "var-lib-cni")); err != nil {
+		t.Errorf("the reinstall removed w1's CNI state directory itself (a mount source): %v", err)
+	}
+	for _, f := range []string{cni("w2"), lease("w2")} {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("w2's %s: %v", f, err)
+		}
 	}
 	if cmds := since(rec, n); strings.Contains(cmds, "tpm2_clear") {
 		t.Errorf("the wipe touched w1's TPM:\n%s", cmds)
