@@ -12,16 +12,21 @@
 //
 //  1. it takes Lease kube-system/berth-control-plane-certs, so that one control plane at a time
 //     restarts its API server (the others keep serving); it goes on without it when the API server
-//     cannot be reached within LeaseWait (an API server whose certificate expired, say);
-//  2. it runs `kubeadm certs renew all`, which renews every certificate with the local CAs for the
-//     configured validity;
+//     cannot be reached within LeaseWait, or within half of what is left of its own certificates
+//     when that is less (an API server whose certificate expired, say);
+//  2. it writes the marker berth-certs-renewal-pending into the Kubernetes directory and runs
+//     `kubeadm certs renew all`, which renews every certificate with the local CAs for the
+//     configured validity. The marker is removed after the last restart below: a renewal cut short
+//     (a crash, a component that did not come back) is done again by the next check, even though
+//     the files are fresh, so that no component stays on certificates that are no longer in them;
 //  3. it restarts kube-apiserver, kube-controller-manager and kube-scheduler one after the other by
 //     stamping their static pod manifests with the annotation berth.dev/certs-renewed, and waits for
-//     each one's mirror pod to show the new manifest and be ready. The API server reads its serving
-//     certificate again by itself, but it would read its kubelet client certificate only every
-//     five minutes, and the controller manager and the scheduler carry theirs in their kubeconfigs:
-//     a restart makes all of them use the renewed ones at once. etcd is not restarted: it reads its
-//     certificates from its files at every new connection;
+//     each one's mirror pod to show the new manifest and be ready (every look reads admin.conf
+//     again: its certificate was just renewed, and the old one may expire meanwhile). The API
+//     server reads its serving certificate again by itself, but it would read its kubelet client
+//     certificate only every five minutes, and the controller manager and the scheduler carry
+//     theirs in their kubeconfigs: a restart makes all of them use the renewed ones at once. etcd
+//     is not restarted: it reads its certificates from its files at every new connection;
 //  4. it records the earliest expiry on its Node (annotation berth.dev/control-plane-cert-expiry),
 //     which `berth status` shows.
 //
@@ -72,9 +77,8 @@ const (
 	RenewedAnnotation = "berth.dev/certs-renewed"
 	// ExpiryAnnotation on the Node is the earliest NotAfter of its control-plane certificates
 	// (RFC 3339); RenewedAtAnnotation is when the node last renewed them.
-	ExpiryAnnotation     = kubeadm.NodeCertExpiryAnnotation
-	RenewedAtAnnotation  = kubeadm.NodeCertsRenewedAnnotation
-	configHashAnnotation = "kubernetes.io/config.hash"
+	ExpiryAnnotation    = kubeadm.NodeCertExpiryAnnotation
+	RenewedAtAnnotation = kubeadm.NodeCertsRenewedAnnotation
 )
 
 // Defaults.
@@ -228,20 +232,28 @@ func (r *Renewer) Check(ctx context.Context) (Result, error) {
 	if _, err := r.fs.Stat(r.manifest("kube-apiserver")); err != nil {
 		return res, ErrNotControlPlane
 	}
-	client, err := r.client()
-	if err != nil {
-		r.log.Warn("no API client: judging by the default validity", zap.Error(err))
-		client = nil
-	}
+	client := r.freshClient()
 	res.Validity = r.validity(ctx, client)
+	var err error
 	if res.Certs, err = r.inventory(); err != nil {
 		return res, err
 	}
 	now := r.cfg.Now()
+	pending, err := r.pendingStamp()
+	if err != nil {
+		return res, err
+	}
 	due := slices.ContainsFunc(res.Certs, func(c Cert) bool { return isDue(c.NotAfter, now, res.Validity) })
-	if due {
+	switch {
+	case pending != "":
+		r.log.Info("an earlier renewal did not finish: renewing again", zap.String("started", pending))
+	case due:
 		r.log.Info("control-plane certificates due: renewing", zap.Time("earliest", res.Earliest()), zap.Duration("validity", res.Validity))
-		if err := r.renew(ctx, client); err != nil {
+	}
+	if pending != "" || due {
+		// Waiting for another control plane's renewal is bounded by what is left of ours.
+		leaseWait := min(r.cfg.LeaseWait, max(res.Earliest().Sub(now)/2, 0))
+		if err := r.renew(ctx, client, leaseWait); err != nil {
 			return res, err
 		}
 		res.Renewed = true
@@ -249,6 +261,8 @@ func (r *Renewer) Check(ctx context.Context) (Result, error) {
 			return res, err
 		}
 		r.log.Info("control-plane certificates renewed", zap.Time("earliest", res.Earliest()))
+		// The admin.conf the check started with may hold a certificate about to expire.
+		client = r.freshClient()
 	}
 	res.Next = r.cfg.Now().Add(r.cfg.CheckPeriod)
 	if len(res.Certs) > 0 {
@@ -260,6 +274,34 @@ func (r *Renewer) Check(ctx context.Context) (Result, error) {
 		r.annotateNode(ctx, client, res)
 	}
 	return res, nil
+}
+
+// freshClient reads admin.conf again (kubeadm renews its certificate) and returns a client, or nil
+// when it cannot be read.
+func (r *Renewer) freshClient() kubernetes.Interface {
+	client, err := r.client()
+	if err != nil {
+		r.log.Warn("no API client from admin.conf", zap.Error(err))
+		return nil
+	}
+	return client
+}
+
+// pendingFile, in the Kubernetes directory (on the node's state disk), marks a renewal that has not
+// finished: it is written before kubeadm renews the files and removed after the last component
+// restarted, so a renewal cut short (a crash, a component that did not come back) is done again by
+// the next check instead of leaving components on certificates that are no longer in the files.
+const pendingFile = "berth-certs-renewal-pending"
+
+func (r *Renewer) pendingStamp() (string, error) {
+	data, err := afero.ReadFile(r.fs, filepath.Join(r.cfg.KubernetesDir, pendingFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("reading the pending renewal: %w", err)
+	}
+	return strings.TrimSpace(string(data)), nil
 }
 
 // isDue: less than a third of validity is left, or the certificate outlives validity.
@@ -366,10 +408,11 @@ func kubeconfigCert(data []byte) (*x509.Certificate, error) {
 	return nil, errors.New("no embedded client certificate")
 }
 
-// renew takes the Lease (or goes on without it), renews and restarts the components.
-func (r *Renewer) renew(ctx context.Context, client kubernetes.Interface) error {
+// renew takes the Lease (or goes on without it after leaseWait), renews the files and restarts the
+// components.
+func (r *Renewer) renew(ctx context.Context, client kubernetes.Interface, leaseWait time.Duration) error {
 	if client == nil {
-		return r.renewAndRestart(ctx, nil)
+		return r.renewAndRestart(ctx)
 	}
 	node, err := r.nodeName()
 	if err != nil {
@@ -400,7 +443,7 @@ func (r *Renewer) renew(ctx context.Context, client kubernetes.Interface) error 
 				defer close(held)
 				// The work runs under the caller's context, not the term's: on a single control
 				// plane the Lease cannot be renewed while its API server restarts.
-				renewErr = r.renewAndRestart(ctx, client)
+				renewErr = r.renewAndRestart(ctx)
 				cancel() // releases the Lease
 			},
 			OnStoppedLeading: func() {},
@@ -411,7 +454,7 @@ func (r *Renewer) renew(ctx context.Context, client kubernetes.Interface) error 
 	}
 	ran := make(chan struct{})
 	go func() { defer close(ran); le.Run(lctx) }()
-	timer := time.NewTimer(r.cfg.LeaseWait)
+	timer := time.NewTimer(leaseWait)
 	defer timer.Stop()
 	select {
 	case <-held:
@@ -434,13 +477,17 @@ func (r *Renewer) renew(ctx context.Context, client kubernetes.Interface) error 
 	}
 	// Another control plane holds the Lease for longer than a renewal takes, or the API server
 	// cannot be reached: renew without it.
-	r.log.Warn("renewal Lease not taken: renewing without it", zap.Duration("waited", r.cfg.LeaseWait))
+	r.log.Warn("renewal Lease not taken: renewing without it", zap.Duration("waited", leaseWait))
 	cancel()
 	<-ran
-	return r.renewAndRestart(ctx, client)
+	return r.renewAndRestart(ctx)
 }
 
-func (r *Renewer) renewAndRestart(ctx context.Context, client kubernetes.Interface) error {
+func (r *Renewer) renewAndRestart(ctx context.Context) error {
+	stamp := r.cfg.Now().UTC().Format(time.RFC3339Nano)
+	if err := atomicfile.Write(r.fs, filepath.Join(r.cfg.KubernetesDir, pendingFile), []byte(stamp+"\n"), 0o600); err != nil {
+		return fmt.Errorf("recording the renewal: %w", err)
+	}
 	out := &logWriter{log: r.log.Named("kubeadm")}
 	if err := r.kubeadm.CertsRenew(ctx, out, r.cfg.KubernetesDir); err != nil {
 		return fmt.Errorf("renewing the control-plane certificates: %w", err)
@@ -449,11 +496,13 @@ func (r *Renewer) renewAndRestart(ctx context.Context, client kubernetes.Interfa
 	if err != nil {
 		return err
 	}
-	stamp := r.cfg.Now().UTC().Format(time.RFC3339Nano)
 	for _, component := range restartOrder {
-		if err := r.restart(ctx, client, node, component, stamp); err != nil {
+		if err := r.restart(ctx, node, component, stamp); err != nil {
 			return err
 		}
+	}
+	if err := r.fs.Remove(filepath.Join(r.cfg.KubernetesDir, pendingFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("recording the finished renewal: %w", err)
 	}
 	return nil
 }
@@ -461,7 +510,7 @@ func (r *Renewer) renewAndRestart(ctx context.Context, client kubernetes.Interfa
 // restart stamps component's static pod manifest so that the kubelet replaces the pod, and waits
 // until its mirror pod runs the stamped manifest and is ready (without an API client: until the
 // manifest is written).
-func (r *Renewer) restart(ctx context.Context, client kubernetes.Interface, node, component, stamp string) error {
+func (r *Renewer) restart(ctx context.Context, node, component, stamp string) error {
 	path := r.manifest(component)
 	data, err := afero.ReadFile(r.fs, path)
 	if err != nil {
@@ -471,36 +520,39 @@ func (r *Renewer) restart(ctx context.Context, client kubernetes.Interface, node
 	if err := yaml.Unmarshal(data, &pod); err != nil {
 		return fmt.Errorf("parsing the %s manifest: %w", component, err)
 	}
-	var oldHash string
-	if client != nil {
-		if mirror, err := client.CoreV1().Pods(metav1.NamespaceSystem).Get(ctx, component+"-"+node, metav1.GetOptions{}); err == nil {
-			oldHash = mirror.Annotations[configHashAnnotation]
+	if pod.Annotations[RenewedAnnotation] != stamp {
+		if pod.Annotations == nil {
+			pod.Annotations = map[string]string{}
 		}
+		pod.Annotations[RenewedAnnotation] = stamp
+		next, err := yaml.Marshal(&pod)
+		if err != nil {
+			return fmt.Errorf("encoding the %s manifest: %w", component, err)
+		}
+		if err := atomicfile.Write(r.fs, path, next, 0o600); err != nil {
+			return fmt.Errorf("writing the %s manifest: %w", component, err)
+		}
+		r.log.Info("restarting a control-plane component", zap.String("component", component))
 	}
-	if pod.Annotations == nil {
-		pod.Annotations = map[string]string{}
-	}
-	pod.Annotations[RenewedAnnotation] = stamp
-	next, err := yaml.Marshal(&pod)
-	if err != nil {
-		return fmt.Errorf("encoding the %s manifest: %w", component, err)
-	}
-	if err := atomicfile.Write(r.fs, path, next, 0o600); err != nil {
-		return fmt.Errorf("writing the %s manifest: %w", component, err)
-	}
-	r.log.Info("restarting a control-plane component", zap.String("component", component))
-	if client == nil {
+	// Every look at the mirror pod reads admin.conf again: kubeadm renewed its certificate, and the
+	// one read before may expire while a component comes back.
+	if r.freshClient() == nil {
 		return nil
 	}
 	start := r.cfg.Now()
 	var last string
 	err = wait.PollUntilContextTimeout(ctx, readyPoll, r.cfg.ReadyTimeout, true, func(ctx context.Context) (bool, error) {
+		client := r.freshClient()
+		if client == nil {
+			last = "admin.conf cannot be read"
+			return false, nil
+		}
 		mirror, err := client.CoreV1().Pods(metav1.NamespaceSystem).Get(ctx, component+"-"+node, metav1.GetOptions{})
 		switch {
 		case err != nil:
 			last = err.Error()
 			return false, nil
-		case mirror.Annotations[configHashAnnotation] == oldHash || mirror.Annotations[RenewedAnnotation] != stamp:
+		case mirror.Annotations[RenewedAnnotation] != stamp:
 			last = "the mirror pod still shows the previous manifest"
 			return false, nil
 		case !podReady(mirror):

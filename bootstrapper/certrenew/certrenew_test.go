@@ -127,6 +127,8 @@ func (k *fakeKubeadm) CertsRenew(_ context.Context, out io.Writer, kubernetesDir
 type kubelet struct {
 	mu       sync.Mutex
 	restarts []string
+	// stuck is a component whose new pod never becomes ready.
+	stuck string
 }
 
 func (k *kubelet) run(ctx context.Context, t *testing.T, fsys afero.Fs, client kubernetes.Interface) {
@@ -149,8 +151,14 @@ func (k *kubelet) run(ctx context.Context, t *testing.T, fsys afero.Fs, client k
 				t.Error(err)
 				return
 			}
+			k.mu.Lock()
+			stuck := k.stuck == c
+			k.mu.Unlock()
+			if stuck && seen[c] != "" {
+				continue // the old pod is gone, the new one does not come
+			}
 			mirror := &corev1.Pod{
-				ObjectMeta: metav1.ObjectMeta{Name: c + "-cp1", Namespace: "kube-system", Annotations: map[string]string{configHashAnnotation: hash}},
+				ObjectMeta: metav1.ObjectMeta{Name: c + "-cp1", Namespace: "kube-system", Annotations: map[string]string{"kubernetes.io/config.hash": hash}},
 				Status:     corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
 			}
 			for k, v := range pod.Annotations {
@@ -305,7 +313,8 @@ func TestCheckRenewsBeforeExpiry(t *testing.T) {
 }
 
 // TestCheckWaitsForTheLease: while another control plane holds the renewal Lease this one waits;
-// when the holder never lets go, it renews without the Lease after LeaseWait.
+// when the holder never lets go, it renews without the Lease after LeaseWait, or half of what is
+// left of its certificates when that is less.
 func TestCheckWaitsForTheLease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		holder, duration := "cp2", int32(3600)
@@ -320,8 +329,9 @@ func TestCheckWaitsForTheLease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !res.Renewed || time.Since(start) < DefaultLeaseWait {
-			t.Fatalf("renewed=%v after %s, want a renewal after waiting %s for the Lease", res.Renewed, time.Since(start), DefaultLeaseWait)
+		// A minute is left: the wait is half of it, not DefaultLeaseWait.
+		if waited := time.Since(start); !res.Renewed || waited < 30*time.Second || waited > 40*time.Second {
+			t.Fatalf("renewed=%v after %s, want a renewal after waiting 30s (half of what is left) for the Lease", res.Renewed, waited)
 		}
 	})
 }
@@ -373,6 +383,71 @@ func TestCheckFailures(t *testing.T) {
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatalf("Run = %v", err)
+		}
+	})
+}
+
+// TestCheckResumesAnUnfinishedRenewal: a renewal whose component restarts did not finish (the
+// controller manager did not come back) fails and stays pending; the next check renews again, even
+// though the files are fresh, and restarts every component; then nothing is pending.
+func TestCheckResumesAnUnfinishedRenewal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newSetup(t, time.Now().Add(time.Minute), "6m")
+		defer s.stop()
+		s.kubelet.mu.Lock()
+		s.kubelet.stuck = "kube-controller-manager"
+		s.kubelet.mu.Unlock()
+		if _, err := s.r.Check(context.Background()); err == nil || !strings.Contains(err.Error(), "kube-controller-manager") {
+			t.Fatalf("Check with a controller manager that does not come back = %v", err)
+		}
+		if pending, err := s.r.pendingStamp(); err != nil || pending == "" {
+			t.Fatalf("no pending renewal after the failed restart: %q %v", pending, err)
+		}
+		s.kubelet.mu.Lock()
+		s.kubelet.stuck = ""
+		s.kubelet.mu.Unlock()
+		res, err := s.r.Check(context.Background())
+		if err != nil || !res.Renewed {
+			t.Fatalf("resuming: renewed=%v %v", res.Renewed, err)
+		}
+		if s.kubeadm.calls != 2 {
+			t.Errorf("kubeadm ran %d times, want twice", s.kubeadm.calls)
+		}
+		s.kubelet.mu.Lock()
+		restarts := slices.Clone(s.kubelet.restarts)
+		s.kubelet.mu.Unlock()
+		// The API server twice, the others last in order; every component runs the second
+		// renewal's manifest.
+		var lastAt []int
+		for _, c := range restartOrder {
+			at := -1
+			for i, x := range restarts {
+				if x == c {
+					at = i
+				}
+			}
+			lastAt = append(lastAt, at)
+		}
+		if n := len(slices.DeleteFunc(slices.Clone(restarts), func(c string) bool { return c != "kube-apiserver" })); n != 2 || !slices.IsSorted(lastAt) {
+			t.Errorf("restarts %v, want the API server twice and the components' last restarts in order", restarts)
+		}
+		var stamps []string
+		for _, c := range restartOrder {
+			mirror, err := s.client.CoreV1().Pods("kube-system").Get(context.Background(), c+"-cp1", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			stamps = append(stamps, mirror.Annotations[RenewedAnnotation])
+		}
+		if stamps[0] == "" || stamps[0] != stamps[1] || stamps[1] != stamps[2] {
+			t.Errorf("components run manifests of different renewals: %v", stamps)
+		}
+		if pending, _ := s.r.pendingStamp(); pending != "" {
+			t.Errorf("still pending after the resumed renewal: %q", pending)
+		}
+		res, err = s.r.Check(context.Background())
+		if err != nil || res.Renewed {
+			t.Errorf("the check after: renewed=%v %v, want nothing to do", res.Renewed, err)
 		}
 	})
 }

@@ -211,11 +211,19 @@ func InitConfig(p InitParams) ([]byte, error) {
 		}
 	}
 	failFalse := false
+	rotate := true
 	kubeletCfg := kubeletv1beta1.KubeletConfiguration{
 		TypeMeta:     metav1.TypeMeta{APIVersion: kubeletv1beta1.SchemeGroupVersion.String(), Kind: "KubeletConfiguration"},
 		CgroupDriver: cgroupDriver,
 		FailSwapOn:   &failFalse,
 		FailCgroupV1: &failFalse,
+		// The kubelet renews its client certificate itself (kube-controller-manager approves a node's
+		// renewal for its own name, by kubeadm's RBAC) and asks for its serving certificate with a CSR
+		// for signer kubernetes.io/kubelet-serving instead of signing one itself; the joinservice's
+		// certificate keeper approves it for the node that asks (joinservice/certkeeper). Every
+		// node's kubelet gets this configuration (kubeadm keeps it in ConfigMap kubelet-config).
+		RotateCertificates: rotate,
+		ServerTLSBootstrap: rotate,
 	}
 	docs := []any{initCfg, clusterCfg, kubeletCfg}
 	if p.KubeProxyMode != "" || p.KubeProxyConntrackMaxPerCore != nil {

@@ -65,7 +65,7 @@ func TestInitConfig(t *testing.T) {
 		t.Errorf("kubeadm's bootstrap token does not expire within a minute:\n%s", out)
 	}
 	for _, want := range []string{"kind: ClusterConfiguration", "kubernetesVersion: v1.34.2", "podSubnet: 10.244.0.0/16",
-		"controlPlaneEndpoint: 198.51.100.10:6443", "kind: KubeletConfiguration", "cgroupDriver: cgroupfs",
+		"controlPlaneEndpoint: 198.51.100.10:6443", "kind: KubeletConfiguration", "cgroupDriver: cgroupfs", "rotateCertificates: true", "serverTLSBootstrap: true",
 		"failCgroupV1: false", "mode: nftables", "maxPerCore: 0", "taints: null", "encryptionAlgorithm: ECDSA-P256"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("config lacks %q:\n%s", want, out)

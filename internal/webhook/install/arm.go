@@ -196,6 +196,12 @@ func (w *Installer) endToEnd(ctx context.Context) error {
 				"a dry-run pod with image %s in namespace %s was admitted", canaryDeniedImage, CanaryNamespace)
 		case strings.Contains(err.Error(), "failed calling webhook"):
 			last = failure(ErrCallFailed, "check the route from the API server to the webhook pods and the CA bundle", "%v", err)
+			if w.bundleChanged(ctx) {
+				// Waiting cannot help: the keeper's next pass (a change of the configuration
+				// starts one at once) checks the new bundle.
+				last.Detail += " (the configuration's caBundle changed during the check)"
+				return true, nil
+			}
 		case !strings.Contains(err.Error(), HookName) || !strings.Contains(err.Error(), "image policy rule"):
 			last = failure(ErrConfigNotHonored, "check the admission chain of the API server", "the dry-run pod was rejected, but not by the webhook: %v", err)
 		}

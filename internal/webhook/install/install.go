@@ -181,6 +181,8 @@ type Installer struct {
 	keep bool
 	// What the run changed in the TLS Secret: a new leaf, a new CA, a finished CA rotation.
 	leafRenewed, caRenewed, rotationDone bool
+	// checking is the bundle the keeper's end-to-end check expects the configuration to publish.
+	checking []byte
 }
 
 // New returns an installer using the given clients; progress goes to out.

@@ -159,6 +159,7 @@ func (k *Keeper) Check(ctx context.Context) (rep KeepReport, err error) {
 		rep.BundleRepaired = bytes.Equal(cur.bundlePEM, next.bundlePEM)
 	} else {
 		rep.ConfigOK = true
+		w.checking = next.bundlePEM
 		if _, err := w.waitServing(ctx, next.bundlePEM); err != nil {
 			return rep, err
 		}
@@ -171,6 +172,16 @@ func (k *Keeper) Check(ctx context.Context) (rep KeepReport, err error) {
 	}
 	w.say("trust chain checked (%d writes in this pass)", len(w.result.Writes))
 	return rep, nil
+}
+
+// bundleChanged reports, for the keeper, whether the live configuration no longer publishes the
+// bundle this pass checks (someone changed it meanwhile).
+func (w *Installer) bundleChanged(ctx context.Context) bool {
+	if !w.keep || w.checking == nil {
+		return false
+	}
+	live, err := w.vwcs().Get(ctx, ConfigName, metav1.GetOptions{})
+	return err == nil && !publishes(live, w.checking)
 }
 
 // publishes reports whether every webhook of the configuration carries bundle as its caBundle.
@@ -212,6 +223,7 @@ func (w *Installer) publishBundle(ctx context.Context, live *admissionregistrati
 	if err != nil {
 		return failure(ErrApply, "retry; a conflict means the configuration changed meanwhile", "updating the caBundle of %s: %v", ConfigName, err)
 	}
+	w.checking = bundle
 	w.result.Writes = append(w.result.Writes, "update ValidatingWebhookConfiguration "+ConfigName+" caBundle")
 	w.say("configuration %s: caBundle replaced (%d certificates)", ConfigName, countCerts(bundle))
 	if err := w.endToEnd(ctx); err != nil {
