@@ -1,7 +1,10 @@
 package certkeeper
 
 import (
+	"bytes"
 	"context"
+	"errors"
+	"io"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -13,12 +16,18 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
 
 	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/pemcerts"
 	"github.com/berth-k8s/berth/internal/webhook/install"
 )
 
@@ -192,4 +201,101 @@ func TestLeaderElection(t *testing.T) {
 	if err := <-other.done; err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestTakeoverRenews: the leader that ran init is powered off (its Lease is held by an identity that
+// no longer renews it); a replica on another control plane takes the Lease over and, with the
+// compressed lifetimes of the mini e2e (a 4-minute leaf, a 10-minute CA: the installed year-long
+// chain outlives them), starts a CA rotation within one check period of the settings, writing the
+// TLS Secret as the joinservice's ServiceAccount with the RBAC the installer gave it. There are no
+// webhook pods and no configuration here, so the rotation stops after its first step.
+func TestTakeoverRenews(t *testing.T) {
+	env := apiservertest.Shared(t)
+	kube := env.Client(t, apiservertest.AdminUser)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := env.InstallBerth(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	// The installer applies the TLS Secret and the keeper's RBAC, then waits for webhook pods that
+	// never come.
+	dyn, err := dynamic.NewForConfig(env.Config(apiservertest.AdminUser))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := install.New(install.Config{Image: "berth/webhook:test", Budget: 3 * time.Second}, kube, dyn, io.Discard).Install(ctx); !errors.Is(err, install.ErrDeploymentNotReady) {
+		t.Fatalf("installing the webhook without pods = %v, want ErrDeploymentNotReady", err)
+	}
+	secrets := kube.CoreV1().Secrets(joinconfig.Namespace)
+	before, err := secrets.Get(ctx, install.TLSSecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cms := kube.CoreV1().ConfigMaps(joinconfig.Namespace)
+	if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: install.CertificatesConfigMap},
+		Data: map[string]string{"leafValidity": "4m", "leafRenewBefore": "2m30s", "caValidity": "10m", "checkPeriod": "5s"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cms.Delete(context.Background(), install.CertificatesConfigMap, metav1.DeleteOptions{}) }()
+	// cp1 held the Lease when it was powered off.
+	now := metav1.NewMicroTime(time.Now())
+	leases := kube.CoordinationV1().Leases(joinconfig.Namespace)
+	if err := leases.Delete(ctx, LeaseName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err) // left by another test of the shared API server
+	}
+	if _, err := leases.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: LeaseName},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: ptr.To("cp1_gone"), LeaseDurationSeconds: ptr.To(int32(3)), AcquireTime: &now, RenewTime: &now}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = leases.Delete(context.Background(), LeaseName, metav1.DeleteOptions{}) }()
+
+	asJoinService := env.Config(apiservertest.JoinServiceUser)
+	jkube := env.Client(t, apiservertest.JoinServiceUser)
+	jdyn, err := dynamic.NewForConfig(asJoinService)
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics := NewMetrics(prometheus.NewRegistry(), nil)
+	rctx, rcancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	start := time.Now()
+	go func() {
+		done <- Run(rctx, Deps{
+			Log: zaptest.NewLogger(t), Client: jkube, Namespace: joinconfig.Namespace, Identity: "cp2_a",
+			Webhook: install.NewKeeper(install.Config{Budget: 20 * time.Second}, jkube, jdyn, io.Discard), Metrics: metrics,
+			LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 500 * time.Millisecond,
+		})
+	}()
+	var after *corev1.Secret
+	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		after, err = secrets.Get(ctx, install.TLSSecret, metav1.GetOptions{})
+		return err == nil && !bytes.Equal(after.Data["ca.crt"], before.Data["ca.crt"]), nil
+	})
+	took := time.Since(start)
+	rcancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err != nil {
+		t.Fatalf("no CA rotation started within 30 s of the takeover (leader %v)", testutil.ToFloat64(metrics.leader))
+	}
+	lease, err := leases.Get(ctx, LeaseName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity == "cp1_gone" || ptr.Deref(lease.Spec.LeaseTransitions, 0) == 0 {
+		t.Fatalf("Lease after the takeover: holder %v, transitions %v", lease.Spec.HolderIdentity, lease.Spec.LeaseTransitions)
+	}
+	ca, err := pemcerts.Parse(after.Data["ca.crt"])
+	if err != nil || len(ca) != 1 {
+		t.Fatalf("the new CA: %v", err)
+	}
+	if validity := ca[0].NotAfter.Sub(ca[0].NotBefore); validity > 12*time.Minute {
+		t.Errorf("the new CA is valid for %s, want the compressed 10 minutes (plus its backdating)", validity)
+	}
+	bundle, err := pemcerts.Parse(after.Data["ca-bundle.crt"])
+	if err != nil || len(bundle) != 2 {
+		t.Errorf("the bundle during the rotation holds %d CAs, want the old and the new one (%v)", len(bundle), err)
+	}
+	t.Logf("the replica that took over started a CA rotation %s after it started", took.Round(time.Millisecond))
 }
