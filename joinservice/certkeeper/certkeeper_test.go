@@ -217,15 +217,7 @@ func TestTakeoverRenews(t *testing.T) {
 	if err := env.InstallBerth(ctx, ""); err != nil {
 		t.Fatal(err)
 	}
-	// The installer applies the TLS Secret and the keeper's RBAC, then waits for webhook pods that
-	// never come.
-	dyn, err := dynamic.NewForConfig(env.Config(apiservertest.AdminUser))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := install.New(install.Config{Image: "berth/webhook:test", Budget: 3 * time.Second}, kube, dyn, io.Discard).Install(ctx); !errors.Is(err, install.ErrDeploymentNotReady) {
-		t.Fatalf("installing the webhook without pods = %v, want ErrDeploymentNotReady", err)
-	}
+	installWithoutPods(t, ctx, env)
 	secrets := kube.CoreV1().Secrets(joinconfig.Namespace)
 	before, err := secrets.Get(ctx, install.TLSSecret, metav1.GetOptions{})
 	if err != nil {
@@ -298,4 +290,75 @@ func TestTakeoverRenews(t *testing.T) {
 		t.Errorf("the bundle during the rotation holds %d CAs, want the old and the new one (%v)", len(bundle), err)
 	}
 	t.Logf("the replica that took over started a CA rotation %s after it started", took.Round(time.Millisecond))
+}
+
+// installWithoutPods runs the webhook's installer, which applies the TLS Secret and the keeper's
+// RBAC, then waits for webhook pods that never come (there are no nodes).
+func installWithoutPods(t *testing.T, ctx context.Context, env *apiservertest.Env) {
+	t.Helper()
+	dyn, err := dynamic.NewForConfig(env.Config(apiservertest.AdminUser))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kube := env.Client(t, apiservertest.AdminUser)
+	if _, err := install.New(install.Config{Image: "berth/webhook:test", Budget: 3 * time.Second}, kube, dyn, io.Discard).Install(ctx); !errors.Is(err, install.ErrDeploymentNotReady) {
+		t.Fatalf("installing the webhook without pods = %v, want ErrDeploymentNotReady", err)
+	}
+}
+
+// TestConfigurationChangeStartsAPass: as the joinservice's ServiceAccount, with the RBAC the
+// installer gives the keeper (the configuration by name: get, list, watch), the leader's watch on
+// the webhook configuration sees a change made by hand and starts a pass a pause after it, long
+// before the check period: a wrong caBundle waits for one pass, not for the period.
+func TestConfigurationChangeStartsAPass(t *testing.T) {
+	env := apiservertest.Shared(t)
+	kube := env.Client(t, apiservertest.AdminUser)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := env.InstallBerth(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	installWithoutPods(t, ctx, env)
+	vwcs := kube.AdmissionregistrationV1().ValidatingWebhookConfigurations()
+	if _, err := vwcs.Create(ctx, &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: install.ConfigName}},
+		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	defer func() { _ = vwcs.Delete(context.Background(), install.ConfigName, metav1.DeleteOptions{}) }()
+	c := &checker{report: install.KeepReport{Settings: install.Settings{CheckPeriod: time.Hour}}}
+	d := Deps{Log: zaptest.NewLogger(t), Client: env.Client(t, apiservertest.JoinServiceUser), Webhook: c, Metrics: NewMetrics(prometheus.NewRegistry(), nil)}
+	kctx, kcancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); d.keepWebhook(kctx) }()
+	defer func() { kcancel(); <-done }()
+	// The first pass runs at once; the watch is up once the informer listed the configuration,
+	// which a change made before that would not count as (it is the state the first pass saw).
+	if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		return c.passes() == 1, nil
+	}); err != nil {
+		t.Fatal("no first pass")
+	}
+	var changedAt time.Time
+	err := wait.PollUntilContextTimeout(ctx, 2*time.Second, time.Minute, true, func(ctx context.Context) (bool, error) {
+		if c.passes() > 1 {
+			return true, nil
+		}
+		vwc, err := vwcs.Get(ctx, install.ConfigName, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		vwc.Annotations = map[string]string{"changed-by-hand": time.Now().Format(time.RFC3339Nano)}
+		if _, err := vwcs.Update(ctx, vwc, metav1.UpdateOptions{}); err != nil {
+			return false, err
+		}
+		changedAt = time.Now()
+		return false, nil
+	})
+	if err != nil {
+		t.Fatalf("no pass after changes of the configuration (check period an hour): %v", err)
+	}
+	c.mu.Lock()
+	after := c.times[1].Sub(changedAt)
+	c.mu.Unlock()
+	t.Logf("a pass started %s after the configuration changed", after.Round(time.Millisecond))
 }
