@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -22,6 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/utils/ptr"
 
@@ -301,6 +304,10 @@ func installWithoutPods(t *testing.T, ctx context.Context, env *apiservertest.En
 		t.Fatal(err)
 	}
 	kube := env.Client(t, apiservertest.AdminUser)
+	// A fresh year-long chain, whatever another test of the shared API server left.
+	if err := kube.CoreV1().Secrets(joinconfig.Namespace).Delete(ctx, install.TLSSecret, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
 	if _, err := install.New(install.Config{Image: "berth/webhook:test", Budget: 3 * time.Second}, kube, dyn, io.Discard).Install(ctx); !errors.Is(err, install.ErrDeploymentNotReady) {
 		t.Fatalf("installing the webhook without pods = %v, want ErrDeploymentNotReady", err)
 	}
@@ -361,4 +368,75 @@ func TestConfigurationChangeStartsAPass(t *testing.T) {
 	after := c.times[1].Sub(changedAt)
 	c.mu.Unlock()
 	t.Logf("a pass started %s after the configuration changed", after.Round(time.Millisecond))
+}
+
+// notReady answers every /readyz with the API server's answer for a failing etcd check, and passes
+// every other request on: an API server that serves reads and writes while its readiness check fails
+// (a slow etcd under load, a post-start hook).
+type notReady struct{ next http.RoundTripper }
+
+func (n notReady) RoundTrip(req *http.Request) (*http.Response, error) {
+	if req.URL.Path != "/readyz" {
+		return n.next.RoundTrip(req)
+	}
+	body := "[-]etcd-readiness failed: reason withheld\nreadyz check failed\n"
+	return &http.Response{StatusCode: http.StatusInternalServerError, Status: "500 Internal Server Error", Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1,
+		Header: http.Header{"Content-Type": {"text/plain"}}, Body: io.NopCloser(strings.NewReader(body)), ContentLength: int64(len(body)), Request: req}, nil
+}
+
+// TestKeeperRenewsWhileReadyzFails: the keeper's pass renews what is due even when its API server's
+// /readyz fails, as long as the API server serves the keeper's reads and writes: with the mini e2e's
+// compressed lifetimes the pass starts a CA rotation in the TLS Secret (and stops at the missing
+// configuration), instead of waiting out its whole budget for a readiness that does not come.
+func TestKeeperRenewsWhileReadyzFails(t *testing.T) {
+	env := apiservertest.Shared(t)
+	kube := env.Client(t, apiservertest.AdminUser)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := env.InstallBerth(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	installWithoutPods(t, ctx, env)
+	_ = kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, install.ConfigName, metav1.DeleteOptions{})
+	secrets := kube.CoreV1().Secrets(joinconfig.Namespace)
+	before, err := secrets.Get(ctx, install.TLSSecret, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cms := kube.CoreV1().ConfigMaps(joinconfig.Namespace)
+	if err := cms.Delete(ctx, install.CertificatesConfigMap, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: install.CertificatesConfigMap},
+		Data: map[string]string{"leafValidity": "4m", "leafRenewBefore": "2m30s", "caValidity": "10m"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cms.Delete(context.Background(), install.CertificatesConfigMap, metav1.DeleteOptions{}) }()
+
+	cfg := env.Config(apiservertest.JoinServiceUser)
+	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return notReady{rt} })
+	jkube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := jkube.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx); err == nil {
+		t.Fatal("/readyz through the fault injection answered ok")
+	}
+	jdyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	rep, err := install.NewKeeper(install.Config{Budget: 15 * time.Second}, jkube, jdyn, io.Discard).Check(ctx)
+	t.Logf("pass with /readyz failing: %v in %s: %v", rep, time.Since(start).Round(time.Millisecond), err)
+	after, gerr := secrets.Get(ctx, install.TLSSecret, metav1.GetOptions{})
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	if !rep.CARenewed || bytes.Equal(after.Data["ca.crt"], before.Data["ca.crt"]) {
+		t.Fatalf("the pass did not start the due CA rotation while /readyz failed: %v", err)
+	}
+	if !errors.Is(err, install.ErrConfigMissing) {
+		t.Errorf("the pass without a configuration = %v, want ErrConfigMissing", err)
+	}
 }

@@ -87,7 +87,8 @@ func NewKeeper(cfg Config, kube kubernetes.Interface, dyn dynamic.Interface, out
 // probes every ready endpoint against the Secret's bundle, replaces the caBundle and proves
 // enforcement end to end (restoring the previous caBundle when the proof fails); otherwise it probes
 // and proves the chain as it is; then it finishes a CA rotation whose new CA is published. A pass on
-// a healthy cluster writes nothing. Every error wraps an Err* category.
+// a healthy cluster writes nothing. Unlike the installer it does not wait for the API server's
+// readiness check first. Every error wraps an Err* category.
 func (k *Keeper) Check(ctx context.Context) (rep KeepReport, err error) {
 	cfg := k.cfg
 	cfg.Image = "keeper" // the keeper never applies the backend; the image is not used
@@ -104,12 +105,16 @@ func (k *Keeper) Check(ctx context.Context) (rep KeepReport, err error) {
 			rep.Expiry = expiryOf(cur)
 		}
 	}()
-	if err := w.waitAPI(ctx); err != nil {
-		return rep, err
-	}
+	// No wait for the API server's /readyz, unlike the installer after a restart: an API server
+	// whose readiness check fails (a slow etcd under load, a post-start hook) may still serve every
+	// read and write the keeper needs, and a certificate that is due must not wait for it. Each
+	// call below fails on its own when the API server does not answer.
 	settings, err := ReadSettings(ctx, k.kube)
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrInvalidConfiguration):
 		return rep, failure(ErrInvalidConfiguration, "fix ConfigMap "+namespace+"/"+CertificatesConfigMap, "%v", err)
+	case err != nil:
+		return rep, failure(ErrAPINotReady, "check the control plane (kube-apiserver, etcd); the keeper retries", "%v", err)
 	}
 	rep.Settings = settings
 	w.cfg.Lifetimes = settings.Lifetimes
