@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/spf13/pflag"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/berth-k8s/berth/internal/metadata"
@@ -483,5 +484,24 @@ func TestUpCommandsAndDownFromState(t *testing.T) {
 	cl3.rmdir = os.RemoveAll
 	if _, err := cl3.Down(context.Background()); err != nil {
 		t.Fatalf("Down: %v", err)
+	}
+}
+
+// TestKubeletExtraArgs: the kubelet flags every node gets parse as the bootstrapper parses its
+// environment (a pflag string slice, CSV): eviction-hard keeps its commas.
+func TestKubeletExtraArgs(t *testing.T) {
+	name, value, _ := strings.Cut(kubeletExtraArgsEnv, "=")
+	if name != "BERTH_KUBELET_EXTRA_ARGS" {
+		t.Fatalf("variable %s, want BERTH_KUBELET_EXTRA_ARGS (the bootstrapper's --kubelet-extra-args)", name)
+	}
+	fs := pflag.NewFlagSet("bootstrapper", pflag.ContinueOnError)
+	args := fs.StringSlice("kubelet-extra-args", nil, "")
+	if err := fs.Set("kubelet-extra-args", value); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"eviction-hard=memory.available<100Mi,nodefs.available<1Gi,imagefs.available<1Gi",
+		"image-gc-high-threshold=100", "image-gc-low-threshold=99"}
+	if !slices.Equal(*args, want) {
+		t.Fatalf("parsed %q, want %q", *args, want)
 	}
 }

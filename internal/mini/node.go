@@ -352,6 +352,11 @@ func (c *Cluster) bootstrapperEnv(n Node) []string {
 		// Namespace nodes share the host's kernel: kube-proxy must not size nf_conntrack_max.
 		"BERTH_KUBE_PROXY_CONNTRACK_MAX_PER_CORE=0",
 		"BERTH_NEVER_PULL=true",
+		// Namespace nodes share the host's disk, so the kubelet's default thresholds, a share of it
+		// (less than 15 % free: evict pods; more than 85 % used: delete images), measure the host
+		// and not the node: a big host disk 86 % full evicted every test pod. They evict when
+		// less than 1 GiB is left, and never delete images (imported, not pullable).
+		kubeletExtraArgsEnv,
 		// Namespace nodes share the host's kernel, swap and hostname rules; kubeadm's checks for a
 		// dedicated machine do not apply.
 		"BERTH_KUBEADM_IGNORE_PREFLIGHT_ERRORS=all",
@@ -373,3 +378,9 @@ func (c *Cluster) bootstrapperEnv(n Node) []string {
 	}
 	return env
 }
+
+// kubeletExtraArgsEnv gives every node's kubelet absolute eviction thresholds and turns image
+// garbage collection off (the bootstrapper's --kubelet-extra-args, a CSV list: the quoted field keeps
+// eviction-hard's commas).
+const kubeletExtraArgsEnv = `BERTH_KUBELET_EXTRA_ARGS="eviction-hard=memory.available<100Mi,nodefs.available<1Gi,imagefs.available<1Gi",` +
+	`image-gc-high-threshold=100,image-gc-low-threshold=99`
