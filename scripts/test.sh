@@ -14,6 +14,7 @@ work=$(mktemp -d)
 skips="$work/skips.tsv"
 : >"$skips"
 total_start=$(date +%s)
+current=""
 
 report() {
   local code=$?
@@ -21,6 +22,7 @@ report() {
   for step in "${steps[@]}"; do
     [ -n "${took[$step]:-}" ] && printf '===   %-16s %5d s\n' "$step" "${took[$step]}"
   done
+  [ -n "$current" ] && printf '===   %-16s %5d s (failed)\n' "$current" "$(( $(date +%s) - start ))"
   printf '===   %-16s %5d s\n' total "$(( $(date +%s) - total_start ))"
   echo "=== skipped tests: $(wc -l <"$skips")"
   while IFS=$'\t' read -r step pkg test reason; do
@@ -33,6 +35,7 @@ trap report EXIT
 
 for step in "${steps[@]}"; do
   start=$(date +%s)
+  current=$step
   echo "=== step ${step}"
   case "$step" in
     deps)
@@ -44,5 +47,6 @@ for step in "${steps[@]}"; do
       ;;
   esac
   took[$step]=$(( $(date +%s) - start ))
+  current=""
   echo "=== step ${step}: ${took[$step]} s"
 done
