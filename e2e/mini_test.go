@@ -81,7 +81,8 @@ func (c *cluster) kube(args ...string) string {
 }
 
 // diagnose logs what explains a failure before the cluster goes: the nodes with their pod ranges,
-// every pod with its node and address, the newest events, and each node's routes.
+// every pod with its node and address, the newest events, the end of every daemon's log, and each
+// node's routes.
 func (c *cluster) diagnose() {
 	c.t.Helper()
 	kc := filepath.Join(c.dir, "admin.conf")
@@ -96,6 +97,7 @@ func (c *cluster) diagnose() {
 		}
 		c.t.Logf("diagnosis: kubectl %s (%v):\n%s", strings.Join(args, " "), err, out)
 	}
+	dumpLogs(c.t, c.dir)
 	entries, _ := os.ReadDir("/run/netns")
 	for _, e := range entries {
 		if strings.HasPrefix(e.Name(), "berth-"+clusterName+"-") {

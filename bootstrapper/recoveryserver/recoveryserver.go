@@ -72,8 +72,9 @@ func New(log *zap.Logger, opts ...grpc.ServerOption) *Server {
 }
 
 // Serve serves Info and Recover on lis until a Recover call opened the state disk with open, then
-// stops gracefully (the caller gets its answer) and returns nil. When ctx ends first it stops at once
-// and returns ctx.Err(). lis is closed either way, and every goroutine Serve started is gone when it
+// stops gracefully (the caller gets its answer) and returns nil. When ctx ends first it stops too,
+// as gracefully (a call in flight, whose open sees ctx end, is answered), and returns ctx.Err(),
+// or nil when a call opened the disk meanwhile. lis is closed either way, and every goroutine Serve started is gone when it
 // returns.
 func (s *Server) Serve(ctx context.Context, lis net.Listener, info Info, open OpenFunc) error {
 	h := &handler{
@@ -94,14 +95,12 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener, info Info, open Op
 	case err := <-errc:
 		return fmt.Errorf("serving recovery: %w", err)
 	case <-ctx.Done():
-		srv.Stop()
-		if err := <-errc; err != nil {
-			s.log.Warn("recovery server failed while stopping", zap.Error(err))
-		}
-		s.log.Info("recovery server stopped")
-		return ctx.Err()
 	case <-h.opened:
 	}
+	// Either way the server stops gracefully: a call in flight gets its answer. The caller may end
+	// ctx as soon as open returned (the boot stage does when the disk is open), before the handler
+	// could answer; stopping at once would cut berth recover off with EOF although its key opened
+	// the disk.
 	stopped := make(chan struct{})
 	go func() {
 		srv.GracefulStop()
@@ -119,7 +118,12 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener, info Info, open Op
 		s.log.Warn("recovery server failed while stopping", zap.Error(err))
 	}
 	s.log.Info("recovery server stopped")
-	return nil
+	select {
+	case <-h.opened:
+		return nil
+	default:
+		return ctx.Err()
+	}
 }
 
 // handler answers the calls of one Serve.

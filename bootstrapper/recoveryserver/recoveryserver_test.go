@@ -41,6 +41,8 @@ type fakeDisk struct {
 	gate chan struct{}
 	// entered receives once per open that started.
 	entered chan struct{}
+	// onOpen, if set, runs when the right key opened the disk, before open returns.
+	onOpen func()
 }
 
 func (d *fakeDisk) open(ctx context.Context, key []byte) error {
@@ -60,6 +62,9 @@ func (d *fakeDisk) open(ctx context.Context, key []byte) error {
 	}
 	if !bytes.Equal(key, rightKey) {
 		return errSecretDetail
+	}
+	if d.onOpen != nil {
+		d.onOpen()
 	}
 	return nil
 }
@@ -231,6 +236,22 @@ func TestServeCancel(t *testing.T) {
 	}
 	if err := <-call; err == nil {
 		t.Fatal("a Recover interrupted by the end of Serve succeeded")
+	}
+}
+
+// TestRecoverAnsweredWhenTheCallerStopsAtOnce: the boot stage ends Serve's context as soon as the
+// disk is open, before the handler answered; berth recover still gets its answer (it got EOF when
+// Serve stopped at once) and Serve reports the open.
+func TestRecoverAnsweredWhenTheCallerStopsAtOnce(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	disk := &fakeDisk{onOpen: cancel}
+	s := serve(t, ctx, disk, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if _, err := s.client.Recover(t.Context(), &recoverproto.RecoverRequest{DiskKey: rightKey}); err != nil {
+		t.Fatalf("Recover with the right key, its caller ending Serve at once: %v", err)
+	}
+	if err := <-s.done; err != nil {
+		t.Fatalf("Serve = %v, want nil (the disk was opened)", err)
 	}
 }
 
