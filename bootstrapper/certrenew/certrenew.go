@@ -6,14 +6,19 @@
 // A check reads this node's certificates (kubeadm's PKI directory and the client certificates of
 // admin.conf, super-admin.conf, controller-manager.conf and scheduler.conf) and the validity the
 // cluster's kubeadm configuration gives (ConfigMap kube-system/kubeadm-config,
-// certificateValidityPeriod; a year when it cannot be read). A certificate is due when less than a
-// third of that validity is left, or when it is valid for longer than the validity allows (the
-// validity was shortened). When one is due:
+// certificateValidityPeriod; a year when it cannot be read). A certificate is due when less than its
+// margin is left, or when it is valid for longer than the validity allows (the validity was
+// shortened). The margin is a third of the validity, or twice what the last renewal on this node
+// took (kubeadm and the three restarts, measured) when that is more, but at most half the validity:
+// a renewal that starts at the margin finishes before the old certificates expire even on a node
+// whose components come back slowly, which matters when the validity is short (tests compress a
+// year into minutes; a year's margin is four months). When one is due:
 //
 //  1. it takes Lease kube-system/berth-control-plane-certs, so that one control plane at a time
 //     restarts its API server (the others keep serving); it goes on without it when the API server
 //     cannot be reached within LeaseWait, or within half of what is left of its own certificates
-//     when that is less (an API server whose certificate expired, say);
+//     after a renewal's measured duration when that is less (an API server whose certificate
+//     expired, say, or another control plane whose renewal does not end);
 //  2. it writes the marker berth-certs-renewal-pending into the Kubernetes directory and runs
 //     `kubeadm certs renew all`, which renews every certificate with the local CAs for the
 //     configured validity. The marker is removed after the last restart below: a renewal cut short
@@ -144,6 +149,9 @@ type Renewer struct {
 	kubeadm Kubeadm
 	// client reaches the API server as the node's admin (admin.conf); tests replace it.
 	client func() (kubernetes.Interface, error)
+	// took is how long the last renewal on this node took (kubeadm and the restarts); zero before
+	// the first. Only Check reads and writes it, and Run calls Check from one goroutine.
+	took time.Duration
 }
 
 // New returns a renewer for the node's kubeadm directory on fsys.
@@ -243,16 +251,19 @@ func (r *Renewer) Check(ctx context.Context) (Result, error) {
 	if err != nil {
 		return res, err
 	}
-	due := slices.ContainsFunc(res.Certs, func(c Cert) bool { return isDue(c.NotAfter, now, res.Validity) })
+	margin := r.margin(res.Validity)
+	due := slices.ContainsFunc(res.Certs, func(c Cert) bool { return isDue(c.NotAfter, now, res.Validity, margin) })
 	switch {
 	case pending != "":
 		r.log.Info("an earlier renewal did not finish: renewing again", zap.String("started", pending))
 	case due:
-		r.log.Info("control-plane certificates due: renewing", zap.Time("earliest", res.Earliest()), zap.Duration("validity", res.Validity))
+		r.log.Info("control-plane certificates due: renewing", zap.Time("earliest", res.Earliest()), zap.Duration("validity", res.Validity),
+			zap.Duration("margin", margin))
 	}
 	if pending != "" || due {
-		// Waiting for another control plane's renewal is bounded by what is left of ours.
-		leaseWait := min(r.cfg.LeaseWait, max(res.Earliest().Sub(now)/2, 0))
+		// Waiting for another control plane's renewal is bounded by what is left of ours once our
+		// own renewal's time is set aside.
+		leaseWait := min(r.cfg.LeaseWait, max(res.Earliest().Sub(now)-r.took, 0)/2)
 		if err := r.renew(ctx, client, leaseWait); err != nil {
 			return res, err
 		}
@@ -266,7 +277,7 @@ func (r *Renewer) Check(ctx context.Context) (Result, error) {
 	}
 	res.Next = r.cfg.Now().Add(r.cfg.CheckPeriod)
 	if len(res.Certs) > 0 {
-		if at := res.Earliest().Add(-res.Validity / renewFraction); at.Before(res.Next) {
+		if at := res.Earliest().Add(-r.margin(res.Validity)); at.Before(res.Next) {
 			res.Next = at
 		}
 	}
@@ -304,10 +315,17 @@ func (r *Renewer) pendingStamp() (string, error) {
 	return strings.TrimSpace(string(data)), nil
 }
 
-// isDue: less than a third of validity is left, or the certificate outlives validity.
-func isDue(notAfter, now time.Time, validity time.Duration) bool {
+// margin is how much of a certificate's life is left when it becomes due: a third of validity, or
+// twice the last renewal's duration when that is more, at most half of validity (so that a renewed
+// certificate is never due at once).
+func (r *Renewer) margin(validity time.Duration) time.Duration {
+	return min(max(validity/renewFraction, 2*r.took), validity/2)
+}
+
+// isDue: less than margin is left, or the certificate outlives validity.
+func isDue(notAfter, now time.Time, validity, margin time.Duration) bool {
 	left := notAfter.Sub(now)
-	return left < validity/renewFraction || left > validity+validity/outlivesSlack
+	return left < margin || left > validity+validity/outlivesSlack
 }
 
 func (r *Renewer) manifest(component string) string {
@@ -483,8 +501,10 @@ func (r *Renewer) renew(ctx context.Context, client kubernetes.Interface, leaseW
 	return r.renewAndRestart(ctx)
 }
 
+// renewAndRestart renews the files and restarts the components, and records how long that took.
 func (r *Renewer) renewAndRestart(ctx context.Context) error {
-	stamp := r.cfg.Now().UTC().Format(time.RFC3339Nano)
+	start := r.cfg.Now()
+	stamp := start.UTC().Format(time.RFC3339Nano)
 	if err := atomicfile.Write(r.fs, filepath.Join(r.cfg.KubernetesDir, pendingFile), []byte(stamp+"\n"), 0o600); err != nil {
 		return fmt.Errorf("recording the renewal: %w", err)
 	}
@@ -504,6 +524,8 @@ func (r *Renewer) renewAndRestart(ctx context.Context) error {
 	if err := r.fs.Remove(filepath.Join(r.cfg.KubernetesDir, pendingFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("recording the finished renewal: %w", err)
 	}
+	r.took = r.cfg.Now().Sub(start)
+	r.log.Info("control-plane renewal finished", zap.Duration("took", r.took))
 	return nil
 }
 

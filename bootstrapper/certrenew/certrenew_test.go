@@ -129,6 +129,8 @@ type kubelet struct {
 	restarts []string
 	// stuck is a component whose new pod never becomes ready.
 	stuck string
+	// slow is how long a changed pod takes to come back.
+	slow time.Duration
 }
 
 func (k *kubelet) run(ctx context.Context, t *testing.T, fsys afero.Fs, client kubernetes.Interface) {
@@ -156,6 +158,9 @@ func (k *kubelet) run(ctx context.Context, t *testing.T, fsys afero.Fs, client k
 			k.mu.Unlock()
 			if stuck && seen[c] != "" {
 				continue // the old pod is gone, the new one does not come
+			}
+			if seen[c] != "" {
+				time.Sleep(k.slow)
 			}
 			mirror := &corev1.Pod{
 				ObjectMeta: metav1.ObjectMeta{Name: c + "-cp1", Namespace: "kube-system", Annotations: map[string]string{"kubernetes.io/config.hash": hash}},
@@ -334,6 +339,38 @@ func TestCheckWaitsForTheLease(t *testing.T) {
 			t.Fatalf("renewed=%v after %s, want a renewal after waiting 30s (half of what is left) for the Lease", res.Renewed, waited)
 		}
 	})
+}
+
+// TestMarginFollowsTheRenewalDuration: on a node whose components come back slowly (a renewal takes
+// about two minutes), the next renewal is due when twice that is left (capped at half the
+// validity), not only at a third of the validity: with 2m50s of a 6m validity left it renews, where
+// a node whose renewals are quick waits until 2m are left.
+func TestMarginFollowsTheRenewalDuration(t *testing.T) {
+	for name, tc := range map[string]struct {
+		slow    time.Duration
+		renewed bool
+	}{"slow components": {40 * time.Second, true}, "quick components": {0, false}} {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				s := newSetup(t, time.Now().Add(100*time.Second), "6m")
+				defer s.stop()
+				s.kubelet.slow = tc.slow
+				res, err := s.r.Check(context.Background())
+				if err != nil || !res.Renewed {
+					t.Fatalf("first renewal: renewed=%v err=%v", res.Renewed, err)
+				}
+				time.Sleep(time.Until(res.Earliest().Add(-170 * time.Second)))
+				res, err = s.r.Check(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Renewed != tc.renewed || s.kubeadm.calls != 1+map[bool]int{true: 1}[tc.renewed] {
+					t.Fatalf("with 2m50s of 6m left after a renewal that took %s: renewed=%v (kubeadm calls %d), want %v",
+						s.r.took, res.Renewed, s.kubeadm.calls, tc.renewed)
+				}
+			})
+		})
+	}
 }
 
 // TestCheckFailures: a failed kubeadm renewal stops before any restart; a worker is not a control
