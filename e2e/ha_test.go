@@ -51,7 +51,8 @@ func (h *haCluster) took(what string, d time.Duration) {
 // learners or not started; (3) with the first control plane powered off for good the API serves,
 // the webhook admits and denies, a new worker joins through the remaining joinservices, and berth
 // node remove leaves a healthy 2-member etcd; (4) a removed worker's machine is refused with
-// REVOKED when it asks to rejoin and to join anew, and joins once re-admitted. It prints the times.
+// REVOKED when it asks to rejoin and to join anew, and joins once re-admitted; (5) on the cluster
+// without its init node, the certificates renew themselves (certsSteps). It prints the times.
 func TestMiniHA(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
@@ -138,6 +139,11 @@ func afterInitNodeGone(t *testing.T, h *haCluster) {
 	h.checkEtcd("cp2", []string{"cp2", "cp3"})
 	h.kube("wait", "--for=condition=Ready", "node/cp2", "node/cp3", "node/w1", "node/w2", "--timeout=120s")
 	h.webhookDecides(time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	defer cancel()
+	start := time.Now()
+	certsSteps(t, ctx, h.cluster, filepath.Join(filepath.Dir(h.kubectl), "kubeadm"), []string{"cp2", "cp3"}, []string{"w1", "w2"})
+	h.took("certificates: kubelet serving CSRs, caBundle repair, webhook chain under load and control-plane renewals", time.Since(start))
 }
 
 // etcdClient returns a client of node's etcd member (at ip) with the API server's etcd client
