@@ -55,6 +55,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/choose"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/grpcstop"
 	"github.com/berth-k8s/berth/internal/nodestate"
 	"github.com/berth-k8s/berth/internal/webhook"
 	"github.com/berth-k8s/berth/nodelock"
@@ -149,19 +150,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		return fmt.Errorf("serving init: %w", err)
 	case <-ctx.Done():
 	}
-	stopped := make(chan struct{})
-	go func() {
-		srv.GracefulStop()
-		close(stopped)
-	}()
-	timeout := time.NewTimer(gracefulStopTimeout)
-	defer timeout.Stop()
-	select {
-	case <-stopped:
-	case <-timeout.C:
-		srv.Stop()
-		<-stopped
-	}
+	grpcstop.Gracefully(srv, gracefulStopTimeout)
 	// Serve returns nil once stopped; an error here failed the server while the stop was under way.
 	if err := <-errc; err != nil {
 		s.log.Warn("init server failed while stopping", zap.Error(err))

@@ -64,7 +64,9 @@ goes to stdout.`,
 // geteuid is os.Geteuid; tests replace it.
 var geteuid = os.Geteuid
 
-func requireRoot() error {
+// requireRoot is the PreRunE of every mini command that changes the host: it fails unless berth runs
+// as root.
+func requireRoot(*cobra.Command, []string) error {
 	if geteuid() != 0 {
 		return &exitError{code: exitUsage, err: errNotRoot}
 	}
@@ -75,6 +77,16 @@ func miniLogger(w io.Writer) *zap.Logger {
 	enc := zap.NewDevelopmentEncoderConfig()
 	core := zapcore.NewCore(zapcore.NewConsoleEncoder(enc), zapcore.AddSync(w), zapcore.InfoLevel)
 	return zap.New(core)
+}
+
+// openMini opens the mini cluster in dir on this host, logging to errOut.
+func openMini(dir string, errOut io.Writer) (*mini.Cluster, mini.Env, error) {
+	env, err := mini.HostEnv()
+	if err != nil {
+		return nil, mini.Env{}, err
+	}
+	cl, err := mini.Open(dir, env, mini.Exec{}, miniLogger(errOut))
+	return cl, env, err
 }
 
 func printPhase(w io.Writer) func(mini.Phase) {
@@ -119,11 +131,9 @@ later ones find them cached.`,
 		Example: `  sudo berth mini up
   sudo berth mini up --control-planes 3 --workers 2 --tampered-workers 1
   sudo berth mini up --attestation insecure-none --workers 1`,
-		Args: cobra.NoArgs,
+		Args:    cobra.NoArgs,
+		PreRunE: requireRoot,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := requireRoot(); err != nil {
-				return err
-			}
 			return runMiniUp(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
 		},
 	}
@@ -398,17 +408,11 @@ state file, is idempotent, and also cleans up after a crashed up. Without a stat
 nothing.`,
 		Example: `  sudo berth mini down
   sudo berth mini down --dir /tmp/other-cluster`,
-		Args: cobra.NoArgs,
+		Args:    cobra.NoArgs,
+		PreRunE: requireRoot,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := requireRoot(); err != nil {
-				return err
-			}
-			env, err := mini.HostEnv()
-			if err != nil {
-				return err
-			}
 			out := cmd.OutOrStdout()
-			cl, err := mini.Open(dir, env, mini.Exec{}, miniLogger(cmd.ErrOrStderr()))
+			cl, _, err := openMini(dir, cmd.ErrOrStderr())
 			if errors.Is(err, mini.ErrNoState) {
 				_, _ = fmt.Fprintf(out, "no mini cluster in %s; nothing to remove\n", dir)
 				return nil
@@ -473,10 +477,8 @@ posts a Ready heartbeat after the power cut and prints the time from the power c
   berth mini restart cp1 --clear-tpm cp1 --no-wait
   berth mini restart w1 --wipe-disk w1
   berth mini restart cp1 --bootstrapper-only --no-wait`,
+		PreRunE: requireRoot,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := requireRoot(); err != nil {
-				return err
-			}
 			return runMiniRestart(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), args, f)
 		},
 	}
@@ -493,11 +495,7 @@ posts a Ready heartbeat after the power cut and prints the time from the power c
 }
 
 func runMiniRestart(ctx context.Context, out, errOut io.Writer, names []string, f miniRestartFlags) error {
-	env, err := mini.HostEnv()
-	if err != nil {
-		return err
-	}
-	cl, err := mini.Open(f.dir, env, mini.Exec{}, miniLogger(errOut))
+	cl, _, err := openMini(f.dir, errOut)
 	if err != nil {
 		return err
 	}
@@ -586,16 +584,10 @@ It prints the time of the power-off.`,
 		Example: `  sudo berth mini stop cp1                  # the first control plane dies for good
   berth node remove cp1 --kubeconfig /var/lib/berth-mini/admin.conf
   sudo berth mini restart cp1               # or power it on again instead`,
-		Args: cobra.MinimumNArgs(1),
+		Args:    cobra.MinimumNArgs(1),
+		PreRunE: requireRoot,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := requireRoot(); err != nil {
-				return err
-			}
-			env, err := mini.HostEnv()
-			if err != nil {
-				return err
-			}
-			cl, err := mini.Open(dir, env, mini.Exec{}, miniLogger(cmd.ErrOrStderr()))
+			cl, _, err := openMini(dir, cmd.ErrOrStderr())
 			if err != nil {
 				return err
 			}
@@ -639,11 +631,9 @@ It prints the time of every phase, then waits until every new node is Ready (--n
 If add fails half-way, the nodes it recorded stay for inspection; berth mini down removes them.`,
 		Example: `  berth mini add --workers 1
   berth mini add --control-planes 2 --workers 1`,
-		Args: cobra.NoArgs,
+		Args:    cobra.NoArgs,
+		PreRunE: requireRoot,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := requireRoot(); err != nil {
-				return err
-			}
 			return runMiniAdd(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), f)
 		},
 	}
@@ -660,11 +650,7 @@ func runMiniAdd(ctx context.Context, out, errOut io.Writer, f miniAddFlags) erro
 	if f.controlPlanes < 0 || f.workers < 0 || f.controlPlanes+f.workers == 0 {
 		return &exitError{code: exitUsage, err: errors.New("add at least one node: --workers N and/or --control-planes M")}
 	}
-	env, err := mini.HostEnv()
-	if err != nil {
-		return err
-	}
-	cl, err := mini.Open(f.dir, env, mini.Exec{}, miniLogger(errOut))
+	cl, env, err := openMini(f.dir, errOut)
 	if err != nil {
 		return err
 	}

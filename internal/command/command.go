@@ -1,6 +1,7 @@
 // Package command runs external programs (kubeadm, systemctl) for packages that declare a narrow
 // interface for it, so tests can swap in commandtest.Recorder. Every program runs in a process
-// group of its own that dies with the daemon (group.go).
+// group of its own that dies with the daemon (group.go). Supervise keeps a long-running child (the
+// kubelet, the KMS plugin) running: it starts it again with capped backoff whenever it exits.
 package command
 
 import (

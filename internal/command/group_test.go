@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
 	"k8s.io/apimachinery/pkg/util/wait"
 )
 
@@ -28,7 +29,7 @@ func TestMain(m *testing.M) {
 			`sleep 600 & echo $! > "$0/grandchild.tmp" && mv "$0/grandchild.tmp" "$0/grandchild"; echo $$ > "$0/child.tmp" && mv "$0/child.tmp" "$0/child"; wait`, dir)
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 // dead says whether pid is gone or a zombie (this host's PID 1 may not reap orphans).

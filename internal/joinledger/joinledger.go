@@ -35,11 +35,12 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/berth-k8s/berth/internal/configmapkey"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 )
 
@@ -260,50 +261,22 @@ func Merge(existing, more []Entry) []Entry {
 	return kept
 }
 
-// appendRetries bounds the read-merge-write rounds of Append.
-const appendRetries = 8
+// appendAttempts bounds the read-merge-write rounds of Append; they follow each other at once.
+var appendAttempts = wait.Backoff{Steps: 8}
 
 // Append adds es to the ledger with optimistic concurrency (read, Merge, write with the read
-// resourceVersion, again on a conflict), creating the ConfigMap when there is none; a ledger it cannot
-// decode is left alone. `berth node` records its membership events with it; the joinservice batches
-// its own entries through joinservice/ledger.
+// resourceVersion, again on a conflict: configmapkey.Update), creating the ConfigMap when there is
+// none; a ledger it cannot decode is left alone. `berth node` records its membership events with it;
+// the joinservice batches its own entries through joinservice/ledger.
 func Append(ctx context.Context, client kubernetes.Interface, namespace string, es ...Entry) error {
-	cms := client.CoreV1().ConfigMaps(namespace)
-	var last error
-	for range appendRetries {
-		cm, err := cms.Get(ctx, ConfigMapName, metav1.GetOptions{})
-		create := apierrors.IsNotFound(err)
-		if err != nil && !create {
-			return fmt.Errorf("reading ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
-		}
-		if create {
-			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName, Namespace: namespace,
-				Labels: map[string]string{"app.kubernetes.io/part-of": "berth"}}}
-		}
-		existing, err := Decode(cm.Data[DataKey])
+	ref := configmapkey.Ref{Namespace: namespace, Name: ConfigMapName, Key: DataKey,
+		Labels: map[string]string{"app.kubernetes.io/part-of": "berth"}}
+	_, err := configmapkey.Update(ctx, client, ref, appendAttempts, func(data string) (string, error) {
+		existing, err := Decode(data)
 		if err != nil {
-			return err
+			return "", err
 		}
-		data, err := Encode(Merge(existing, es))
-		if err != nil {
-			return err
-		}
-		if cm.Data == nil {
-			cm.Data = map[string]string{}
-		}
-		cm.Data[DataKey] = data
-		if create {
-			_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
-		} else {
-			_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
-		}
-		if err == nil {
-			return nil
-		}
-		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("writing ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
-		}
-		last = err
-	}
-	return fmt.Errorf("writing ConfigMap %s/%s: still conflicting after %d attempts: %w", namespace, ConfigMapName, appendRetries, last)
+		return Encode(Merge(existing, es))
+	})
+	return err
 }

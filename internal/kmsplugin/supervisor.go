@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"os/exec"
 	"sync"
@@ -14,7 +13,8 @@ import (
 
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
-	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/berth-k8s/berth/internal/command"
 )
 
 // Supervisor runs the plugin as a child process of the bootstrapper, the process that holds the
@@ -101,24 +101,14 @@ func (s *Supervisor) Starts() int {
 	return s.starts
 }
 
-// The plugin is restarted 1 s after it exits, then after 2, 4 and at most 10 s while it keeps
-// exiting; a plugin that ran for longer than a minute starts the sequence over. The API server
-// retries on its own (every 10 s while the plugin is unhealthy) and keeps reading with the keys it
-// has cached meanwhile.
-const (
-	restartInitial    = time.Second
-	restartCap        = 10 * time.Second
-	restartResetAfter = time.Minute
-	// stopGrace is how long the plugin gets to stop after SIGTERM before it is killed.
-	stopGrace = 10 * time.Second
-)
-
-func restartBackoff() wait.Backoff {
-	return wait.Backoff{Duration: restartInitial, Factor: 2, Steps: math.MaxInt32, Cap: restartCap}
-}
+// stopGrace is how long the plugin gets to stop after SIGTERM before it is killed.
+const stopGrace = 10 * time.Second
 
 // Run supervises the plugin until ctx ends, then stops it. It returns nil when ctx ends and an error
-// only when the plugin cannot be started at all.
+// only when the plugin cannot be started at all. The plugin is restarted 1 s after it exits, then
+// after 2, 4, 8 and at most 10 s while it keeps exiting; a plugin that ran for longer than a minute
+// starts the sequence over (command.Supervise). The API server retries on its own (every 10 s while
+// the plugin is unhealthy) and keeps reading with the keys it has cached meanwhile.
 func (s *Supervisor) Run(ctx context.Context) error {
 	s.init()
 	log := s.Log
@@ -130,31 +120,23 @@ func (s *Supervisor) Run(ctx context.Context) error {
 		return nil
 	case <-s.enabled:
 	}
-	backoff := restartBackoff()
-	for {
-		started := time.Now()
-		err := s.runOnce(ctx, log)
-		if ctx.Err() != nil {
-			log.Info("KMS plugin stopped")
-			return nil
-		}
-		var exitErr *exec.ExitError
-		if err != nil && !errors.As(err, &exitErr) && s.Starts() == 0 {
-			return fmt.Errorf("starting the KMS plugin: %w", err)
-		}
-		if time.Since(started) > restartResetAfter {
-			backoff = restartBackoff()
-		}
-		delay := backoff.Step()
-		log.Warn("KMS plugin exited, restarting", zap.Error(err), zap.Duration("backoff", delay))
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
-	}
+	return command.Supervise(ctx, command.Supervised{
+		Run: func(ctx context.Context) error {
+			err := s.runOnce(ctx, log)
+			if ctx.Err() != nil {
+				log.Info("KMS plugin stopped")
+				return err
+			}
+			var exitErr *exec.ExitError
+			if err != nil && !errors.As(err, &exitErr) && s.Starts() == 0 {
+				return command.Permanent(fmt.Errorf("starting the KMS plugin: %w", err))
+			}
+			return err
+		},
+		Restarting: func(err error, backoff time.Duration) {
+			log.Warn("KMS plugin exited, restarting", zap.Error(err), zap.Duration("backoff", backoff))
+		},
+	})
 }
 
 // runOnce runs one plugin process until it exits or ctx ends.

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,7 +69,9 @@ func (s *Supervisor) Starts() int {
 }
 
 // Run supervises the kubelet until ctx ends. It returns nil when ctx ends and an error only when
-// the kubelet cannot be started at all (e.g. its binary is missing).
+// the kubelet cannot be started at all (e.g. its binary is missing). The kubelet is restarted 1 s
+// after it exits, then after 2, 4, 8 and at most 10 s while it keeps exiting; a kubelet that ran for
+// longer than a minute starts the sequence over (command.Supervise).
 func (s *Supervisor) Run(ctx context.Context) error {
 	s.init()
 	log := s.Log
@@ -85,47 +86,24 @@ func (s *Supervisor) Run(ctx context.Context) error {
 	if _, err := exec.LookPath(s.Path); err != nil {
 		return fmt.Errorf("finding kubelet binary: %w", err)
 	}
-	backoff := restartBackoff()
-	for {
-		if err := s.waitForConfig(ctx); err != nil {
-			return nil //nolint:nilerr // ctx ended while waiting: a clean stop
-		}
-		args, err := s.args()
-		if err != nil {
+	return command.Supervise(ctx, command.Supervised{
+		Ready: s.waitForConfig,
+		Run: func(ctx context.Context) error {
+			args, err := s.args()
+			if err != nil {
+				return command.Permanent(err)
+			}
+			log.Info("starting kubelet", zap.Strings("args", args))
+			err = s.runOnce(ctx, args)
+			if ctx.Err() != nil {
+				log.Info("kubelet stopped")
+			}
 			return err
-		}
-		started := time.Now()
-		log.Info("starting kubelet", zap.Strings("args", args))
-		err = s.runOnce(ctx, args)
-		if ctx.Err() != nil {
-			log.Info("kubelet stopped")
-			return nil
-		}
-		if time.Since(started) > restartResetAfter {
-			backoff = restartBackoff()
-		}
-		delay := backoff.Step()
-		log.Warn("kubelet exited, restarting", zap.Error(err), zap.Duration("backoff", delay))
-		t := time.NewTimer(delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil
-		case <-t.C:
-		}
-	}
-}
-
-// The kubelet is restarted 1 s after it exits, then after 2, 4, 8 and at most 10 s while it keeps
-// exiting; a kubelet that ran for longer than a minute starts the sequence over.
-const (
-	restartInitial    = time.Second
-	restartCap        = 10 * time.Second
-	restartResetAfter = time.Minute
-)
-
-func restartBackoff() wait.Backoff {
-	return wait.Backoff{Duration: restartInitial, Factor: 2, Steps: math.MaxInt32, Cap: restartCap}
+		},
+		Restarting: func(err error, backoff time.Duration) {
+			log.Warn("kubelet exited, restarting", zap.Error(err), zap.Duration("backoff", backoff))
+		},
+	})
 }
 
 // runOnce runs the kubelet once, in a process group of its own that dies with the daemon

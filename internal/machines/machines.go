@@ -28,13 +28,12 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/util/retry"
 
+	"github.com/berth-k8s/berth/internal/configmapkey"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 )
 
@@ -155,8 +154,9 @@ func Encode(ms []Machine) (string, error) {
 }
 
 // conflictBackoff spaces the rounds of an Update that lost a race with another writer: from 10 ms,
-// growing by half each time up to a second, jittered by half, at most 20 rounds (every replica of the
-// joinservice and the CLI may write at once).
+// growing by half each time, jittered by half (every replica of the joinservice and the CLI may write
+// at once). Reaching the one-second cap ends the rounds (wait.Backoff's Cap sets Steps to 0): 12
+// rounds over about 2.5 s, before Steps' 20.
 var conflictBackoff = wait.Backoff{Duration: 10 * time.Millisecond, Factor: 1.5, Jitter: 0.5, Cap: time.Second, Steps: 20}
 
 // ErrUnchanged, returned by an Update's change function, ends the Update without writing.
@@ -167,52 +167,27 @@ var ErrUnchanged = errors.New("machine record unchanged")
 // returns the machines as written, or as read when change returned ErrUnchanged; any other error of
 // change ends it with that error.
 func Update(ctx context.Context, client kubernetes.Interface, namespace string, change func([]Machine) ([]Machine, error)) ([]Machine, error) {
-	cms := client.CoreV1().ConfigMaps(namespace)
-	var out []Machine
-	err := retry.OnError(conflictBackoff, func(err error) bool {
-		return apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err)
-	}, func() error {
-		cm, err := cms.Get(ctx, ConfigMapName, metav1.GetOptions{})
-		create := apierrors.IsNotFound(err)
-		if err != nil && !create {
-			return fmt.Errorf("reading ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
-		}
-		if create {
-			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ConfigMapName, Namespace: namespace,
-				Labels: map[string]string{"app.kubernetes.io/part-of": "berth"}}}
-		}
-		ms, err := Decode(cm.Data[DataKey])
+	ref := configmapkey.Ref{Namespace: namespace, Name: ConfigMapName, Key: DataKey,
+		Labels: map[string]string{"app.kubernetes.io/part-of": "berth"}}
+	var read, changed []Machine
+	_, err := configmapkey.Update(ctx, client, ref, conflictBackoff, func(data string) (string, error) {
+		ms, err := Decode(data)
 		if err != nil {
-			return err
+			return "", err
 		}
-		changed, err := change(ms)
-		if errors.Is(err, ErrUnchanged) {
-			out = ms
-			return nil
+		read = ms
+		if changed, err = change(ms); err != nil {
+			return "", err
 		}
-		if err != nil {
-			return err
-		}
-		data, err := Encode(changed)
-		if err != nil {
-			return err
-		}
-		if cm.Data == nil {
-			cm.Data = map[string]string{}
-		}
-		cm.Data[DataKey] = data
-		if create {
-			_, err = cms.Create(ctx, cm, metav1.CreateOptions{})
-		} else {
-			_, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
-		}
-		if err != nil {
-			return fmt.Errorf("writing ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
-		}
-		out = changed
-		return nil
+		return Encode(changed)
 	})
-	return out, err
+	switch {
+	case errors.Is(err, ErrUnchanged):
+		return read, nil
+	case err != nil:
+		return nil, err
+	}
+	return changed, nil
 }
 
 // Admit adds the machines of more that ms does not hold yet (by identity) and returns the result and

@@ -17,8 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
@@ -92,19 +91,11 @@ func NewApprover(log *zap.Logger, client kubernetes.Interface, meta interface {
 
 // Run watches kubelet serving CSRs and decides every pending one until ctx ends.
 func (a *Approver) Run(ctx context.Context) error {
-	csrs := a.client.CertificatesV1().CertificateSigningRequests()
-	selector := fields.OneTermEqualSelector("spec.signerName", kubeletServingSigner).String()
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = selector
-			return csrs.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = selector
-			return csrs.Watch(ctx, o)
-		},
-	}
-	inf := cache.NewSharedIndexInformer(lw, &certificatesv1.CertificateSigningRequest{}, approverResync, cache.Indexers{})
+	factory := informers.NewSharedInformerFactoryWithOptions(a.client, approverResync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.signerName", kubeletServingSigner).String()
+		}))
+	inf := factory.Certificates().V1().CertificateSigningRequests().Informer()
 	handle := func(obj any) {
 		if csr, ok := obj.(*certificatesv1.CertificateSigningRequest); ok {
 			a.Decide(ctx, csr)
@@ -116,7 +107,9 @@ func (a *Approver) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("watching kubelet serving CSRs: %w", err)
 	}
-	inf.RunWithContext(ctx)
+	factory.Start(ctx.Done())
+	<-ctx.Done()
+	factory.Shutdown()
 	return nil
 }
 

@@ -45,9 +45,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
@@ -397,26 +396,15 @@ func (l *Lock) timeout(ctx context.Context, lease *coordinationv1.Lease, lastSee
 // Watch frees the Lease when the control plane that holds it has joined (obs says so) or its join
 // timed out, until ctx ends. Every replica runs it. It returns nil when ctx ends.
 func (l *Lock) Watch(ctx context.Context, obs Observer) error {
-	leases := l.client.CoordinationV1().Leases(l.namespace)
-	only := fields.OneTermEqualSelector("metadata.name", LeaseName).String()
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = only
-			return leases.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = only
-			return leases.Watch(ctx, o)
-		},
-	}
-	inf := cache.NewSharedIndexInformer(lw, &coordinationv1.Lease{}, 0, cache.Indexers{})
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		inf.RunWithContext(ctx)
-	}()
+	factory := informers.NewSharedInformerFactoryWithOptions(l.client, 0, informers.WithNamespace(l.namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", LeaseName).String()
+		}))
+	leases := factory.Coordination().V1().Leases()
+	inf := leases.Informer()
+	// Every return below comes after ctx ended, which stops the informer Shutdown waits for.
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return nil
 	}
@@ -433,12 +421,8 @@ func (l *Lock) Watch(ctx context.Context, obs Observer) error {
 			return nil
 		case <-t.C:
 		}
-		obj, ok, err := inf.GetStore().GetByKey(l.namespace + "/" + LeaseName)
-		if err != nil || !ok {
-			continue
-		}
-		lease, ok := obj.(*coordinationv1.Lease)
-		if !ok {
+		lease, err := leases.Lister().Leases(l.namespace).Get(LeaseName)
+		if err != nil {
 			continue
 		}
 		node, joining := joiningNode(lease)

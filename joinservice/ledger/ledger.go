@@ -46,11 +46,11 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/time/rate"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/berth-k8s/berth/internal/configmapkey"
 	"github.com/berth-k8s/berth/internal/joinledger"
 )
 
@@ -71,14 +71,15 @@ const (
 	maxMessage = 400
 	// maxCounted bounds the refusals aggregated between flushes, per kind.
 	maxCounted = 1024
-	// maxConflictRetries bounds the get-merge-update rounds of one flush.
-	maxConflictRetries = 8
 	// retryInitial and retryCap bound the wait before retrying a failed write; it doubles per failure.
 	retryInitial = 250 * time.Millisecond
 	retryCap     = 10 * time.Second
 	// shutdownFlushTimeout bounds the last write when Run stops.
 	shutdownFlushTimeout = 5 * time.Second
 )
+
+// conflictAttempts bounds the get-merge-update rounds of one flush; they follow each other at once.
+var conflictAttempts = wait.Backoff{Steps: 8}
 
 // Outcomes (joinledger's).
 const (
@@ -288,50 +289,18 @@ func (w *Writer) flush(ctx context.Context, batch []Entry) error {
 	return nil
 }
 
-// merge adds batch to the ConfigMap with optimistic concurrency.
+// merge adds batch to the ConfigMap with optimistic concurrency (configmapkey.Update).
 func (w *Writer) merge(ctx context.Context, batch []Entry) (*corev1.ConfigMap, error) {
-	cms := w.client.CoreV1().ConfigMaps(w.namespace)
-	var last error
-	for range maxConflictRetries {
-		cm, err := cms.Get(ctx, joinledger.ConfigMapName, metav1.GetOptions{})
-		create := apierrors.IsNotFound(err)
-		if err != nil && !create {
-			return nil, fmt.Errorf("reading ledger: %w", err)
-		}
-		if create {
-			cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
-				Name: joinledger.ConfigMapName, Namespace: w.namespace,
-				Labels: map[string]string{"app.kubernetes.io/part-of": "berth", "app.kubernetes.io/name": "berth-joinservice"},
-			}}
-		}
-		existing, err := joinledger.Decode(cm.Data[joinledger.DataKey])
+	ref := configmapkey.Ref{Namespace: w.namespace, Name: joinledger.ConfigMapName, Key: joinledger.DataKey,
+		Labels: map[string]string{"app.kubernetes.io/part-of": "berth", "app.kubernetes.io/name": "berth-joinservice"}}
+	return configmapkey.Update(ctx, w.client, ref, conflictAttempts, func(data string) (string, error) {
+		existing, err := joinledger.Decode(data)
 		if err != nil {
 			w.log.Warn("discarding unreadable join ledger", zap.Error(err))
 			existing = nil
 		}
-		data, err := joinledger.Encode(joinledger.Merge(existing, batch))
-		if err != nil {
-			return nil, err
-		}
-		if cm.Data == nil {
-			cm.Data = map[string]string{}
-		}
-		cm.Data[joinledger.DataKey] = data
-		var out *corev1.ConfigMap
-		if create {
-			out, err = cms.Create(ctx, cm, metav1.CreateOptions{})
-		} else {
-			out, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
-		}
-		if err == nil {
-			return out, nil
-		}
-		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) {
-			return nil, fmt.Errorf("writing ledger: %w", err)
-		}
-		last = err
-	}
-	return nil, fmt.Errorf("writing ledger: still conflicting after %d attempts: %w", maxConflictRetries, last)
+		return joinledger.Encode(joinledger.Merge(existing, batch))
+	})
 }
 
 // events creates the batch's Events. Failures are logged, never returned: the ConfigMap holds the

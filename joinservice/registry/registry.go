@@ -26,9 +26,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
@@ -159,19 +158,11 @@ func (r *Registry) SetEtcd(ctx context.Context, identity string, state machines.
 
 // Run watches the record and writes queued admissions until ctx ends. It returns nil then.
 func (r *Registry) Run(ctx context.Context) error {
-	cms := r.client.CoreV1().ConfigMaps(r.namespace)
-	only := fields.OneTermEqualSelector("metadata.name", machines.ConfigMapName).String()
-	lw := &cache.ListWatch{
-		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
-			o.FieldSelector = only
-			return cms.List(ctx, o)
-		},
-		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
-			o.FieldSelector = only
-			return cms.Watch(ctx, o)
-		},
-	}
-	inf := cache.NewSharedIndexInformer(lw, &corev1.ConfigMap{}, 0, cache.Indexers{})
+	factory := informers.NewSharedInformerFactoryWithOptions(r.client, 0, informers.WithNamespace(r.namespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", machines.ConfigMapName).String()
+		}))
+	inf := factory.Core().V1().ConfigMaps().Informer()
 	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { r.load(obj) },
 		UpdateFunc: func(_, obj any) { r.load(obj) },
@@ -179,13 +170,9 @@ func (r *Registry) Run(ctx context.Context) error {
 	}); err != nil {
 		return fmt.Errorf("watching the machine record: %w", err)
 	}
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		inf.RunWithContext(ctx)
-	}()
+	// Every return below comes after ctx ended, which stops the informer Shutdown waits for.
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
 	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
 		return nil // ctx ended
 	}
