@@ -522,8 +522,14 @@ func TestMiniAttestedInit(t *testing.T) {
 	crashInit(t, c, initCmd)
 
 	start = time.Now()
-	out = c.must(10*time.Minute, c.berth, initCmd...)
+	out, err = c.run(10*time.Minute, c.berth, initCmd...)
 	t.Logf("berth init, the same command after the crash (%.1fs):\n%s", time.Since(start).Seconds(), out)
+	if err != nil {
+		initLog, rerr := os.ReadFile(filepath.Join(c.dir, "init.log"))
+		t.Logf("the node's init output (%v):\n%s", rerr, initLog)
+		dumpLogs(t, c.dir)
+		t.Fatalf("berth init after the crash: %v", err)
+	}
 	if !strings.Contains(out, "Node attested (tpm)") {
 		t.Errorf("init output does not show a TPM-attested init")
 	}

@@ -258,11 +258,6 @@ func (i *Initializer) installKMS(ctx context.Context, job *Job) error {
 }
 
 func (i *Initializer) kubeadmInit(ctx context.Context, job *Job) error {
-	// The kubelet must be running (or ready to start once kubeadm wrote its config) before kubeadm
-	// waits for the control-plane static pods.
-	if err := i.kubelet.Start(ctx); err != nil {
-		return fmt.Errorf("starting kubelet: %w", err)
-	}
 	var skip []string
 	if job.Req.SkipKubeProxy {
 		skip = append(skip, "addon/kube-proxy")
@@ -273,14 +268,24 @@ func (i *Initializer) kubeadmInit(ctx context.Context, job *Job) error {
 	attempted := filepath.Join(i.cfg.StateDir, "kubeadm-init.attempted")
 	if _, err := i.fs.Stat(attempted); err == nil {
 		// An earlier kubeadm init got part of the way. kubeadm init is not idempotent, so undo it
-		// and redo it from the certificates on.
-		_, _ = fmt.Fprintln(job.Out, "[berth] an earlier kubeadm init did not finish: resetting and running it again")
+		// and redo it from the certificates on. The kubelet must not run across the reset: it would
+		// keep the undone attempt's client certificate, under the CA the reset deletes, and never
+		// register with the API server of the next attempt.
+		_, _ = fmt.Fprintln(job.Out, "[berth] an earlier kubeadm init did not finish: stopping the kubelet, resetting and running it again")
+		if err := i.kubelet.Stop(ctx); err != nil {
+			return err
+		}
 		if err := i.kubeadm.Reset(ctx, job.Out, i.cfg.CRISocket); err != nil {
 			return err
 		}
 		if err := i.kubeadm.Certs(ctx, job.Out, i.configPath()); err != nil {
 			return err
 		}
+	}
+	// The kubelet must be running (or ready to start once kubeadm wrote its config) before kubeadm
+	// waits for the control-plane static pods.
+	if err := i.kubelet.Start(ctx); err != nil {
+		return fmt.Errorf("starting kubelet: %w", err)
 	}
 	if err := afero.WriteFile(i.fs, attempted, nil, 0o600); err != nil {
 		return fmt.Errorf("recording kubeadm init attempt: %w", err)
@@ -339,10 +344,12 @@ type kubeadmRunner interface {
 	Reset(ctx context.Context, out io.Writer, criSocket string) error
 }
 
-// kubeletStarter starts the kubelet.
+// kubeletStarter starts and stops the kubelet (internal/kubelet).
 type kubeletStarter interface {
 	// Start enables the kubelet; it may return before the kubelet runs.
 	Start(ctx context.Context) error
+	// Stop stops the kubelet and returns once it no longer runs.
+	Stop(ctx context.Context) error
 }
 
 // apiWaiter waits for the API server.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 
@@ -23,9 +24,20 @@ func (meta) Self(context.Context) (metadata.Instance, error) {
 }
 func (meta) ControlPlaneEndpoint(context.Context) (string, error) { return "", metadata.ErrNotFound }
 
-type nopKubelet struct{ starts int }
+// recKubelet records its starts and stops among kubeadm's commands.
+type recKubelet struct {
+	rec    *commandtest.Recorder
+	starts int
+}
 
-func (k *nopKubelet) Start(context.Context) error { k.starts++; return nil }
+func (k *recKubelet) Start(ctx context.Context) error {
+	k.starts++
+	return k.rec.Run(ctx, io.Discard, "kubelet", "start")
+}
+
+func (k *recKubelet) Stop(ctx context.Context) error {
+	return k.rec.Run(ctx, io.Discard, "kubelet", "stop")
+}
 
 type readyWaiter struct{}
 
@@ -35,11 +47,11 @@ type nopComponents struct{}
 
 func (nopComponents) Install(context.Context, string, *Job) error { return nil }
 
-func setup(version string) (*Initializer, *commandtest.Recorder, afero.Fs, *nopKubelet) {
+func setup(version string) (*Initializer, *commandtest.Recorder, afero.Fs, *recKubelet) {
 	fsys := afero.NewMemMapFs()
 	_ = afero.WriteFile(fsys, "/run/cri.sock", nil, 0o600)
 	rec := &commandtest.Recorder{Script: map[string][]commandtest.Result{"kubeadm version": {{Output: version + "\n"}}}}
-	k := &nopKubelet{}
+	k := &recKubelet{rec: rec}
 	i := New(Config{StateDir: "/state", CRISocket: "unix:///run/cri.sock", CgroupDriver: "cgroupfs"}, fsys, meta{},
 		&kubeadm.Runner{Path: "kubeadm", Exec: rec}, k, readyWaiter{}, nopComponents{})
 	return i, rec, fsys, k
@@ -93,9 +105,13 @@ func TestPhasesAndRetryOfKubeadmInit(t *testing.T) {
 	want := strings.Join([]string{
 		"kubeadm version -o short",
 		"kubeadm init phase certs all --config /state/kubeadm-init.yaml",
+		"kubelet start",
 		"kubeadm init --config /state/kubeadm-init.yaml --skip-token-print --skip-phases=certs",
+		// The retry: the kubelet is stopped before the reset and started after it.
+		"kubelet stop",
 		"kubeadm reset --force --cri-socket unix:///run/cri.sock",
 		"kubeadm init phase certs all --config /state/kubeadm-init.yaml",
+		"kubelet start",
 		"kubeadm init --config /state/kubeadm-init.yaml --skip-token-print --skip-phases=certs",
 	}, "\n")
 	if got := rec.String(); got != want {

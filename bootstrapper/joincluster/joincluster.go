@@ -218,8 +218,16 @@ func (j *Joiner) Join(ctx context.Context, self metadata.Instance, ticket *joinp
 			return false, fmt.Errorf("%w: %d attempts: %w", ErrJoinRetriesExhausted, attempt, err)
 		}
 		j.log.Warn("kubeadm join failed transiently, retrying", zap.Int("attempt", attempt), zap.Error(err))
+		// The kubelet must not run across the reset (it would keep what the reset removes), and
+		// must be enabled again for the next attempt.
+		if err := j.kubelet.Stop(ctx); err != nil {
+			return false, fmt.Errorf("stopping kubelet before the retry: %w", err)
+		}
 		if err := j.kubeadm.Reset(ctx, io.Discard, j.cfg.CRISocket); err != nil {
 			j.log.Warn("kubeadm reset before retry failed", zap.Error(err))
+		}
+		if err := j.kubelet.Start(ctx); err != nil {
+			return false, fmt.Errorf("starting kubelet: %w", err)
 		}
 		return false, nil
 	})
@@ -443,9 +451,12 @@ type kubeadmRunner interface {
 	Reset(ctx context.Context, out io.Writer, criSocket string) error
 }
 
-// kubeletStarter starts the kubelet.
+// kubeletStarter starts and stops the kubelet (internal/kubelet).
 type kubeletStarter interface {
+	// Start enables the kubelet; it may return before the kubelet runs.
 	Start(ctx context.Context) error
+	// Stop stops the kubelet and returns once it no longer runs.
+	Stop(ctx context.Context) error
 }
 
 // stateStore persists the node state.

@@ -31,9 +31,15 @@ import (
 	"github.com/berth-k8s/berth/nodelock"
 )
 
-type startCounter struct{ n int }
+// startCounter counts the kubelet's starts and stops; running says whether it runs now.
+type startCounter struct {
+	n, stops int
+	running  bool
+}
 
-func (s *startCounter) Start(context.Context) error { s.n++; return nil }
+func (s *startCounter) Start(context.Context) error { s.n++; s.running = true; return nil }
+
+func (s *startCounter) Stop(context.Context) error { s.stops++; s.running = false; return nil }
 
 var self = metadata.Instance{Name: "worker-0", Role: metadata.RoleWorker, IPs: []string{"198.51.100.20"}}
 
@@ -130,6 +136,10 @@ func TestJoinRetriesTransientFailures(t *testing.T) {
 		}
 		if st, _ := f.state.Load(); st == nil || !st.Done {
 			t.Fatalf("state after join = %+v, want done", st)
+		}
+		// Stopped before each reset, started again for each retry.
+		if f.kubelet.stops != 2 || f.kubelet.n != 3 || !f.kubelet.running {
+			t.Fatalf("kubelet stopped %d and started %d times (running %v), want 2, 3 and running", f.kubelet.stops, f.kubelet.n, f.kubelet.running)
 		}
 	})
 }

@@ -1,5 +1,6 @@
 // Package kubelet starts and keeps the kubelet running once kubeadm has configured it. Two
-// implementations share one shape (Start enables the kubelet, Run owns whatever keeps it running):
+// implementations share one shape (Start enables the kubelet, Stop stops it and waits, Run owns
+// whatever keeps it running):
 //
 //   - Systemd hands the kubelet to systemd (kubelet.service with kubeadm's drop-in), as on the OS image.
 //   - Supervisor runs the kubelet as a child process and restarts it when it exits, for hosts
@@ -30,6 +31,19 @@ func (s *Systemd) Start(ctx context.Context) error {
 	}
 	if err := s.Exec.Run(ctx, io.Discard, "systemctl", "enable", "--now", "--no-block", unit); err != nil {
 		return fmt.Errorf("starting %s: %w", unit, err)
+	}
+	return nil
+}
+
+// Stop stops the kubelet unit and waits for the stop job: kubeadm reset asks systemd itself, but a
+// caller that resets must not depend on that.
+func (s *Systemd) Stop(ctx context.Context) error {
+	unit := s.Unit
+	if unit == "" {
+		unit = "kubelet.service"
+	}
+	if err := s.Exec.Run(ctx, io.Discard, "systemctl", "stop", unit); err != nil {
+		return fmt.Errorf("stopping %s: %w", unit, err)
 	}
 	return nil
 }

@@ -188,3 +188,85 @@ func TestSupervisorRecordsTheKubelet(t *testing.T) {
 		t.Errorf("record after the stop = %q, %v; want []", b, err)
 	}
 }
+
+// TestSupervisorStopAndStartAgain: Stop returns once the running kubelet has exited and keeps it
+// stopped (no restart while disabled, even when kubeadm's files are there); Start runs it again.
+func TestSupervisorStopAndStartAgain(t *testing.T) {
+	dir := t.TempDir()
+	kubeletDir, k8sDir := filepath.Join(dir, "kubelet"), filepath.Join(dir, "kubernetes")
+	for _, f := range []string{filepath.Join(kubeletDir, "config.yaml"), filepath.Join(k8sDir, "kubelet.conf")} {
+		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fake := filepath.Join(dir, "fake-kubelet")
+	if err := os.WriteFile(fake, []byte("#!/bin/sh\nexec sleep 600\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	record := filepath.Join(dir, "children.json")
+	s := &Supervisor{Path: fake, KubeletDir: kubeletDir, KubernetesDir: k8sDir, PollInterval: 10 * time.Millisecond,
+		Children: command.NewChildren(record)}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	running := func() int {
+		t.Helper()
+		var recorded []command.Child
+		if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+			b, err := os.ReadFile(record)
+			return err == nil && json.Unmarshal(b, &recorded) == nil && len(recorded) == 1, nil
+		}); err != nil {
+			t.Fatalf("no running kubelet in the record: %v", err)
+		}
+		return recorded[0].PID
+	}
+	// Stop before any start is a no-op.
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first := running()
+	if err := s.Stop(ctx); err != nil {
+		t.Fatalf("Stop() = %v", err)
+	}
+	// Stop returned: the process is gone and reaped, and the record is empty.
+	if err := syscall.Kill(first, 0); err == nil {
+		t.Errorf("kubelet %d still runs after Stop", first)
+	}
+	if b, err := os.ReadFile(record); err != nil || strings.TrimSpace(string(b)) != "[]" {
+		t.Errorf("record after Stop = %q, %v; want []", b, err)
+	}
+	if got := s.Starts(); got != 1 {
+		t.Errorf("starts after Stop = %d, want 1 (a stopped kubelet is not restarted)", got)
+	}
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if second := running(); second == first {
+		t.Errorf("Start after Stop shows the old kubelet %d", first)
+	}
+	if got := s.Starts(); got != 2 {
+		t.Errorf("starts = %d, want 2", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run() = %v", err)
+	}
+}
+
+func TestSystemdStop(t *testing.T) {
+	rec := &commandtest.Recorder{}
+	s := &Systemd{Exec: rec}
+	if err := s.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := rec.String(), "systemctl stop kubelet.service"; got != want {
+		t.Fatalf("calls = %q, want %q", got, want)
+	}
+}

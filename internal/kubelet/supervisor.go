@@ -21,7 +21,10 @@ import (
 
 // Supervisor runs the kubelet as a child process. Start enables it; Run, owned by the daemon's
 // errgroup, waits until it is enabled and kubeadm has written the kubelet's configuration, then
-// starts the kubelet and restarts it with capped backoff whenever it exits, until ctx ends.
+// starts the kubelet and restarts it with capped backoff whenever it exits, until ctx ends. Stop
+// disables it again and returns once the running kubelet has exited, as `systemctl stop` does
+// before a kubeadm reset: a kubelet that ran across a reset would keep the undone attempt's
+// credentials and never register with the cluster that the next attempt makes.
 type Supervisor struct {
 	// Path is the kubelet binary.
 	Path string
@@ -40,25 +43,86 @@ type Supervisor struct {
 	// crashed daemon left behind (command.Children.KillStale).
 	Children *command.Children
 
-	once    sync.Once
-	enabled chan struct{}
 	mu      sync.Mutex
 	starts  int
+	enabled bool
+	// changed is closed (and replaced) whenever enabled changes.
+	changed chan struct{}
+	// stopRun ends the current supervision (nil while none runs); stopped is closed once it ended.
+	stopRun context.CancelFunc
+	stopped chan struct{}
 }
 
-func (s *Supervisor) init() {
-	s.once.Do(func() { s.enabled = make(chan struct{}) })
+// setEnabled sets enabled and wakes Run when it changed; s.mu is held.
+func (s *Supervisor) setEnabled(enabled bool) {
+	if s.changed == nil {
+		s.changed = make(chan struct{})
+	}
+	if s.enabled == enabled {
+		return
+	}
+	s.enabled = enabled
+	close(s.changed)
+	s.changed = make(chan struct{})
 }
 
 // Start enables the kubelet. It returns at once; Run starts the process.
 func (s *Supervisor) Start(context.Context) error {
-	s.init()
-	select {
-	case <-s.enabled:
-	default:
-		close(s.enabled)
-	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.setEnabled(true)
 	return nil
+}
+
+// Stop disables the kubelet and returns once no kubelet process of Run's runs, or ctx ended. Start
+// enables it again.
+func (s *Supervisor) Stop(ctx context.Context) error {
+	s.mu.Lock()
+	s.setEnabled(false)
+	stop, stopped := s.stopRun, s.stopped
+	s.mu.Unlock()
+	if stop == nil {
+		return nil
+	}
+	stop()
+	select {
+	case <-stopped:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("stopping the kubelet: %w", ctx.Err())
+	}
+}
+
+// enabledRun waits until the kubelet is enabled and returns the context of one supervision, which
+// ends with ctx or when Stop is called; done must be called once the supervision ended. It returns
+// ctx's error when ctx ends first.
+func (s *Supervisor) enabledRun(ctx context.Context) (run context.Context, done func(), err error) {
+	for {
+		s.mu.Lock()
+		if s.enabled {
+			run, cancel := context.WithCancel(ctx)
+			stopped := make(chan struct{})
+			s.stopRun, s.stopped = cancel, stopped
+			s.mu.Unlock()
+			return run, func() {
+				cancel()
+				s.mu.Lock()
+				s.stopRun, s.stopped = nil, nil
+				s.mu.Unlock()
+				close(stopped)
+			}, nil
+		}
+		if s.changed == nil {
+			s.changed = make(chan struct{})
+		}
+		changed := s.changed
+		s.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-changed:
+		}
+	}
 }
 
 // Starts reports how many times the kubelet process was started.
@@ -71,39 +135,48 @@ func (s *Supervisor) Starts() int {
 // Run supervises the kubelet until ctx ends. It returns nil when ctx ends and an error only when
 // the kubelet cannot be started at all (e.g. its binary is missing). The kubelet is restarted 1 s
 // after it exits, then after 2, 4, 8 and at most 10 s while it keeps exiting; a kubelet that ran for
-// longer than a minute starts the sequence over (command.Supervise).
+// longer than a minute starts the sequence over (command.Supervise). After Stop it waits until it is
+// enabled again.
 func (s *Supervisor) Run(ctx context.Context) error {
-	s.init()
 	log := s.Log
 	if log == nil {
 		log = zap.NewNop()
 	}
-	select {
-	case <-ctx.Done():
-		return nil
-	case <-s.enabled:
-	}
-	if _, err := exec.LookPath(s.Path); err != nil {
-		return fmt.Errorf("finding kubelet binary: %w", err)
-	}
-	return command.Supervise(ctx, command.Supervised{
-		Ready: s.waitForConfig,
-		Run: func(ctx context.Context) error {
-			args, err := s.args()
-			if err != nil {
-				return command.Permanent(err)
-			}
-			log.Info("starting kubelet", zap.Strings("args", args))
-			err = s.runOnce(ctx, args)
-			if ctx.Err() != nil {
-				log.Info("kubelet stopped")
-			}
+	for {
+		run, done, err := s.enabledRun(ctx)
+		if err != nil {
+			return nil
+		}
+		if _, err := exec.LookPath(s.Path); err != nil {
+			done()
+			return fmt.Errorf("finding kubelet binary: %w", err)
+		}
+		err = command.Supervise(run, command.Supervised{
+			Ready: s.waitForConfig,
+			Run: func(ctx context.Context) error {
+				args, err := s.args()
+				if err != nil {
+					return command.Permanent(err)
+				}
+				log.Info("starting kubelet", zap.Strings("args", args))
+				err = s.runOnce(ctx, args)
+				if ctx.Err() != nil {
+					log.Info("kubelet stopped")
+				}
+				return err
+			},
+			Restarting: func(err error, backoff time.Duration) {
+				log.Warn("kubelet exited, restarting", zap.Error(err), zap.Duration("backoff", backoff))
+			},
+		})
+		done()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
 			return err
-		},
-		Restarting: func(err error, backoff time.Duration) {
-			log.Warn("kubelet exited, restarting", zap.Error(err), zap.Duration("backoff", backoff))
-		},
-	})
+		}
+	}
 }
 
 // runOnce runs the kubelet once, in a process group of its own that dies with the daemon

@@ -107,6 +107,7 @@ func daemon(ctx context.Context, cfg *config) error {
 	exec := command.Runner{Children: children}
 	var kube interface {
 		Start(ctx context.Context) error
+		Stop(ctx context.Context) error
 		Run(ctx context.Context) error
 	}
 	switch cfg.kubelet {
