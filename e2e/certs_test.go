@@ -80,19 +80,6 @@ func setCertSettings(t *testing.T, ctx context.Context, kube kubernetes.Interfac
 	}
 }
 
-func firstCert(t *testing.T, data []byte) *x509.Certificate {
-	t.Helper()
-	b, _ := pem.Decode(data)
-	if b == nil {
-		t.Fatal("no PEM certificate")
-	}
-	c, err := x509.ParseCertificate(b.Bytes)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 // foreignCA returns a CA certificate no Berth webhook serves under (its key is thrown away).
 func foreignCA(t *testing.T) []byte {
 	t.Helper()
