@@ -196,7 +196,7 @@ func probeIdentity(ctx context.Context, conn net.Conn, claims []string) ([]byte,
 	if id != nil {
 		return id, nil
 	}
-	return nil, fmt.Errorf("probing attestation identity: %w", err)
+	return nil, fmt.Errorf("probing attestation identity: %w", claimsVerdict(err, len(claims) > 0))
 }
 
 // Dial connects to addr with attested TLS as a client: for a Challenger validator that certifies no
@@ -226,7 +226,7 @@ func Dial(ctx context.Context, dialer *net.Dialer, addr string, issuer Issuer, v
 	conn := tls.Client(raw, cfg)
 	if err := conn.HandshakeContext(ctx); err != nil {
 		_ = conn.Close() // the handshake's error is the one to report
-		return nil, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
+		return nil, fmt.Errorf("attested TLS handshake with %s: %w", addr, claimsVerdict(err, claimsSent(cfg.NextProtos)))
 	}
 	return conn, nil
 }

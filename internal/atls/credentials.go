@@ -153,7 +153,7 @@ func (c *Credentials) ClientHandshake(ctx context.Context, authority string, raw
 		if o.peerIdentity != nil {
 			c.probed.drop(authority)
 		}
-		return nil, nil, fmt.Errorf("attested TLS handshake: %w", err)
+		return nil, nil, fmt.Errorf("attested TLS handshake: %w", claimsVerdict(err, claimsSent(cfg.NextProtos)))
 	}
 	return conn, c.authInfo(conn, rec.evidence()), nil
 }
@@ -169,7 +169,7 @@ func (c *Credentials) ServerHandshake(rawConn net.Conn) (net.Conn, credentials.A
 	cfg := serverConfig(c.issuer, c.validator, o, c.certs)
 	ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
 	defer cancel()
-	conn := tls.Server(rawConn, cfg)
+	conn := tls.Server(&serverConn{Conn: rawConn}, cfg)
 	if err := conn.HandshakeContext(ctx); err != nil {
 		_ = conn.Close() // the handshake's error is the one to report
 		return nil, nil, fmt.Errorf("attested TLS handshake: %w", err)

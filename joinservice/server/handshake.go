@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strconv"
 	"time"
 
 	"google.golang.org/grpc/credentials"
@@ -127,21 +128,23 @@ func (c *recordingCreds) Clone() credentials.TransportCredentials {
 
 // ClaimCheck judges the measurements a joining node claims in its ClientHello (atls.Claimer) against
 // the policy in force, before this replica quotes or activates for the node or validates its
-// document: a node running the wrong image costs one plain TLS handshake. A refusal reaches the
-// ledger (RPC "handshake", reason MEASUREMENT_MISMATCH, the digest of the claims as evidence, the
-// full verdict in the message; an unverified entry) and the metrics. Claims that pass decide
-// nothing: the node still proves its measurements, which the handler judges again.
+// document: a node running the wrong image is refused with a TLS alert before any key exchange. A
+// refusal reaches the ledger (RPC "handshake", reason MEASUREMENT_MISMATCH, the digest of the claims
+// as evidence, the full verdict in the message; an unverified entry, aggregated per peer between the
+// ledger's writes) and the metrics. Claims that pass decide nothing: the node still proves its
+// measurements, which the handler judges again.
 //
 // Claims reveal nothing the policy does not publish. They are judged as a whole: claims that leave
 // out an index the policy enforces are refused like claims that deviate, and the node is told only
-// that its claims do not satisfy the policy, never which index, which indices are judged or what is
-// expected. Judging only the indices a node claims (or claims that leave one out not at all) would
-// tell a node that claims one random value per index which indices the policy enforces.
+// that its claims do not satisfy the policy (atls.ClaimVerdict: the alert says no more), never which
+// index, which indices are judged or what is expected. Judging only the indices a node claims (or
+// claims that leave one out not at all) would tell a node that claims one random value per index
+// which indices the policy enforces.
 func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer) atls.ClaimCheck {
 	if obs == nil {
 		obs = nopObserver{}
 	}
-	return func(_ context.Context, peer string, claims attestation.Measurements) *atls.Rejection {
+	return func(_ context.Context, peer string, claims attestation.Measurements) error {
 		p := current()
 		if p.Variant != vtpm.Variant {
 			// Claims are TPM PCRs; a node of another variant than the cluster's is refused by the
@@ -157,12 +160,9 @@ func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer)
 			Time: time.Now().UTC(), Peer: peer, RPC: "handshake", Outcome: ledger.OutcomeRejected, Reason: ReasonMeasurements,
 			Message: "claimed measurements: " + err.Error(), EvidenceSHA256: claimsDigest(claims), Kind: joinledger.KindUnverified,
 		})
-		return &atls.Rejection{Reason: ReasonMeasurements, Message: ClaimVerdict}
+		return err
 	}
 }
-
-// ClaimVerdict is all a node refused on its claims learns.
-const ClaimVerdict = "claimed measurements do not satisfy the cluster policy; the cluster's join ledger says why (berth status)"
 
 // errUnclaimed names the enforced indices a node's claims leave out (for the ledger only).
 type errUnclaimed []uint32
@@ -194,9 +194,13 @@ func claimsDigest(m attestation.Measurements) string {
 		idx = append(idx, i)
 	}
 	slices.Sort(idx)
-	h := sha256.New() // writes to a hash never fail
+	var b []byte // "%d=%x;" per index, without fmt: a refusal's cost is mostly small things like this
 	for _, i := range idx {
-		_, _ = fmt.Fprintf(h, "%d=%x;", i, m[i])
+		b = strconv.AppendUint(b, uint64(i), 10)
+		b = append(b, '=')
+		b = hex.AppendEncode(b, m[i])
+		b = append(b, ';')
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }
