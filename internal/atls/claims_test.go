@@ -12,6 +12,7 @@ import (
 	"encoding/asn1"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"strings"
@@ -127,6 +128,28 @@ func TestClaimsRejectedBeforeAttesting(t *testing.T) {
 	_ = tc.Close()
 	if want := []byte{21, 3, 3, 0, 2, 2, 49}; !bytes.Equal(rc.read, want) {
 		t.Fatalf("the server sent % x, want only the access_denied alert % x", rc.read, want)
+	}
+
+	// The server's handshake ends as one that the client closed (io.EOF): gRPC logs nothing of it.
+	creds := mustCreds(t, &claimingIssuer{}, atlstest.Validator{}, atls.WithClaimCheck(pcr4Check(&judged)))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	serverErr := make(chan error, 1)
+	go func() {
+		c, err := lis.Accept()
+		if err == nil {
+			_, _, err = creds.ServerHandshake(c)
+		}
+		serverErr <- err
+	}()
+	if _, err := atls.Dial(ctx, &d, lis.Addr().String(), &claimingIssuer{claims: bad}, atlstest.Validator{}); !errors.Is(err, atls.ErrClaimsRejected) {
+		t.Fatalf("Dial error = %v, want ErrClaimsRejected", err)
+	}
+	if err := <-serverErr; !errors.Is(err, io.EOF) {
+		t.Fatalf("server handshake error = %v, want io.EOF", err)
 	}
 
 	// Accepted claims change nothing: the handshake attests and validates in full.

@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/credentials"
@@ -144,6 +145,7 @@ func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer)
 	if obs == nil {
 		obs = nopObserver{}
 	}
+	verdicts := &claimVerdicts{}
 	return func(_ context.Context, peer string, claims attestation.Measurements) error {
 		p := current()
 		if p.Variant != vtpm.Variant {
@@ -151,17 +153,61 @@ func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer)
 			// handshake with UNKNOWN_VARIANT, not here.
 			return nil
 		}
-		err := judgeClaims(p, claims)
-		if err == nil {
+		digest := claimsDigest(claims)
+		v := verdicts.judge(p, digest, claims)
+		if v.err == nil {
 			return nil
 		}
 		obs.Attempt("handshake", ledger.OutcomeRejected, ReasonMeasurements)
 		j.Record(ledger.Entry{
 			Time: time.Now().UTC(), Peer: peer, RPC: "handshake", Outcome: ledger.OutcomeRejected, Reason: ReasonMeasurements,
-			Message: "claimed measurements: " + err.Error(), EvidenceSHA256: claimsDigest(claims), Kind: joinledger.KindUnverified,
+			Message: v.message, EvidenceSHA256: digest, Kind: joinledger.KindUnverified,
 		})
-		return err
+		return v.err
 	}
+}
+
+// claimVerdicts remembers the verdicts on the claims judged last, keyed by the policy they were
+// judged by and the digest of the claims: the nodes of one image claim the same values, so a join
+// (or a flood of refusals) judges and words each set of claims once per policy. At most
+// maxClaimVerdicts are kept; when full, all are forgotten.
+type claimVerdicts struct {
+	mu sync.Mutex
+	m  map[claimKey]claimVerdict
+}
+
+// maxClaimVerdicts bounds the verdicts on claims a joinservice remembers.
+const maxClaimVerdicts = 256
+
+type claimKey struct {
+	policy *policy.Policy
+	digest string
+}
+
+type claimVerdict struct {
+	err     error
+	message string // for the ledger: "claimed measurements: " and the reason
+}
+
+// judge returns the verdict on claims (whose claimsDigest is digest) under p.
+func (c *claimVerdicts) judge(p *policy.Policy, digest string, claims attestation.Measurements) claimVerdict {
+	k := claimKey{p, digest}
+	c.mu.Lock()
+	v, ok := c.m[k]
+	c.mu.Unlock()
+	if ok {
+		return v
+	}
+	if err := judgeClaims(p, claims); err != nil {
+		v = claimVerdict{err: err, message: "claimed measurements: " + err.Error()}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= maxClaimVerdicts {
+		c.m = map[claimKey]claimVerdict{}
+	}
+	c.m[k] = v
+	return v
 }
 
 // errUnclaimed names the enforced indices a node's claims leave out (for the ledger only).
@@ -194,7 +240,7 @@ func claimsDigest(m attestation.Measurements) string {
 		idx = append(idx, i)
 	}
 	slices.Sort(idx)
-	var b []byte // "%d=%x;" per index, without fmt: a refusal's cost is mostly small things like this
+	b := make([]byte, 0, len(m)*(3+2*sha256.Size+1)) // "%d=%x;" per index, without fmt
 	for _, i := range idx {
 		b = strconv.AppendUint(b, uint64(i), 10)
 		b = append(b, '=')

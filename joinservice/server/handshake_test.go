@@ -115,3 +115,46 @@ func TestClaimsDigest(t *testing.T) {
 		t.Fatalf("claimsDigest = %s, want %x", got, want)
 	}
 }
+
+// TestClaimVerdictsRemembered: the verdict on a set of claims is remembered per policy and per exact
+// claims: a policy change judges again, claims differing in one byte are judged on their own, and the
+// memory is bounded.
+func TestClaimVerdictsRemembered(t *testing.T) {
+	zero := strings.Repeat("00", 32)
+	strict := mustPolicy(t, "variant: tpm\nmeasurements:\n  4: {expected: "+zero+", source: the image}\n")
+	loose := mustPolicy(t, "variant: tpm\nmeasurements:\n  4: {anyOf: ["+zero+", "+strings.Repeat("9d", 32)+"], source: the image}\n")
+	current := strict
+	j := &journal{}
+	check := ClaimCheck(func() *policy.Policy { return current }, j, nil)
+	ctx := context.Background()
+	good, wrong := attestation.Measurements{4: make([]byte, 32)}, attestation.Measurements{4: bytes.Repeat([]byte{0x9d}, 32)}
+	for range 3 {
+		if check(ctx, "198.51.100.30", good) != nil || check(ctx, "198.51.100.30", wrong) == nil {
+			t.Fatal("strict policy: want good claims accepted, wrong ones refused")
+		}
+	}
+	if es := j.all(); len(es) != 3 || es[2].Message != es[0].Message || !strings.Contains(es[0].Message, "index 4") {
+		t.Fatalf("ledger %+v: want 3 refusals with the same full reason", es)
+	}
+	// One byte differs: judged on its own.
+	almost := attestation.Measurements{4: append(make([]byte, 31), 1)}
+	if check(ctx, "198.51.100.30", almost) == nil {
+		t.Fatal("claims one byte off the good ones accepted")
+	}
+	// The policy changes: what it accepts now is accepted, whatever was remembered.
+	current = loose
+	if err := check(ctx, "198.51.100.30", wrong); err != nil {
+		t.Fatalf("after the policy change: %v", err)
+	}
+	current = strict
+	// Bounded: more distinct claims than remembered are all judged right.
+	for i := range maxClaimVerdicts + 10 {
+		m := attestation.Measurements{4: make([]byte, 32), 5: {byte(i), byte(i >> 8)}}
+		if check(ctx, "198.51.100.31", m) != nil {
+			t.Fatalf("claims %d refused", i)
+		}
+	}
+	if check(ctx, "198.51.100.30", wrong) == nil {
+		t.Fatal("wrong claims accepted after the memory filled up")
+	}
+}
