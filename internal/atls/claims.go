@@ -188,7 +188,7 @@ type rejectionValue struct {
 }
 
 const (
-	alpnClaims      = "berth-m:"
+	alpnClaims   = "berth-m:"
 	maxReasonLen = 64
 	// maxShownRejectionMsg bounds the server's words a client reports.
 	maxShownRejectionMsg = 160
@@ -221,7 +221,7 @@ func decodeClaims(b []byte) (attestation.Measurements, error) {
 	if len(b) > maxActivationBlob {
 		return nil, fmt.Errorf("%w: %d bytes of claims", attestation.ErrMalformed, len(b))
 	}
-	b = append([]byte(nil), b...) // one copy; the values are slices of it, capped
+	b = append([]byte(nil), b...)                  // one copy; the values are slices of it, capped
 	m := make(attestation.Measurements, len(b)/34) // 24 SHA-256 PCRs are 24 triples of 34 bytes
 	for len(b) > 0 {
 		if len(b) < 2 || len(b) < 2+int(b[1]) {
