@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -153,61 +154,78 @@ func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer)
 			// handshake with UNKNOWN_VARIANT, not here.
 			return nil
 		}
-		digest := claimsDigest(claims)
-		v := verdicts.judge(p, digest, claims)
+		v := verdicts.judge(p, claims)
 		if v.err == nil {
 			return nil
 		}
 		obs.Attempt("handshake", ledger.OutcomeRejected, ReasonMeasurements)
 		j.Record(ledger.Entry{
 			Time: time.Now().UTC(), Peer: peer, RPC: "handshake", Outcome: ledger.OutcomeRejected, Reason: ReasonMeasurements,
-			Message: v.message, EvidenceSHA256: digest, Kind: joinledger.KindUnverified,
+			Message: v.message, EvidenceSHA256: v.digest, Kind: joinledger.KindUnverified,
 		})
 		return v.err
 	}
 }
 
 // claimVerdicts remembers the verdicts on the claims judged last, keyed by the policy they were
-// judged by and the digest of the claims: the nodes of one image claim the same values, so a join
-// (or a flood of refusals) judges and words each set of claims once per policy. At most
+// judged by and the exact claims: the nodes of one image claim the same values, so a join (or a flood
+// of refusals) judges, words and digests each set of claims once per policy. At most
 // maxClaimVerdicts are kept; when full, all are forgotten.
 type claimVerdicts struct {
 	mu sync.Mutex
-	m  map[claimKey]claimVerdict
+	// policy is the policy the verdicts were judged by; another one forgets them.
+	policy *policy.Policy
+	m      map[string]claimVerdict // by claimsKey
 }
 
 // maxClaimVerdicts bounds the verdicts on claims a joinservice remembers.
 const maxClaimVerdicts = 256
 
-type claimKey struct {
-	policy *policy.Policy
-	digest string
-}
-
 type claimVerdict struct {
 	err     error
 	message string // for the ledger: "claimed measurements: " and the reason
+	digest  string // claimsDigest, the ledger's evidence
 }
 
-// judge returns the verdict on claims (whose claimsDigest is digest) under p.
-func (c *claimVerdicts) judge(p *policy.Policy, digest string, claims attestation.Measurements) claimVerdict {
-	k := claimKey{p, digest}
+// judge returns the verdict on claims under p.
+func (c *claimVerdicts) judge(p *policy.Policy, claims attestation.Measurements) claimVerdict {
+	key := claimsKey(claims)
 	c.mu.Lock()
-	v, ok := c.m[k]
+	v, ok := c.m[string(key)]
+	ok = ok && c.policy == p
 	c.mu.Unlock()
 	if ok {
 		return v
 	}
+	v = claimVerdict{digest: claimsDigest(claims)}
 	if err := judgeClaims(p, claims); err != nil {
-		v = claimVerdict{err: err, message: "claimed measurements: " + err.Error()}
+		v.err, v.message = err, "claimed measurements: "+err.Error()
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.m == nil || len(c.m) >= maxClaimVerdicts {
-		c.m = map[claimKey]claimVerdict{}
+	if c.policy != p || len(c.m) >= maxClaimVerdicts {
+		c.policy, c.m = p, map[string]claimVerdict{}
 	}
-	c.m[k] = v
+	c.m[string(key)] = v
 	return v
+}
+
+// claimsKey is the exact claims: index, length and value of each, by ascending index.
+func claimsKey(m attestation.Measurements) []byte {
+	idx := make([]uint32, 0, len(m))
+	n := 0
+	for i, v := range m {
+		idx = append(idx, i)
+		n += 8 + len(v)
+	}
+	slices.Sort(idx)
+	b := make([]byte, 0, n)
+	for _, i := range idx {
+		b = binary.BigEndian.AppendUint32(b, i)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(m[i])))
+		b = append(b, m[i]...)
+	}
+	return b
 }
 
 // errUnclaimed names the enforced indices a node's claims leave out (for the ledger only).
