@@ -85,15 +85,19 @@ func NewServerConfig(issuer Issuer, validator Validator, opts ...Option) (*tls.C
 	if issuer == nil && validator == nil {
 		return nil, errors.New("creating aTLS server config: neither issuer nor validator")
 	}
-	certs, err := newServerCerts()
+	attestKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generating TLS key: %w", err)
+	}
+	certs, err := newServerCerts(attestKey)
 	if err != nil {
 		return nil, err
 	}
 	return serverConfig(issuer, validator, buildOptions(opts), certs), nil
 }
 
-// serverCerts are the keys and certificates a server (or a client's Credentials) reuses: made once,
-// because refusing must stay cheap.
+// serverCerts are the keys and certificates a server reuses: made once, because refusing must stay
+// cheap.
 type serverCerts struct {
 	key            *ecdsa.PrivateKey
 	plain, refusal *tls.Certificate
@@ -108,12 +112,9 @@ type serverCerts struct {
 // maxVerdictCerts bounds the claim refusals a server keeps signed.
 const maxVerdictCerts = 256
 
-func newServerCerts() (*serverCerts, error) {
+// newServerCerts makes a server's reused certificates; attestKey is the key of its attested ones.
+func newServerCerts(attestKey *ecdsa.PrivateKey) (*serverCerts, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("generating TLS key: %w", err)
-	}
-	attestKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("generating TLS key: %w", err)
 	}

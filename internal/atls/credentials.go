@@ -2,6 +2,9 @@ package atls
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -24,8 +27,13 @@ type Credentials struct {
 	issuer    Issuer
 	validator Validator
 	opts      options
-	certs     *serverCerts
-	probed    *probeCache // server identities this client probed, by authority
+	// attestKey is the key of this side's attested certificates (one per credentials: each document
+	// binds it with its connection's nonce).
+	attestKey *ecdsa.PrivateKey
+	// serverCerts makes the server's reused certificates at the first server handshake: clients
+	// never need them (making them cost a node two key generations and two signatures per dial).
+	serverCerts func() (*serverCerts, error)
+	probed      *probeCache // server identities this client probed, by authority
 }
 
 // probeCache remembers the identity a probe returned per authority, so that a client that dials the
@@ -64,12 +72,13 @@ var _ credentials.TransportCredentials = (*Credentials)(nil)
 // NewCredentials returns gRPC credentials. On a server: issuer attests to clients, validator requires
 // clients to attest. On a client: validator requires the server to attest, issuer attests on request.
 func NewCredentials(issuer Issuer, validator Validator, opts ...Option) (*Credentials, error) {
-	certs, err := newServerCerts()
+	attestKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("generating TLS key: %w", err)
 	}
-	return &Credentials{issuer: issuer, validator: validator, opts: buildOptions(opts), certs: certs,
-		probed: &probeCache{ids: map[string][]byte{}}}, nil
+	return &Credentials{issuer: issuer, validator: validator, opts: buildOptions(opts), attestKey: attestKey,
+		serverCerts: sync.OnceValues(func() (*serverCerts, error) { return newServerCerts(attestKey) }),
+		probed:      &probeCache{ids: map[string][]byte{}}}, nil
 }
 
 // AuthInfo is the credentials.AuthInfo of an attested TLS connection.
@@ -126,7 +135,7 @@ func (c *Credentials) ClientHandshake(ctx context.Context, authority string, raw
 	rec := &recorder{forward: c.opts.observe}
 	o := c.opts
 	o.observe = rec.observe
-	o.attestKey = c.certs.attestKey
+	o.attestKey = c.attestKey
 	if needsProbe(c.validator) {
 		// Key activation needs the server's identity first: probe it over a connection of our own,
 		// unless an earlier probe of this authority told it.
@@ -167,7 +176,11 @@ func (c *Credentials) ServerHandshake(rawConn net.Conn) (net.Conn, credentials.A
 	if c.issuer == nil && c.validator == nil {
 		return nil, nil, errors.New("attested TLS server: neither issuer nor validator")
 	}
-	cfg := serverConfig(c.issuer, c.validator, o, c.certs)
+	certs, err := c.serverCerts()
+	if err != nil {
+		return nil, nil, fmt.Errorf("attested TLS server: %w", err)
+	}
+	cfg := serverConfig(c.issuer, c.validator, o, certs)
 	ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
 	defer cancel()
 	conn := tls.Server(&serverConn{Conn: rawConn}, cfg)
