@@ -140,7 +140,7 @@ func decodePublic(raw []byte) (p publicArea, ok bool) {
 			p.keyErr = fmt.Errorf("unknown curve: %v", curveID)
 		}
 		if curve != nil {
-			//nolint:staticcheck // the same key as go-tpm's tpm2.Pub makes: ecdsa.Verify checks the point
+			// The key go-tpm's tpm2.Pub makes, the point unchecked: ecdsa.Verify refuses one off the curve.
 			p.key = &ecdsa.PublicKey{Curve: curve, X: new(big.Int).SetBytes(x), Y: new(big.Int).SetBytes(y)}
 		}
 	default:
