@@ -106,10 +106,10 @@ type serverCerts struct {
 	attestKey *ecdsa.PrivateKey
 
 	mu       sync.Mutex
-	verdicts map[string]*tls.Certificate // claim refusals and probe answers by content, up to maxVerdictCerts
+	verdicts map[string]*tls.Certificate // probe answers by content, up to maxVerdictCerts
 }
 
-// maxVerdictCerts bounds the claim refusals a server keeps signed.
+// maxVerdictCerts bounds the probe answers a server keeps signed.
 const maxVerdictCerts = 256
 
 // newServerCerts makes a server's reused certificates; attestKey is the key of its attested ones.
@@ -129,8 +129,7 @@ func newServerCerts(attestKey *ecdsa.PrivateKey) (*serverCerts, error) {
 	return &serverCerts{key: key, plain: plain, refusal: refusal, attestKey: attestKey, verdicts: map[string]*tls.Certificate{}}, nil
 }
 
-// verdict returns the certificate carrying ext (a refusal on claims, a probe's identity), signing it
-// only the first time.
+// verdict returns the certificate carrying ext (a probe's identity), signing it only the first time.
 func (c *serverCerts) verdict(ext pkix.Extension) (*tls.Certificate, error) {
 	key := ext.Id.String() + "\x00" + string(ext.Value)
 	c.mu.Lock()
