@@ -8,7 +8,8 @@ ATTESTATION_FUZZTIME ?= 60s
 # package:target pairs
 ATTESTATION_FUZZ := internal/attestation/policy:FuzzParse internal/attestation/vtpm:FuzzParseDocument \
 	internal/attestation/vtpm:FuzzParseEventLog internal/attestation/vtpm:FuzzChallenge internal/attestation/vtpm:FuzzDecodeAttest \
-	internal/attestation/vtpm:FuzzDecodeSignature internal/attestation/vtpm:FuzzDocumentDecoders internal/atls:FuzzCheckPeer \
+	internal/attestation/vtpm:FuzzDecodeSignature internal/attestation/vtpm:FuzzDecodePublic internal/attestation/vtpm:FuzzDecodeCreationData \
+	internal/attestation/vtpm:FuzzDocumentDecoders internal/atls:FuzzCheckPeer \
 	internal/atls:FuzzNonceCarriers internal/atls:FuzzClaims
 
 .PHONY: test-attestation fuzz-attestation bench-attestation

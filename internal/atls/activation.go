@@ -83,18 +83,37 @@ func toALPN(prefix string, blob []byte) []string {
 }
 
 // fromALPN reassembles the blob with prefix from offered ALPN entries; nil when absent or invalid.
+// It decodes into one buffer of the blob's size (a refused ClientHello's claims are most of what a
+// refusal allocates).
 func fromALPN(prefix string, protos []string) []byte {
-	var out []byte
+	size := 0
+	for _, p := range protos {
+		if enc, ok := strings.CutPrefix(p, prefix); ok {
+			size += alpnEncoding.DecodedLen(len(enc))
+		}
+	}
+	if size == 0 || size > maxActivationBlob {
+		return nil
+	}
+	out := make([]byte, 0, size)
+	var chunk [255]byte // an ALPN entry is at most 255 bytes on the wire
 	for _, p := range protos {
 		enc, ok := strings.CutPrefix(p, prefix)
 		if !ok {
 			continue
 		}
-		b, err := alpnEncoding.DecodeString(enc)
-		if err != nil || len(out)+len(b) > maxActivationBlob {
+		src := chunk[:copy(chunk[:], enc)]
+		if len(enc) > len(chunk) {
+			src = []byte(enc)
+		}
+		n, err := alpnEncoding.Decode(out[len(out):cap(out)], src)
+		if err != nil {
 			return nil
 		}
-		out = append(out, b...)
+		out = out[:len(out)+n]
+	}
+	if len(out) == 0 {
+		return nil
 	}
 	return out
 }
@@ -196,7 +215,7 @@ func probeIdentity(ctx context.Context, conn net.Conn, claims []string) ([]byte,
 	if id != nil {
 		return id, nil
 	}
-	return nil, fmt.Errorf("probing attestation identity: %w", err)
+	return nil, fmt.Errorf("probing attestation identity: %w", claimsVerdict(err, len(claims) > 0))
 }
 
 // Dial connects to addr with attested TLS as a client: for a Challenger validator that certifies no
@@ -226,7 +245,7 @@ func Dial(ctx context.Context, dialer *net.Dialer, addr string, issuer Issuer, v
 	conn := tls.Client(raw, cfg)
 	if err := conn.HandshakeContext(ctx); err != nil {
 		_ = conn.Close() // the handshake's error is the one to report
-		return nil, fmt.Errorf("attested TLS handshake with %s: %w", addr, err)
+		return nil, fmt.Errorf("attested TLS handshake with %s: %w", addr, claimsVerdict(err, claimsSent(cfg.NextProtos)))
 	}
 	return conn, nil
 }

@@ -21,7 +21,8 @@
 //
 // An attesting client that is a Claimer also states its measurements in its ClientHello, and a
 // validating server with WithClaimCheck refuses a client whose claims fail before it quotes,
-// activates or validates anything (claims.go): a rejected node costs a plain TLS handshake.
+// activates or validates anything, with a TLS alert before its own first handshake message
+// (claims.go): a rejected node costs the server reading its ClientHello.
 //
 // Validators that are Challengers (TPM) also require key activation inside the handshake; see
 // activation.go. A client validating such a server first probes the server's identity over a separate

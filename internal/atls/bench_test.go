@@ -9,6 +9,7 @@ import (
 	"net"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -189,8 +190,9 @@ func processCPU() int64 {
 }
 
 // BenchmarkClaimRefusal measures refusals on claimed measurements, one client after the other: the
-// server judges the claims in the ClientHello and answers with its refusal, no quote, no validation.
-// Reported: the process's CPU per refusal (client and server).
+// server (its transport credentials' handshake, as the joinservice runs it) judges the claims in the
+// ClientHello and answers with its alert, no key exchange, no quote, no validation. Reported: the
+// process's CPU per refusal (client and server).
 func BenchmarkClaimRefusal(b *testing.B) {
 	nodeCA, err := vtpmtest.NewCA("node EK CA")
 	if err != nil {
@@ -205,14 +207,14 @@ func BenchmarkClaimRefusal(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	refuse := atls.ClaimCheck(func(context.Context, string, attestation.Measurements) *atls.Rejection {
-		return &atls.Rejection{Reason: "MEASUREMENT_MISMATCH", Message: "index 4: claimed 1111..."}
+	refuse := atls.ClaimCheck(func(context.Context, string, attestation.Measurements) error {
+		return errors.New("index 4: claimed 1111...")
 	})
-	srv, err := atls.NewServerConfig(atlstest.Issuer{}, tpmValidator(b, nodeCA.PEM(), ""), atls.WithLimiter(unlimited()), atls.WithClaimCheck(refuse))
+	srv, err := atls.NewCredentials(atlstest.Issuer{}, tpmValidator(b, nodeCA.PEM(), ""), atls.WithLimiter(unlimited()), atls.WithClaimCheck(refuse))
 	if err != nil {
 		b.Fatal(err)
 	}
-	addr := benchServer(b, srv)
+	addr := credentialsServer(b, srv)
 	ctx := context.Background()
 	var d net.Dialer
 	cpu0 := processCPU()
@@ -224,4 +226,34 @@ func BenchmarkClaimRefusal(b *testing.B) {
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N)/1e6, "cpu-ms/refusal")
+}
+
+// credentialsServer runs creds' server handshake on every connection to the returned address, as a
+// gRPC server does before it speaks HTTP/2.
+func credentialsServer(b *testing.B, creds *atls.Credentials) string {
+	b.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				if conn, _, err := creds.ServerHandshake(c); err == nil {
+					_ = conn.Close()
+				}
+				_ = c.Close()
+			})
+		}
+	})
+	b.Cleanup(func() {
+		lis.Close()
+		wg.Wait()
+	})
+	return lis.Addr().String()
 }

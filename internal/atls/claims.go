@@ -2,10 +2,10 @@ package atls
 
 import (
 	"context"
-	"crypto/x509/pkix"
 	"encoding/asn1"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,22 +16,25 @@ import (
 // Claimed measurements make a rejection cheap. An attesting client that is a Claimer volunteers, in
 // its ClientHello (ALPN entries "berth-m:..."), the measurements its document will carry. A validating
 // server with a ClaimCheck judges them before it spends anything on the handshake: no quote of its
-// own, no key activation, no challenge, no validation. A client whose claims the check refuses gets a
-// certificate carrying the verdict (OIDClaimRejection) instead of an attestation and fails the
-// handshake with a *Rejection.
+// own, no key activation, no challenge, no validation, and not even a key exchange or a signature. A
+// client whose claims the check refuses gets a fatal TLS alert, access_denied, in the clear before any
+// handshake message of the server's, and fails the handshake with a *Rejection (ClaimVerdict): the
+// refusal costs the server reading a ClientHello and judging it.
 //
 // Claims are unauthenticated, and that is safe because they can only lead to a refusal: a client that
 // lies about measurements it does not have only refuses itself, and a client whose claims pass (or
 // whose claims cannot be decoded, or who makes none) still has to prove its measurements with a
 // verified document, which the server judges in full. Identity probes carry the claims too, so a
-// refused client costs the server one plain TLS handshake.
+// refused client costs the server one ClientHello.
 //
 // What it costs the client: the ClientHello is not encrypted, so the claimed values are visible to
 // anyone watching the network between node and server (the document that proves them travels
 // encrypted). They are measurements of the image and the boot, the same for every node of an image.
-// And the verdict comes from a server that has not attested yet; a client treats it as information,
-// never as proof. A server that validates without attesting itself ignores claims.
-
+// And the verdict comes from a server that has not attested yet (anyone on the path can send an
+// alert); a client treats it as information, never as proof, and only when it made claims: it names
+// no index and no value, so it tells a prober nothing the policy does not publish. Servers that
+// refused with a certificate carrying their verdict (OIDClaimRejection) before this protocol are
+// still understood. A server that validates without attesting itself ignores claims.
 // Claimer is an Issuer that can state the measurements its documents will carry without quoting
 // (vtpm.Issuer reads its PCRs).
 type Claimer interface {
@@ -39,24 +42,93 @@ type Claimer interface {
 	Claims(ctx context.Context) (attestation.Measurements, error)
 }
 
-// ClaimCheck judges the measurements a client at peer (its IP address) claims; a non-nil Rejection
-// refuses the handshake with it.
-type ClaimCheck func(ctx context.Context, peer string, claims attestation.Measurements) *Rejection
+// ClaimCheck judges the measurements a client at peer (its IP address) claims; a non-nil error
+// refuses the handshake. The error stays with the server (its log): the client learns only that its
+// claims were refused.
+type ClaimCheck func(ctx context.Context, peer string, claims attestation.Measurements) error
 
 // WithClaimCheck makes a validating server judge the measurements clients claim before it attests,
 // activates or validates (see Claimer).
 func WithClaimCheck(c ClaimCheck) Option { return func(o *options) { o.claimCheck = c } }
 
 // OIDClaimRejection marks a certificate that refuses a handshake on the client's claimed
-// measurements; its value is the DER of rejectionValue.
+// measurements; its value is the DER of rejectionValue. Servers refuse with an alert now
+// (refuseWithAlert); clients still understand such a certificate.
 var OIDClaimRejection = asn1.ObjectIdentifier{1, 3, 9901, 1, 4}
 
 // ErrClaimsRejected means the server refused the handshake on the measurements this side claimed.
 var ErrClaimsRejected = errors.New("attestation refused on claimed measurements")
 
-// Rejection is a server's verdict on claimed measurements. Reason is a short code
-// (e.g. MEASUREMENT_MISMATCH), Message the server's words. A client gets it from a server that has
-// not attested yet: Reason is reduced to [A-Z0-9_], Message to printable ASCII of at most
+// errRefusedClaims is the server's side of a refusal on claims: its handshake ends with it.
+var errRefusedClaims = errors.New("refused the client's claimed measurements with a TLS alert")
+
+// ClaimVerdictReason and ClaimVerdict are the Rejection a client reports when a server refuses its
+// claims with an alert: all the alert says. Why is in the server's log and the cluster's join ledger.
+const (
+	ClaimVerdictReason = "MEASUREMENT_MISMATCH"
+	ClaimVerdict       = "claimed measurements do not satisfy the cluster policy; the cluster's join ledger says why (berth status)"
+)
+
+// accessDeniedAlert is a TLS record (RFC 8446 5.1, 6) holding a fatal access_denied alert, in the
+// clear as a server sends it before its ServerHello: content type 21, legacy version 3.3, length 2,
+// level fatal (2), description access_denied (49).
+var accessDeniedAlert = []byte{21, 3, 3, 0, 2, 2, 49}
+
+// refuseWithAlert writes the access_denied alert on conn, the connection a server handshake runs on,
+// which has not carried any byte from the server yet. On a serverConn, what crypto/tls writes after it
+// (its own internal_error alert for the handshake that GetConfigForClient ends) is dropped.
+func refuseWithAlert(conn net.Conn) error {
+	if sc, ok := conn.(*serverConn); ok {
+		return sc.refuse()
+	}
+	_, err := conn.Write(accessDeniedAlert)
+	return err
+}
+
+// serverConn is the connection under a server's TLS handshake (Credentials.ServerHandshake): a
+// refusal by alert writes the alert and ends what the connection sends. Only the handshake's
+// goroutine writes to it before the handshake ends, so refused needs no lock.
+type serverConn struct {
+	net.Conn
+	refused bool
+}
+
+func (c *serverConn) refuse() error {
+	c.refused = true
+	_, err := c.Conn.Write(accessDeniedAlert)
+	return err
+}
+
+// Write drops everything after a refusal: the alert is all the client gets.
+func (c *serverConn) Write(b []byte) (int, error) {
+	if c.refused {
+		return len(b), nil
+	}
+	return c.Conn.Write(b)
+}
+
+// refusedByAlert says whether err is a handshake's failure on a fatal access_denied alert from the
+// server (crypto/tls reports an alert it receives as a *net.OpError "remote error" whose Err is the
+// alert, unexported, reading "tls: access denied").
+func refusedByAlert(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "remote error" && op.Err != nil && op.Err.Error() == "tls: access denied"
+}
+
+// claimsVerdict is the error a client reports for a failed handshake: a Rejection (ClaimVerdict) when
+// it made claims and the server refused them with an alert, else err itself. A client that made no
+// claims reports the alert as it is: no verdict on claims it never made.
+func claimsVerdict(err error, claimed bool) error {
+	if claimed && refusedByAlert(err) {
+		return &Rejection{Reason: ClaimVerdictReason, Message: ClaimVerdict}
+	}
+	return err
+}
+
+// Rejection is a refusal on claimed measurements, as the client reports it. Reason is a short code
+// (e.g. MEASUREMENT_MISMATCH), Message the verdict: ClaimVerdict for a server's alert, or the words
+// of a server that refused with a certificate (OIDClaimRejection). Such words come from a server that
+// has not attested: Reason is reduced to [A-Z0-9_], Message to printable ASCII of at most
 // maxShownRejectionMsg characters, and Error shows the message quoted, as the peer's words.
 type Rejection struct {
 	Reason  string
@@ -116,9 +188,8 @@ type rejectionValue struct {
 }
 
 const (
-	alpnClaims      = "berth-m:"
-	maxReasonLen    = 64
-	maxRejectionMsg = 512
+	alpnClaims   = "berth-m:"
+	maxReasonLen = 64
 	// maxShownRejectionMsg bounds the server's words a client reports.
 	maxShownRejectionMsg = 160
 )
@@ -150,7 +221,8 @@ func decodeClaims(b []byte) (attestation.Measurements, error) {
 	if len(b) > maxActivationBlob {
 		return nil, fmt.Errorf("%w: %d bytes of claims", attestation.ErrMalformed, len(b))
 	}
-	m := attestation.Measurements{}
+	b = append([]byte(nil), b...)                  // one copy; the values are slices of it, capped
+	m := make(attestation.Measurements, len(b)/34) // 24 SHA-256 PCRs are 24 triples of 34 bytes
 	for len(b) > 0 {
 		if len(b) < 2 || len(b) < 2+int(b[1]) {
 			return nil, fmt.Errorf("%w: truncated claim", attestation.ErrMalformed)
@@ -159,7 +231,7 @@ func decodeClaims(b []byte) (attestation.Measurements, error) {
 		if _, dup := m[i]; dup {
 			return nil, fmt.Errorf("%w: measurement %d claimed twice", attestation.ErrMalformed, i)
 		}
-		m[i] = append([]byte(nil), b[2:2+n]...)
+		m[i] = b[2 : 2+n : 2+n]
 		b = b[2+n:]
 	}
 	return m, nil
@@ -185,11 +257,11 @@ func claimProtos(ctx context.Context, issuer Issuer) ([]string, error) {
 	return toALPN(alpnClaims, b), nil
 }
 
-// judgeClaims applies the server's ClaimCheck to what the client claims in protos. It returns the
-// refusal certificate's extension when the check refuses, nil to go on. Claims whose triples do not
-// decode are refused (MALFORMED_EVIDENCE); entries that are not base64 or exceed 4 KiB together count
-// as no claims (fromALPN), and the handshake runs in full.
-func judgeClaims(ctx context.Context, o options, peer string, protos []string) *pkix.Extension {
+// judgeClaims applies the server's ClaimCheck to what the client claims in protos: the reason to
+// refuse, nil to go on. Claims whose triples do not decode are refused (attestation.ErrMalformed);
+// entries that are not base64 or exceed 4 KiB together count as no claims (fromALPN), and the
+// handshake runs in full.
+func judgeClaims(ctx context.Context, o options, peer string, protos []string) error {
 	if o.claimCheck == nil {
 		return nil
 	}
@@ -198,17 +270,10 @@ func judgeClaims(ctx context.Context, o options, peer string, protos []string) *
 		return nil
 	}
 	m, err := decodeClaims(raw)
-	var rej *Rejection
 	if err != nil {
-		rej = &Rejection{Reason: "MALFORMED_EVIDENCE", Message: "claimed measurements: " + err.Error()}
-	} else if rej = o.claimCheck(ctx, peer, m); rej == nil {
-		return nil
+		return fmt.Errorf("claimed measurements: %w", err)
 	}
-	val, err := asn1.Marshal(rejectionValue{Reason: truncate(rej.Reason, maxReasonLen), Message: truncate(rej.Message, maxRejectionMsg)})
-	if err != nil {
-		val, _ = asn1.Marshal(rejectionValue{Reason: "REJECTED", Message: "claimed measurements refused"})
-	}
-	return &pkix.Extension{Id: OIDClaimRejection, Value: val}
+	return o.claimCheck(ctx, peer, m)
 }
 
 // parseRejection turns a peer's OIDClaimRejection value into the error its side reports.

@@ -29,7 +29,7 @@ func FuzzClaims(f *testing.F) {
 		}
 		var r *Rejection
 		errors.As(parseRejection(verdict), &r)
-		if r != nil && (len(r.Reason) > maxReasonLen || len(r.Message) > maxRejectionMsg || strings.ContainsAny(r.Message, "\n\r\x00")) {
+		if r != nil && (len(r.Reason) > maxReasonLen || len(r.Message) > maxShownRejectionMsg || strings.ContainsAny(r.Message, "\n\r\x00")) {
 			t.Fatalf("verdict not bounded or not printable: %q", r.Message)
 		}
 		if p, ok := ParseRejection(text); ok && (p.Reason == "" || strings.Trim(p.Reason, "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") != "") {

@@ -12,6 +12,7 @@ import (
 	"encoding/asn1"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"strings"
@@ -52,16 +53,28 @@ func (c *claimingIssuer) Activate(context.Context, []byte) ([]byte, error) {
 
 // pcr4Check refuses unless PCR 4 is all zeros, recording who it judged.
 func pcr4Check(judged *atomic.Int32) atls.ClaimCheck {
-	return func(_ context.Context, peer string, m attestation.Measurements) *atls.Rejection {
+	return func(_ context.Context, peer string, m attestation.Measurements) error {
 		judged.Add(1)
 		if peer != "127.0.0.1" {
-			return &atls.Rejection{Reason: "WRONG_PEER", Message: peer}
+			return fmt.Errorf("wrong peer %s", peer)
 		}
 		if !bytes.Equal(m[4], make([]byte, 32)) {
-			return &atls.Rejection{Reason: "MEASUREMENT_MISMATCH", Message: fmt.Sprintf("index 4: expected 0000.., got %x..", m[4][:2])}
+			return fmt.Errorf("index 4: expected 0000.., got %x..", m[4][:2])
 		}
 		return nil
 	}
+}
+
+// recordingConn keeps every byte read from the connection.
+type recordingConn struct {
+	net.Conn
+	read []byte
+}
+
+func (c *recordingConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	c.read = append(c.read, b[:n]...)
+	return n, err
 }
 
 func TestClaimsRejectedBeforeAttesting(t *testing.T) {
@@ -74,14 +87,15 @@ func TestClaimsRejectedBeforeAttesting(t *testing.T) {
 	server := &claimingIssuer{}
 	addr, seen := serveGRPC(t, mustCreds(t, server, atlstest.Validator{}, atls.WithClaimCheck(pcr4Check(&judged))))
 
-	// Refused: the server attests nothing; over gRPC the verdict survives as text.
+	// Refused: the server attests nothing; over gRPC the verdict survives as text. The client learns
+	// the one verdict and nothing of the server's reason.
 	err := check(ctx, addr, mustCreds(t, &claimingIssuer{claims: bad}, atlstest.Validator{}))
 	if err == nil {
 		t.Fatal("a client claiming a wrong PCR 4 got through")
 	}
 	st, _ := status.FromError(err)
 	rej, ok := atls.ParseRejection(st.Message())
-	if !ok || rej.Reason != "MEASUREMENT_MISMATCH" || rej.Message != "index 4: expected 0000.., got 9d9d.." {
+	if !ok || rej.Reason != atls.ClaimVerdictReason || rej.Message != atls.ClaimVerdict || strings.Contains(st.Message(), "index 4") {
 		t.Fatalf("rejection = %+v, %v from %q", rej, ok, st.Message())
 	}
 	if n := server.issued.Load(); n != 0 {
@@ -92,8 +106,50 @@ func TestClaimsRejectedBeforeAttesting(t *testing.T) {
 	var d net.Dialer
 	_, err = atls.Dial(ctx, &d, addr, &claimingIssuer{claims: bad}, atlstest.Validator{})
 	var r *atls.Rejection
-	if !errors.As(err, &r) || !errors.Is(err, atls.ErrClaimsRejected) || r.Reason != "MEASUREMENT_MISMATCH" {
+	if !errors.As(err, &r) || !errors.Is(err, atls.ErrClaimsRejected) || r.Reason != atls.ClaimVerdictReason {
 		t.Fatalf("Dial error = %v, want a *Rejection", err)
+	}
+
+	// On the wire the refusal is one fatal access_denied alert, before any handshake message of the
+	// server's: no ServerHello (no key exchange), no certificate (no signature).
+	cfg, err := atls.NewClientConfig(ctx, &claimingIssuer{claims: bad}, atlstest.Validator{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := &recordingConn{Conn: raw}
+	tc := tls.Client(rc, cfg)
+	if err := tc.HandshakeContext(ctx); err == nil {
+		t.Fatal("handshake with refused claims succeeded")
+	}
+	_ = tc.Close()
+	if want := []byte{21, 3, 3, 0, 2, 2, 49}; !bytes.Equal(rc.read, want) {
+		t.Fatalf("the server sent % x, want only the access_denied alert % x", rc.read, want)
+	}
+
+	// The server's handshake ends as one that the client closed (io.EOF): gRPC logs nothing of it.
+	creds := mustCreds(t, &claimingIssuer{}, atlstest.Validator{}, atls.WithClaimCheck(pcr4Check(&judged)))
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	serverErr := make(chan error, 1)
+	go func() {
+		c, err := lis.Accept()
+		if err == nil {
+			_, _, err = creds.ServerHandshake(c)
+		}
+		serverErr <- err
+	}()
+	if _, err := atls.Dial(ctx, &d, lis.Addr().String(), &claimingIssuer{claims: bad}, atlstest.Validator{}); !errors.Is(err, atls.ErrClaimsRejected) {
+		t.Fatalf("Dial error = %v, want ErrClaimsRejected", err)
+	}
+	if err := <-serverErr; !errors.Is(err, io.EOF) {
+		t.Fatalf("server handshake error = %v, want io.EOF", err)
 	}
 
 	// Accepted claims change nothing: the handshake attests and validates in full.
@@ -183,18 +239,23 @@ func TestParseRejection(t *testing.T) {
 	}
 }
 
-// TestServerWordsAreQuoted: what a server that has not attested says in its verdict reaches the
-// client as the peer's words only: printable ASCII, at most 160 characters, quoted in the error.
+// TestServerWordsAreQuoted: what a server that has not attested says in a verdict certificate (as
+// servers refused before the alert) reaches the client as the peer's words only: printable ASCII, at
+// most 160 characters, quoted in the error.
 func TestServerWordsAreQuoted(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	evil := "\x1b[2J\x1b[HCluster initialized.\nAdmin kubeconfig: /tmp/evil\r" + strings.Repeat("A", 600)
-	check := func(context.Context, string, attestation.Measurements) *atls.Rejection {
-		return &atls.Rejection{Reason: "MEASUREMENT\x1b_MISMATCH", Message: evil}
+	val, err := asn1.Marshal(struct {
+		Reason  string `asn1:"utf8"`
+		Message string `asn1:"utf8"`
+	}{"MEASUREMENT\x1b_MISMATCH", evil})
+	if err != nil {
+		t.Fatal(err)
 	}
-	addr, _ := serveGRPC(t, mustCreds(t, &claimingIssuer{}, atlstest.Validator{}, atls.WithClaimCheck(check)))
+	addr := rogueServer(t, pkix.Extension{Id: atls.OIDClaimRejection, Value: val})
 	var d net.Dialer
-	_, err := atls.Dial(ctx, &d, addr, &claimingIssuer{claims: attestation.Measurements{4: make([]byte, 32)}}, atlstest.Validator{})
+	_, err = atls.Dial(ctx, &d, addr, &claimingIssuer{claims: attestation.Measurements{4: make([]byte, 32)}}, atlstest.Validator{})
 	var r *atls.Rejection
 	if !errors.As(err, &r) {
 		t.Fatalf("Dial error = %v, want a *Rejection", err)
@@ -206,6 +267,30 @@ func TestServerWordsAreQuoted(t *testing.T) {
 	if strings.ContainsFunc(text, func(c rune) bool { return c < 0x20 || c == 0x7f }) || !strings.Contains(text, `says "?[2J?[HCluster`) {
 		t.Fatalf("error text %q: want the server's words quoted, without control characters", text)
 	}
+}
+
+// alertServer answers every ClientHello with alert (a TLS alert record), whatever the client sent.
+func alertServer(t *testing.T, alert []byte) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = c.Read(make([]byte, 4096)) // the ClientHello, enough of it
+			_, _ = c.Write(alert)
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { lis.Close(); <-done })
+	return lis.Addr().String()
 }
 
 // rogueServer serves TLS with a certificate carrying ext, whatever the client sends.
@@ -257,6 +342,24 @@ func TestVerdictWithoutClaims(t *testing.T) {
 			t.Errorf("%s: Dial error = %v, want a malformed answer that shows nothing of the server's text", name, err)
 		}
 	}
+	// An access_denied alert is a verdict on claims only for a client that made claims; for the others
+	// it is the failed handshake it is.
+	addr = alertServer(t, []byte{21, 3, 3, 0, 2, 2, 49})
+	for name, issuer := range map[string]atls.Issuer{"no issuer": nil, "an issuer without claims": atlstest.Issuer{}} {
+		if _, err := atls.Dial(ctx, &d, addr, issuer, atlstest.Validator{}); err == nil || errors.Is(err, atls.ErrClaimsRejected) {
+			t.Errorf("%s, refused by alert: Dial error = %v, want no verdict on claims", name, err)
+		}
+	}
+	// A client that made claims takes only access_denied for the verdict; another alert is no verdict.
+	claimer := &claimingIssuer{claims: attestation.Measurements{4: make([]byte, 32)}}
+	if _, err := atls.Dial(ctx, &d, addr, claimer, atlstest.Validator{}); !errors.Is(err, atls.ErrClaimsRejected) {
+		t.Errorf("a client with claims, refused by access_denied: Dial error = %v, want ErrClaimsRejected", err)
+	}
+	addr = alertServer(t, []byte{21, 3, 3, 0, 2, 2, 40}) // handshake_failure
+	if _, err := atls.Dial(ctx, &d, addr, claimer, atlstest.Validator{}); err == nil || errors.Is(err, atls.ErrClaimsRejected) {
+		t.Errorf("a client with claims, refused by handshake_failure: Dial error = %v, want no verdict on claims", err)
+	}
+
 	// A rate limit's refusal is reported by name, without the server's text.
 	addr = rogueServer(t, pkix.Extension{Id: atls.OIDRefusal, Value: []byte("\x1b[31mcall +1-555-EVIL")})
 	if _, err := atls.Dial(ctx, &d, addr, nil, atlstest.Validator{}); !errors.Is(err, atls.ErrRateLimited) || strings.Contains(err.Error(), "EVIL") {

@@ -85,15 +85,19 @@ func NewServerConfig(issuer Issuer, validator Validator, opts ...Option) (*tls.C
 	if issuer == nil && validator == nil {
 		return nil, errors.New("creating aTLS server config: neither issuer nor validator")
 	}
-	certs, err := newServerCerts()
+	attestKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generating TLS key: %w", err)
+	}
+	certs, err := newServerCerts(attestKey)
 	if err != nil {
 		return nil, err
 	}
 	return serverConfig(issuer, validator, buildOptions(opts), certs), nil
 }
 
-// serverCerts are the keys and certificates a server (or a client's Credentials) reuses: made once,
-// because refusing must stay cheap.
+// serverCerts are the keys and certificates a server reuses: made once, because refusing must stay
+// cheap.
 type serverCerts struct {
 	key            *ecdsa.PrivateKey
 	plain, refusal *tls.Certificate
@@ -102,18 +106,15 @@ type serverCerts struct {
 	attestKey *ecdsa.PrivateKey
 
 	mu       sync.Mutex
-	verdicts map[string]*tls.Certificate // claim refusals and probe answers by content, up to maxVerdictCerts
+	verdicts map[string]*tls.Certificate // probe answers by content, up to maxVerdictCerts
 }
 
-// maxVerdictCerts bounds the claim refusals a server keeps signed.
+// maxVerdictCerts bounds the probe answers a server keeps signed.
 const maxVerdictCerts = 256
 
-func newServerCerts() (*serverCerts, error) {
+// newServerCerts makes a server's reused certificates; attestKey is the key of its attested ones.
+func newServerCerts(attestKey *ecdsa.PrivateKey) (*serverCerts, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, fmt.Errorf("generating TLS key: %w", err)
-	}
-	attestKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("generating TLS key: %w", err)
 	}
@@ -128,8 +129,7 @@ func newServerCerts() (*serverCerts, error) {
 	return &serverCerts{key: key, plain: plain, refusal: refusal, attestKey: attestKey, verdicts: map[string]*tls.Certificate{}}, nil
 }
 
-// verdict returns the certificate carrying ext (a refusal on claims, a probe's identity), signing it
-// only the first time.
+// verdict returns the certificate carrying ext (a probe's identity), signing it only the first time.
 func (c *serverCerts) verdict(ext pkix.Extension) (*tls.Certificate, error) {
 	key := ext.Id.String() + "\x00" + string(ext.Value)
 	c.mu.Lock()
@@ -162,18 +162,18 @@ func serverConfig(issuer Issuer, validator Validator, o options, certs *serverCe
 				cfg.Certificates = []tls.Certificate{*certs.plain}
 			} else {
 				if chi.ServerName == probeServerName {
-					return probeConfig(ctx, issuer, validator != nil, o, certs, peer, chi.SupportedProtos)
+					return probeConfig(ctx, issuer, validator != nil, o, certs, chi, peer)
 				}
 				nonce, err := decodeSNINonce(chi.ServerName)
 				if err != nil {
 					o.log.Info("refusing handshake without attestation nonce", zap.String("peer", peer))
 					return nil, err
 				}
-				// Claims are judged before the attested budget is charged: a refusal costs a plain TLS
-				// handshake and is charged to the unauthenticated budget.
+				// Claims are judged before the attested budget is charged: a refusal is a TLS alert sent
+				// before any handshake message of the server's, cheaper than any other answer.
 				if validator != nil {
-					if refused, err := claimRefusal(ctx, o, certs, peer, chi.SupportedProtos, true); refused != nil || err != nil {
-						return refused, err
+					if err := refuseClaims(ctx, o, chi, peer); err != nil {
+						return nil, err
 					}
 				}
 				if !o.limiter.AllowHandshake(peer, o.known(peer)) {
@@ -249,7 +249,7 @@ func serverConfig(issuer Issuer, validator Validator, o options, certs *serverCe
 
 // probeConfig answers a probe with the issuer's activation identity. Probes count against the rate
 // limit like attestations: the first one per process creates the attestation key.
-func probeConfig(ctx context.Context, issuer Issuer, validating bool, o options, certs *serverCerts, peer string, protos []string) (*tls.Config, error) {
+func probeConfig(ctx context.Context, issuer Issuer, validating bool, o options, certs *serverCerts, chi *tls.ClientHelloInfo, peer string) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS13, CurvePreferences: probeCurves}
 	a, ok := issuer.(Activator)
 	if !ok {
@@ -263,8 +263,8 @@ func probeConfig(ctx context.Context, issuer Issuer, validating bool, o options,
 		return refusalConfig(certs), nil
 	}
 	if validating {
-		if refused, err := claimRefusal(ctx, o, certs, peer, protos, false); refused != nil || err != nil {
-			return refused, err
+		if err := refuseClaims(ctx, o, chi, peer); err != nil {
+			return nil, err
 		}
 	}
 	cert, err := identityCertificate(ctx, a, certs)
@@ -385,22 +385,21 @@ func refusalConfig(certs *serverCerts) *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS13, CurvePreferences: probeCurves, Certificates: []tls.Certificate{*certs.refusal}}
 }
 
-// claimRefusal is the config refusing a client on its claimed measurements, or nil to go on. A
-// refusal in a handshake (charge) is charged to the unauthenticated budget (a probe paid already);
-// over it, the client gets the rate limit's refusal instead of the verdict.
-func claimRefusal(ctx context.Context, o options, certs *serverCerts, peer string, protos []string, charge bool) (*tls.Config, error) {
-	ext := judgeClaims(ctx, o, peer, protos)
-	if ext == nil {
-		return nil, nil
+// refuseClaims judges the measurements the client claims in its hello (judgeClaims) and, when the
+// server's ClaimCheck refuses them, answers with a fatal access_denied alert before any handshake
+// message of its own (refuseWithAlert): no key exchange, no signature, no certificate. It returns the
+// error that ends the handshake, nil to go on. The reason stays with the server (its log, and what the
+// ClaimCheck records); the client learns only that its claims were refused (ClaimVerdict).
+func refuseClaims(ctx context.Context, o options, chi *tls.ClientHelloInfo, peer string) error {
+	why := judgeClaims(ctx, o, peer, chi.SupportedProtos)
+	if why == nil {
+		return nil
 	}
-	if charge && !o.limiter.AllowRefusal(peer) {
-		return refusalConfig(certs), nil
+	o.log.Debug("refusing attestation: claimed measurements rejected", zap.String("peer", peer), zap.Error(why))
+	if err := refuseWithAlert(chi.Conn); err != nil {
+		return fmt.Errorf("refusing claimed measurements: %w", err)
 	}
-	o.log.Debug("refusing attestation: claimed measurements rejected", zap.String("peer", peer))
-	cert, err := certs.verdict(*ext)
-	if err != nil {
-		return nil, err
-	}
-	// No ALPN: a probe offers none that a server could pick. A refusal carries nothing secret either.
-	return &tls.Config{MinVersion: tls.VersionTLS13, CurvePreferences: probeCurves, Certificates: []tls.Certificate{*cert}}, nil
+	// Not wrapped: the verdict was recorded by the ClaimCheck, the handshake's error must not be taken
+	// for a validation's.
+	return fmt.Errorf("%w: %s", errRefusedClaims, why.Error())
 }

@@ -2,9 +2,13 @@ package atls
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"time"
@@ -23,8 +27,13 @@ type Credentials struct {
 	issuer    Issuer
 	validator Validator
 	opts      options
-	certs     *serverCerts
-	probed    *probeCache // server identities this client probed, by authority
+	// attestKey is the key of this side's attested certificates (one per credentials: each document
+	// binds it with its connection's nonce).
+	attestKey *ecdsa.PrivateKey
+	// serverCerts makes the server's reused certificates at the first server handshake: clients
+	// never need them (making them cost a node two key generations and two signatures per dial).
+	serverCerts func() (*serverCerts, error)
+	probed      *probeCache // server identities this client probed, by authority
 }
 
 // probeCache remembers the identity a probe returned per authority, so that a client that dials the
@@ -63,12 +72,13 @@ var _ credentials.TransportCredentials = (*Credentials)(nil)
 // NewCredentials returns gRPC credentials. On a server: issuer attests to clients, validator requires
 // clients to attest. On a client: validator requires the server to attest, issuer attests on request.
 func NewCredentials(issuer Issuer, validator Validator, opts ...Option) (*Credentials, error) {
-	certs, err := newServerCerts()
+	attestKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("generating TLS key: %w", err)
 	}
-	return &Credentials{issuer: issuer, validator: validator, opts: buildOptions(opts), certs: certs,
-		probed: &probeCache{ids: map[string][]byte{}}}, nil
+	return &Credentials{issuer: issuer, validator: validator, opts: buildOptions(opts), attestKey: attestKey,
+		serverCerts: sync.OnceValues(func() (*serverCerts, error) { return newServerCerts(attestKey) }),
+		probed:      &probeCache{ids: map[string][]byte{}}}, nil
 }
 
 // AuthInfo is the credentials.AuthInfo of an attested TLS connection.
@@ -125,7 +135,7 @@ func (c *Credentials) ClientHandshake(ctx context.Context, authority string, raw
 	rec := &recorder{forward: c.opts.observe}
 	o := c.opts
 	o.observe = rec.observe
-	o.attestKey = c.certs.attestKey
+	o.attestKey = c.attestKey
 	if needsProbe(c.validator) {
 		// Key activation needs the server's identity first: probe it over a connection of our own,
 		// unless an earlier probe of this authority told it.
@@ -153,7 +163,7 @@ func (c *Credentials) ClientHandshake(ctx context.Context, authority string, raw
 		if o.peerIdentity != nil {
 			c.probed.drop(authority)
 		}
-		return nil, nil, fmt.Errorf("attested TLS handshake: %w", err)
+		return nil, nil, fmt.Errorf("attested TLS handshake: %w", claimsVerdict(err, claimsSent(cfg.NextProtos)))
 	}
 	return conn, c.authInfo(conn, rec.evidence()), nil
 }
@@ -166,12 +176,22 @@ func (c *Credentials) ServerHandshake(rawConn net.Conn) (net.Conn, credentials.A
 	if c.issuer == nil && c.validator == nil {
 		return nil, nil, errors.New("attested TLS server: neither issuer nor validator")
 	}
-	cfg := serverConfig(c.issuer, c.validator, o, c.certs)
+	certs, err := c.serverCerts()
+	if err != nil {
+		return nil, nil, fmt.Errorf("attested TLS server: %w", err)
+	}
+	cfg := serverConfig(c.issuer, c.validator, o, certs)
 	ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
 	defer cancel()
-	conn := tls.Server(rawConn, cfg)
+	conn := tls.Server(&serverConn{Conn: rawConn}, cfg)
 	if err := conn.HandshakeContext(ctx); err != nil {
 		_ = conn.Close() // the handshake's error is the one to report
+		if errors.Is(err, errRefusedClaims) {
+			// Judged, logged and answered: io.EOF is what gRPC takes for a connection that ended
+			// before its handshake and logs nothing about (for any other error it formats two log
+			// lines, a tenth of what a refusal costs).
+			return nil, nil, io.EOF
+		}
 		return nil, nil, fmt.Errorf("attested TLS handshake: %w", err)
 	}
 	return conn, c.authInfo(conn, rec.evidence()), nil

@@ -15,8 +15,11 @@ import (
 //     within probeCreditTTL uses the probe's credit.
 //   - attested handshakes (the TPM's and the validation's work): peers the server knows as its
 //     cluster's instances (WithKnownPeers) draw from Known, every other peer from Global.
-//   - unauthenticated answers (Unauthenticated): identity probes and refusals on claims, which cost
-//     a plain TLS handshake and no TPM work, are charged here and never to the attested budgets.
+//   - unauthenticated answers (Unauthenticated): identity probes, which cost a plain TLS handshake
+//     and no TPM work, are charged here and never to the attested budgets.
+//
+// Refusals on claims (claims.go) are charged to no budget: the alert that refuses costs less than
+// any answer a budget could give instead.
 //
 // A peer over a budget gets the pre-made refusal certificate (ErrRateLimited), which costs a plain
 // TLS handshake.
@@ -31,8 +34,8 @@ type Limits struct {
 	// instances; zero means Global and GlobalBurst again, in a budget of their own.
 	Known      rate.Limit
 	KnownBurst int
-	// Unauthenticated and UnauthenticatedBurst limit identity probes and claim refusals of all peers
-	// together; zero means unlimited (the per-peer limit still holds).
+	// Unauthenticated and UnauthenticatedBurst limit the identity probes of all peers together; zero
+	// means unlimited (the per-peer limit still holds).
 	Unauthenticated      rate.Limit
 	UnauthenticatedBurst int
 	// MaxPeers bounds the number of remote IPs tracked; the least recently seen is forgotten first.
@@ -40,8 +43,7 @@ type Limits struct {
 }
 
 // DefaultLimits: per peer 2 attempts a second (burst 8); attested handshakes 20 a second (burst 40)
-// for unknown peers and as many again for known ones; unauthenticated answers 500 a second (burst
-// 1000); 4096 peers tracked. See internal/attestation/README.md for the reasoning and the numbers.
+// for unknown peers and as many again for known ones; identity probes 500 a second (burst 1000); 4096 peers tracked. See internal/attestation/README.md for the reasoning and the numbers.
 var DefaultLimits = Limits{PerPeer: 2, PerPeerBurst: 8, Global: 20, GlobalBurst: 40, Known: 20, KnownBurst: 40,
 	Unauthenticated: 500, UnauthenticatedBurst: 1000, MaxPeers: 4096}
 
@@ -121,13 +123,7 @@ func (l *Limiter) AllowHandshake(peer string, known bool) bool {
 
 // AllowProbe reports whether peer may have an identity probe answered now, charging a per-peer token
 // and the unauthenticated budget; an admitted probe pays for the peer's next attested handshake.
-func (l *Limiter) AllowProbe(peer string) bool { return l.allowUnauthenticated(peer, true) }
-
-// AllowRefusal reports whether peer may be told why its claims were refused now, charging a per-peer
-// token and the unauthenticated budget.
-func (l *Limiter) AllowRefusal(peer string) bool { return l.allowUnauthenticated(peer, false) }
-
-func (l *Limiter) allowUnauthenticated(peer string, credit bool) bool {
+func (l *Limiter) AllowProbe(peer string) bool {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -137,9 +133,7 @@ func (l *Limiter) allowUnauthenticated(peer string, credit bool) bool {
 	}
 	p.lim.AllowN(now, 1)
 	l.unauth.AllowN(now, 1)
-	if credit {
-		p.addCredit(now)
-	}
+	p.addCredit(now)
 	return true
 }
 

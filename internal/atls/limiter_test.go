@@ -59,7 +59,7 @@ func TestLimiterBudgets(t *testing.T) {
 	}
 	// The unauthenticated budget (burst 3, two used) refuses probes of anyone past it, and those
 	// refusals cost no attested token.
-	if !l.AllowProbe("flood-1") || l.AllowProbe("flood-2") || l.AllowRefusal("flood-3") {
+	if !l.AllowProbe("flood-1") || l.AllowProbe("flood-2") || l.AllowProbe("flood-3") {
 		t.Fatal("the unauthenticated budget of 3 admitted more")
 	}
 	// The unknown peers' attested budget (burst 2) is spent by the two handshakes above; a known
@@ -86,7 +86,7 @@ func TestLimiterBudgets(t *testing.T) {
 	// Unlimited budgets stay unlimited.
 	u := NewLimiter(Limits{PerPeer: rate.Inf, Global: rate.Inf})
 	for range 100 {
-		if !u.AllowProbe("x") || !u.AllowHandshake("x", false) || !u.AllowHandshake("x", true) || !u.AllowRefusal("x") {
+		if !u.AllowProbe("x") || !u.AllowHandshake("x", false) || !u.AllowHandshake("x", true) {
 			t.Fatal("an unlimited limiter refused")
 		}
 	}

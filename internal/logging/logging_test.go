@@ -322,12 +322,26 @@ func TestLibrariesThroughZap(t *testing.T) {
 	if grpclog.V(0) {
 		t.Error("grpclog.V(0) at info level")
 	}
+	// ... and not even formatted (gRPC logs every failed handshake at info, through a component's
+	// InfoDepth; a component's *f methods format before they reach the forwarder).
+	var formatted countingStringer
+	grpclog.Info(&formatted)
+	grpclog.Component("core").Info(&formatted)
+	grpclog.InfoDepth(0, &formatted)
+	if formatted != 0 {
+		t.Errorf("gRPC lines left out were formatted %d times", formatted)
+	}
 	klog.Info("klog info")
 	got = parse(t, buf.String())
 	if len(got) != 1 || got[0].Msg != "klog info" {
 		t.Fatalf("at info level: %q", buf.String())
 	}
 }
+
+// countingStringer counts how often it is formatted.
+type countingStringer int
+
+func (c *countingStringer) String() string { *c++; return "formatted" }
 
 // TestBeforeNew checks that klog and grpclog lines are JSON on stderr before any New (in a child
 // process: this one has called New).

@@ -122,14 +122,19 @@ type grpcForwarder struct{}
 
 var _ grpclog.DepthLoggerV2 = grpcForwarder{}
 
-// write logs msg at lvl; skip is the number of frames more than grpclog.Info's between the code
-// that logged and the forwarder (a depth call's depth).
-func (grpcForwarder) write(skip int, lvl zapcore.Level, msg string) {
+// write logs msg() at lvl; skip is the number of frames more than grpclog.Info's between the code
+// that logged and the forwarder (a depth call's depth). The message is formatted only when lvl is
+// written at all: gRPC logs every failed handshake at info, and a joinservice refuses thousands of
+// handshakes a second under a flood.
+func (grpcForwarder) write(skip int, lvl zapcore.Level, msg func() string) {
 	log := target().grpc
+	if !log.Core().Enabled(lvl) {
+		return
+	}
 	if skip > 0 {
 		log = log.WithOptions(zap.AddCallerSkip(skip))
 	}
-	if ce := log.Check(lvl, msg); ce != nil {
+	if ce := log.Check(lvl, msg()); ce != nil {
 		ce.Write()
 	}
 }
@@ -140,25 +145,41 @@ func sprintln(args []any) string {
 	return s[:len(s)-1]
 }
 
-func (g grpcForwarder) Info(args ...any)   { g.write(0, zapcore.DebugLevel, fmt.Sprint(args...)) }
-func (g grpcForwarder) Infoln(args ...any) { g.write(0, zapcore.DebugLevel, sprintln(args)) }
+func (g grpcForwarder) Info(args ...any) {
+	g.write(0, zapcore.DebugLevel, func() string { return fmt.Sprint(args...) })
+}
+func (g grpcForwarder) Infoln(args ...any) {
+	g.write(0, zapcore.DebugLevel, func() string { return sprintln(args) })
+}
 func (g grpcForwarder) Infof(format string, args ...any) {
-	g.write(0, zapcore.DebugLevel, fmt.Sprintf(format, args...))
+	g.write(0, zapcore.DebugLevel, func() string { return fmt.Sprintf(format, args...) })
 }
-func (g grpcForwarder) Warning(args ...any)   { g.write(0, zapcore.DebugLevel, fmt.Sprint(args...)) }
-func (g grpcForwarder) Warningln(args ...any) { g.write(0, zapcore.DebugLevel, sprintln(args)) }
+func (g grpcForwarder) Warning(args ...any) {
+	g.write(0, zapcore.DebugLevel, func() string { return fmt.Sprint(args...) })
+}
+func (g grpcForwarder) Warningln(args ...any) {
+	g.write(0, zapcore.DebugLevel, func() string { return sprintln(args) })
+}
 func (g grpcForwarder) Warningf(format string, args ...any) {
-	g.write(0, zapcore.DebugLevel, fmt.Sprintf(format, args...))
+	g.write(0, zapcore.DebugLevel, func() string { return fmt.Sprintf(format, args...) })
 }
-func (g grpcForwarder) Error(args ...any)   { g.write(0, zapcore.ErrorLevel, fmt.Sprint(args...)) }
-func (g grpcForwarder) Errorln(args ...any) { g.write(0, zapcore.ErrorLevel, sprintln(args)) }
+func (g grpcForwarder) Error(args ...any) {
+	g.write(0, zapcore.ErrorLevel, func() string { return fmt.Sprint(args...) })
+}
+func (g grpcForwarder) Errorln(args ...any) {
+	g.write(0, zapcore.ErrorLevel, func() string { return sprintln(args) })
+}
 func (g grpcForwarder) Errorf(format string, args ...any) {
-	g.write(0, zapcore.ErrorLevel, fmt.Sprintf(format, args...))
+	g.write(0, zapcore.ErrorLevel, func() string { return fmt.Sprintf(format, args...) })
 }
-func (g grpcForwarder) Fatal(args ...any)   { g.write(0, zapcore.FatalLevel, fmt.Sprint(args...)) }
-func (g grpcForwarder) Fatalln(args ...any) { g.write(0, zapcore.FatalLevel, sprintln(args)) }
+func (g grpcForwarder) Fatal(args ...any) {
+	g.write(0, zapcore.FatalLevel, func() string { return fmt.Sprint(args...) })
+}
+func (g grpcForwarder) Fatalln(args ...any) {
+	g.write(0, zapcore.FatalLevel, func() string { return sprintln(args) })
+}
 func (g grpcForwarder) Fatalf(format string, args ...any) {
-	g.write(0, zapcore.FatalLevel, fmt.Sprintf(format, args...))
+	g.write(0, zapcore.FatalLevel, func() string { return fmt.Sprintf(format, args...) })
 }
 
 // V reports whether verbose level l is on: as gRPC's own default (verbosity 0), and only when
@@ -169,14 +190,14 @@ func (grpcForwarder) V(l int) bool {
 
 // The depth calls come from grpclog.*Depth and the component loggers; depth 0 is their caller.
 func (g grpcForwarder) InfoDepth(depth int, args ...any) {
-	g.write(depth, zapcore.DebugLevel, sprintln(args))
+	g.write(depth, zapcore.DebugLevel, func() string { return sprintln(args) })
 }
 func (g grpcForwarder) WarningDepth(depth int, args ...any) {
-	g.write(depth, zapcore.DebugLevel, sprintln(args))
+	g.write(depth, zapcore.DebugLevel, func() string { return sprintln(args) })
 }
 func (g grpcForwarder) ErrorDepth(depth int, args ...any) {
-	g.write(depth, zapcore.ErrorLevel, sprintln(args))
+	g.write(depth, zapcore.ErrorLevel, func() string { return sprintln(args) })
 }
 func (g grpcForwarder) FatalDepth(depth int, args ...any) {
-	g.write(depth, zapcore.FatalLevel, sprintln(args))
+	g.write(depth, zapcore.FatalLevel, func() string { return sprintln(args) })
 }

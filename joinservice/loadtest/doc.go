@@ -41,8 +41,9 @@
 // after the other: attempts per second, and p50 and p99 latency, by the second they began in.
 //
 // The clients share the machine's CPUs with the server: on a 2-core machine each accepted join costs
-// the clients about 4 ms of CPU (software TPM quotes and activations, their own handshakes and
-// validation of the joinservice), which bounds what the harness can drive.
+// the clients about 1.3 ms of CPU (software TPM quotes, their own handshakes and first-contact
+// validation of the joinservice) against the server's 0.9 ms, which bounds what the harness can drive
+// (about 900 joins/s with both cores free of other work).
 //
 // # In process (TestJoinLoad, BENCH_JOIN_MODE=inprocess)
 //

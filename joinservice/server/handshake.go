@@ -3,11 +3,14 @@ package server
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"slices"
+	"strconv"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/credentials"
@@ -127,42 +130,103 @@ func (c *recordingCreds) Clone() credentials.TransportCredentials {
 
 // ClaimCheck judges the measurements a joining node claims in its ClientHello (atls.Claimer) against
 // the policy in force, before this replica quotes or activates for the node or validates its
-// document: a node running the wrong image costs one plain TLS handshake. A refusal reaches the
-// ledger (RPC "handshake", reason MEASUREMENT_MISMATCH, the digest of the claims as evidence, the
-// full verdict in the message; an unverified entry) and the metrics. Claims that pass decide
-// nothing: the node still proves its measurements, which the handler judges again.
+// document: a node running the wrong image is refused with a TLS alert before any key exchange. A
+// refusal reaches the ledger (RPC "handshake", reason MEASUREMENT_MISMATCH, the digest of the claims
+// as evidence, the full verdict in the message; an unverified entry, aggregated per peer between the
+// ledger's writes) and the metrics. Claims that pass decide nothing: the node still proves its
+// measurements, which the handler judges again.
 //
 // Claims reveal nothing the policy does not publish. They are judged as a whole: claims that leave
 // out an index the policy enforces are refused like claims that deviate, and the node is told only
-// that its claims do not satisfy the policy, never which index, which indices are judged or what is
-// expected. Judging only the indices a node claims (or claims that leave one out not at all) would
-// tell a node that claims one random value per index which indices the policy enforces.
+// that its claims do not satisfy the policy (atls.ClaimVerdict: the alert says no more), never which
+// index, which indices are judged or what is expected. Judging only the indices a node claims (or
+// claims that leave one out not at all) would tell a node that claims one random value per index
+// which indices the policy enforces.
 func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer) atls.ClaimCheck {
 	if obs == nil {
 		obs = nopObserver{}
 	}
-	return func(_ context.Context, peer string, claims attestation.Measurements) *atls.Rejection {
+	verdicts := &claimVerdicts{}
+	return func(_ context.Context, peer string, claims attestation.Measurements) error {
 		p := current()
 		if p.Variant != vtpm.Variant {
 			// Claims are TPM PCRs; a node of another variant than the cluster's is refused by the
 			// handshake with UNKNOWN_VARIANT, not here.
 			return nil
 		}
-		err := judgeClaims(p, claims)
-		if err == nil {
+		v := verdicts.judge(p, claims)
+		if v.err == nil {
 			return nil
 		}
 		obs.Attempt("handshake", ledger.OutcomeRejected, ReasonMeasurements)
 		j.Record(ledger.Entry{
 			Time: time.Now().UTC(), Peer: peer, RPC: "handshake", Outcome: ledger.OutcomeRejected, Reason: ReasonMeasurements,
-			Message: "claimed measurements: " + err.Error(), EvidenceSHA256: claimsDigest(claims), Kind: joinledger.KindUnverified,
+			Message: v.message, EvidenceSHA256: v.digest, Kind: joinledger.KindUnverified,
 		})
-		return &atls.Rejection{Reason: ReasonMeasurements, Message: ClaimVerdict}
+		return v.err
 	}
 }
 
-// ClaimVerdict is all a node refused on its claims learns.
-const ClaimVerdict = "claimed measurements do not satisfy the cluster policy; the cluster's join ledger says why (berth status)"
+// claimVerdicts remembers the verdicts on the claims judged last, keyed by the policy they were
+// judged by and the exact claims: the nodes of one image claim the same values, so a join (or a flood
+// of refusals) judges, words and digests each set of claims once per policy. At most
+// maxClaimVerdicts are kept; when full, all are forgotten.
+type claimVerdicts struct {
+	mu sync.Mutex
+	// policy is the policy the verdicts were judged by; another one forgets them.
+	policy *policy.Policy
+	m      map[string]claimVerdict // by claimsKey
+}
+
+// maxClaimVerdicts bounds the verdicts on claims a joinservice remembers.
+const maxClaimVerdicts = 256
+
+type claimVerdict struct {
+	err     error
+	message string // for the ledger: "claimed measurements: " and the reason
+	digest  string // claimsDigest, the ledger's evidence
+}
+
+// judge returns the verdict on claims under p.
+func (c *claimVerdicts) judge(p *policy.Policy, claims attestation.Measurements) claimVerdict {
+	key := claimsKey(claims)
+	c.mu.Lock()
+	v, ok := c.m[string(key)]
+	ok = ok && c.policy == p
+	c.mu.Unlock()
+	if ok {
+		return v
+	}
+	v = claimVerdict{digest: claimsDigest(claims)}
+	if err := judgeClaims(p, claims); err != nil {
+		v.err, v.message = err, "claimed measurements: "+err.Error()
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.policy != p || len(c.m) >= maxClaimVerdicts {
+		c.policy, c.m = p, map[string]claimVerdict{}
+	}
+	c.m[string(key)] = v
+	return v
+}
+
+// claimsKey is the exact claims: index, length and value of each, by ascending index.
+func claimsKey(m attestation.Measurements) []byte {
+	idx := make([]uint32, 0, len(m))
+	n := 0
+	for i, v := range m {
+		idx = append(idx, i)
+		n += 8 + len(v)
+	}
+	slices.Sort(idx)
+	b := make([]byte, 0, n)
+	for _, i := range idx {
+		b = binary.BigEndian.AppendUint32(b, i)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(m[i])))
+		b = append(b, m[i]...)
+	}
+	return b
+}
 
 // errUnclaimed names the enforced indices a node's claims leave out (for the ledger only).
 type errUnclaimed []uint32
@@ -194,9 +258,13 @@ func claimsDigest(m attestation.Measurements) string {
 		idx = append(idx, i)
 	}
 	slices.Sort(idx)
-	h := sha256.New() // writes to a hash never fail
+	b := make([]byte, 0, len(m)*(3+2*sha256.Size+1)) // "%d=%x;" per index, without fmt
 	for _, i := range idx {
-		_, _ = fmt.Fprintf(h, "%d=%x;", i, m[i])
+		b = strconv.AppendUint(b, uint64(i), 10)
+		b = append(b, '=')
+		b = hex.AppendEncode(b, m[i])
+		b = append(b, ';')
 	}
-	return hex.EncodeToString(h.Sum(nil))
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }

@@ -208,15 +208,14 @@ func (v *Validator) akName(doc *Document) ([]byte, error) {
 	if known := v.knownIdentity(identityKey(doc)); known != nil {
 		return known.akName, nil
 	}
-	akPub, err := tpm2.Unmarshal[tpm2.TPMTPublic](doc.AKPublic)
+	akPub, err := parsePublic(doc.AKPublic)
 	if err != nil {
 		return nil, fmt.Errorf("%w: decoding AK public area: %w", attestation.ErrMalformed, err)
 	}
-	name, err := tpm2.ObjectName(akPub)
-	if err != nil {
-		return nil, fmt.Errorf("%w: AK name: %w", attestation.ErrMalformed, err)
+	if akPub.nameErr != nil {
+		return nil, fmt.Errorf("%w: AK name: %w", attestation.ErrMalformed, akPub.nameErr)
 	}
-	return name.Buffer, nil
+	return akPub.name, nil
 }
 
 func (v *Validator) isActivated(key string) bool {

@@ -113,7 +113,7 @@ func (ca *AKCA) Certify(akPublic, ekPublic []byte) ([]byte, error) {
 		KeyUsage:        x509.KeyUsageDigitalSignature,
 		ExtraExtensions: []pkix.Extension{{Id: OIDAKEndorsementKey, Value: ekID}},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, ak, ca.key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, ak.key, ca.key)
 	if err != nil {
 		return nil, fmt.Errorf("certifying attestation key: %w", err)
 	}

@@ -2,6 +2,8 @@ package vtpm
 
 import (
 	"bytes"
+	"encoding/binary"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -105,4 +107,97 @@ func FuzzDecodeSignature(f *testing.F) {
 			}
 		}
 	})
+}
+
+func seedPublics() [][]byte {
+	rsaEK := tpm2.RSAEKTemplate
+	rsaEK.Unique = tpm2.NewTPMUPublicID(tpm2.TPMAlgRSA, &tpm2.TPM2BPublicKeyRSA{Buffer: bytes.Repeat([]byte{0xc5}, 256)})
+	eccAK := tpm2.TPMTPublic{
+		Type: tpm2.TPMAlgECC, NameAlg: tpm2.TPMAlgSHA256,
+		ObjectAttributes: tpm2.TPMAObject{FixedTPM: true, FixedParent: true, SensitiveDataOrigin: true, UserWithAuth: true, Restricted: true, SignEncrypt: true},
+		Parameters: tpm2.NewTPMUPublicParms(tpm2.TPMAlgECC, &tpm2.TPMSECCParms{
+			CurveID: tpm2.TPMECCNistP256,
+			Scheme: tpm2.TPMTECCScheme{Scheme: tpm2.TPMAlgECDSA, Details: tpm2.NewTPMUAsymScheme(tpm2.TPMAlgECDSA,
+				&tpm2.TPMSSigSchemeECDSA{HashAlg: tpm2.TPMAlgSHA256})},
+		}),
+		Unique: tpm2.NewTPMUPublicID(tpm2.TPMAlgECC, &tpm2.TPMSECCPoint{X: tpm2.TPM2BECCParameter{Buffer: bytes.Repeat([]byte{1}, 32)},
+			Y: tpm2.TPM2BECCParameter{Buffer: bytes.Repeat([]byte{2}, 32)}}),
+	}
+	return [][]byte{tpm2.Marshal(rsaEK), tpm2.Marshal(eccAK), tpm2.Marshal(tpm2.ECCEKTemplate)}
+}
+
+// FuzzDecodePublic: whatever decodePublic accepts, go-tpm decodes to the same attributes, key (or key
+// error) and name.
+func FuzzDecodePublic(f *testing.F) {
+	for _, s := range seedPublics() {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, ok := decodePublic(b)
+		if !ok {
+			return
+		}
+		want, err := tpm2.Unmarshal[tpm2.TPMTPublic](b)
+		if err != nil {
+			t.Fatalf("decodePublic accepted what go-tpm refuses: %v", err)
+		}
+		if attrs := tpm2.Marshal(want.ObjectAttributes); !bytes.Equal(attrs, binary.BigEndian.AppendUint32(nil, got.attrs)) {
+			t.Fatalf("attributes: go-tpm %x, decodePublic %#x", attrs, got.attrs)
+		}
+		key, keyErr := tpm2.Pub(*want)
+		if (keyErr != nil) != (got.keyErr != nil) {
+			t.Fatalf("key errors: go-tpm %v, decodePublic %v", keyErr, got.keyErr)
+		}
+		if keyErr == nil && !reflect.DeepEqual(key, got.key) {
+			t.Fatalf("keys: go-tpm %+v, decodePublic %+v", key, got.key)
+		}
+		name, err := tpm2.ObjectName(want)
+		if err != nil || !bytes.Equal(name.Buffer, got.name) {
+			t.Fatalf("names: go-tpm %x (%v), decodePublic %x", name, err, got.name)
+		}
+	})
+}
+
+// FuzzDecodeCreationData: whatever decodeCreationData accepts, go-tpm decodes to the same parent
+// name.
+func FuzzDecodeCreationData(f *testing.F) {
+	f.Add(tpm2.Marshal(tpm2.TPMSCreationData{
+		PCRSelect:           tpm2.TPMLPCRSelection{PCRSelections: []tpm2.TPMSPCRSelection{{Hash: tpm2.TPMAlgSHA256, PCRSelect: []byte{0, 0, 0}}}},
+		PCRDigest:           tpm2.TPM2BDigest{Buffer: bytes.Repeat([]byte{1}, 32)},
+		Locality:            tpm2.TPMALocality{TPMLocZero: true},
+		ParentNameAlg:       tpm2.TPMAlgSHA256,
+		ParentName:          tpm2.TPM2BName{Buffer: bytes.Repeat([]byte{2}, 34)},
+		ParentQualifiedName: tpm2.TPM2BName{Buffer: bytes.Repeat([]byte{3}, 34)},
+		OutsideInfo:         tpm2.TPM2BData{Buffer: []byte("outside")},
+	}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, err := decodeCreationData(b)
+		if err != nil {
+			return
+		}
+		want, err := tpm2.Unmarshal[tpm2.TPMSCreationData](b)
+		if err != nil {
+			t.Fatalf("decodeCreationData accepted what go-tpm refuses: %v", err)
+		}
+		if !bytes.Equal(want.ParentName.Buffer, got) {
+			t.Fatalf("parent name: go-tpm %x, decodeCreationData %x", want.ParentName.Buffer, got)
+		}
+	})
+}
+
+// TestDecodePublicTakesTPMForms: the EK and AK public areas TPMs make (the TCG RSA and ECC EK
+// templates, an ECDSA AK) and their creation data take the hand decoders, not go-tpm's.
+func TestDecodePublicTakesTPMForms(t *testing.T) {
+	for i, raw := range seedPublics() {
+		if _, ok := decodePublic(raw); !ok {
+			t.Errorf("public area %d: not decoded by hand", i)
+		}
+	}
+	cd := tpm2.Marshal(tpm2.TPMSCreationData{
+		PCRSelect:     tpm2.TPMLPCRSelection{PCRSelections: []tpm2.TPMSPCRSelection{{Hash: tpm2.TPMAlgSHA256, PCRSelect: []byte{0, 0, 0}}}},
+		ParentNameAlg: tpm2.TPMAlgSHA256, ParentName: tpm2.TPM2BName{Buffer: []byte{0, 0xb, 1}},
+	})
+	if name, err := decodeCreationData(cd); err != nil || !bytes.Equal(name, []byte{0, 0xb, 1}) {
+		t.Errorf("creation data: %x, %v", name, err)
+	}
 }

@@ -154,12 +154,13 @@ func (v *Validator) validate(doc *Document, nonce []byte) (attestation.Result, *
 	}
 	key := identityKey(doc)
 	known := v.knownIdentity(key)
-	var akKey crypto.PublicKey
+	var ak publicArea
 	if known != nil {
-		akKey = known.akKey
-	} else if akKey, err = attestationKey(doc.AKPublic); err != nil {
+		ak.key = known.akKey
+	} else if ak, err = attestationKey(doc.AKPublic); err != nil {
 		return attestation.Result{}, nil, err
 	}
+	akKey := ak.key
 	if err := verifySignature(akKey, doc.Quote, doc.QuoteSignature); err != nil {
 		return attestation.Result{}, nil, fmt.Errorf("%w: quote: %w", attestation.ErrBadSignature, err)
 	}
@@ -176,7 +177,7 @@ func (v *Validator) validate(doc *Document, nonce []byte) (attestation.Result, *
 		return attestation.Result{}, nil, fmt.Errorf("%w: PCR values do not match the quoted digest", attestation.ErrBadSignature)
 	}
 	if known == nil {
-		if known, err = v.verifyEK(doc, akKey); err != nil {
+		if known, err = v.verifyEK(doc, ak); err != nil {
 			return attestation.Result{}, nil, err
 		}
 		v.certify(doc, known)
@@ -265,22 +266,20 @@ func quoteBinds(doc *Document, qualifying, leaf []byte) bool {
 	return found && subtle.ConstantTimeCompare(qualifying, batchDigest(doc.Batch)) == 1
 }
 
-// attestationKey parses the AK public area and checks that it is a restricted signing key that never
-// left the TPM it was created in.
-func attestationKey(raw []byte) (crypto.PublicKey, error) {
-	pub, err := tpm2.Unmarshal[tpm2.TPMTPublic](raw)
+// attestationKey decodes the AK public area and checks that it is a restricted signing key that
+// never left the TPM it was created in.
+func attestationKey(raw []byte) (publicArea, error) {
+	pub, err := parsePublic(raw)
 	if err != nil {
-		return nil, fmt.Errorf("%w: decoding AK public area: %w", attestation.ErrMalformed, err)
+		return publicArea{}, fmt.Errorf("%w: decoding AK public area: %w", attestation.ErrMalformed, err)
 	}
-	a := pub.ObjectAttributes
-	if !a.FixedTPM || !a.FixedParent || !a.SensitiveDataOrigin || !a.Restricted || !a.SignEncrypt || a.Decrypt {
-		return nil, fmt.Errorf("%w: AK is not a restricted, TPM-bound signing key", attestation.ErrUntrustedRoot)
+	if !pub.has(attrFixedTPM|attrFixedParent|attrSensitiveDataOrigin|attrRestricted|attrSignEncrypt) || pub.has(attrDecrypt) {
+		return publicArea{}, fmt.Errorf("%w: AK is not a restricted, TPM-bound signing key", attestation.ErrUntrustedRoot)
 	}
-	key, err := tpm2.Pub(*pub)
-	if err != nil {
-		return nil, fmt.Errorf("%w: AK public key: %w", attestation.ErrMalformed, err)
+	if pub.keyErr != nil {
+		return publicArea{}, fmt.Errorf("%w: AK public key: %w", attestation.ErrMalformed, pub.keyErr)
 	}
-	return key, nil
+	return pub, nil
 }
 
 // verifySignature checks a TPMT_SIGNATURE over SHA-256(msg).
@@ -343,45 +342,39 @@ func (v *Validator) trustEK(doc *Document) (cert *x509.Certificate, notAfter tim
 }
 
 // verifyEK checks that the policy trusts the document's EK (trustEK: a certificate for it chaining
-// to a trust root, or its pin), and that the AK (akKey, from doc.AKPublic) was created under that EK
-// (TPM2_CertifyCreation, signed by the AK). It returns what later validations of the same identity
+// to a trust root, or its pin), and that the AK (ak, decoded from doc.AKPublic) was created under that
+// EK (TPM2_CertifyCreation, signed by the AK). It returns what later validations of the same identity
 // reuse. That the AK lives with the EK is proven apart: by activation or an AK certificate.
-func (v *Validator) verifyEK(doc *Document, akKey crypto.PublicKey) (*verifiedIdentity, error) {
+func (v *Validator) verifyEK(doc *Document, ak publicArea) (*verifiedIdentity, error) {
 	cert, notAfter, err := v.trustEK(doc)
 	if err != nil {
 		return nil, err
 	}
-	ekPub, err := tpm2.Unmarshal[tpm2.TPMTPublic](doc.EKPublic)
+	ek, err := parsePublic(doc.EKPublic)
 	if err != nil {
 		return nil, fmt.Errorf("%w: decoding EK public area: %w", attestation.ErrMalformed, err)
 	}
-	if a := ekPub.ObjectAttributes; !a.FixedTPM || !a.Restricted || !a.Decrypt {
+	if !ek.has(attrFixedTPM | attrRestricted | attrDecrypt) {
 		return nil, fmt.Errorf("%w: EK is not a restricted TPM-bound decryption key", attestation.ErrUntrustedRoot)
 	}
-	ekKey, err := tpm2.Pub(*ekPub)
-	if err != nil {
-		return nil, fmt.Errorf("%w: EK public key: %w", attestation.ErrMalformed, err)
+	if ek.keyErr != nil {
+		return nil, fmt.Errorf("%w: EK public key: %w", attestation.ErrMalformed, ek.keyErr)
 	}
 	if cert != nil {
-		if k, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !k.Equal(ekKey) {
+		if k, ok := cert.PublicKey.(interface{ Equal(crypto.PublicKey) bool }); !ok || !k.Equal(ek.key) {
 			return nil, fmt.Errorf("%w: EK certificate is for another key", attestation.ErrUntrustedRoot)
 		}
 	}
-	ekName, err := tpm2.ObjectName(ekPub)
-	if err != nil {
-		return nil, fmt.Errorf("%w: EK name: %w", attestation.ErrMalformed, err)
+	if ek.nameErr != nil {
+		return nil, fmt.Errorf("%w: EK name: %w", attestation.ErrMalformed, ek.nameErr)
 	}
 
 	// The AK's creation record names its parent; the CertifyCreation attestation, signed by the AK,
 	// ties that record to the AK.
-	akPubArea, err := tpm2.Unmarshal[tpm2.TPMTPublic](doc.AKPublic)
-	if err != nil {
-		return nil, fmt.Errorf("%w: decoding AK public area: %w", attestation.ErrMalformed, err)
+	if ak.nameErr != nil {
+		return nil, fmt.Errorf("%w: AK name: %w", attestation.ErrMalformed, ak.nameErr)
 	}
-	akName, err := tpm2.ObjectName(akPubArea)
-	if err != nil {
-		return nil, fmt.Errorf("%w: AK name: %w", attestation.ErrMalformed, err)
-	}
+	akKey := ak.key
 	if err := verifySignature(akKey, doc.AKCertifyInfo, doc.AKCertifySignature); err != nil {
 		return nil, fmt.Errorf("%w: AK creation certificate: %w", attestation.ErrUntrustedRoot, err)
 	}
@@ -390,17 +383,17 @@ func (v *Validator) verifyEK(doc *Document, akKey crypto.PublicKey) (*verifiedId
 		return nil, fmt.Errorf("%w: AK creation certificate is not a creation attestation", attestation.ErrUntrustedRoot)
 	}
 	creationHash := sha256.Sum256(doc.AKCreationData)
-	if !bytes.Equal(creation.objectName, akName.Buffer) || !bytes.Equal(creation.creationHash, creationHash[:]) {
+	if !bytes.Equal(creation.objectName, ak.name) || !bytes.Equal(creation.creationHash, creationHash[:]) {
 		return nil, fmt.Errorf("%w: AK creation certificate is for another key", attestation.ErrUntrustedRoot)
 	}
-	cd, err := tpm2.Unmarshal[tpm2.TPMSCreationData](doc.AKCreationData)
+	parent, err := parentName(doc.AKCreationData)
 	if err != nil {
-		return nil, fmt.Errorf("%w: decoding AK creation data: %w", attestation.ErrMalformed, err)
+		return nil, err
 	}
-	if !bytes.Equal(cd.ParentName.Buffer, ekName.Buffer) {
+	if !bytes.Equal(parent, ek.name) {
 		return nil, fmt.Errorf("%w: AK was not created under the certified EK", attestation.ErrUntrustedRoot)
 	}
-	return &verifiedIdentity{akKey: akKey, akName: akName.Buffer, identity: ekIdentity(doc.EKPublic), notAfter: notAfter}, nil
+	return &verifiedIdentity{akKey: akKey, akName: ak.name, identity: ekIdentity(doc.EKPublic), notAfter: notAfter}, nil
 }
 
 // oidSubjectAltName is the SAN extension; EK certificates mark it critical and fill it with TPM

@@ -29,7 +29,6 @@ import (
 	"github.com/berth-k8s/berth/internal/proctest"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ledger"
-	"github.com/berth-k8s/berth/joinservice/server"
 )
 
 func indent(s, prefix string) string {
@@ -199,14 +198,14 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 	// The node claims its PCRs up front (vtpm.Issuer is an atls.Claimer): the new policy refuses it
 	// in the handshake, before the joinservice quotes.
 	_, err = join()
-	if rej, ok := atls.ParseRejection(status.Convert(err).Message()); !ok || rej.Reason != "MEASUREMENT_MISMATCH" || rej.Message != server.ClaimVerdict {
+	if rej, ok := atls.ParseRejection(status.Convert(err).Message()); !ok || rej.Reason != "MEASUREMENT_MISMATCH" || rej.Message != atls.ClaimVerdict {
 		t.Fatalf("join after the policy update = %v, want the refusal on claims", err)
 	}
 
 	setPolicy("variant: tpm\nmeasurements: {4: [")
 	t.Logf("event: %s", waitEvent("PolicyRejected").Message)
 	_, err = join()
-	if rej, ok := atls.ParseRejection(status.Convert(err).Message()); !ok || rej.Reason != "MEASUREMENT_MISMATCH" || rej.Message != server.ClaimVerdict {
+	if rej, ok := atls.ParseRejection(status.Convert(err).Message()); !ok || rej.Reason != "MEASUREMENT_MISMATCH" || rej.Message != atls.ClaimVerdict {
 		t.Fatalf("join after a malformed update = %v, want the previous policy's refusal on claims", err)
 	}
 
