@@ -178,10 +178,18 @@ ensure() {
       rm -rf "$dir"
       mkdir -p "$dir/bin"
       local start=$SECONDS
+      # One more try after a failure: the only thing fetched is Go modules, over the network, and a
+      # fetch that failed once (a reset connection, a proxy's 5xx) usually works the second time. A
+      # real build error fails twice, in the same words.
       if ! build_one "$name" "$dir/bin" >&2; then
-        exec {fd}>&-
-        log "building $name failed"
-        return 1
+        log "building $name failed; trying once more (a module fetch may have failed on the network)"
+        rm -rf "$dir"
+        mkdir -p "$dir/bin"
+        if ! build_one "$name" "$dir/bin" >&2; then
+          exec {fd}>&-
+          log "building $name failed"
+          return 1
+        fi
       fi
       printf 'component=%s\nversion=%s\nhash=%s\nseconds=%d\nbuilt=%s\n' "$name" "$version" "$hash" \
         "$((SECONDS - start))" "$(date -u +%Y-%m-%dT%H:%M:%SZ)" >"$dir/stamp.tmp"
