@@ -276,6 +276,16 @@ func alertServer(t *testing.T, alert []byte) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveEach(t, lis, func(c net.Conn) {
+		_, _ = c.Read(make([]byte, 4096)) // the ClientHello, enough of it
+		_, _ = c.Write(alert)
+	})
+}
+
+// serveEach hands every connection lis accepts to handle, then closes it, until the test ends; it
+// returns lis's address.
+func serveEach(t *testing.T, lis net.Listener, handle func(net.Conn)) string {
+	t.Helper()
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -284,8 +294,7 @@ func alertServer(t *testing.T, alert []byte) string {
 			if err != nil {
 				return
 			}
-			_, _ = c.Read(make([]byte, 4096)) // the ClientHello, enough of it
-			_, _ = c.Write(alert)
+			handle(c)
 			c.Close()
 		}
 	}()
@@ -306,20 +315,7 @@ func rogueServer(t *testing.T, ext pkix.Extension) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.(*tls.Conn).Handshake()
-			c.Close()
-		}
-	}()
-	t.Cleanup(func() { lis.Close(); <-done })
-	return lis.Addr().String()
+	return serveEach(t, lis, func(c net.Conn) { _ = c.(*tls.Conn).Handshake() })
 }
 
 // TestVerdictWithoutClaims: a client that made no claims (berth init, which does not attest) takes a

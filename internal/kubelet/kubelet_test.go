@@ -137,10 +137,10 @@ func TestSupervisorStopsBeforeEnabled(t *testing.T) {
 	}
 }
 
-// TestSupervisorRecordsTheKubelet: while the kubelet runs it is in the daemon's child record (so a
-// restarted daemon can kill one a crashed daemon left), in a process group of its own; a stop
-// removes it from the record.
-func TestSupervisorRecordsTheKubelet(t *testing.T) {
+// sleepingKubelet returns a supervisor of a stand-in kubelet that runs until it is killed, with
+// kubeadm's files in place, and the path of its child record.
+func sleepingKubelet(t *testing.T) (*Supervisor, string) {
+	t.Helper()
 	dir := t.TempDir()
 	kubeletDir, k8sDir := filepath.Join(dir, "kubelet"), filepath.Join(dir, "kubernetes")
 	for _, f := range []string{filepath.Join(kubeletDir, "config.yaml"), filepath.Join(k8sDir, "kubelet.conf")} {
@@ -158,6 +158,14 @@ func TestSupervisorRecordsTheKubelet(t *testing.T) {
 	record := filepath.Join(dir, "children.json")
 	s := &Supervisor{Path: fake, KubeletDir: kubeletDir, KubernetesDir: k8sDir, PollInterval: 10 * time.Millisecond,
 		Children: command.NewChildren(record)}
+	return s, record
+}
+
+// TestSupervisorRecordsTheKubelet: while the kubelet runs it is in the daemon's child record (so a
+// restarted daemon can kill one a crashed daemon left), in a process group of its own; a stop
+// removes it from the record.
+func TestSupervisorRecordsTheKubelet(t *testing.T) {
+	s, record := sleepingKubelet(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
@@ -192,23 +200,7 @@ func TestSupervisorRecordsTheKubelet(t *testing.T) {
 // TestSupervisorStopAndStartAgain: Stop returns once the running kubelet has exited and keeps it
 // stopped (no restart while disabled, even when kubeadm's files are there); Start runs it again.
 func TestSupervisorStopAndStartAgain(t *testing.T) {
-	dir := t.TempDir()
-	kubeletDir, k8sDir := filepath.Join(dir, "kubelet"), filepath.Join(dir, "kubernetes")
-	for _, f := range []string{filepath.Join(kubeletDir, "config.yaml"), filepath.Join(k8sDir, "kubelet.conf")} {
-		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(f, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	fake := filepath.Join(dir, "fake-kubelet")
-	if err := os.WriteFile(fake, []byte("#!/bin/sh\nexec sleep 600\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	record := filepath.Join(dir, "children.json")
-	s := &Supervisor{Path: fake, KubeletDir: kubeletDir, KubernetesDir: k8sDir, PollInterval: 10 * time.Millisecond,
-		Children: command.NewChildren(record)}
+	s, record := sleepingKubelet(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	done := make(chan error, 1)
