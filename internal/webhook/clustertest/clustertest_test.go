@@ -294,6 +294,24 @@ func waitDenied(ctx context.Context, kube kubernetes.Interface, ns, name string)
 	return nil
 }
 
+// waitFailsClosed waits until a server-side dry-run create of an allowed pod in ns fails because the
+// API server cannot call the webhook. The API server picks up a changed webhook configuration from
+// its informer, so the first creates after an update may still use the old one.
+func waitFailsClosed(ctx context.Context, kube kubernetes.Interface, ns, name string) error {
+	var last error
+	err := wait.PollUntilContextCancel(ctx, enforcePoll, true, func(ctx context.Context) (bool, error) {
+		_, last = kube.CoreV1().Pods(ns).Create(ctx, pod(ns, name, allowedImage), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return last != nil && strings.Contains(last.Error(), "failed calling webhook"), nil
+	})
+	if err != nil {
+		if last == nil {
+			return fmt.Errorf("%w; last answer: admitted", err)
+		}
+		return fmt.Errorf("%w; last answer: %w", err, last)
+	}
+	return nil
+}
+
 func removeFinalizer(ctx context.Context, kube kubernetes.Interface, ns, name string) error {
 	_, err := kube.CoreV1().Pods(ns).Patch(ctx, name, types.JSONPatchType, []byte(`[{"op":"remove","path":"/metadata/finalizers"}]`), metav1.PatchOptions{})
 	return err
