@@ -1,6 +1,7 @@
 package joinservice
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -98,22 +99,58 @@ type akCertifier interface {
 
 // certifyAK has the cluster's AK CA (derived from the master secret) certify this replica's TPM
 // attestation key, after the issuer activated it against its own EK: nodes whose join policy lists
-// the CA in akRoots then take this replica's session proof without activating its key, so a join
-// costs this replica's TPM nothing. Without it (a failure, or a TDX replica) nodes activate as before.
-func certifyAK(ctx context.Context, issuer atls.Issuer, keys *clusterkeys.Keys, log *zap.Logger) {
+// the CA in akRoots then take this replica's session proof without activating its key or checking its
+// EK chain (vtpm.Validator.ValidateCertified), so a join costs this replica's TPM nothing. Because the
+// certificate stands in for the EK chain, the replica first checks its own EK and AK creation record
+// against the cluster's policy (one quote at start) and certifies nothing its nodes would refuse.
+// Without a certificate (any failure, a TDX replica) nodes activate as before.
+// The quote of that check is counted as a self-check on ops.
+func certifyAK(ctx context.Context, issuer atls.Issuer, keys *clusterkeys.Keys, policyYAML string, ops opCounter, log *zap.Logger) {
 	c, ok := issuer.(akCertifier)
 	if !ok {
 		return
 	}
-	ca, err := vtpm.ClusterAKCA(keys.AKCASeed(), keys.ClusterID())
-	if err == nil {
-		err = c.CertifyAK(ctx, ca.Certify)
-	}
-	if err != nil {
+	if err := certifyOwnAK(ctx, countedIssuer(issuer, metrics.PurposeSelfCheck, ops), c, keys, policyYAML); err != nil {
 		log.Warn("certifying the attestation key failed: nodes must activate it per join", zap.Error(err))
 		return
 	}
-	log.Info("attestation key certified by the cluster's attestation-key CA", zap.String("ca", ca.Cert.Subject.CommonName))
+	log.Info("attestation key certified by the cluster's attestation-key CA")
+}
+
+func certifyOwnAK(ctx context.Context, issuer atls.Issuer, c akCertifier, keys *clusterkeys.Keys, policyYAML string) error {
+	p, err := policy.Parse([]byte(policyYAML), "ConfigMap "+joinconfig.Namespace+"/"+joinconfig.JoinConfigName, nil)
+	if err != nil {
+		return fmt.Errorf("cluster attestation policy: %w", err)
+	}
+	v, err := vtpm.NewValidator(p, zap.NewNop())
+	if err != nil {
+		return fmt.Errorf("cluster attestation policy: %w", err)
+	}
+	nonce := make([]byte, 32)
+	if _, err := rand.Read(nonce); err != nil {
+		return fmt.Errorf("making a nonce: %w", err)
+	}
+	raw, err := issuer.Issue(ctx, selfCheckUserData[:], nonce)
+	if err != nil {
+		return fmt.Errorf("issuing a document of this replica: %w", err)
+	}
+	own, err := vtpm.ParseDocument(raw)
+	if err != nil {
+		return err
+	}
+	if err := v.VerifyIdentity(own); err != nil {
+		return fmt.Errorf("the cluster's policy does not trust this replica's own TPM identity: %w", err)
+	}
+	ca, err := vtpm.ClusterAKCA(keys.AKCASeed(), keys.ClusterID())
+	if err != nil {
+		return err
+	}
+	return c.CertifyAK(ctx, func(akPublic, ekPublic []byte) ([]byte, error) {
+		if !bytes.Equal(akPublic, own.AKPublic) || !bytes.Equal(ekPublic, own.EKPublic) {
+			return nil, errors.New("the attestation key changed after its identity was checked")
+		}
+		return ca.Certify(akPublic, ekPublic)
+	})
 }
 
 // The attestation self-check behind readiness: every issuerCheckInterval the issuer makes a document

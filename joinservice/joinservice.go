@@ -189,7 +189,7 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 	// it the activation per new node.
 	var session *atls.SessionProof
 	if d.Attestation != "insecure-none" && d.Issuer != nil {
-		certifyAK(ctx, d.Issuer, keys, log)
+		certifyAK(ctx, d.Issuer, keys, string(cfg.AttestationPolicy), m, log)
 		session = atls.NewSessionProof(countedIssuer(d.Issuer, metrics.PurposeSession, m), log.Named("session"))
 	}
 	// Addresses metadata knows get an attested budget of their own (atls.WithKnownPeers).

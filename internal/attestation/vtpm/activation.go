@@ -189,7 +189,7 @@ func (v *Validator) identityBound(id identity, key string, challenged bool) func
 		if !bytes.Equal(akName, id.akName) || !bytes.Equal(doc.EKPublic, id.ekPublic) {
 			return attestation.Result{}, fmt.Errorf("%w: document is not from the challenged EK and AK", attestation.ErrUntrustedRoot)
 		}
-		res, _, err := v.validate(doc, nonce)
+		res, _, err := v.validate(doc, nonce, false)
 		if challenged && errors.Is(err, attestation.ErrNonceMismatch) {
 			// Either a replay, or the attester could not recover the secret: its AK does not live with the EK.
 			return res, fmt.Errorf("%w: AK activation not proven: %w", attestation.ErrUntrustedRoot, err)

@@ -3,6 +3,8 @@ package vtpm_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -130,6 +132,73 @@ func TestCertifiedAK(t *testing.T) {
 	// Plain validation ignores the certificate.
 	if _, err := validator().Validate(ctx, certified, nonce); err != nil {
 		t.Fatalf("Validate of a certified document: %v", err)
+	}
+}
+
+// TestCertifiedAKStandsInForTheEKChain: for ValidateCertified a valid AK certificate is the word on
+// the TPM's identity: a document from a TPM whose EK certificate chains to no trust root, its AK
+// certified by the trusted AK CA, passes (the CA vouched for the EK). Plain Validate of the very same
+// bytes, by the same validator after it remembered the identity, still checks the EK chain and fails;
+// a pinned policy still requires the EK's pin; without the certificate the unrooted EK fails.
+func TestCertifiedAKStandsInForTheEKChain(t *testing.T) {
+	ctx := context.Background()
+	trusted, err := vtpmtest.NewCA("trusted EK CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rogue := vtpmtest.StartSwtpm(t, vtpmtest.NewSwtpmCA(t)) // its EK certificate's CA is in no policy
+	akCA, err := vtpm.NewAKCA(bytes.Repeat([]byte{7}, 32), "test cluster AK CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	issuer := vtpm.NewIssuer(rogue.Open, zap.NewNop())
+	nonce := []byte("nonce")
+	uncertified, err := issuer.Issue(ctx, nil, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := issuer.CertifyAK(ctx, akCA.Certify); err != nil {
+		t.Fatal(err)
+	}
+	certified, err := issuer.Issue(ctx, nil, nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc vtpm.Document
+	if err := json.Unmarshal(certified, &doc); err != nil {
+		t.Fatal(err)
+	}
+	ekPin := sha256.Sum256(doc.EKPublic)
+	akRoots := "akRoots:\n  - pem: |\n" + indentPEM(akCA.PEM())
+	newValidator := func(p string) *vtpm.Validator {
+		v, err := vtpm.NewValidator(parsePolicy(t, p), zap.NewNop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	rooted := "variant: tpm\ntrustRoots:\n  - pem: |\n" + indentPEM(trusted.PEM()) + akRoots
+	pinned := func(pin []byte) string {
+		return "variant: tpm\ntpm:\n  ekTrust: pinned\n  ekPublicSHA256:\n    - " + hex.EncodeToString(pin) + "\n" + akRoots
+	}
+
+	v := newValidator(rooted)
+	for range 2 { // the second time from the remembered identity
+		if _, err := v.ValidateCertified(ctx, certified, nonce); err != nil {
+			t.Fatalf("ValidateCertified, certified AK of an unrooted EK: %v", err)
+		}
+		if _, err := v.Validate(ctx, certified, nonce); !errors.Is(err, attestation.ErrUntrustedRoot) {
+			t.Fatalf("Validate of the same document: got %v, want ErrUntrustedRoot (the EK chains to no trust root)", err)
+		}
+	}
+	if _, err := v.ValidateCertified(ctx, uncertified, nonce); !errors.Is(err, attestation.ErrUntrustedRoot) {
+		t.Fatalf("ValidateCertified without the certificate: got %v, want ErrUntrustedRoot", err)
+	}
+	if _, err := newValidator(pinned(ekPin[:])).ValidateCertified(ctx, certified, nonce); err != nil {
+		t.Fatalf("ValidateCertified under a policy pinning the EK: %v", err)
+	}
+	if _, err := newValidator(pinned(bytes.Repeat([]byte{1}, 32))).ValidateCertified(ctx, certified, nonce); !errors.Is(err, attestation.ErrUntrustedRoot) {
+		t.Fatalf("ValidateCertified under a policy pinning another EK: got %v, want ErrUntrustedRoot", err)
 	}
 }
 

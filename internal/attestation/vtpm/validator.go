@@ -51,6 +51,10 @@ type verifiedIdentity struct {
 	akKey    crypto.PublicKey // the AK's public key, checked to be a restricted, TPM-bound signing key
 	akName   []byte           // the AK's name
 	identity []byte           // the machine identity, SHA-256 of the EK public area
+	// ekVerified says the EK's trust (its certificate chain or pin) and the AK's creation record
+	// under it were checked; an identity accepted on its AK certificate alone (ValidateCertified)
+	// has them checked when plain Validate meets it.
+	ekVerified bool
 	// certified says the document's AK certificate verified against the policy's akRoots; certErr
 	// says why not.
 	certified bool
@@ -112,7 +116,7 @@ func (v *Validator) ValidateCertified(_ context.Context, raw, nonce []byte) (att
 	if err != nil {
 		return attestation.Result{}, err
 	}
-	res, known, err := v.validate(doc, nonce)
+	res, known, err := v.validate(doc, nonce, true)
 	if known == nil {
 		return res, err
 	}
@@ -135,13 +139,14 @@ func (v *Validator) Validate(_ context.Context, raw, nonce []byte) (attestation.
 	if err != nil {
 		return attestation.Result{}, err
 	}
-	res, _, err := v.validate(doc, nonce)
+	res, _, err := v.validate(doc, nonce, false)
 	return res, err
 }
 
 // validate checks a parsed document, cheapest checks first, and returns the verified identity with
-// the result (nil when the identity did not verify).
-func (v *Validator) validate(doc *Document, nonce []byte) (attestation.Result, *verifiedIdentity, error) {
+// the result (nil when the identity did not verify). certified: the caller accepts only a certified
+// AK (ValidateCertified), so a valid AK certificate establishes the identity (verifyIdentity).
+func (v *Validator) validate(doc *Document, nonce []byte, certified bool) (attestation.Result, *verifiedIdentity, error) {
 	quote, err := decodeAttest(doc.Quote)
 	if err != nil {
 		return attestation.Result{}, nil, fmt.Errorf("%w: decoding quote: %w", attestation.ErrMalformed, err)
@@ -156,7 +161,7 @@ func (v *Validator) validate(doc *Document, nonce []byte) (attestation.Result, *
 	known := v.knownIdentity(key)
 	var ak publicArea
 	if known != nil {
-		ak.key = known.akKey
+		ak.key, ak.name = known.akKey, known.akName
 	} else if ak, err = attestationKey(doc.AKPublic); err != nil {
 		return attestation.Result{}, nil, err
 	}
@@ -176,11 +181,10 @@ func (v *Validator) validate(doc *Document, nonce []byte) (attestation.Result, *
 	if subtle.ConstantTimeCompare(quote.pcrDigest, pcrDigest(doc.PCRs, selected)) != 1 {
 		return attestation.Result{}, nil, fmt.Errorf("%w: PCR values do not match the quoted digest", attestation.ErrBadSignature)
 	}
-	if known == nil {
-		if known, err = v.verifyEK(doc, ak); err != nil {
+	if known == nil || !known.ekVerified && !(certified && known.certified) {
+		if known, err = v.verifyIdentity(doc, ak, certified); err != nil {
 			return attestation.Result{}, nil, err
 		}
-		v.certify(doc, known)
 		v.rememberIdentity(key, known)
 	}
 	measurements := attestation.Measurements(doc.PCRs)
@@ -195,6 +199,49 @@ func (v *Validator) validate(doc *Document, nonce []byte) (attestation.Result, *
 		v.log.Warn("measurement deviates from warn-only expectation", zap.String("detail", w))
 	}
 	return res, known, err
+}
+
+// verifyIdentity establishes whose TPM made doc. For a caller that accepts only a certified AK
+// (certified), a valid AK certificate from akRoots is enough: its CA vouched that the AK lives with
+// the named EK when it issued it (Issuer.CertifyAK activates the AK, and the joinservice checks its
+// own EK against the cluster's policy first), and whoever holds the CA key could vouch for any EK
+// certificate and creation record as well, so checking them again would prove nothing more. A pinned
+// policy still requires the EK's pin. Otherwise, or when the certificate does not verify, the EK's
+// trust and the AK's creation record are checked (verifyEK), and the certificate is recorded besides.
+func (v *Validator) verifyIdentity(doc *Document, ak publicArea, certified bool) (*verifiedIdentity, error) {
+	if certified && v.akRoots != nil {
+		if notAfter, err := verifyAKCert(doc, ak.key, v.akRoots, v.now()); err == nil {
+			if ak.nameErr != nil {
+				return nil, fmt.Errorf("%w: AK name: %w", attestation.ErrMalformed, ak.nameErr)
+			}
+			if v.policy.EKTrust() == policy.EKTrustPinned {
+				if _, _, err := v.trustEK(doc); err != nil {
+					return nil, err
+				}
+			}
+			return &verifiedIdentity{akKey: ak.key, akName: ak.name, identity: ekIdentity(doc.EKPublic), certified: true, notAfter: notAfter}, nil
+		}
+	}
+	id, err := v.verifyEK(doc, ak)
+	if err != nil {
+		return nil, err
+	}
+	id.ekVerified = true
+	v.certify(doc, id)
+	return id, nil
+}
+
+// VerifyIdentity checks only the identity in doc: that the policy trusts its EK (certificate chain or
+// pin) and that its AK, a restricted TPM-bound signing key, was created under that EK. Neither the
+// quote nor the measurements are looked at. A certifier checks its own document this way before its
+// AK certificate stands in for these checks (ValidateCertified).
+func (v *Validator) VerifyIdentity(doc *Document) error {
+	ak, err := attestationKey(doc.AKPublic)
+	if err != nil {
+		return err
+	}
+	_, err = v.verifyEK(doc, ak)
+	return err
 }
 
 // certify records in id whether the document's AK certificate verifies against the policy's akRoots.
