@@ -111,8 +111,10 @@ func startJoinCluster(t *testing.T, extraArgs ...string) *joinCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The cluster's policy trusts the EK CAs of all its machines, the joinservice's too: it checks
+	// its own EK against the policy before its attestation key is certified.
 	clusterPolicy := "variant: tpm\nmeasurements:\n  4: {expected: " + zero + ", source: the image}\n  15: {expected: " + zero + ", source: fresh node}\n" +
-		"trustRoots:\n  - pem: |\n" + indent(string(nodeCA.PEM()), "      ")
+		"trustRoots:\n  - pem: |\n" + indent(string(nodeCA.PEM())+string(swCA.RootPEM(t))+string(swCA.IssuerPEM(t)), "      ")
 	if err := env.InstallBerth(ctx, clusterPolicy); err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/berth-k8s/berth/internal/apply"
 	"github.com/berth-k8s/berth/internal/berthsystem"
@@ -24,6 +30,13 @@ var (
 	installSalt         = bytes.Repeat([]byte{2}, 32)
 )
 
+// joinServiceGroups are the groups the API server gives JoinServiceUser: its token's (writeTokens)
+// and system:authenticated, which it adds to every authenticated user.
+var joinServiceGroups = []string{"system:serviceaccounts", "system:serviceaccounts:" + joinconfig.Namespace, "system:authenticated"}
+
+// rbacSettleTimeout bounds the wait for the RBAC InstallBerth applies to take effect.
+const rbacSettleTimeout = 30 * time.Second
+
 // ClusterID is the ID of the cluster InstallBerth installs, which a joinservice bound to that cluster
 // holds in its TPM's lock register.
 func ClusterID() []byte { return ClusterKeys().ClusterID() }
@@ -41,7 +54,8 @@ func ClusterKeys() *clusterkeys.Keys {
 // InstallBerth applies, as the admin, what berth init installs in berth-system
 // (internal/berthsystem: the namespace and its image guard, the cluster Secret, the join ConfigMap
 // with policyYAML, the joinservice's ServiceAccount, RBAC and DaemonSet). Nothing runs the DaemonSet:
-// there are no nodes.
+// there are no nodes. It returns once the API server authorizes the joinservice by the RBAC it
+// applied, so callers may act as JoinServiceUser at once.
 func (e *Env) InstallBerth(ctx context.Context, policyYAML string) error {
 	applier, err := apply.NewForConfig(e.Config(AdminUser))
 	if err != nil {
@@ -63,6 +77,56 @@ func (e *Env) InstallBerth(ctx context.Context, policyYAML string) error {
 	}
 	if err := applier.Apply(ctx, objs...); err != nil {
 		return fmt.Errorf("applying berth-system's objects: %w", err)
+	}
+	return e.waitJoinServiceRBAC(ctx)
+}
+
+// waitJoinServiceRBAC waits until the API server allows JoinServiceUser one thing each binding
+// InstallBerth applies grants (and no other does): the RBAC authorizer learns of new bindings and
+// roles through informers, so for a moment after they are written the joinservice is refused.
+func (e *Env) waitJoinServiceRBAC(ctx context.Context) error {
+	admin, err := kubernetes.NewForConfig(e.Config(AdminUser))
+	if err != nil {
+		return err
+	}
+	checks := []struct {
+		binding string
+		attrs   authorizationv1.ResourceAttributes
+	}{
+		{"the joinservice's RoleBinding", authorizationv1.ResourceAttributes{
+			Namespace: joinconfig.Namespace, Verb: "get", Resource: "secrets", Name: joinconfig.SecretName}},
+		{"the CSR approver's ClusterRoleBinding", authorizationv1.ResourceAttributes{
+			Verb: "list", Group: "certificates.k8s.io", Resource: "certificatesigningrequests"}},
+		// The approver's ClusterRole may only get nodes.
+		{"the webhook spread's ClusterRoleBinding", authorizationv1.ResourceAttributes{
+			Verb: "list", Resource: "nodes"}},
+	}
+	for _, c := range checks {
+		last := "no review yet"
+		a := c.attrs
+		what := a.Verb + " " + a.Resource
+		if a.Group != "" {
+			what += "." + a.Group
+		}
+		if a.Name != "" {
+			what += " " + a.Name
+		}
+		if a.Namespace != "" {
+			what += " in " + a.Namespace
+		}
+		if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, rbacSettleTimeout, true, func(ctx context.Context) (bool, error) {
+			review, err := admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
+				Spec: authorizationv1.SubjectAccessReviewSpec{ResourceAttributes: &a, User: JoinServiceUser, Groups: joinServiceGroups},
+			}, metav1.CreateOptions{})
+			if err != nil {
+				last = err.Error()
+				return false, nil
+			}
+			last = fmt.Sprintf("allowed %v, reason %q, evaluation error %q", review.Status.Allowed, review.Status.Reason, review.Status.EvaluationError)
+			return review.Status.Allowed, nil
+		}); err != nil {
+			return fmt.Errorf("%s did not take effect: %s may not %s (last review: %s): %w", c.binding, JoinServiceUser, what, last, err)
+		}
 	}
 	return nil
 }

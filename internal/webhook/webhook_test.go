@@ -386,8 +386,13 @@ func TestDrain(t *testing.T) {
 	}
 	stopped := time.Now()
 	r.cancel()
-	if c, _ := r.readyz(t); c != http.StatusServiceUnavailable {
-		t.Fatalf("readyz right after the stop request = %d", c)
+	// Serve sees the stop request on its own goroutine: readiness fails once it has.
+	last := 0
+	if err := wait.PollUntilContextTimeout(t.Context(), 10*time.Millisecond, 5*time.Second, true, func(context.Context) (bool, error) {
+		last, _ = r.readyz(t)
+		return last == http.StatusServiceUnavailable, nil
+	}); err != nil {
+		t.Fatalf("readyz after the stop request = %d, want %d", last, http.StatusServiceUnavailable)
 	}
 	served := 0
 	for time.Since(stopped) < delay/2 {

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
@@ -163,13 +164,16 @@ func (o *observer) JoinDone(_ context.Context, node, address string) (bool, stri
 func joinServiceClient(t *testing.T) kubernetes.Interface {
 	t.Helper()
 	env := apiservertest.Shared(t)
+	// Each test starts from a free slot: the admin deletes the Lease (the joinservice may not) and
+	// InstallBerth creates it again, unheld (the joinservice may not create it either).
+	err := env.Client(t, apiservertest.AdminUser).CoordinationV1().Leases(joinconfig.Namespace).Delete(context.Background(), LeaseName, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
 	if err := env.InstallBerth(context.Background(), "variant: tpm\n"); err != nil {
 		t.Fatal(err)
 	}
-	client := env.Client(t, apiservertest.JoinServiceUser)
-	// Each test starts from a free slot.
-	_ = client.CoordinationV1().Leases(joinconfig.Namespace).Delete(context.Background(), LeaseName, metav1.DeleteOptions{})
-	return client
+	return env.Client(t, apiservertest.JoinServiceUser)
 }
 
 func runWatch(t *testing.T, l *Lock, obs Observer) {
@@ -183,6 +187,23 @@ func runWatch(t *testing.T, l *Lock, obs Observer) {
 			t.Errorf("Watch: %v", err)
 		}
 	})
+}
+
+// waitRecorded waits until the journals hold an entry and returns what they hold: a replica frees
+// the slot before it records the join's end.
+func waitRecorded(t *testing.T, journals ...*journal) []joinledger.Entry {
+	t.Helper()
+	var es []joinledger.Entry
+	if err := wait.PollUntilContextTimeout(context.Background(), 50*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		es = nil
+		for _, j := range journals {
+			es = append(es, j.all()...)
+		}
+		return len(es) > 0, nil
+	}); err != nil {
+		t.Fatal("the slot was freed, but no ledger entry was recorded")
+	}
+	return es
 }
 
 func waitFree(t *testing.T, client kubernetes.Interface, timeout time.Duration) {
@@ -225,7 +246,7 @@ func TestWatchFreesTheSlotWhenJoined(t *testing.T) {
 	}
 	obs.done.Store(true)
 	waitFree(t, client, 30*time.Second)
-	es := append(ja.all(), jb.all()...)
+	es := waitRecorded(t, ja, jb)
 	if len(es) != 1 || es[0].Outcome != joinledger.OutcomeAccepted || es[0].RPC != joinledger.RPCControlPlaneJoin || es[0].Node != "cp-2" ||
 		!strings.Contains(es[0].Message, "(issued by cp-0)") || !strings.Contains(es[0].Message, "API server at 198.51.100.12 ready") ||
 		es[0].TicketIssued.IsZero() || es[0].TicketIssued.After(es[0].Time) {
@@ -261,7 +282,7 @@ func TestWatchFreesTheSlotAfterTheJoinTimeout(t *testing.T) {
 	if held := time.Since(start); held < 2*time.Second {
 		t.Fatalf("slot freed after %v, before the join timeout", held)
 	}
-	es := j.all()
+	es := waitRecorded(t, j)
 	if len(es) != 1 || es[0].Reason != joinledger.ReasonControlPlaneJoinTimeout || !strings.Contains(es[0].Message, "last seen: etcd member cp-2 is a learner") {
 		t.Fatalf("ledger %+v, want the timeout of cp-2's join with what was last seen", es)
 	}

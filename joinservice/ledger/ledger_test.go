@@ -190,10 +190,13 @@ func TestFloodKeepsTheEvidence(t *testing.T) {
 func TestConcurrentReplicasOnAPIServer(t *testing.T) {
 	env := apiservertest.Shared(t)
 	admin := env.Client(t, apiservertest.AdminUser)
-	testNS := "ledger-concurrent"
-	if _, err := admin.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: testNS}}, metav1.CreateOptions{}); err != nil {
+	// A namespace of its own each run (-count): the test API server runs no namespace controller, so
+	// a deleted one never goes away.
+	created, err := admin.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "ledger-concurrent-"}}, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatal(err)
 	}
+	testNS := created.Name
 	const replicas, perReplica = 3, 40
 	for r := range replicas {
 		w := NewWriter(admin, testNS, fmt.Sprintf("cp-%d", r), zap.NewNop())
@@ -220,11 +223,16 @@ func TestConcurrentReplicasOnAPIServer(t *testing.T) {
 	if len(seen) != replicas*perReplica {
 		t.Fatalf("ledger holds %d distinct entries, want %d", len(seen), replicas*perReplica)
 	}
-	evs, err := admin.CoreV1().Events(testNS).List(context.Background(), metav1.ListOptions{FieldSelector: "reason=JoinRejected"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(evs.Items) == 0 {
+	// The writers create a batch's Events after merging it into the ConfigMap.
+	var evs *corev1.EventList
+	var listErr error
+	if err := wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
+		evs, listErr = admin.CoreV1().Events(testNS).List(ctx, metav1.ListOptions{FieldSelector: "reason=JoinRejected"})
+		return listErr == nil && len(evs.Items) > 0, nil
+	}); err != nil {
+		if listErr != nil {
+			t.Fatalf("listing JoinRejected events: %v", listErr)
+		}
 		t.Fatal("no JoinRejected events")
 	}
 	t.Logf("%d entries, %d JoinRejected events; example: %s", len(es), len(evs.Items), evs.Items[0].Message)

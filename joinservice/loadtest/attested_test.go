@@ -70,8 +70,10 @@ func TestJoinLoadAttested(t *testing.T) {
 		t.Fatal(err)
 	}
 	zero := strings.Repeat("00", 32)
+	// The cluster's policy trusts the EK CAs of all its machines: the joinservice checks its own EK
+	// against it before its attestation key is certified.
 	clusterPolicy := "variant: tpm\nmeasurements:\n  4: {expected: " + zero + ", source: the image}\n  15: {expected: " + zero + ", source: fresh node}\n" +
-		"trustRoots:\n  - pem: |\n" + indent(string(nodeCA.PEM()), "      ")
+		"trustRoots:\n  - pem: |\n" + indent(string(nodeCA.PEM())+string(swCA.RootPEM(t))+string(swCA.IssuerPEM(t)), "      ")
 	if err := env.InstallBerth(ctx, clusterPolicy); err != nil {
 		t.Fatal(err)
 	}
