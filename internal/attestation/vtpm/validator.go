@@ -181,7 +181,7 @@ func (v *Validator) validate(doc *Document, nonce []byte, certified bool) (attes
 	if subtle.ConstantTimeCompare(quote.pcrDigest, pcrDigest(doc.PCRs, selected)) != 1 {
 		return attestation.Result{}, nil, fmt.Errorf("%w: PCR values do not match the quoted digest", attestation.ErrBadSignature)
 	}
-	if known == nil || !known.ekVerified && !(certified && known.certified) {
+	if known == nil || !known.ekVerified && (!certified || !known.certified) {
 		if known, err = v.verifyIdentity(doc, ak, certified); err != nil {
 			return attestation.Result{}, nil, err
 		}
