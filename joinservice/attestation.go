@@ -103,36 +103,28 @@ type akCertifier interface {
 // EK chain (vtpm.Validator.ValidateCertified), so a join costs this replica's TPM nothing. Because the
 // certificate stands in for the EK chain, the replica first checks its own EK and AK creation record
 // against the cluster's policy (one quote at start) and certifies nothing its nodes would refuse.
-// Without a certificate (any failure, a TDX replica) nodes activate as before.
-// The quote of that check is counted as a self-check on ops.
-func certifyAK(ctx context.Context, issuer atls.Issuer, keys *clusterkeys.Keys, policyYAML string, ops opCounter, log *zap.Logger) {
+// Without a certificate (any failure, a TDX replica) nodes activate as before. The quote of that check
+// is counted as a self-check on ops; p is the cluster's policy in force.
+func certifyAK(ctx context.Context, issuer atls.Issuer, keys *clusterkeys.Keys, p *policy.Policy, ops opCounter, log *zap.Logger) {
 	c, ok := issuer.(akCertifier)
 	if !ok {
 		return
 	}
-	if err := certifyOwnAK(ctx, countedIssuer(issuer, metrics.PurposeSelfCheck, ops), c, keys, policyYAML); err != nil {
+	if err := certifyOwnAK(ctx, countedIssuer(issuer, metrics.PurposeSelfCheck, ops), c, keys, p); err != nil {
 		log.Warn("certifying the attestation key failed: nodes must activate it per join", zap.Error(err))
 		return
 	}
 	log.Info("attestation key certified by the cluster's attestation-key CA")
 }
 
-func certifyOwnAK(ctx context.Context, issuer atls.Issuer, c akCertifier, keys *clusterkeys.Keys, policyYAML string) error {
-	p, err := policy.Parse([]byte(policyYAML), "ConfigMap "+joinconfig.Namespace+"/"+joinconfig.JoinConfigName, nil)
-	if err != nil {
-		return fmt.Errorf("cluster attestation policy: %w", err)
-	}
+func certifyOwnAK(ctx context.Context, issuer atls.Issuer, c akCertifier, keys *clusterkeys.Keys, p *policy.Policy) error {
 	v, err := vtpm.NewValidator(p, zap.NewNop())
 	if err != nil {
 		return fmt.Errorf("cluster attestation policy: %w", err)
 	}
-	nonce := make([]byte, 32)
-	if _, err := rand.Read(nonce); err != nil {
-		return fmt.Errorf("making a nonce: %w", err)
-	}
-	raw, err := issuer.Issue(ctx, selfCheckUserData[:], nonce)
+	raw, err := issueOnce(ctx, issuer)
 	if err != nil {
-		return fmt.Errorf("issuing a document of this replica: %w", err)
+		return err
 	}
 	own, err := vtpm.ParseDocument(raw)
 	if err != nil {
@@ -169,7 +161,7 @@ var selfCheckUserData = sha256.Sum256([]byte("berth joinservice readiness self-c
 func checkIssuer(ctx context.Context, issuer atls.Issuer, probes *health.Probes, log *zap.Logger) {
 	var failing bool
 	for {
-		err := issueOnce(ctx, issuer)
+		_, err := issueOnce(ctx, issuer)
 		if ctx.Err() != nil {
 			return
 		}
@@ -189,24 +181,26 @@ func checkIssuer(ctx context.Context, issuer atls.Issuer, probes *health.Probes,
 	}
 }
 
-func issueOnce(ctx context.Context, issuer atls.Issuer) error {
+// issueOnce has issuer make one document of this replica for a fresh nonce, bounded by
+// issuerCheckTimeout: the readiness self-check and certifyAK's check of its own identity.
+func issueOnce(ctx context.Context, issuer atls.Issuer) ([]byte, error) {
 	if issuer == nil {
-		return errors.New("no attestation issuer")
+		return nil, errors.New("no attestation issuer")
 	}
 	nonce := make([]byte, 32)
 	if _, err := rand.Read(nonce); err != nil {
-		return fmt.Errorf("making a nonce: %w", err)
+		return nil, fmt.Errorf("making a nonce: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, issuerCheckTimeout)
 	defer cancel()
 	doc, err := issuer.Issue(ctx, selfCheckUserData[:], nonce)
 	if err != nil {
-		return fmt.Errorf("issuing a %s attestation document: %w", issuer.Variant(), err)
+		return nil, fmt.Errorf("issuing a %s attestation document: %w", issuer.Variant(), err)
 	}
 	if len(doc) == 0 {
-		return fmt.Errorf("issuing a %s attestation document: the issuer returned an empty document", issuer.Variant())
+		return nil, fmt.Errorf("issuing a %s attestation document: the issuer returned an empty document", issuer.Variant())
 	}
-	return nil
+	return doc, nil
 }
 
 // waitPolicySynced records condPolicy: not ready, with the last list or watch error, until the

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
@@ -59,7 +60,13 @@ func TestCertifyAKChecksItsOwnIdentity(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			issuer := vtpm.NewIssuer(tpm.Open, zap.NewNop())
 			ops := &opCount{}
-			certifyAK(ctx, issuer, keys, tc.policy, ops, zap.NewNop())
+			p := &policy.Policy{Variant: "tdx"}
+			if tc.policy != "variant: tdx\n" {
+				if p, err = policy.Parse([]byte(tc.policy), "cluster policy", nil); err != nil {
+					t.Fatal(err)
+				}
+			}
+			certifyAK(ctx, issuer, keys, p, ops, zap.NewNop())
 			raw, err := issuer.Issue(ctx, nil, []byte("nonce"))
 			if err != nil {
 				t.Fatal(err)

@@ -189,7 +189,6 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 	// it the activation per new node.
 	var session *atls.SessionProof
 	if d.Attestation != "insecure-none" && d.Issuer != nil {
-		certifyAK(ctx, d.Issuer, keys, string(cfg.AttestationPolicy), m, log)
 		session = atls.NewSessionProof(countedIssuer(d.Issuer, metrics.PurposeSession, m), log.Named("session"))
 	}
 	// Addresses metadata knows get an attested budget of their own (atls.WithKnownPeers).
@@ -204,6 +203,10 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 	}
 	var check server.AttestationCheck
 	if holder != nil {
+		// Before the session proof's first renewal (started below), so that it carries the certificate.
+		if session != nil {
+			certifyAK(ctx, d.Issuer, keys, holder.Policy(), m, log)
+		}
 		check = holder.Check
 		creds = server.RecordHandshakes(creds, journal, m)
 	}

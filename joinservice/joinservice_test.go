@@ -220,14 +220,14 @@ func (i failingIssuer) Issue(context.Context, []byte, []byte) ([]byte, error) {
 // TestIssuerSelfCheck: the readiness self-check passes with an issuer that makes documents and fails,
 // naming the variant and the reason, with one that does not, or with none.
 func TestIssuerSelfCheck(t *testing.T) {
-	if err := issueOnce(context.Background(), atlstest.Issuer{}); err != nil {
+	if _, err := issueOnce(context.Background(), atlstest.Issuer{}); err != nil {
 		t.Fatalf("self-check with a working issuer: %v", err)
 	}
-	err := issueOnce(context.Background(), failingIssuer{errors.New("opening TPM: no such device")})
+	_, err := issueOnce(context.Background(), failingIssuer{errors.New("opening TPM: no such device")})
 	if err == nil || !strings.Contains(err.Error(), "tpm") || !strings.Contains(err.Error(), "no such device") {
 		t.Fatalf("self-check with a failing issuer = %v", err)
 	}
-	if err := issueOnce(context.Background(), nil); err == nil {
+	if _, err := issueOnce(context.Background(), nil); err == nil {
 		t.Fatal("self-check without an issuer passed")
 	}
 

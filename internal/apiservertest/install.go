@@ -30,10 +30,6 @@ var (
 	installSalt         = bytes.Repeat([]byte{2}, 32)
 )
 
-// joinServiceGroups are the groups the API server gives JoinServiceUser: its token's (writeTokens)
-// and system:authenticated, which it adds to every authenticated user.
-var joinServiceGroups = []string{"system:serviceaccounts", "system:serviceaccounts:" + joinconfig.Namespace, "system:authenticated"}
-
 // rbacSettleTimeout bounds the wait for the RBAC InstallBerth applies to take effect.
 const rbacSettleTimeout = 30 * time.Second
 
@@ -82,10 +78,9 @@ func (e *Env) InstallBerth(ctx context.Context, policyYAML string) error {
 }
 
 // waitJoinServiceRBAC waits until the API server allows JoinServiceUser one thing each binding
-// InstallBerth applies grants (and no other does): the RBAC authorizer learns of new bindings and
-// roles through informers, so for a moment after they are written the joinservice is refused.
+// InstallBerth applies grants (and no other does).
 func (e *Env) waitJoinServiceRBAC(ctx context.Context) error {
-	admin, err := kubernetes.NewForConfig(e.Config(AdminUser))
+	js, err := kubernetes.NewForConfig(e.Config(JoinServiceUser))
 	if err != nil {
 		return err
 	}
@@ -102,31 +97,41 @@ func (e *Env) waitJoinServiceRBAC(ctx context.Context) error {
 			Verb: "list", Resource: "nodes"}},
 	}
 	for _, c := range checks {
-		last := "no review yet"
-		a := c.attrs
-		what := a.Verb + " " + a.Resource
-		if a.Group != "" {
-			what += "." + a.Group
+		if err := WaitAllowed(ctx, js, c.attrs); err != nil {
+			return fmt.Errorf("%s did not take effect: %s: %w", c.binding, JoinServiceUser, err)
 		}
-		if a.Name != "" {
-			what += " " + a.Name
+	}
+	return nil
+}
+
+// WaitAllowed waits (up to rbacSettleTimeout) until the API server authorizes client's own user for
+// attrs: the RBAC authorizer learns of new roles and bindings through informers, so for a moment
+// after they are written their subjects are still refused.
+func WaitAllowed(ctx context.Context, client kubernetes.Interface, attrs authorizationv1.ResourceAttributes) error {
+	last := "no review yet"
+	err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, rbacSettleTimeout, true, func(ctx context.Context) (bool, error) {
+		review, err := client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
+			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &attrs},
+		}, metav1.CreateOptions{})
+		if err != nil {
+			last = err.Error()
+			return false, nil
 		}
-		if a.Namespace != "" {
-			what += " in " + a.Namespace
+		last = fmt.Sprintf("allowed %v, reason %q, evaluation error %q", review.Status.Allowed, review.Status.Reason, review.Status.EvaluationError)
+		return review.Status.Allowed, nil
+	})
+	if err != nil {
+		what := attrs.Verb + " " + attrs.Resource
+		if attrs.Group != "" {
+			what += "." + attrs.Group
 		}
-		if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, rbacSettleTimeout, true, func(ctx context.Context) (bool, error) {
-			review, err := admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{
-				Spec: authorizationv1.SubjectAccessReviewSpec{ResourceAttributes: &a, User: JoinServiceUser, Groups: joinServiceGroups},
-			}, metav1.CreateOptions{})
-			if err != nil {
-				last = err.Error()
-				return false, nil
-			}
-			last = fmt.Sprintf("allowed %v, reason %q, evaluation error %q", review.Status.Allowed, review.Status.Reason, review.Status.EvaluationError)
-			return review.Status.Allowed, nil
-		}); err != nil {
-			return fmt.Errorf("%s did not take effect: %s may not %s (last review: %s): %w", c.binding, JoinServiceUser, what, last, err)
+		if attrs.Name != "" {
+			what += " " + attrs.Name
 		}
+		if attrs.Namespace != "" {
+			what += " in " + attrs.Namespace
+		}
+		return fmt.Errorf("may not %s (last review: %s): %w", what, last, err)
 	}
 	return nil
 }

@@ -9,7 +9,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
-	"fmt"
 	"net"
 	"net/url"
 	"testing"
@@ -195,26 +194,6 @@ func TestApproverLeavesOthersAlone(t *testing.T) {
 	}
 }
 
-// waitAllowed waits until the API server authorizes client's user for attrs: RBAC objects just
-// written take effect only once the authorizer's informers have them.
-func waitAllowed(ctx context.Context, t *testing.T, client kubernetes.Interface, attrs authorizationv1.ResourceAttributes) {
-	t.Helper()
-	var last string
-	if err := wait.PollUntilContextTimeout(ctx, 50*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		review, err := client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
-			Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &attrs},
-		}, metav1.CreateOptions{})
-		if err != nil {
-			last = err.Error()
-			return false, nil
-		}
-		last = fmt.Sprintf("allowed %v, reason %q", review.Status.Allowed, review.Status.Reason)
-		return review.Status.Allowed, nil
-	}); err != nil {
-		t.Fatalf("%s %s.%s never allowed: last review: %s", attrs.Verb, attrs.Resource, attrs.Group, last)
-	}
-}
-
 // TestApproverOnAPIServer: against a real API server, with the RBAC berth init installs, the
 // approver running as the joinservice's ServiceAccount approves a serving request a node (the
 // admin impersonating system:node:w1) makes for itself and denies one naming another node's
@@ -247,7 +226,9 @@ func TestApproverOnAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The binding takes effect once the API server's RBAC authorizer has it (an informer).
-	waitAllowed(ctx, t, node, authorizationv1.ResourceAttributes{Verb: "create", Group: "certificates.k8s.io", Resource: "certificatesigningrequests"})
+	if err := apiservertest.WaitAllowed(ctx, node, authorizationv1.ResourceAttributes{Verb: "create", Group: "certificates.k8s.io", Resource: "certificatesigningrequests"}); err != nil {
+		t.Fatal(err)
+	}
 	good := csrSpec{cn: "system:node:w1", org: "system:nodes", dns: []string{"w1"}, ips: []string{"198.51.100.12"}}
 	bad := good
 	bad.ips = []string{"198.51.100.11"}

@@ -286,28 +286,23 @@ const enforcePoll = 100 * time.Millisecond
 // waitDenied waits until a server-side dry-run create of a pod with a denied image in ns is denied by
 // the image policy, and returns the last answer if ctx ends first.
 func waitDenied(ctx context.Context, kube kubernetes.Interface, ns, name string) error {
-	var last error
-	err := wait.PollUntilContextCancel(ctx, enforcePoll, true, func(ctx context.Context) (bool, error) {
-		_, last = kube.CoreV1().Pods(ns).Create(ctx, pod(ns, name, deniedImage), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return last != nil && strings.Contains(last.Error(), denyMarker), nil
-	})
-	if err != nil {
-		if last == nil {
-			return fmt.Errorf("%w; last answer: admitted", err)
-		}
-		return fmt.Errorf("%w; last answer: %w", err, last)
-	}
-	return nil
+	return waitRejected(ctx, kube, ns, name, deniedImage, denyMarker)
 }
 
 // waitFailsClosed waits until a server-side dry-run create of an allowed pod in ns fails because the
 // API server cannot call the webhook. The API server picks up a changed webhook configuration from
 // its informer, so the first creates after an update may still use the old one.
 func waitFailsClosed(ctx context.Context, kube kubernetes.Interface, ns, name string) error {
+	return waitRejected(ctx, kube, ns, name, allowedImage, "failed calling webhook")
+}
+
+// waitRejected polls server-side dry-run creates of pod name with image in ns until one fails with an
+// error containing marker, and returns the last answer if ctx ends first.
+func waitRejected(ctx context.Context, kube kubernetes.Interface, ns, name, image, marker string) error {
 	var last error
 	err := wait.PollUntilContextCancel(ctx, enforcePoll, true, func(ctx context.Context) (bool, error) {
-		_, last = kube.CoreV1().Pods(ns).Create(ctx, pod(ns, name, allowedImage), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return last != nil && strings.Contains(last.Error(), "failed calling webhook"), nil
+		_, last = kube.CoreV1().Pods(ns).Create(ctx, pod(ns, name, image), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		return last != nil && strings.Contains(last.Error(), marker), nil
 	})
 	if err != nil {
 		if last == nil {
