@@ -65,7 +65,7 @@ const (
 )
 
 // setCertSettings writes the webhook keeper's settings ConfigMap; nil deletes it.
-func setCertSettings(t *testing.T, ctx context.Context, kube kubernetes.Interface, data map[string]string) {
+func setCertSettings(t testing.TB, ctx context.Context, kube kubernetes.Interface, data map[string]string) {
 	t.Helper()
 	cms := kube.CoreV1().ConfigMaps(certsNamespace)
 	if err := cms.Delete(ctx, certsSettings, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
@@ -81,7 +81,7 @@ func setCertSettings(t *testing.T, ctx context.Context, kube kubernetes.Interfac
 }
 
 // foreignCA returns a CA certificate no Berth webhook serves under (its key is thrown away).
-func foreignCA(t *testing.T) []byte {
+func foreignCA(t testing.TB) []byte {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -96,7 +96,7 @@ func foreignCA(t *testing.T) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
 
-func logf(t *testing.T, format string, args ...any) {
+func logf(t testing.TB, format string, args ...any) {
 	t.Helper()
 	msg := fmt.Sprintf(format, args...)
 	fmt.Println(msg)
@@ -105,7 +105,7 @@ func logf(t *testing.T, format string, args ...any) {
 
 // keeperPassedSince waits until the certificate keeper's leader reports a pass that passed after
 // since (berth_certkeeper_webhook_last_success_timestamp_seconds on its node's metrics port).
-func keeperPassedSince(t *testing.T, ctx context.Context, kube kubernetes.Interface, since time.Time) {
+func keeperPassedSince(t testing.TB, ctx context.Context, kube kubernetes.Interface, since time.Time) {
 	t.Helper()
 	var last string
 	if err := wait.PollUntilContextTimeout(ctx, time.Second, 10*time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -157,7 +157,7 @@ func keeperMetrics(ctx context.Context, kube kubernetes.Interface, node string) 
 // keeperDiagnostics logs what the certificate keeper is doing: the Lease (holder, last renewal),
 // the leader's certificate keeper metrics (passes by result, renewals, last success) and the last
 // lines of its joinservice's log, so that a keeper that renews nothing shows why.
-func keeperDiagnostics(t *testing.T, ctx context.Context, kube kubernetes.Interface) {
+func keeperDiagnostics(t testing.TB, ctx context.Context, kube kubernetes.Interface) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
 	defer cancel()
@@ -217,7 +217,7 @@ func restarts(p corev1.Pod) int32 {
 // certsCABundleRepair: with the keeper's check period at certsCheckPeriod, a caBundle replaced by
 // hand with another CA is replaced with the TLS Secret's bundle within one period, and the webhook
 // enforces again. Prints the time and the period.
-func certsCABundleRepair(t *testing.T, ctx context.Context, kube kubernetes.Interface) {
+func certsCABundleRepair(t testing.TB, ctx context.Context, kube kubernetes.Interface) {
 	changed := time.Now()
 	setCertSettings(t, ctx, kube, map[string]string{"checkPeriod": certsCheckPeriod.String()})
 	// A settled keeper: it passed a check with the new period.
@@ -266,7 +266,7 @@ type chainEvent struct {
 // watchChain records every change of the TLS Secret until stopped, reading it once a second: a new
 // serving certificate, a new CA (a rotation starts), the bundle shrinking to the new CA alone (the
 // rotation is done). The time of a change is when it was first seen.
-func watchChain(t *testing.T, ctx context.Context, kube kubernetes.Interface) (events func() []chainEvent, stop func()) {
+func watchChain(t testing.TB, ctx context.Context, kube kubernetes.Interface) (events func() []chainEvent, stop func()) {
 	t.Helper()
 	secrets := kube.CoreV1().Secrets(certsNamespace)
 	cur, err := secrets.Get(ctx, certsSecret, metav1.GetOptions{})
@@ -343,7 +343,7 @@ func countKind(evs []chainEvent, kind string) int {
 // creates (alternately allowed and denied) for at least certsLoadFor and until at least five
 // serving certificates were renewed and a CA rotation finished, all by the certificate keeper on a
 // surviving control plane; no request may fail. Prints the counts and every renewal's time.
-func certsWebhookUnderLoad(t *testing.T, ctx context.Context, kube kubernetes.Interface, cfg *rest.Config) {
+func certsWebhookUnderLoad(t testing.TB, ctx context.Context, kube kubernetes.Interface, cfg *rest.Config) {
 	ns := "certs-load"
 	if _, err := kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
@@ -427,7 +427,7 @@ func certsWebhookUnderLoad(t *testing.T, ctx context.Context, kube kubernetes.In
 }
 
 // certKeeperLeader returns the holder of the certificate keeper's Lease.
-func certKeeperLeader(t *testing.T, ctx context.Context, kube kubernetes.Interface) string {
+func certKeeperLeader(t testing.TB, ctx context.Context, kube kubernetes.Interface) string {
 	t.Helper()
 	var holder string
 	if err := wait.PollUntilContextTimeout(ctx, time.Second, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
@@ -454,7 +454,7 @@ type expirationInfo struct {
 
 // checkExpiration runs kubeadm certs check-expiration in node's namespaces; it returns the table and
 // the expiry of each certificate by name.
-func checkExpiration(t *testing.T, c *cluster, kubeadm, node string) (string, map[string]time.Time) {
+func checkExpiration(t testing.TB, c *cluster, kubeadm, node string) (string, map[string]time.Time) {
 	t.Helper()
 	enter := []string{"--net=/run/netns/berth-" + clusterName + "-" + node, "--mount=" + filepath.Join(c.dir, "ns", node+".mnt"), "--"}
 	table := c.must(2*time.Minute, "nsenter", append(enter, kubeadm, "certs", "check-expiration")...)
@@ -481,7 +481,7 @@ func checkExpiration(t *testing.T, c *cluster, kubeadm, node string) (string, ma
 // year-long ones outlive the validity), then again before they expire, the API servers restarted one
 // at a time; kubectl through the load balancer keeps working the whole time, and kubeadm certs
 // check-expiration on each control plane shows the new dates.
-func certsControlPlane(t *testing.T, ctx context.Context, c *cluster, kube kubernetes.Interface, kubeadm string, nodes []string) {
+func certsControlPlane(t testing.TB, ctx context.Context, c *cluster, kube kubernetes.Interface, kubeadm string, nodes []string) {
 	before := map[string]map[string]time.Time{}
 	for _, n := range nodes {
 		_, before[n] = checkExpiration(t, c, kubeadm, n)
@@ -576,7 +576,7 @@ func certsControlPlane(t *testing.T, ctx context.Context, c *cluster, kube kuber
 }
 
 // setValidity sets certificateValidityPeriod in the cluster's kubeadm configuration.
-func setValidity(t *testing.T, ctx context.Context, kube kubernetes.Interface, validity time.Duration) {
+func setValidity(t testing.TB, ctx context.Context, kube kubernetes.Interface, validity time.Duration) {
 	t.Helper()
 	cms := kube.CoreV1().ConfigMaps(metav1.NamespaceSystem)
 	cm, err := cms.Get(ctx, "kubeadm-config", metav1.GetOptions{})
@@ -601,7 +601,7 @@ func setValidity(t *testing.T, ctx context.Context, kube kubernetes.Interface, v
 // certsKubeletServing: every running node's kubelet serves a certificate that the cluster CA
 // signed for that node's name and address (serverTLSBootstrap), requested with a CSR that the
 // certificate keeper approved after checking the node.
-func certsKubeletServing(t *testing.T, ctx context.Context, kube kubernetes.Interface, cfg *rest.Config, nodes []string) {
+func certsKubeletServing(t testing.TB, ctx context.Context, kube kubernetes.Interface, cfg *rest.Config, nodes []string) {
 	roots := x509.NewCertPool()
 	if !roots.AppendCertsFromPEM(cfg.CAData) {
 		t.Fatal("admin.conf carries no cluster CA")
@@ -659,7 +659,7 @@ func certsKubeletServing(t *testing.T, ctx context.Context, kube kubernetes.Inte
 // webhook's trust chain under load and the control planes' own certificates are renewed side by
 // side (controlPlanes are the running ones): the load's requests cross every API server restart
 // too. The compressed lifetimes stay in place; the cluster is torn down afterwards.
-func certsSteps(t *testing.T, ctx context.Context, c *cluster, kubeadm string, controlPlanes, workers []string) {
+func certsSteps(t *failureLog, ctx context.Context, c *cluster, kubeadm string, controlPlanes, workers []string) {
 	cfg, err := clientcmd.BuildConfigFromFlags("", filepath.Join(c.dir, "admin.conf"))
 	if err != nil {
 		t.Fatal(err)
@@ -668,12 +668,12 @@ func certsSteps(t *testing.T, ctx context.Context, c *cluster, kubeadm string, c
 	kube := kubernetes.NewForConfigOrDie(cfg)
 	certsKubeletServing(t, ctx, kube, cfg, append(slices.Clone(controlPlanes), workers...))
 	certsCABundleRepair(t, ctx, kube)
-	t.Run("renewals", func(t *testing.T) {
-		t.Run("webhook chain under load", func(t *testing.T) {
+	t.Run("renewals", func(t *failureLog) {
+		t.Run("webhook chain under load", func(t *failureLog) {
 			t.Parallel()
 			certsWebhookUnderLoad(t, ctx, kube, cfg)
 		})
-		t.Run("control-plane certificates", func(t *testing.T) {
+		t.Run("control-plane certificates", func(t *failureLog) {
 			t.Parallel()
 			sub := *c
 			sub.t = t

@@ -26,7 +26,7 @@ import (
 // the webhook's pods run as non-root. Then the refusals that make the exemption safe, through the
 // API server (dry run): the joinservice's pod without the RuntimeClass, and the RuntimeClass in
 // another namespace.
-func checkInClusterConventions(t *testing.T, c *cluster) {
+func checkInClusterConventions(t testing.TB, c *cluster) {
 	t.Helper()
 	t.Logf("kubectl get namespace %s --show-labels:\n%s", joinconfig.Namespace, c.kube("get", "namespace", joinconfig.Namespace, "--show-labels"))
 	t.Logf("kubectl get pods -n %s -o yaml:\n%s", joinconfig.Namespace, c.kube("get", "pods", "-n", joinconfig.Namespace, "-o", "yaml"))

@@ -53,7 +53,8 @@ func (h *haCluster) took(what string, d time.Duration) {
 // node remove leaves a healthy 2-member etcd; (4) a removed worker's machine is refused with
 // REVOKED when it asks to rejoin and to join anew, and joins once re-admitted; (5) on the cluster
 // without its init node, the certificates renew themselves (certsSteps). It prints the times.
-func TestMiniHA(t *testing.T) {
+func TestMiniHA(tt *testing.T) {
+	t := recordFailures(tt)
 	if os.Geteuid() != 0 {
 		t.Skip("needs root")
 	}
@@ -134,7 +135,7 @@ func TestMiniHA(t *testing.T) {
 // two control planes, the API served through the remaining ones. It checks that state (a healthy
 // 2-member etcd, every remaining node Ready, the webhook deciding) and is where later checks on a
 // cluster that lost its init node belong, before the cluster is torn down.
-func afterInitNodeGone(t *testing.T, h *haCluster) {
+func afterInitNodeGone(t *failureLog, h *haCluster) {
 	t.Helper()
 	h.checkEtcd("cp2", []string{"cp2", "cp3"})
 	h.kube("wait", "--for=condition=Ready", "node/cp2", "node/cp3", "node/w1", "node/w2", "--timeout=120s")

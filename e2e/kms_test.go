@@ -44,7 +44,7 @@ import (
 )
 
 // masterKeys reads the cluster's master secret from the operator's master-secret.json.
-func masterKeys(t *testing.T, dir string) (master []byte, keys *clusterkeys.Keys) {
+func masterKeys(t testing.TB, dir string) (master []byte, keys *clusterkeys.Keys) {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dir, "master-secret.json"))
 	if err != nil {
@@ -75,7 +75,7 @@ func encodings(name string, s []byte) map[string][]byte {
 }
 
 // nodeProc is the PID of node's daemon name, as the cluster's state file records it now.
-func nodeProc(t *testing.T, dir, node, name string) int {
+func nodeProc(t testing.TB, dir, node, name string) int {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
 	if err != nil {
@@ -98,7 +98,7 @@ func nodeProc(t *testing.T, dir, node, name string) int {
 }
 
 // pluginPID finds the KMS plugin among the children of cp1's bootstrapper (0: none runs).
-func pluginPID(t *testing.T, dir string) int {
+func pluginPID(t testing.TB, dir string) int {
 	t.Helper()
 	parent := nodeProc(t, dir, "cp1", "bootstrapper")
 	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/children", parent))
@@ -118,7 +118,7 @@ func pluginPID(t *testing.T, dir string) int {
 // cp1Etcd connects to cp1's etcd from the host with the API server's etcd client certificate, read
 // through the bootstrapper's view of cp1's file system (/proc/PID/root resolves in its mount
 // namespace, where the state disk is mounted).
-func cp1Etcd(t *testing.T, dir string) *clientv3.Client {
+func cp1Etcd(t testing.TB, dir string) *clientv3.Client {
 	t.Helper()
 	root := fmt.Sprintf("/proc/%d/root/etc/kubernetes/pki", nodeProc(t, dir, "cp1", "bootstrapper"))
 	cert, err := tls.LoadX509KeyPair(filepath.Join(root, "apiserver-etcd-client.crt"), filepath.Join(root, "apiserver-etcd-client.key"))
@@ -143,7 +143,7 @@ func cp1Etcd(t *testing.T, dir string) *clientv3.Client {
 	return c
 }
 
-func secretsScan(t *testing.T, etcd *clientv3.Client) etcdscan.Report {
+func secretsScan(t testing.TB, etcd *clientv3.Client) etcdscan.Report {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -159,7 +159,7 @@ func secretsScan(t *testing.T, etcd *clientv3.Client) etcdscan.Report {
 // read through its mount namespace (the plaintext view of the state disk), hold no copy of the master
 // secret or of a KMS key, while a marker in a ConfigMap (not encrypted) is there: the search sees
 // plaintext.
-func checkSecretsAtRest(t *testing.T, c *cluster, gen uint32) {
+func checkSecretsAtRest(t testing.TB, c *cluster, gen uint32) {
 	t.Helper()
 	master, keys := masterKeys(t, c.dir)
 	etcd := cp1Etcd(t, c.dir)
@@ -213,7 +213,7 @@ func checkSecretsAtRest(t *testing.T, c *cluster, gen uint32) {
 // searchEtcdFiles reads every file under cp1's /var/lib/etcd through its mount namespace (tar inside
 // the namespace, read here) and returns, by needle, the files holding it, with the number of files
 // and bytes read.
-func searchEtcdFiles(t *testing.T, c *cluster, needles map[string][]byte) (map[string][]string, int, int64) {
+func searchEtcdFiles(t testing.TB, c *cluster, needles map[string][]byte) (map[string][]string, int, int64) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -296,7 +296,7 @@ func pluginMetric(c *cluster) (string, error) {
 // checkPluginStopAndHeal stops cp1's KMS plugin (SIGSTOP: it holds its socket and answers nothing):
 // the API server's kms-providers check goes red and berth status calls the plugin unhealthy. Then it
 // kills it: the bootstrapper starts a new one with the keys it holds, and the check heals.
-func checkPluginStopAndHeal(t *testing.T, c *cluster) {
+func checkPluginStopAndHeal(t testing.TB, c *cluster) {
 	t.Helper()
 	pid := pluginPID(t, c.dir)
 	if pid == 0 {
@@ -405,7 +405,7 @@ func (l *secretLoad) run(ctx context.Context, s interface {
 
 // checkRotationUnderLoad runs berth secrets rotate-key while a client reads and writes Secrets
 // continuously: no request fails, and afterwards etcd holds nothing under the old key.
-func checkRotationUnderLoad(t *testing.T, c *cluster) {
+func checkRotationUnderLoad(t testing.TB, c *cluster) {
 	t.Helper()
 	_, keys := masterKeys(t, c.dir)
 	rc, err := clientcmd.BuildConfigFromFlags("", filepath.Join(c.dir, "admin.conf"))
@@ -453,7 +453,7 @@ func checkRotationUnderLoad(t *testing.T, c *cluster) {
 
 // checkSecretsAfterRestart: after the power cut the API server decrypts again with the key generation
 // cp1's plugin got back from its state disk.
-func checkSecretsAfterRestart(t *testing.T, c *cluster, gen uint32) {
+func checkSecretsAfterRestart(t testing.TB, c *cluster, gen uint32) {
 	t.Helper()
 	master, keys := masterKeys(t, c.dir)
 	got, ok := c.kubeEventually(2*time.Minute, base64.StdEncoding.EncodeToString(master), "get", "secret", "-n", joinconfig.Namespace,

@@ -36,7 +36,7 @@ const (
 )
 
 // repoRoot is the repository root (the e2e package lives one level below it).
-func repoRoot(t *testing.T) string {
+func repoRoot(t testing.TB) string {
 	t.Helper()
 	wd, err := os.Getwd()
 	if err != nil {
@@ -46,7 +46,7 @@ func repoRoot(t *testing.T) string {
 }
 
 type cluster struct {
-	t       *testing.T
+	t       testing.TB
 	root    string
 	dir     string
 	berth   string
@@ -126,7 +126,8 @@ func (c *cluster) kubeEventually(timeout time.Duration, want string, args ...str
 // first node, the workers join through the joinservice by themselves), runs a pod on every node,
 // checks logs, exec, Service DNS and pod-to-pod traffic across nodes, power-cycles all nodes, and
 // checks that berth mini down leaves nothing behind.
-func TestMiniCluster(t *testing.T) {
+func TestMiniCluster(tt *testing.T) {
+	t := recordFailures(tt)
 	if os.Geteuid() != 0 {
 		prereq.Missing(t, "needs root")
 	}
@@ -245,7 +246,7 @@ func TestMiniCluster(t *testing.T) {
 
 type pod struct{ name, ip string }
 
-func podsByNode(t *testing.T, c *cluster) map[string]pod {
+func podsByNode(t testing.TB, c *cluster) map[string]pod {
 	t.Helper()
 	var list struct {
 		Items []struct {
@@ -271,7 +272,7 @@ func podsByNode(t *testing.T, c *cluster) map[string]pod {
 	return out
 }
 
-func applyTestApp(t *testing.T, c *cluster) {
+func applyTestApp(t testing.TB, c *cluster) {
 	t.Helper()
 	manifest := `apiVersion: apps/v1
 kind: DaemonSet
@@ -305,7 +306,7 @@ spec:
 }
 
 // recordedPIDs returns every daemon PID the cluster's state file records.
-func recordedPIDs(t *testing.T, dir string) []int {
+func recordedPIDs(t testing.TB, dir string) []int {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
 	if err != nil {
@@ -332,7 +333,7 @@ func recordedPIDs(t *testing.T, dir string) []int {
 	return pids
 }
 
-func dumpLogs(t *testing.T, dir string) {
+func dumpLogs(t testing.TB, dir string) {
 	t.Helper()
 	files, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "logs", "*.log"))
 	files = append(files, filepath.Join(dir, "agent.log"), filepath.Join(dir, "init.log"))
@@ -347,7 +348,7 @@ func dumpLogs(t *testing.T, dir string) {
 
 // checkNoResidue fails for anything of the cluster left on the host: processes, network
 // namespaces, links, mounts, cgroups, files.
-func checkNoResidue(t *testing.T, dir string, pids []int) {
+func checkNoResidue(t testing.TB, dir string, pids []int) {
 	t.Helper()
 	for _, pid := range pids {
 		if b, err := os.ReadFile(filepath.Join("/proc", itoa(pid), "stat")); err == nil && !strings.Contains(string(b), ") Z ") {
@@ -407,7 +408,7 @@ func itoa(i int) string { return strconv.Itoa(i) }
 
 // joinserviceMetrics reads the samples of the joinservice's metrics on node ip (port 9003), by name
 // and labels as the exposition format writes them.
-func joinserviceMetrics(t *testing.T, ip string) map[string]float64 {
+func joinserviceMetrics(t testing.TB, ip string) map[string]float64 {
 	t.Helper()
 	client := &http.Client{Timeout: 10 * time.Second}
 	var body []byte
@@ -438,7 +439,7 @@ func joinserviceMetrics(t *testing.T, ip string) map[string]float64 {
 
 // tpmWork returns how many quotes and activations the joinservice on node ip made for single
 // connections (nodes that could not take its session proof) since it started.
-func tpmWork(t *testing.T, ip string) (quotes, activations float64) {
+func tpmWork(t testing.TB, ip string) (quotes, activations float64) {
 	t.Helper()
 	m := joinserviceMetrics(t, ip)
 	return m[`berth_joinservice_attestation_operations_total{operation="quote",purpose="connection"}`],
@@ -452,7 +453,8 @@ func tpmWork(t *testing.T, ip string) (quotes, activations float64) {
 // nothing and stays initializable; then with the right one, during which the node's bootstrapper is
 // killed with SIGKILL in the middle of kubeadm init and restarted; the same berth init command then
 // resumes and the cluster comes up, with no process of the dead daemon left.
-func TestMiniAttestedInit(t *testing.T) {
+func TestMiniAttestedInit(tt *testing.T) {
+	t := recordFailures(tt)
 	if os.Geteuid() != 0 {
 		prereq.Missing(t, "needs root")
 	}
@@ -544,7 +546,7 @@ func TestMiniAttestedInit(t *testing.T) {
 // init and the kubelet run under it; it checks that both die with the daemon, restarts the daemon
 // (berth mini restart --bootstrapper-only) and waits until no process of the dead daemon's session
 // runs any more (what Pdeathsig misses, the restarted daemon kills from its child record).
-func crashInit(t *testing.T, c *cluster, args []string) {
+func crashInit(t testing.TB, c *cluster, args []string) {
 	t.Helper()
 	daemon := bootstrapperPID(t, c.dir, "cp1")
 	pr, pw := io.Pipe()
@@ -677,7 +679,7 @@ func inSession(session int) []proc {
 	return livingProcesses(func(_, s int) bool { return s == session })
 }
 
-func sessionOf(t *testing.T, pid int) int {
+func sessionOf(t testing.TB, pid int) int {
 	t.Helper()
 	_, _, session, ok := procStat(pid)
 	if !ok {
@@ -687,7 +689,7 @@ func sessionOf(t *testing.T, pid int) int {
 }
 
 // bootstrapperPID is the PID of node's bootstrapper as the cluster's state file records it.
-func bootstrapperPID(t *testing.T, dir, node string) int {
+func bootstrapperPID(t testing.TB, dir, node string) int {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
 	if err != nil {
@@ -709,7 +711,8 @@ func bootstrapperPID(t *testing.T, dir, node string) int {
 // TestMiniTamperedWorkerRejected brings up an attested cluster with one genuine and one tampered
 // worker: the genuine one joins, the tampered one (different boot measurement in PCR 4) must be
 // rejected by the joinservice, and up must say so, with the reason the joinservice gave.
-func TestMiniTamperedWorkerRejected(t *testing.T) {
+func TestMiniTamperedWorkerRejected(tt *testing.T) {
+	t := recordFailures(tt)
 	if os.Geteuid() != 0 {
 		prereq.Missing(t, "needs root")
 	}
@@ -749,7 +752,7 @@ func TestMiniTamperedWorkerRejected(t *testing.T) {
 }
 
 // nodeIP is the address of node name in the cluster recorded in dir's state file.
-func nodeIP(t *testing.T, dir, name string) string {
+func nodeIP(t testing.TB, dir, name string) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
 	if err != nil {

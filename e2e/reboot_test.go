@@ -30,7 +30,7 @@ import (
 // (lock register re-extended), a node added afterwards joins, a worker whose boot changed cannot
 // unseal and is refused on rejoin, a worker whose TPM was cleared rejoins, the master secret, init secret and disk keys are nowhere in the
 // nodes' backing files, and a control plane whose sealed key died comes back through berth recover.
-func checkDayTwo(t *testing.T, c *cluster, restartOut string) {
+func checkDayTwo(t testing.TB, c *cluster, restartOut string) {
 	if m := regexp.MustCompile(`power cut -> all Ready: [0-9.]+s`).FindString(restartOut); m != "" {
 		t.Logf("all nodes at once: %s", m)
 	} else {
@@ -131,7 +131,7 @@ func checkDayTwo(t *testing.T, c *cluster, restartOut string) {
 	c.kube("wait", "--for=condition=Ready", "node/w4", "node/cp1", "--timeout=120s")
 }
 
-func logSize(t *testing.T, path string) int64 {
+func logSize(t testing.TB, path string) int64 {
 	t.Helper()
 	st, err := os.Stat(path)
 	if err != nil {
@@ -140,7 +140,7 @@ func logSize(t *testing.T, path string) int64 {
 	return st.Size()
 }
 
-func logSince(t *testing.T, path string, off int64) string {
+func logSince(t testing.TB, path string, off int64) string {
 	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
@@ -154,7 +154,7 @@ func logSince(t *testing.T, path string, off int64) string {
 	return string(b)
 }
 
-func waitLog(t *testing.T, path string, off int64, want string, timeout time.Duration) {
+func waitLog(t testing.TB, path string, off int64, want string, timeout time.Duration) {
 	t.Helper()
 	if err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, timeout, true, func(context.Context) (bool, error) {
 		return strings.Contains(logSince(t, path, off), want), nil
@@ -177,7 +177,7 @@ func grepLines(s string, subs ...string) string {
 }
 
 // statusHasRejection polls berth status until its REJECTED table lists peer with reason.
-func statusHasRejection(t *testing.T, c *cluster, peer, reason string) bool {
+func statusHasRejection(t testing.TB, c *cluster, peer, reason string) bool {
 	t.Helper()
 	var status string
 	err := wait.PollUntilContextTimeout(context.Background(), time.Second, time.Minute, true, func(context.Context) (bool, error) {
@@ -199,12 +199,12 @@ func statusHasRejection(t *testing.T, c *cluster, peer, reason string) bool {
 }
 
 // nodeMount is the mount table line of path inside node n's mount namespace.
-func nodeMount(t *testing.T, c *cluster, n, path string) string {
+func nodeMount(t testing.TB, c *cluster, n, path string) string {
 	t.Helper()
 	return c.must(time.Minute, "nsenter", "--mount="+filepath.Join(c.dir, "ns", n+".mnt"), "--", "findmnt", "-n", "-o", "SOURCE,FSTYPE,OPTIONS", path)
 }
 
-func writeWrongMasterSecret(t *testing.T, from, to string) {
+func writeWrongMasterSecret(t testing.TB, from, to string) {
 	t.Helper()
 	b, err := os.ReadFile(from)
 	if err != nil {
@@ -225,7 +225,7 @@ func writeWrongMasterSecret(t *testing.T, from, to string) {
 // state: everything under the cluster directory but the operator's master-secret.json and
 // init-secret) for the master secret, the init secret and every node's disk key, raw, hex and
 // base64.
-func checkAtRest(t *testing.T, c *cluster) {
+func checkAtRest(t testing.TB, c *cluster) {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(c.dir, "master-secret.json"))
 	if err != nil {
@@ -299,7 +299,7 @@ func checkAtRest(t *testing.T, c *cluster) {
 
 // searchTree reads every regular file under dir (only the data extents of sparse files) and
 // returns, by needle name, the files holding it, and the bytes read.
-func searchTree(t *testing.T, dir string, skip map[string]bool, needles map[string][]byte) (map[string][]string, int64) {
+func searchTree(t testing.TB, dir string, skip map[string]bool, needles map[string][]byte) (map[string][]string, int64) {
 	t.Helper()
 	hits := map[string][]string{}
 	var total int64

@@ -61,7 +61,8 @@ func whPod(ns, name, image string, finalizers ...string) *corev1.Pod {
 // kube-system DaemonSet pod is re-created; after berth mini restart the webhook enforces again
 // with no manual step and the configuration is unchanged; the restarted bootstrapper re-runs
 // the installer, which writes nothing.
-func TestMiniWebhook(t *testing.T) {
+func TestMiniWebhook(tt *testing.T) {
+	t := recordFailures(tt)
 	if os.Geteuid() != 0 {
 		prereq.Missing(t, "needs root")
 	}
@@ -259,7 +260,7 @@ func TestMiniWebhook(t *testing.T) {
 	t.Logf("re-check after restart: installer re-run after the restart made 0 writes (%s after the restart began)", time.Since(t8).Round(time.Second))
 }
 
-func waitSA(t *testing.T, ctx context.Context, kube kubernetes.Interface, ns string) {
+func waitSA(t testing.TB, ctx context.Context, kube kubernetes.Interface, ns string) {
 	t.Helper()
 	if err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		_, err := kube.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
@@ -271,7 +272,7 @@ func waitSA(t *testing.T, ctx context.Context, kube kubernetes.Interface, ns str
 
 // waitWebhookPods waits until exactly n webhook pods exist and none is terminating, so the next
 // disturbance starts from a settled state.
-func waitWebhookPods(t *testing.T, ctx context.Context, kube kubernetes.Interface, n int) {
+func waitWebhookPods(t testing.TB, ctx context.Context, kube kubernetes.Interface, n int) {
 	t.Helper()
 	if err := wait.PollUntilContextCancel(ctx, 500*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		list, err := kube.CoreV1().Pods("berth-system").List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=berth-webhook"})
