@@ -312,7 +312,12 @@ func checkPluginStopAndHeal(t testing.TB, c *cluster) {
 		t.Fatal(err)
 	}
 	stopped := time.Now()
-	defer func() { _ = syscall.Kill(pid, syscall.SIGKILL) }() // never leave it stopped
+	killed := false
+	defer func() { // never leave it stopped; once killed, the PID may belong to another process
+		if !killed {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}()
 	var health error
 	if err := wait.PollUntilContextTimeout(context.Background(), time.Second, 90*time.Second, true, func(context.Context) (bool, error) {
 		health = kmsProvidersHealthy(c)
@@ -334,14 +339,15 @@ func checkPluginStopAndHeal(t testing.TB, c *cluster) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	killed := time.Now()
+	killed = true
+	killedAt := time.Now()
 	if err := wait.PollUntilContextTimeout(context.Background(), time.Second, 90*time.Second, true, func(context.Context) (bool, error) {
 		health = kmsProvidersHealthy(c)
 		return health == nil, nil
 	}); err != nil {
 		t.Fatalf("kms-providers does not heal after the plugin was restarted: %v", health)
 	}
-	t.Logf("plugin restarted (pid %d): kms-providers healthy again %.1fs after the kill", pluginPID(t, c.dir), time.Since(killed).Seconds())
+	t.Logf("plugin restarted (pid %d): kms-providers healthy again %.1fs after the kill", pluginPID(t, c.dir), time.Since(killedAt).Seconds())
 	if err := wait.PollUntilContextTimeout(context.Background(), time.Second, time.Minute, true, func(context.Context) (bool, error) {
 		status, _ = c.run(time.Minute, c.berth, "status", "--kubeconfig", filepath.Join(c.dir, "admin.conf"))
 		return strings.Contains(status, "Encryption at rest (secrets through the KMS v2 plugin berth): healthy"), nil
@@ -403,6 +409,10 @@ func (l *secretLoad) run(ctx context.Context, s interface {
 	}
 }
 
+// loadQPS bounds the Secret load of checkRotationUnderLoad: steady traffic well above an idle
+// application's, which leaves the two cores room for the rotation itself.
+const loadQPS = 50
+
 // checkRotationUnderLoad runs berth secrets rotate-key while a client reads and writes Secrets
 // continuously: no request fails, and afterwards etcd holds nothing under the old key.
 func checkRotationUnderLoad(t testing.TB, c *cluster) {
@@ -412,6 +422,9 @@ func checkRotationUnderLoad(t testing.TB, c *cluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The load's own pace, not client-go's default of 5 requests/s: with that, the request count
+	// measured the rotation's duration (10 + 5/s), and a quick rotation failed the check below.
+	rc.QPS, rc.Burst = loadQPS, loadQPS
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		t.Fatal(err)
@@ -433,7 +446,7 @@ func checkRotationUnderLoad(t testing.TB, c *cluster) {
 	if err != nil {
 		t.Fatalf("berth secrets rotate-key: %v", err)
 	}
-	t.Logf("load during the rotation: %d requests, %d failed", l.ops.Load(), l.failures.Load())
+	t.Logf("load during the rotation: %d requests in %.1fs, %d failed", l.ops.Load(), took.Seconds(), l.failures.Load())
 	if l.failures.Load() != 0 || l.ops.Load() < 100 {
 		t.Errorf("load during the rotation: %d requests, %d failed: %v", l.ops.Load(), l.failures.Load(), l.errs)
 	}
