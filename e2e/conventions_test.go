@@ -40,6 +40,9 @@ func checkInClusterConventions(t testing.TB, c *cluster) {
 			t.Errorf("namespace %s: Pod Security %s = %q, want restricted", joinconfig.Namespace, mode, got)
 		}
 	}
+	// Readiness is a probe's latest answer: under load one slow answer too many flips it for a
+	// while, so the check below sees the joinservice after it was ready once more.
+	c.kube("wait", "--for=condition=Ready", "pod", "-n", joinconfig.Namespace, "-l", "app.kubernetes.io/name="+joinconfig.JoinServiceName, "--timeout=2m")
 	var pods corev1.PodList
 	if err := json.Unmarshal([]byte(c.kube("get", "pods", "-n", joinconfig.Namespace, "-o", "json")), &pods); err != nil {
 		t.Fatal(err)

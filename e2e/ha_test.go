@@ -89,7 +89,7 @@ func TestMiniHA(tt *testing.T) {
 		"--control-planes", "3", "--workers", "1")
 	upTook := time.Since(start)
 	t.Logf("berth mini up (%.1fs):\n%s", upTook.Seconds(), out)
-	procs := recordedPIDs(t, c.dir)
+	procs := recordedProcs(t, c.dir)
 	defer func() {
 		if t.Failed() {
 			c.diagnose()
@@ -100,7 +100,7 @@ func TestMiniHA(tt *testing.T) {
 		if err != nil {
 			t.Errorf("berth mini down: %v", err)
 		}
-		checkNoResidue(t, c.dir, append(procs, recordedPIDs(t, c.dir)...))
+		checkNoResidue(t, c.dir, append(procs, recordedProcs(t, c.dir)...))
 	}()
 	if err != nil {
 		dumpLogs(t, c.dir)

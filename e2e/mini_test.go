@@ -145,7 +145,7 @@ func TestMiniCluster(tt *testing.T) {
 	out, err := c.run(30*time.Minute, c.berth, "mini", "up", "--dir", c.dir, "--name", clusterName, "--subnet", subnet,
 		"--control-planes", "1", "--workers", "2")
 	t.Logf("berth mini up (%.1fs):\n%s", time.Since(start).Seconds(), out)
-	var procs []int
+	var procs []mini.Proc
 	defer func() {
 		if t.Failed() {
 			c.diagnose()
@@ -162,7 +162,7 @@ func TestMiniCluster(tt *testing.T) {
 			t.Errorf("second berth mini down: %v\n%s", err, out)
 		}
 	}()
-	procs = recordedPIDs(t, c.dir)
+	procs = recordedProcs(t, c.dir)
 	if err != nil {
 		dumpLogs(t, c.dir)
 		t.Fatalf("berth mini up: %v", err)
@@ -229,7 +229,7 @@ func TestMiniCluster(tt *testing.T) {
 	start = time.Now()
 	out = c.must(15*time.Minute, c.berth, "mini", "restart", "--dir", c.dir)
 	t.Logf("berth mini restart (%.1fs):\n%s", time.Since(start).Seconds(), out)
-	procs = append(procs, recordedPIDs(t, c.dir)...)
+	procs = append(procs, recordedProcs(t, c.dir)...)
 	c.kube("rollout", "status", "daemonset/testapp", "--timeout=180s")
 	var got string
 	var runErr error
@@ -305,32 +305,29 @@ spec:
 	c.kube("apply", "-f", f)
 }
 
-// recordedPIDs returns every daemon PID the cluster's state file records.
-func recordedPIDs(t testing.TB, dir string) []int {
+// recordedProcs returns every daemon the cluster's state file records, with its start time: a PID
+// this host reused for another process (pid_max is 32768 here) is not the daemon.
+func recordedProcs(t testing.TB, dir string) []mini.Proc {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(dir, "state.json"))
 	if err != nil {
 		return nil
 	}
 	var st struct {
-		Agent *struct{ PID int } `json:"agent"`
-		Procs map[string][]struct {
-			PID int `json:"pid"`
-		} `json:"procs"`
+		Agent *mini.Proc             `json:"agent"`
+		Procs map[string][]mini.Proc `json:"procs"`
 	}
 	if err := json.Unmarshal(b, &st); err != nil {
 		t.Fatal(err)
 	}
-	var pids []int
+	var procs []mini.Proc
 	if st.Agent != nil {
-		pids = append(pids, st.Agent.PID)
+		procs = append(procs, *st.Agent)
 	}
 	for _, ps := range st.Procs {
-		for _, p := range ps {
-			pids = append(pids, p.PID)
-		}
+		procs = append(procs, ps...)
 	}
-	return pids
+	return procs
 }
 
 func dumpLogs(t testing.TB, dir string) {
@@ -348,19 +345,17 @@ func dumpLogs(t testing.TB, dir string) {
 
 // checkNoResidue fails for anything of the cluster left on the host: processes, network
 // namespaces, links, mounts, cgroups, files.
-func checkNoResidue(t testing.TB, dir string, pids []int) {
+func checkNoResidue(t testing.TB, dir string, procs []mini.Proc) {
 	t.Helper()
-	for _, pid := range pids {
-		if b, err := os.ReadFile(filepath.Join("/proc", itoa(pid), "stat")); err == nil && !strings.Contains(string(b), ") Z ") {
-			if syscall.Kill(pid, 0) == nil {
-				t.Errorf("process %d still runs: %s", pid, b)
-			}
+	for _, p := range procs {
+		if (mini.Exec{}).Alive(p) {
+			t.Errorf("process %d (%s, started at tick %d) still runs", p.PID, p.Name, p.StartTime)
 		}
 	}
 	// Nothing that names the cluster (its directory, or the kubelet's cgroup root) still runs,
 	// whether recorded or not (a zombie is dead: this host's PID 1 does not reap orphans).
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range cmdlines {
 		cmdline, err := os.ReadFile(p)
 		if err != nil {
 			continue
@@ -464,7 +459,7 @@ func TestMiniAttestedInit(tt *testing.T) {
 	out, err := c.run(30*time.Minute, c.berth, "mini", "up", "--dir", c.dir, "--name", clusterName, "--subnet", subnet,
 		"--control-planes", "1", "--workers", "0", "--attestation", "tpm", "--no-init")
 	t.Logf("berth mini up --attestation tpm --no-init (%.1fs):\n%s", time.Since(start).Seconds(), out)
-	procs := recordedPIDs(t, c.dir)
+	procs := recordedProcs(t, c.dir)
 	defer func() {
 		out, err := c.run(5*time.Minute, c.berth, "mini", "down", "--dir", c.dir)
 		if err != nil {
@@ -721,7 +716,7 @@ func TestMiniTamperedWorkerRejected(tt *testing.T) {
 	out, err := c.run(30*time.Minute, c.berth, "mini", "up", "--dir", c.dir, "--name", clusterName, "--subnet", subnet,
 		"--control-planes", "1", "--workers", "1", "--tampered-workers", "1", "--attestation", "tpm", "--ready-timeout", "5m")
 	t.Logf("berth mini up:\n%s", out)
-	procs := recordedPIDs(t, c.dir)
+	procs := recordedProcs(t, c.dir)
 	defer func() {
 		if out, err := c.run(5*time.Minute, c.berth, "mini", "down", "--dir", c.dir); err != nil {
 			t.Errorf("berth mini down: %v\n%s", err, out)
