@@ -7,6 +7,7 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"go.uber.org/zap"
@@ -102,19 +103,45 @@ type akCertifier interface {
 // the CA in akRoots then take this replica's session proof without activating its key or checking its
 // EK chain (vtpm.Validator.ValidateCertified), so a join costs this replica's TPM nothing. Because the
 // certificate stands in for the EK chain, the replica first checks its own EK and AK creation record
-// against the cluster's policy (one quote at start) and certifies nothing its nodes would refuse.
-// Without a certificate (any failure, a TDX replica) nodes activate as before. The quote of that check
-// is counted as a self-check on ops; p is the cluster's policy in force.
-func certifyAK(ctx context.Context, issuer atls.Issuer, keys *clusterkeys.Keys, p *policy.Policy, ops opCounter, log *zap.Logger) {
+// against the cluster's policy (one quote per attempt) and certifies nothing its nodes would refuse.
+// Without a certificate (a failed attempt, a TDX replica) nodes activate as before. The quote of that
+// check is counted as a self-check on ops; p is the cluster's policy in force. It reports whether an
+// attempt failed, so that a later one may succeed (recertifyAK).
+func certifyAK(ctx context.Context, issuer atls.Issuer, keys *clusterkeys.Keys, p *policy.Policy, ops opCounter, log *zap.Logger) (failed bool) {
 	c, ok := issuer.(akCertifier)
 	if !ok {
-		return
+		return false
 	}
 	if err := certifyOwnAK(ctx, countedIssuer(issuer, metrics.PurposeSelfCheck, ops), c, keys, p); err != nil {
-		log.Warn("certifying the attestation key failed: nodes must activate it per join", zap.Error(err))
-		return
+		if ctx.Err() == nil {
+			log.Warn("certifying the attestation key failed: nodes activate it per join until an attempt succeeds", zap.Error(err))
+		}
+		return true
 	}
-	log.Info("attestation key certified by the cluster's attestation-key CA")
+	log.Info("attestation key certified by the cluster's attestation-key CA: the session proof's next renewal carries the certificate")
+	return false
+}
+
+// recertifyBackoff paces the attempts after a failed first certifyAK: a TPM that failed a command at
+// start is tried again within seconds, a policy that does not root this replica's EK every 5 minutes
+// (a policy update may change that).
+var recertifyBackoff = wait.Backoff{Duration: 5 * time.Second, Factor: 2, Jitter: 0.1, Steps: math.MaxInt32, Cap: 5 * time.Minute}
+
+// recertifyAK repeats certifyAK, paced by b, with the policy in force at each attempt, until one
+// succeeds or ctx ends. The issuer keeps the certificate, and the session proof's next renewal
+// carries it.
+func recertifyAK(ctx context.Context, b wait.Backoff, issuer atls.Issuer, keys *clusterkeys.Keys, policy func() *policy.Policy, ops opCounter, log *zap.Logger) {
+	for {
+		// Past its cap, Step keeps returning the cap (jittered).
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(b.Step()):
+		}
+		if !certifyAK(ctx, issuer, keys, policy(), ops, log) {
+			return
+		}
+	}
 }
 
 func certifyOwnAK(ctx context.Context, issuer atls.Issuer, c akCertifier, keys *clusterkeys.Keys, p *policy.Policy) error {

@@ -3,12 +3,17 @@ package joinservice
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
+	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
@@ -82,5 +87,118 @@ func TestCertifyAKChecksItsOwnIdentity(t *testing.T) {
 				t.Fatalf("attestation operations %v, want the identity check's quote counted as a self-check", ops.n)
 			}
 		})
+	}
+}
+
+// flakyIssuer fails its first failures documents, as a TPM that refuses a command does once.
+type flakyIssuer struct {
+	*vtpm.Issuer
+	failures atomic.Int32
+}
+
+func (i *flakyIssuer) Issue(ctx context.Context, userData, nonce []byte) ([]byte, error) {
+	if i.failures.Add(-1) >= 0 {
+		return nil, errors.New("TPM_RC_RETRY (simulated)")
+	}
+	return i.Issuer.Issue(ctx, userData, nonce)
+}
+
+// TestRecertifyAKAfterAFailedStart: a replica whose first certification failed (a TPM command that
+// failed once, then a policy that did not root its EK until an update) keeps trying, with the policy
+// in force at each attempt, and its documents carry the certificate once an attempt succeeds; it stops
+// trying then, or when its context ends.
+func TestRecertifyAKAfterAFailedStart(t *testing.T) {
+	ctx := context.Background()
+	ekCA := vtpmtest.NewSwtpmCA(t)
+	tpm := vtpmtest.StartSwtpm(t, ekCA)
+	other, err := vtpmtest.NewCA("another EK CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pem := func(b []byte) string {
+		return "  - pem: |\n      " + strings.ReplaceAll(strings.TrimSpace(string(b)), "\n", "\n      ") + "\n"
+	}
+	parse := func(doc string) *policy.Policy {
+		p, err := policy.Parse([]byte(doc), "cluster policy", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	rooting := parse("variant: tpm\ntrustRoots:\n" + pem(ekCA.RootPEM(t)) + pem(ekCA.IssuerPEM(t)))
+	foreign := parse("variant: tpm\ntrustRoots:\n" + pem(other.PEM()))
+	certified := func(issuer atls.Issuer) bool {
+		t.Helper()
+		raw, err := issuer.Issue(ctx, nil, []byte("nonce"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		doc, err := vtpm.ParseDocument(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(doc.AKCert) > 0
+	}
+	fast := wait.Backoff{Duration: time.Millisecond, Factor: 2, Steps: 100, Cap: 20 * time.Millisecond}
+
+	issuer := &flakyIssuer{Issuer: vtpm.NewIssuer(tpm.Open, zap.NewNop())}
+	issuer.failures.Store(2)
+	if !certifyAK(ctx, issuer, keys, rooting, &opCount{}, zap.NewNop()) {
+		t.Fatal("certifyAK with a failing TPM reports no failure")
+	}
+	if certified(issuer.Issuer) {
+		t.Fatal("documents carry an AK certificate after a failed attempt")
+	}
+	// The second attempt fails too (the TPM again), then the policy in force does not root the EK for
+	// two attempts; the fifth certifies.
+	var calls atomic.Int32
+	policyInForce := func() *policy.Policy {
+		if calls.Add(1) <= 3 {
+			return foreign
+		}
+		return rooting
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		recertifyAK(ctx, fast, issuer, keys, policyInForce, &opCount{}, zap.NewNop())
+	}()
+	select {
+	case <-done:
+	case <-time.After(time.Minute):
+		t.Fatal("recertifyAK did not end after a successful attempt")
+	}
+	if n := calls.Load(); n != 4 {
+		t.Errorf("recertifyAK made %d attempts, want 4 (one certifies)", n)
+	}
+	if !certified(issuer.Issuer) {
+		t.Fatal("documents carry no AK certificate after recertifyAK succeeded")
+	}
+
+	// A policy that never roots the EK: it tries until its context ends, then returns.
+	never := &flakyIssuer{Issuer: vtpm.NewIssuer(tpm.Open, zap.NewNop())}
+	cctx, cancel := context.WithCancel(ctx)
+	var tries atomic.Int32
+	ended := make(chan struct{})
+	go func() {
+		defer close(ended)
+		recertifyAK(cctx, fast, never, keys, func() *policy.Policy {
+			if tries.Add(1) == 3 {
+				cancel()
+			}
+			return foreign
+		}, &opCount{}, zap.NewNop())
+	}()
+	select {
+	case <-ended:
+	case <-time.After(time.Minute):
+		t.Fatal("recertifyAK did not return when its context ended")
+	}
+	if certified(never.Issuer) {
+		t.Fatal("an EK the policy never roots got a certificate")
 	}
 }

@@ -5,7 +5,8 @@
 //     reachable yet), the join configuration and the cluster CA, and builds the ticket server with
 //     its attestation policy;
 //   - then one errgroup runs the gRPC server, the metrics server, the join ledger's writer and, with
-//     attestation, the watcher that hot-reloads the policy, until ctx ends.
+//     attestation, the watcher that hot-reloads the policy (and, while this replica's attestation key
+//     has no certificate from the cluster's AK CA, the attempts to get one), until ctx ends.
 //
 // On shutdown the gRPC server stops gracefully (forcibly after 10 s), the metrics server and
 // the policy watcher stop with it, and the ledger writer stops last, after a final write of what the
@@ -203,9 +204,13 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 	}
 	var check server.AttestationCheck
 	if holder != nil {
-		// Before the session proof's first renewal (started below), so that it carries the certificate.
-		if session != nil {
-			certifyAK(ctx, d.Issuer, keys, holder.Policy(), m, log)
+		// Before the session proof's first renewal (started below), so that it carries the certificate;
+		// after a failure, again in the background until an attempt succeeds.
+		if session != nil && certifyAK(ctx, d.Issuer, keys, holder.Policy(), m, log) {
+			g.Go(func() error {
+				recertifyAK(ctx, recertifyBackoff, d.Issuer, keys, holder.Policy, m, log)
+				return nil
+			})
 		}
 		check = holder.Check
 		creds = server.RecordHandshakes(creds, journal, m)
