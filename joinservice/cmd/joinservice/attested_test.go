@@ -168,33 +168,42 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 
 	admin := env.Client(t, apiservertest.AdminUser)
 	cms := admin.CoreV1().ConfigMaps(joinconfig.Namespace)
-	setPolicy := func(doc string) {
+	// setPolicy returns the ConfigMap's new resourceVersion: the joinservice's Event about it names
+	// that version, so an Event about an earlier update (of another run on a shared API server) does
+	// not count.
+	setPolicy := func(doc string) string {
 		cm, err := cms.Get(ctx, joinconfig.JoinConfigName, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		cm.Data[joinconfig.KeyAttestationPolicy] = doc
-		if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		cm, err = cms.Update(ctx, cm, metav1.UpdateOptions{})
+		if err != nil {
 			t.Fatal(err)
 		}
+		return cm.ResourceVersion
 	}
-	waitEvent := func(reason string) corev1.Event {
-		var last corev1.Event
+	waitEvent := func(reason, resourceVersion string) corev1.Event {
+		var found corev1.Event
 		if err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
 			evs, err := admin.CoreV1().Events(joinconfig.Namespace).List(ctx, metav1.ListOptions{FieldSelector: "reason=" + reason})
-			if err != nil || len(evs.Items) == 0 {
+			if err != nil {
 				return false, nil
 			}
-			last = evs.Items[len(evs.Items)-1]
-			return true, nil
+			for _, ev := range evs.Items {
+				if ev.InvolvedObject.ResourceVersion == resourceVersion {
+					found = ev
+					return true, nil
+				}
+			}
+			return false, nil
 		}); err != nil {
-			t.Fatalf("no %s event: %v", reason, err)
+			t.Fatalf("no %s event about resourceVersion %s: %v", reason, resourceVersion, err)
 		}
-		return last
+		return found
 	}
 
-	setPolicy(clusterPolicy(ones))
-	t.Logf("event: %s", waitEvent("PolicyApplied").Message)
+	t.Logf("event: %s", waitEvent("PolicyApplied", setPolicy(clusterPolicy(ones))).Message)
 	// The node claims its PCRs up front (vtpm.Issuer is an atls.Claimer): the new policy refuses it
 	// in the handshake, before the joinservice quotes.
 	_, err = join()
@@ -202,8 +211,7 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 		t.Fatalf("join after the policy update = %v, want the refusal on claims", err)
 	}
 
-	setPolicy("variant: tpm\nmeasurements: {4: [")
-	t.Logf("event: %s", waitEvent("PolicyRejected").Message)
+	t.Logf("event: %s", waitEvent("PolicyRejected", setPolicy("variant: tpm\nmeasurements: {4: [")).Message)
 	_, err = join()
 	if rej, ok := atls.ParseRejection(status.Convert(err).Message()); !ok || rej.Reason != "MEASUREMENT_MISMATCH" || rej.Message != atls.ClaimVerdict {
 		t.Fatalf("join after a malformed update = %v, want the previous policy's refusal on claims", err)
