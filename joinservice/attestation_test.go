@@ -36,13 +36,17 @@ func (c *opCount) AttestationOperation(purpose, operation string) {
 	c.n[purpose+"/"+operation]++
 }
 
-// TestCertifyAKChecksItsOwnIdentity: a replica certifies its AK only when the cluster's policy trusts
-// its own EK (its nodes' ValidateCertified then skips the EK chain); with an EK the policy does not
-// root, or a policy for another variant, it certifies nothing and nodes activate as before.
-func TestCertifyAKChecksItsOwnIdentity(t *testing.T) {
-	ctx := context.Background()
+// certifyFixture is a replica's swtpm, the cluster's keys, and two cluster policies in YAML: one that
+// roots the swtpm's EK and one that roots only another CA.
+type certifyFixture struct {
+	tpm              *vtpmtest.Swtpm
+	keys             *clusterkeys.Keys
+	rooting, foreign string
+}
+
+func newCertifyFixture(t *testing.T) certifyFixture {
+	t.Helper()
 	ekCA := vtpmtest.NewSwtpmCA(t)
-	tpm := vtpmtest.StartSwtpm(t, ekCA)
 	other, err := vtpmtest.NewCA("another EK CA")
 	if err != nil {
 		t.Fatal(err)
@@ -54,36 +58,65 @@ func TestCertifyAKChecksItsOwnIdentity(t *testing.T) {
 	pem := func(b []byte) string {
 		return "  - pem: |\n      " + strings.ReplaceAll(strings.TrimSpace(string(b)), "\n", "\n      ") + "\n"
 	}
+	return certifyFixture{
+		tpm:     vtpmtest.StartSwtpm(t, ekCA),
+		keys:    keys,
+		rooting: "variant: tpm\ntrustRoots:\n" + pem(ekCA.RootPEM(t)) + pem(ekCA.IssuerPEM(t)),
+		foreign: "variant: tpm\ntrustRoots:\n" + pem(other.PEM()),
+	}
+}
+
+func parsePolicy(t *testing.T, doc string) *policy.Policy {
+	t.Helper()
+	p, err := policy.Parse([]byte(doc), "cluster policy", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// hasAKCert reports whether issuer's documents carry an AK certificate.
+func hasAKCert(t *testing.T, issuer atls.Issuer) bool {
+	t.Helper()
+	raw, err := issuer.Issue(context.Background(), nil, []byte("nonce"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc, err := vtpm.ParseDocument(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(doc.AKCert) > 0
+}
+
+// TestCertifyAKChecksItsOwnIdentity: a replica certifies its AK only when the cluster's policy trusts
+// its own EK (its nodes' ValidateCertified then skips the EK chain); with an EK the policy does not
+// root, or a policy for another variant, it certifies nothing and nodes activate as before.
+func TestCertifyAKChecksItsOwnIdentity(t *testing.T) {
+	f := newCertifyFixture(t)
 	for _, tc := range []struct {
 		name, policy string
 		certified    bool
 	}{
-		{"an EK the policy roots", "variant: tpm\ntrustRoots:\n" + pem(ekCA.RootPEM(t)) + pem(ekCA.IssuerPEM(t)), true},
-		{"an EK the policy does not root", "variant: tpm\ntrustRoots:\n" + pem(other.PEM()), false},
-		{"a policy for TDX", "variant: tdx\n", false},
+		{"an EK the policy roots", f.rooting, true},
+		{"an EK the policy does not root", f.foreign, false},
+		{"a policy for TDX", "", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			issuer := vtpm.NewIssuer(tpm.Open, zap.NewNop())
+			issuer := vtpm.NewIssuer(f.tpm.Open, zap.NewNop())
 			ops := &opCount{}
 			p := &policy.Policy{Variant: "tdx"}
-			if tc.policy != "variant: tdx\n" {
-				if p, err = policy.Parse([]byte(tc.policy), "cluster policy", nil); err != nil {
-					t.Fatal(err)
-				}
+			if tc.policy != "" {
+				p = parsePolicy(t, tc.policy)
 			}
-			certifyAK(ctx, issuer, keys, p, ops, zap.NewNop())
-			raw, err := issuer.Issue(ctx, nil, []byte("nonce"))
-			if err != nil {
-				t.Fatal(err)
+			failed := certifyAK(context.Background(), issuer, f.keys, p, ops, zap.NewNop())
+			if failed == tc.certified {
+				t.Errorf("certifyAK reports a failure: %v, want %v", failed, !tc.certified)
 			}
-			doc, err := vtpm.ParseDocument(raw)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if got := len(doc.AKCert) > 0; got != tc.certified {
+			if got := hasAKCert(t, issuer); got != tc.certified {
 				t.Fatalf("documents carry an AK certificate: %v, want %v", got, tc.certified)
 			}
-			if tc.policy != "variant: tdx\n" && ops.n[metrics.PurposeSelfCheck+"/"+metrics.OperationQuote] != 1 {
+			if tc.policy != "" && ops.n[metrics.PurposeSelfCheck+"/"+metrics.OperationQuote] != 1 {
 				t.Fatalf("attestation operations %v, want the identity check's quote counted as a self-check", ops.n)
 			}
 		})
@@ -109,52 +142,20 @@ func (i *flakyIssuer) Issue(ctx context.Context, userData, nonce []byte) ([]byte
 // trying then, or when its context ends.
 func TestRecertifyAKAfterAFailedStart(t *testing.T) {
 	ctx := context.Background()
-	ekCA := vtpmtest.NewSwtpmCA(t)
-	tpm := vtpmtest.StartSwtpm(t, ekCA)
-	other, err := vtpmtest.NewCA("another EK CA")
-	if err != nil {
-		t.Fatal(err)
-	}
-	keys, err := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pem := func(b []byte) string {
-		return "  - pem: |\n      " + strings.ReplaceAll(strings.TrimSpace(string(b)), "\n", "\n      ") + "\n"
-	}
-	parse := func(doc string) *policy.Policy {
-		p, err := policy.Parse([]byte(doc), "cluster policy", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	rooting := parse("variant: tpm\ntrustRoots:\n" + pem(ekCA.RootPEM(t)) + pem(ekCA.IssuerPEM(t)))
-	foreign := parse("variant: tpm\ntrustRoots:\n" + pem(other.PEM()))
-	certified := func(issuer atls.Issuer) bool {
-		t.Helper()
-		raw, err := issuer.Issue(ctx, nil, []byte("nonce"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		doc, err := vtpm.ParseDocument(raw)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return len(doc.AKCert) > 0
-	}
+	f := newCertifyFixture(t)
+	rooting, foreign := parsePolicy(t, f.rooting), parsePolicy(t, f.foreign)
 	fast := wait.Backoff{Duration: time.Millisecond, Factor: 2, Steps: 100, Cap: 20 * time.Millisecond}
 
-	issuer := &flakyIssuer{Issuer: vtpm.NewIssuer(tpm.Open, zap.NewNop())}
+	issuer := &flakyIssuer{Issuer: vtpm.NewIssuer(f.tpm.Open, zap.NewNop())}
 	issuer.failures.Store(2)
-	if !certifyAK(ctx, issuer, keys, rooting, &opCount{}, zap.NewNop()) {
+	if !certifyAK(ctx, issuer, f.keys, rooting, &opCount{}, zap.NewNop()) {
 		t.Fatal("certifyAK with a failing TPM reports no failure")
 	}
-	if certified(issuer.Issuer) {
+	if hasAKCert(t, issuer.Issuer) {
 		t.Fatal("documents carry an AK certificate after a failed attempt")
 	}
-	// The second attempt fails too (the TPM again), then the policy in force does not root the EK for
-	// two attempts; the fifth certifies.
+	// The first retry fails too (the TPM again), then the policy in force does not root the EK for
+	// two attempts; the fourth retry certifies.
 	var calls atomic.Int32
 	policyInForce := func() *policy.Policy {
 		if calls.Add(1) <= 3 {
@@ -165,7 +166,7 @@ func TestRecertifyAKAfterAFailedStart(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		recertifyAK(ctx, fast, issuer, keys, policyInForce, &opCount{}, zap.NewNop())
+		recertifyAK(ctx, fast, issuer, f.keys, policyInForce, &opCount{}, zap.NewNop())
 	}()
 	select {
 	case <-done:
@@ -173,20 +174,20 @@ func TestRecertifyAKAfterAFailedStart(t *testing.T) {
 		t.Fatal("recertifyAK did not end after a successful attempt")
 	}
 	if n := calls.Load(); n != 4 {
-		t.Errorf("recertifyAK made %d attempts, want 4 (one certifies)", n)
+		t.Errorf("recertifyAK made %d attempts, want 4 (the fourth certifies)", n)
 	}
-	if !certified(issuer.Issuer) {
+	if !hasAKCert(t, issuer.Issuer) {
 		t.Fatal("documents carry no AK certificate after recertifyAK succeeded")
 	}
 
 	// A policy that never roots the EK: it tries until its context ends, then returns.
-	never := &flakyIssuer{Issuer: vtpm.NewIssuer(tpm.Open, zap.NewNop())}
+	never := vtpm.NewIssuer(f.tpm.Open, zap.NewNop())
 	cctx, cancel := context.WithCancel(ctx)
 	var tries atomic.Int32
 	ended := make(chan struct{})
 	go func() {
 		defer close(ended)
-		recertifyAK(cctx, fast, never, keys, func() *policy.Policy {
+		recertifyAK(cctx, fast, never, f.keys, func() *policy.Policy {
 			if tries.Add(1) == 3 {
 				cancel()
 			}
@@ -198,7 +199,7 @@ func TestRecertifyAKAfterAFailedStart(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("recertifyAK did not return when its context ended")
 	}
-	if certified(never.Issuer) {
+	if hasAKCert(t, never) {
 		t.Fatal("an EK the policy never roots got a certificate")
 	}
 }
