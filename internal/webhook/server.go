@@ -234,9 +234,11 @@ func (s *Server) Serve(ctx context.Context, ln, probeLn net.Listener) error {
 	case serveErr = <-errs:
 		s.log.Error("server failed", zap.Error(serveErr))
 	}
+	// Responses close their connections before readiness fails: whoever sees the failed readiness
+	// (the kubelet, a test) sees only responses that ask the client to reconnect elsewhere.
+	s.handler.SetClosing()
 	s.draining.Store(true)
 	s.metrics.setReady(false)
-	s.handler.SetClosing()
 	if serveErr == nil {
 		s.log.Info("draining", zap.Duration("delay", s.cfg.ShutdownDelay))
 		time.Sleep(s.cfg.ShutdownDelay)
