@@ -1,4 +1,4 @@
-# The malicious-peer suite (issue 20): package attack, go test ./attack/ (part of test-unit). It needs swtpm and
+# The malicious-peer suite: package attack, go test ./attack/ (part of test-unit). It needs swtpm and
 # the cached kube-apiserver and etcd (make mini-build). attack-flood runs its flood harness at full size: identity
 # probes with random claims from FLOOD_ADDRESSES loopback addresses for FLOOD_DURATION while FLOOD_JOINS genuine
 # nodes join from addresses metadata knows; it prints every genuine join's p50/p99 and the ledger afterwards, and

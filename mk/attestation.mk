@@ -1,4 +1,4 @@
-# TPM attestation, attested TLS and policy (issue 3, TPM half): internal/attestation/{policy,vtpm,tpmsim,choose}
+# TPM attestation, attested TLS and policy: internal/attestation/{policy,vtpm,tpmsim,choose}
 # and internal/atls. Tests run on the reference simulator (cgo) and on swtpm processes with EK certificates
 # from swtpm's local CA (apt: swtpm swtpm-tools); without them those tests skip.
 

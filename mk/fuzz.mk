@@ -1,4 +1,4 @@
-# Fuzzing (issue 20): every fuzz target of the repository as package:target pairs. make test runs each one for
+# Fuzzing: every fuzz target of the repository as package:target pairs. make test runs each one for
 # FUZZ_SHORT_TIME (fuzz-short) and prints its executions per second; make fuzz FUZZ_TIME=10m runs them longer.
 # New interesting inputs are minimized for at most FUZZ_MINIMIZE executions each: minimizing a 5 KiB quote for
 # go test's default of 60 s is what kept the TDX targets at a few executions a minute.

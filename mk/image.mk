@@ -1,4 +1,4 @@
-# OS image (issue 7): a Debian bookworm root tree built with mkosi 14, with the bootstrapper,
+# OS image: a Debian bookworm root tree built with mkosi 14, with the bootstrapper,
 # kubelet, kubeadm, containerd and the systemd units. See image/README.md.
 
 IMAGE_OUT ?= $(CURDIR)/image/mkosi.output

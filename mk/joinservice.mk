@@ -1,4 +1,4 @@
-# Joinservice (issue 5): join ledger, rate limits, metrics, policy hot reload, control-plane Lease.
+# Joinservice: join ledger, rate limits, metrics, policy hot reload, control-plane Lease.
 # Tests that need a real API server run etcd 3.6.5 and kube-apiserver v1.34.2 as loopback processes
 # (internal/apiservertest); plain `go test ./...` runs them only when scripts/build-k8s.sh has built
 # those binaries and skips them with a message otherwise. test-joinservice builds them first.

@@ -1,4 +1,4 @@
-# Mini cluster targets (issue 4): `make mini-up` starts a local cluster of namespace nodes,
+# Mini cluster targets: `make mini-up` starts a local cluster of namespace nodes,
 # `make test-e2e` runs the end-to-end tests on one. Both need root.
 MINI_DIR ?= /var/lib/berth-mini
 MINI_FLAGS ?= --control-planes 1 --workers 2

@@ -1,4 +1,4 @@
-# Monitoring (issue 18): the Grafana dashboard and the Prometheus alert rules in deploy/monitoring.
+# Monitoring: the Grafana dashboard and the Prometheus alert rules in deploy/monitoring.
 # promtool comes with the Debian package prometheus (scripts/install-deps.sh).
 
 .PHONY: check-monitoring

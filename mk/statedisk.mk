@@ -1,4 +1,4 @@
-# The encrypted state disk (issue 13): internal/statedisk. The fscrypt backend's tests run for real
+# The encrypted state disk: internal/statedisk. The fscrypt backend's tests run for real
 # (root, loop devices, ext4 encryption) in test-unit; the LUKS2 backend needs device-mapper, which only
 # the OS image under QEMU has: test-luks runs it there (scripts/test-luks.sh).
 

@@ -1,4 +1,4 @@
-# TDX attestation (issue 3, TDX half): internal/attestation/tdx. No TDX hardware is needed: the backends run
+# TDX attestation: internal/attestation/tdx. No TDX hardware is needed: the backends run
 # against simulated devices, verification against go-tdx-qpl's recorded sample quote and collateral and against
 # quotes from the software TD in tdxtest.
 

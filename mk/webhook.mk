@@ -1,4 +1,4 @@
-# Image-policy webhook targets (issue 6). The API-server tests run kube-apiserver v1.34.2 and etcd 3.6.5
+# Image-policy webhook targets. The API-server tests run kube-apiserver v1.34.2 and etcd 3.6.5
 # as processes in a private network namespace (root); `scripts/build-k8s.sh k8s etcd` builds them.
 
 .PHONY: test-e2e-webhook webhook-build test-webhook test-webhook-apiserver test-webhook-load test-webhook-load-nodrain bench-webhook
