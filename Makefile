@@ -56,6 +56,7 @@ lint: tools ## vet, gofmt, golangci-lint (.golangci.yml), go mod tidy -diff, the
 	    echo "$$p links go-tdx-qpl (AGPL-3.0) without the opt-in build tag berth_qpl"; exit 1; fi; done
 	$(GO) mod tidy -diff
 	$(GO) test -count=1 -run '^TestImportRules' .
+	$(GO) test -count=1 -run '^TestDoc' .
 	$(TOOLS_BIN)/golangci-lint run --allow-serial-runners ./...
 	$(TOOLS_BIN)/buf lint
 	@against='$(BUF_AGAINST)'; git rev-parse -q --verify main >/dev/null || against='.git#ref=HEAD'; \
