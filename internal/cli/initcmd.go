@@ -2,14 +2,10 @@ package cli
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -30,17 +26,11 @@ import (
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/choose"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/attestation/policy/policyedit"
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
-)
-
-// Workspace file names.
-const (
-	fileAdminConf    = "admin.conf"
-	fileMasterSecret = "master-secret.json"
-	fileClusterID    = "cluster-id"
-	fileInitLog      = "init.log"
+	"github.com/berth-k8s/berth/internal/workspace"
 )
 
 // ErrInitRejected is returned when the node refuses the init request without saying why (wrong
@@ -74,12 +64,6 @@ type initConfig struct {
 
 func defaultInitConfig() initConfig {
 	return initConfig{ClusterName: "berth", KubernetesVersion: "v1.34.2", ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16"}
-}
-
-// masterSecretFile is the workspace's record of the cluster's root secret.
-type masterSecretFile struct {
-	MasterSecret string `json:"masterSecret"`
-	Salt         string `json:"salt"`
 }
 
 type initOptions struct {
@@ -211,52 +195,15 @@ func readRelative(base, p string) ([]byte, error) {
 
 // checkWorkspace creates the workspace and refuses one that holds a finished cluster.
 func checkWorkspace(dir string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("creating workspace: %w", err)
-	}
-	if _, err := os.Stat(filepath.Join(dir, fileAdminConf)); err == nil {
-		return usageErr("workspace %s already holds a cluster's %s; use another --workspace", dir, fileAdminConf)
-	}
-	return nil
+	return workspaceErr(dir, workspace.Create(dir))
 }
 
-// readWorkspaceSecret reads the workspace's master secret and salt; ok is false when there is none.
-func readWorkspaceSecret(dir string) (master, salt []byte, ok bool, err error) {
-	path := filepath.Join(dir, fileMasterSecret)
-	data, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil, false, nil
+// workspaceErr turns the refusal of a finished workspace into a usage error.
+func workspaceErr(dir string, err error) error {
+	if errors.Is(err, workspace.ErrFinished) {
+		return usageErr("workspace %s already holds a cluster's %s; use another --workspace", dir, workspace.AdminConf)
 	}
-	if err != nil {
-		return nil, nil, false, fmt.Errorf("reading %s: %w", path, err)
-	}
-	var f masterSecretFile
-	if err := json.Unmarshal(data, &f); err != nil {
-		return nil, nil, false, fmt.Errorf("parsing %s: %w", path, err)
-	}
-	master, err1 := base64.StdEncoding.DecodeString(f.MasterSecret)
-	salt, err2 := base64.StdEncoding.DecodeString(f.Salt)
-	if err1 != nil || err2 != nil || len(master) != 32 || len(salt) != 32 {
-		return nil, nil, false, fmt.Errorf("%s is damaged: want a 32-byte master secret and salt", path)
-	}
-	return master, salt, true, nil
-}
-
-// unfinishedAttempt returns the keys of the workspace's unfinished init (a master secret and no
-// admin.conf), or nil when the workspace holds none.
-func unfinishedAttempt(dir string) (*clusterkeys.Keys, error) {
-	if _, err := os.Stat(filepath.Join(dir, fileAdminConf)); err == nil {
-		return nil, nil
-	}
-	master, salt, ok, err := readWorkspaceSecret(dir)
-	if err != nil || !ok {
-		return nil, err
-	}
-	keys, err := clusterkeys.New(master, salt)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, fileMasterSecret), err)
-	}
-	return keys, nil
+	return err
 }
 
 // acceptResumedLock lets p accept, besides what it expects of a fresh node's lock register, the
@@ -290,51 +237,17 @@ func acceptResumedLock(p *policy.Policy, clusterID []byte) (uint32, bool) {
 // prepareWorkspace returns the master secret and salt: those of an earlier, unfinished attempt (so
 // the node can resume), or new ones, written to the workspace before anything is sent.
 func prepareWorkspace(dir string, out io.Writer) (master, salt []byte, err error) {
-	if err := checkWorkspace(dir); err != nil {
-		return nil, nil, err
-	}
-	path := filepath.Join(dir, fileMasterSecret)
-	master, salt, ok, err := readWorkspaceSecret(dir)
+	master, salt, resumed, err := workspace.PrepareSecret(dir)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, workspaceErr(dir, err)
 	}
-	if ok {
+	path := filepath.Join(dir, workspace.MasterSecret)
+	if resumed {
 		_, _ = fmt.Fprintf(out, "Resuming with the master secret in %s\n", path)
 		return master, salt, nil
 	}
-	master, salt = make([]byte, 32), make([]byte, 32)
-	if _, err := rand.Read(master); err != nil {
-		return nil, nil, fmt.Errorf("generating master secret: %w", err)
-	}
-	if _, err := rand.Read(salt); err != nil {
-		return nil, nil, fmt.Errorf("generating salt: %w", err)
-	}
-	data, _ := json.MarshalIndent(masterSecretFile{
-		MasterSecret: base64.StdEncoding.EncodeToString(master),
-		Salt:         base64.StdEncoding.EncodeToString(salt),
-	}, "", "  ")
-	if err := writeExclusive(path, append(data, '\n')); err != nil {
-		return nil, nil, err
-	}
 	_, _ = fmt.Fprintf(out, "Wrote the cluster's master secret to %s (keep it safe: it is the root of every cluster key)\n", path)
 	return master, salt, nil
-}
-
-// writeExclusive creates path with mode 0600 and fails if it exists.
-func writeExclusive(path string, data []byte) error {
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("creating %s: %w", path, err)
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("syncing %s: %w", path, err)
-	}
-	return f.Close()
 }
 
 // runInit initializes the cluster: progress and warnings go to errOut, the result to out.
@@ -350,7 +263,7 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 	if len(policyBytes) > 0 {
 		// The node and its joinservice get the policy without the files beside it.
 		policyFile := resolve(o.configPath, cfg.AttestationPolicyFile)
-		if policyBytes, err = inlinePolicy(policyBytes, filepath.Dir(policyFile)); err != nil {
+		if policyBytes, err = policyedit.Inline(policyBytes, filepath.Dir(policyFile)); err != nil {
 			return usageErr("%s: %w", policyFile, err)
 		}
 	}
@@ -361,7 +274,7 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 	if err := checkWorkspace(o.workspace); err != nil {
 		return err
 	}
-	resumed, err := unfinishedAttempt(o.workspace)
+	resumed, err := workspace.Unfinished(o.workspace)
 	if err != nil {
 		return err
 	}
@@ -432,9 +345,9 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 	if err != nil {
 		return fmt.Errorf("starting init: %w", err)
 	}
-	logFile, err := os.OpenFile(filepath.Join(o.workspace, fileInitLog), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
+	logFile, err := workspace.OpenInitLog(o.workspace)
 	if err != nil {
-		return fmt.Errorf("opening init log: %w", err)
+		return err
 	}
 	defer logFile.Close()
 	return receiveInit(stream, out, errOut, logFile, o, joinPolicyPath)
@@ -454,10 +367,10 @@ func publishJoinPolicy(dir string, joinPolicy, master, salt []byte, errOut io.Wr
 	if err != nil {
 		return "", err
 	}
-	if err := checkJoinPolicy(data, fileJoinPolicy); err != nil {
+	if err := checkJoinPolicy(data, workspace.JoinPolicy); err != nil {
 		return "", err
 	}
-	path, err := writeJoinPolicy(dir, data)
+	path, err := workspace.WriteJoinPolicy(dir, data)
 	if err != nil {
 		return "", err
 	}
@@ -571,7 +484,7 @@ func receiveInit(stream initproto.InitService_InitClient, out, errOut, logFile i
 			f := k.Failure
 			msg := fmt.Sprintf("%s: %s", strings.TrimPrefix(f.GetCode().String(), "FAILURE_CODE_"), f.GetMessage())
 			if f.GetRetryable() {
-				msg += fmt.Sprintf("\nThe node's output is in %s. Run the same command again to resume.", filepath.Join(o.workspace, fileInitLog))
+				msg += fmt.Sprintf("\nThe node's output is in %s. Run the same command again to resume.", filepath.Join(o.workspace, workspace.InitLog))
 			}
 			return fmt.Errorf("%w: %s", ErrInitFailed, msg)
 		case *initproto.InitResponse_Success:
@@ -584,14 +497,11 @@ func writeInitResult(out io.Writer, dir string, s *initproto.InitSuccess, took t
 	if len(s.GetKubeconfig()) == 0 {
 		return errors.New("the node reported success without a kubeconfig")
 	}
-	adminPath := filepath.Join(dir, fileAdminConf)
-	if err := writeExclusive(adminPath, s.GetKubeconfig()); err != nil {
+	adminPath, err := workspace.WriteResult(dir, s.GetKubeconfig(), s.GetClusterId())
+	if err != nil {
 		return err
 	}
 	idHex := hex.EncodeToString(s.GetClusterId())
-	if err := os.WriteFile(filepath.Join(dir, fileClusterID), []byte(idHex+"\n"), 0o600); err != nil {
-		return fmt.Errorf("writing cluster ID: %w", err)
-	}
 	if abs, err := filepath.Abs(adminPath); err == nil {
 		adminPath = abs // the printed commands work from any directory
 	}

@@ -2,11 +2,7 @@ package cli
 
 import (
 	"bytes"
-	"encoding/base64"
-	"encoding/json"
 	"errors"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,41 +10,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
-	"github.com/berth-k8s/berth/internal/clusterkeys"
 )
-
-func writeMasterSecret(t *testing.T, dir string, master, salt []byte) {
-	t.Helper()
-	data, _ := json.Marshal(masterSecretFile{MasterSecret: base64.StdEncoding.EncodeToString(master), Salt: base64.StdEncoding.EncodeToString(salt)})
-	if err := os.WriteFile(filepath.Join(dir, fileMasterSecret), data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func TestUnfinishedAttempt(t *testing.T) {
-	dir := t.TempDir()
-	if keys, err := unfinishedAttempt(dir); keys != nil || err != nil {
-		t.Fatalf("empty workspace: %v, %v", keys, err)
-	}
-	master, salt := bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)
-	writeMasterSecret(t, dir, master, salt)
-	want, _ := clusterkeys.New(master, salt)
-	keys, err := unfinishedAttempt(dir)
-	if err != nil || keys == nil || !bytes.Equal(keys.ClusterID(), want.ClusterID()) {
-		t.Fatalf("workspace with a master secret: %v, %v; want the cluster %x", keys, err, want.ClusterID())
-	}
-	if err := os.WriteFile(filepath.Join(dir, fileAdminConf), []byte("kind: Config\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if keys, err := unfinishedAttempt(dir); keys != nil || err != nil {
-		t.Fatalf("finished workspace: %v, %v; want no unfinished attempt", keys, err)
-	}
-	damaged := t.TempDir()
-	writeMasterSecret(t, damaged, []byte("short"), salt)
-	if _, err := unfinishedAttempt(damaged); err == nil {
-		t.Fatal("damaged master secret: no error")
-	}
-}
 
 // TestAcceptResumedLock: the init policy then accepts a fresh node and one locked for this
 // workspace's cluster, and still refuses one locked for another cluster.

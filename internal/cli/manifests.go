@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/yaml"
 
+	"github.com/berth-k8s/berth/internal/attestation/policy/policyedit"
 	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/version"
@@ -101,7 +102,7 @@ func runManifests(out, errOut io.Writer, o manifestsOptions) error {
 		}
 		if len(attestationPolicy) > 0 {
 			policyFile := resolve(o.configPath, cfg.AttestationPolicyFile)
-			if attestationPolicy, err = inlinePolicy(attestationPolicy, filepath.Dir(policyFile)); err != nil {
+			if attestationPolicy, err = policyedit.Inline(attestationPolicy, filepath.Dir(policyFile)); err != nil {
 				return usageErr("%s: %w", policyFile, err)
 			}
 		}

@@ -1,8 +1,6 @@
 package cli
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -22,7 +20,6 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/berth-k8s/berth/internal/mini"
-	"github.com/berth-k8s/berth/internal/mini/image"
 )
 
 // errNotRoot is returned by every mini command that changes the host when not run as root.
@@ -87,6 +84,11 @@ func openMini(dir string, errOut io.Writer) (*mini.Cluster, mini.Env, error) {
 	}
 	cl, err := mini.Open(dir, env, mini.Exec{}, miniLogger(errOut))
 	return cl, env, err
+}
+
+// printNote prints what the cluster will lack, one line each.
+func printNote(w io.Writer) func(string) {
+	return func(s string) { _, _ = fmt.Fprintln(w, s) }
 }
 
 func printPhase(w io.Writer) func(mini.Phase) {
@@ -154,11 +156,6 @@ later ones find them cached.`,
 	return cmd
 }
 
-func fileExists(p string) bool {
-	_, err := os.Stat(p)
-	return err == nil
-}
-
 func envOr(key, def string) string {
 	if v := os.Getenv(key); v != "" {
 		return v
@@ -205,49 +202,14 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 	phase := printPhase(errOut)
 	_, _ = fmt.Fprintf(errOut, "berth mini up: %d control plane(s), %d worker(s) in %s\n", cfg.ControlPlanes, cfg.Workers, dir)
 
-	t0 := time.Now()
-	script := f.buildScript
-	if script == "" {
-		script = filepath.Join("scripts", "build-k8s.sh")
-		if s := filepath.Join(filepath.Dir(env.Self), "..", "scripts", "build-k8s.sh"); fileExists(s) {
-			script = s
-		}
-	}
-	bins, err := buildBins(ctx, script, f.cacheDir, errOut)
+	cleanup, err := mini.Build(ctx, &cfg, mini.BuildOptions{
+		Script: f.buildScript, Cache: f.cacheDir, Self: env.Self, Berth: !f.noBootstrap,
+		Log: errOut, Progress: phase, Note: printNote(errOut),
+	})
 	if err != nil {
 		return err
 	}
-	cfg.Bins = bins
-	phase(mini.Phase{Name: "build", Duration: time.Since(t0)})
-
-	t0 = time.Now()
-	archive, err := mini.EnsureImageArchive(f.cacheDir, bins)
-	if err != nil {
-		return fmt.Errorf("building images: %w", err)
-	}
-	cfg.ImageArchive = archive
-	golden, err := mini.EnsureGoldenRoot(ctx, mini.Exec{}, f.cacheDir, archive)
-	if err != nil {
-		return fmt.Errorf("building images: %w", err)
-	}
-	cfg.GoldenRoot = golden
-	if !f.noBootstrap {
-		switch {
-		case !fileExists(filepath.Join(filepath.Dir(env.Self), "joinservice")):
-			// writeBerthArchive warns: without the joinservice's image nothing of Berth's is imported.
-		case fileExists(filepath.Join(filepath.Dir(env.Self), "berth-webhook")):
-			cfg.WebhookImage = mini.ImageWebhook
-		default:
-			_, _ = fmt.Fprintf(errOut, "note: no berth-webhook binary next to berth; the cluster runs without the image-policy webhook\n")
-		}
-		archive, cleanup, err := writeBerthArchive(cfg, env.Self, f.cacheDir, errOut)
-		if err != nil {
-			return err
-		}
-		defer cleanup()
-		cfg.BerthArchive = archive
-	}
-	phase(mini.Phase{Name: "image-archive", Duration: time.Since(t0)})
+	defer cleanup()
 
 	secret := make([]byte, 32)
 	if _, err := rand.Read(secret); err != nil {
@@ -300,7 +262,7 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 		return fmt.Errorf("tampered nodes joined an attested cluster: %s", strings.Join(joined, " "))
 	}
 	_, _ = fmt.Fprintf(out, "cluster ready in %.1fs. Use it with:\n", time.Since(start).Seconds())
-	for _, l := range useClusterLines(env.Self, bins.K8s, cfg.AdminKubeconfig()) {
+	for _, l := range useClusterLines(env.Self, cfg.Bins.K8s, cfg.AdminKubeconfig()) {
 		_, _ = fmt.Fprintf(out, "  %s\n", l)
 	}
 	return nil
@@ -342,58 +304,6 @@ func shellQuote(s string) string {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
-// writeBerthArchive writes a throwaway archive of Berth's own images (the joinservice, and the
-// webhook when cfg carries it) from the binaries next to berth into a temporary directory under
-// parent, and returns it with the function that removes it. Berth's images change with every build,
-// so each up and add makes its own. Without a joinservice binary it warns and returns "".
-func writeBerthArchive(cfg mini.Config, self, parent string, errOut io.Writer) (string, func(), error) {
-	js := filepath.Join(filepath.Dir(self), "joinservice")
-	if _, err := os.Stat(js); err != nil {
-		_, _ = fmt.Fprintf(errOut, "warning: no joinservice binary at %s (make build); workers will not be able to join\n", js)
-		return "", func() {}, nil
-	}
-	webhook := ""
-	if cfg.WebhookImage != "" {
-		webhook = filepath.Join(filepath.Dir(self), "berth-webhook")
-	}
-	tmp, err := os.MkdirTemp(parent, "berth-images-")
-	if err != nil {
-		return "", nil, fmt.Errorf("creating Berth image directory: %w", err)
-	}
-	cleanup := func() { _ = os.RemoveAll(tmp) } // best effort: a leftover lies under parent
-	archive := filepath.Join(tmp, "images-berth.tar")
-	if err := image.WriteArchive(archive, cfg.BerthImageSpecs(js, webhook)); err != nil {
-		cleanup()
-		return "", nil, fmt.Errorf("building Berth images: %w", err)
-	}
-	return archive, cleanup, nil
-}
-
-// buildBins runs the build script and maps its output lines (one bin dir per component, in the
-// order asked for) to mini.Bins.
-func buildBins(ctx context.Context, script, cacheDir string, errOut io.Writer) (mini.Bins, error) {
-	comps := []string{"k8s", "etcd", "coredns", "flannel", "podbin"}
-	cmd := exec.CommandContext(ctx, script, comps...)
-	cmd.Env = append(os.Environ(), "BERTH_CACHE="+cacheDir)
-	var stdout bytes.Buffer
-	cmd.Stdout = &stdout
-	cmd.Stderr = errOut
-	if err := cmd.Run(); err != nil {
-		return mini.Bins{}, fmt.Errorf("building binaries with %s: %w", script, err)
-	}
-	var dirs []string
-	sc := bufio.NewScanner(&stdout)
-	for sc.Scan() {
-		if l := strings.TrimSpace(sc.Text()); l != "" {
-			dirs = append(dirs, l)
-		}
-	}
-	if len(dirs) != len(comps) {
-		return mini.Bins{}, fmt.Errorf("building binaries: %s printed %d bin dirs, want %d", script, len(dirs), len(comps))
-	}
-	return mini.Bins{K8s: dirs[0], Etcd: dirs[1], CoreDNS: dirs[2], Flannel: dirs[3], PodBin: dirs[4]}, nil
 }
 
 func newMiniDownCmd() *cobra.Command {
@@ -664,7 +574,7 @@ func runMiniAdd(ctx context.Context, out, errOut io.Writer, f miniAddFlags) erro
 	start := time.Now()
 	var archive string
 	if cfg.Bootstrapper != "" {
-		a, cleanup, err := writeBerthArchive(cfg, env.Self, cfg.Dir, errOut)
+		a, cleanup, err := mini.WriteBerthArchive(cfg, env.Self, cfg.Dir, printNote(errOut))
 		if err != nil {
 			return err
 		}

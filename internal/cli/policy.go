@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/atls/evidencefile"
 )
 
 func newPolicyCmd() *cobra.Command {
@@ -46,7 +47,7 @@ report is printed either way (-o json|yaml: the fields of berth verify -o json).
 			if err != nil {
 				return err
 			}
-			ev, err := loadEvidence(evidencePath)
+			ev, err := evidencefile.Read(evidencePath)
 			if err != nil {
 				return &exitError{code: exitUsage, err: err}
 			}

@@ -1,91 +1,37 @@
 package cli
 
 import (
-	"bytes"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/berth-k8s/berth/internal/attestation/policy"
 )
 
-const (
-	oldPCR4 = "1111111111111111111111111111111111111111111111111111111111111111"
-	newPCR4 = "4444444444444444444444444444444444444444444444444444444444444444"
-	pcr11   = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb"
-)
-
-func writeFiles(t *testing.T, files map[string]string) string {
-	t.Helper()
+// berth policy merge prints the merged policy; what it cannot merge is a usage error.
+func TestPolicyMergeCommand(t *testing.T) {
+	const oldPCR4, newPCR4 = "1111111111111111111111111111111111111111111111111111111111111111", "4444444444444444444444444444444444444444444444444444444444444444"
 	dir := t.TempDir()
-	for name, body := range files {
+	for name, body := range map[string]string{
+		"cluster.yaml": "variant: tpm\nmeasurements:\n  4: {expected: " + oldPCR4 + ", source: image 1}\n",
+		"image.yaml":   "variant: tpm\nmeasurements:\n  4: {expected: " + newPCR4 + ", source: image 2}\n",
+		"tdx.yaml":     "variant: tdx\nmeasurements:\n  1: {expected: " + newPCR4 + "}\n",
+	} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return dir
-}
-
-func TestPolicyMerge(t *testing.T) {
-	dir := writeFiles(t, map[string]string{
-		"cluster.yaml": "# the cluster's policy\nvariant: tpm\nmeasurements:\n  4: {expected: " + oldPCR4 + ", source: image 1}\n  15: {nonZero: true} # lock register\n",
-		"image.yaml":   "variant: tpm\nmeasurements:\n  4: {expected: " + newPCR4 + ", source: image 2}\n  11: {expected: " + pcr11 + ", source: image 2}\n",
-		"tdx.yaml":     "variant: tdx\nmeasurements:\n  1: {expected: " + pcr11 + "}\n",
-	})
-	out, err := mergePolicy(filepath.Join(dir, "cluster.yaml"), filepath.Join(dir, "image.yaml"), false)
-	if err != nil {
-		t.Fatal(err)
+	cluster, image := filepath.Join(dir, "cluster.yaml"), filepath.Join(dir, "image.yaml")
+	code, out, stderr := runSplit("policy", "merge", "--policy", cluster, "--measurements", image, "--keep")
+	if code != exitOK || !strings.Contains(out, oldPCR4) || !strings.Contains(out, newPCR4) {
+		t.Fatalf("policy merge --keep: exit %d\n%s\n%s", code, out, stderr)
 	}
-	p, err := policy.Parse(out, "merged", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := map[uint32]string{}
-	for _, e := range p.Expectations {
-		got[e.Index] = strings.TrimPrefix(strings.TrimSuffix(e.Source, ")"), "")
-		if e.Index == 4 && (len(e.AnyOf) != 1 || !bytes.Equal(e.AnyOf[0], mustHex(t, newPCR4))) {
-			t.Errorf("PCR 4 expects %x, want only the new value", e.AnyOf)
-		}
-		if e.Index == 15 && !e.NonZero {
-			t.Error("PCR 15 lost its nonZero")
+	for name, args := range map[string][]string{
+		"no measurements": {"--policy", cluster},
+		"another variant": {"--policy", cluster, "--measurements", filepath.Join(dir, "tdx.yaml")},
+		"a missing file":  {"--policy", cluster, "--measurements", filepath.Join(dir, "missing.yaml")},
+	} {
+		if code, out := run(append([]string{"policy", "merge"}, args...)...); code != exitUsage {
+			t.Errorf("%s: exit %d, want %d\n%s", name, code, exitUsage, out)
 		}
 	}
-	if len(got) != 3 || !strings.Contains(got[11], "image 2") {
-		t.Errorf("merged indices and sources = %v, want 4, 11 (from image 2) and 15", got)
-	}
-	if !strings.Contains(string(out), "# the cluster's policy") || !strings.Contains(string(out), "# lock register") {
-		t.Errorf("comments were lost:\n%s", out)
-	}
-
-	// --keep: the old PCR 4 stays accepted next to the new one.
-	out, err = mergePolicy(filepath.Join(dir, "cluster.yaml"), filepath.Join(dir, "image.yaml"), true)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err = policy.Parse(out, "merged", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range p.Expectations {
-		if e.Index == 4 && len(e.AnyOf) != 2 {
-			t.Errorf("with --keep PCR 4 accepts %d values, want 2", len(e.AnyOf))
-		}
-	}
-
-	if _, err := mergePolicy(filepath.Join(dir, "cluster.yaml"), filepath.Join(dir, "tdx.yaml"), false); err == nil {
-		t.Error("merging tdx measurements into a tpm policy = nil error")
-	}
-	if _, err := mergePolicy(filepath.Join(dir, "cluster.yaml"), filepath.Join(dir, "missing.yaml"), false); err == nil {
-		t.Error("merging a missing file = nil error")
-	}
-}
-
-func mustHex(t *testing.T, s string) []byte {
-	t.Helper()
-	p, err := policy.Parse([]byte("variant: tpm\nmeasurements:\n  0: {expected: "+s+"}\n"), "x", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p.Expectations[0].AnyOf[0]
 }

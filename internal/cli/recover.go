@@ -3,13 +3,10 @@ package cli
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"regexp"
 	"strconv"
 	"time"
@@ -22,6 +19,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/workspace"
 	"github.com/berth-k8s/berth/recoverproto"
 )
 
@@ -158,24 +156,11 @@ func runRecover(ctx context.Context, out, errOut io.Writer, o recoverOptions) er
 }
 
 // readMasterSecret reads master-secret.json in the format berth init writes and derives the
-// cluster's keys from it.
+// cluster's keys from it; what is wrong with the file is a usage error.
 func readMasterSecret(path string) (*clusterkeys.Keys, error) {
-	data, err := os.ReadFile(path)
+	keys, err := workspace.LoadKeys(path)
 	if err != nil {
-		return nil, usageErr("reading the master secret: %w", err)
-	}
-	var f masterSecretFile
-	if err := json.Unmarshal(data, &f); err != nil {
-		return nil, usageErr("%s is not a master-secret.json as berth init writes it", path)
-	}
-	master, err1 := base64.StdEncoding.DecodeString(f.MasterSecret)
-	salt, err2 := base64.StdEncoding.DecodeString(f.Salt)
-	if err1 != nil || err2 != nil {
-		return nil, usageErr("%s is damaged: masterSecret and salt must be base64", path)
-	}
-	keys, err := clusterkeys.New(master, salt)
-	if err != nil {
-		return nil, usageErr("%s is damaged: want a 32-byte master secret and salt", path)
+		return nil, &exitError{code: exitUsage, err: err}
 	}
 	return keys, nil
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"net"
 	"os"
@@ -26,6 +25,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/prereq"
+	"github.com/berth-k8s/berth/internal/workspace"
 	"github.com/berth-k8s/berth/recoverproto"
 )
 
@@ -127,15 +127,8 @@ func simulatedTPM(t *testing.T) (*tpmsim.Simulator, []byte) {
 func newMasterSecret(t *testing.T, dir, name string, fill byte) (string, *clusterkeys.Keys) {
 	t.Helper()
 	master, salt := bytes.Repeat([]byte{fill}, 32), bytes.Repeat([]byte{fill ^ 0xff}, 32)
-	data, err := json.Marshal(masterSecretFile{
-		MasterSecret: base64.StdEncoding.EncodeToString(master),
-		Salt:         base64.StdEncoding.EncodeToString(salt),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	path := filepath.Join(dir, name)
-	if err := os.WriteFile(path, data, 0o600); err != nil {
+	if err := os.WriteFile(path, workspace.EncodeSecret(master, salt), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	keys, err := clusterkeys.New(master, salt)

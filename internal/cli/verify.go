@@ -3,11 +3,9 @@ package cli
 import (
 	"context"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"sort"
 	"time"
 
@@ -15,24 +13,11 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/berth-k8s/berth/internal/atls"
-	"github.com/berth-k8s/berth/internal/attestation"
+	"github.com/berth-k8s/berth/internal/atls/evidencefile"
 	"github.com/berth-k8s/berth/internal/attestation/choose"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 )
-
-// evidenceFile is what `berth verify --save-evidence` records and `berth policy check` reads: the
-// peer's attested certificate and the nonce it was asked to attest, which is all a verdict needs.
-type evidenceFile struct {
-	Version     int       `json:"version"`
-	Endpoint    string    `json:"endpoint"`
-	CapturedAt  time.Time `json:"capturedAt"`
-	Nonce       []byte    `json:"nonce"`
-	Certificate []byte    `json:"certificate"`
-}
-
-// maxEvidenceFile bounds an evidence file.
-const maxEvidenceFile = 1 << 20
 
 func newVerifyCmd() *cobra.Command {
 	var endpoint, policyPath, savePath string
@@ -91,7 +76,7 @@ func runVerify(ctx context.Context, out, errOut io.Writer, endpoint, policyPath,
 	r := newVerdictReport(p, *seen, verdict)
 	r.Endpoint, r.CapturedAt = endpoint, time.Now().UTC()
 	if savePath != "" && seen.Certificate != nil {
-		if err := saveEvidence(savePath, endpoint, seen); err != nil {
+		if err := evidencefile.Write(savePath, endpoint, seen.Certificate, seen.Nonce, time.Now().UTC()); err != nil {
 			return err
 		}
 		r.EvidenceFile = savePath
@@ -259,41 +244,4 @@ func orNone(s string) string {
 		return "(none)"
 	}
 	return s
-}
-
-func saveEvidence(path, endpoint string, ev *atls.Evidence) error {
-	data, err := json.MarshalIndent(evidenceFile{
-		Version: 1, Endpoint: endpoint, CapturedAt: time.Now().UTC(), Nonce: ev.Nonce, Certificate: ev.Certificate,
-	}, "", "  ")
-	if err != nil {
-		return fmt.Errorf("encoding evidence: %w", err)
-	}
-	if err := os.WriteFile(path, append(data, '\n'), 0o600); err != nil {
-		return fmt.Errorf("writing evidence: %w", err)
-	}
-	return nil
-}
-
-func loadEvidence(path string) (*evidenceFile, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("opening evidence: %w", err)
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, maxEvidenceFile+1))
-	if err != nil {
-		return nil, fmt.Errorf("reading evidence: %w", err)
-	}
-	if len(data) > maxEvidenceFile {
-		return nil, fmt.Errorf("reading evidence: %s is larger than %d bytes", path, maxEvidenceFile)
-	}
-	var ev evidenceFile
-	if err := json.Unmarshal(data, &ev); err != nil {
-		return nil, fmt.Errorf("decoding evidence %s: %w: %w", path, err, attestation.ErrMalformed)
-	}
-	if ev.Version != 1 || len(ev.Certificate) == 0 || len(ev.Nonce) == 0 {
-		return nil, fmt.Errorf("decoding evidence %s: version %d, %d certificate bytes, %d nonce bytes: %w",
-			path, ev.Version, len(ev.Certificate), len(ev.Nonce), attestation.ErrMalformed)
-	}
-	return &ev, nil
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/atls/atlstest"
+	"github.com/berth-k8s/berth/internal/atls/evidencefile"
 	"github.com/berth-k8s/berth/internal/attestation/tpmsim"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
@@ -264,10 +265,8 @@ func writeUnattestedEvidence(t *testing.T, dir string) (policyPath, evidencePath
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, _ := json.Marshal(evidenceFile{Version: 1, Endpoint: "198.51.100.10:9000", CapturedAt: time.Now().UTC(),
-		Nonce: bytes.Repeat([]byte{1}, 32), Certificate: der})
 	evidencePath = filepath.Join(dir, "unattested.evidence")
-	if err := os.WriteFile(evidencePath, data, 0o600); err != nil {
+	if err := evidencefile.Write(evidencePath, "198.51.100.10:9000", der, bytes.Repeat([]byte{1}, 32), time.Now().UTC()); err != nil {
 		t.Fatal(err)
 	}
 	return policyPath, evidencePath

@@ -1,4 +1,4 @@
-package cli
+package policyedit
 
 import (
 	"bytes"
@@ -9,17 +9,18 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// inlinePolicy returns the policy with every `trustRoots: - file: X` (and `akRoots: - file: X`)
-// replaced by `pem: <contents>` and a `tdx: collateralBundle: file: X` by `json: <contents>`, so that the node (and the
-// joinservice reading it from a ConfigMap) needs no file beside it. Relative files are resolved
-// against baseDir.
-func inlinePolicy(data []byte, baseDir string) ([]byte, error) {
+// Inline returns the policy with every `trustRoots: - file: X` (and `akRoots: - file: X`)
+// replaced by `pem: <contents>` and a `tdx: collateralBundle: file: X` by `json: <contents>`, so that
+// the node (and the joinservice reading it from a ConfigMap) needs no file beside it. Relative files
+// are resolved against baseDir. A document that is not a mapping is returned as it is: the policy's
+// parser reports what is wrong with it.
+func Inline(data []byte, baseDir string) ([]byte, error) {
 	var doc yaml.Node
 	if err := yaml.Unmarshal(data, &doc); err != nil {
 		return nil, fmt.Errorf("parsing attestation policy: %w", err)
 	}
 	if len(doc.Content) == 0 || doc.Content[0].Kind != yaml.MappingNode {
-		return data, nil // the node's parser reports what is wrong
+		return data, nil
 	}
 	root := doc.Content[0]
 	for i := 0; i+1 < len(root.Content); i += 2 {
@@ -52,7 +53,7 @@ func inlinePolicy(data []byte, baseDir string) ([]byte, error) {
 // inlineFile replaces the `file: X` member of a mapping node with `<key>: <contents of X>`.
 func inlineFile(entry *yaml.Node, key, baseDir string) error {
 	if entry.Kind != yaml.MappingNode {
-		return nil // the node's parser reports what is wrong
+		return nil // the policy's parser reports what is wrong
 	}
 	for j := 0; j+1 < len(entry.Content); j += 2 {
 		if entry.Content[j].Value != "file" {

@@ -1,4 +1,4 @@
-package cli
+package policyedit
 
 import (
 	"os"
@@ -10,7 +10,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
 )
 
-func TestInlinePolicyIsSelfContained(t *testing.T) {
+func TestInlineIsSelfContained(t *testing.T) {
 	ca, err := vtpmtest.NewCA("inline test EK CA")
 	if err != nil {
 		t.Fatal(err)
@@ -20,7 +20,7 @@ func TestInlinePolicyIsSelfContained(t *testing.T) {
 		t.Fatal(err)
 	}
 	src := "variant: tpm\nmeasurements:\n  15: {expected: " + strings.Repeat("00", 32) + ", source: fresh}\ntrustRoots:\n  - file: ek-ca.pem\n"
-	out, err := inlinePolicy([]byte(src), dir)
+	out, err := Inline([]byte(src), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,20 +32,20 @@ func TestInlinePolicyIsSelfContained(t *testing.T) {
 	if len(p.TrustRoots) != 1 || len(p.Expectations) != 1 || p.Expectations[0].Index != 15 {
 		t.Fatalf("inlined policy lost content: %+v", p)
 	}
-	if _, err := inlinePolicy([]byte("trustRoots:\n  - file: missing.pem\n"), dir); err == nil {
-		t.Fatal("inlinePolicy() with a missing file = nil")
+	if _, err := Inline([]byte("trustRoots:\n  - file: missing.pem\n"), dir); err == nil {
+		t.Fatal("Inline() with a missing file = nil")
 	}
 }
 
 // A TDX policy's collateral bundle file is inlined too, byte for byte.
-func TestInlinePolicyTDXBundle(t *testing.T) {
+func TestInlineTDXBundle(t *testing.T) {
 	dir := t.TempDir()
 	bundle := "{\n  \"version\": 1,\n  \"collateral\": []\n}\n"
 	if err := os.WriteFile(filepath.Join(dir, "collateral.json"), []byte(bundle), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	src := "variant: tdx\ntdx:\n  collateralBundle: {file: collateral.json}\n  acceptedTCBStatuses: [UpToDate]\n"
-	out, err := inlinePolicy([]byte(src), dir)
+	out, err := Inline([]byte(src), dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func TestInlinePolicyTDXBundle(t *testing.T) {
 	if string(p.TDX.Bundle) != bundle || len(p.TDX.AcceptedTCBStatuses) != 1 {
 		t.Fatalf("inlined bundle = %q, want %q", p.TDX.Bundle, bundle)
 	}
-	if _, err := inlinePolicy([]byte("variant: tdx\ntdx:\n  collateralBundle: {file: missing.json}\n"), dir); err == nil {
-		t.Fatal("inlinePolicy() with a missing bundle file = nil")
+	if _, err := Inline([]byte("variant: tdx\ntdx:\n  collateralBundle: {file: missing.json}\n"), dir); err == nil {
+		t.Fatal("Inline() with a missing bundle file = nil")
 	}
 }
