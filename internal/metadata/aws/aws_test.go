@@ -16,6 +16,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/internal/metadata/aws/awstest"
+	"github.com/berth-k8s/berth/internal/metadata/metadatatest"
 )
 
 // start returns a provider reading f, with the EC2 SDK's retries off. Credentials come from the
@@ -227,25 +228,9 @@ func TestPeersCached(t *testing.T) {
 	f := awstest.New(t)
 	clk := testingclock.NewFakePassiveClock(time.Unix(1_700_000_000, 0))
 	p := start(t, f, Config{PeersTTL: 10 * time.Second, Clock: clk})
-	ctx := context.Background()
-	if _, err := p.Peers(ctx); err != nil {
-		t.Fatal(err)
+	lists := func() (n int) {
+		f.Read(func(f *awstest.Fake) { n = f.Describes })
+		return n
 	}
-	var before, after int
-	f.Read(func(f *awstest.Fake) { before = f.Describes })
-	if _, err := p.Peers(ctx); err != nil {
-		t.Fatal(err)
-	}
-	f.Read(func(f *awstest.Fake) { after = f.Describes })
-	if after != before {
-		t.Fatalf("Peers() within the TTL called DescribeInstances %d more times", after-before)
-	}
-	clk.SetTime(clk.Now().Add(11 * time.Second))
-	if _, err := p.Peers(ctx); err != nil {
-		t.Fatal(err)
-	}
-	f.Read(func(f *awstest.Fake) { after = f.Describes })
-	if after == before {
-		t.Fatal("Peers() after the TTL did not list again")
-	}
+	metadatatest.PeersCached(t, p.Peers, lists, clk, 10*time.Second)
 }

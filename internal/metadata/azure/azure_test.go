@@ -15,6 +15,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/internal/metadata/azure/azuretest"
+	"github.com/berth-k8s/berth/internal/metadata/metadatatest"
 )
 
 // start returns a provider reading f, with the SDK's retries off.
@@ -247,25 +248,9 @@ func TestPeersCached(t *testing.T) {
 	f := azuretest.New(t)
 	clk := testingclock.NewFakePassiveClock(time.Unix(1_700_000_000, 0))
 	p := start(t, f, Config{PeersTTL: 10 * time.Second, Clock: clk})
-	ctx := context.Background()
-	if _, err := p.Peers(ctx); err != nil {
-		t.Fatal(err)
+	lists := func() (n int) {
+		f.Read(func(f *azuretest.Fake) { n = f.VMListRequests })
+		return n
 	}
-	var before, after int
-	f.Read(func(f *azuretest.Fake) { before = f.VMListRequests })
-	if _, err := p.Peers(ctx); err != nil {
-		t.Fatal(err)
-	}
-	f.Read(func(f *azuretest.Fake) { after = f.VMListRequests })
-	if after != before {
-		t.Fatalf("Peers() within the TTL listed %d more pages", after-before)
-	}
-	clk.SetTime(clk.Now().Add(11 * time.Second))
-	if _, err := p.Peers(ctx); err != nil {
-		t.Fatal(err)
-	}
-	f.Read(func(f *azuretest.Fake) { after = f.VMListRequests })
-	if after == before {
-		t.Fatal("Peers() after the TTL did not list again")
-	}
+	metadatatest.PeersCached(t, p.Peers, lists, clk, 10*time.Second)
 }
