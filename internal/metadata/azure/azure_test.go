@@ -128,28 +128,11 @@ func TestExpiredToken(t *testing.T) {
 }
 
 func TestRoleAndCluster(t *testing.T) {
-	ctx := context.Background()
-	for _, tc := range []struct {
-		name        string
-		tags        map[string]string
-		self, peers error
-	}{
-		{"no role", map[string]string{metadata.KeyCluster: "c1"}, metadata.ErrMissingRole, nil},
-		{"unknown role", map[string]string{metadata.KeyCluster: "c1", metadata.KeyRole: "boss"}, metadata.ErrInvalidRole, nil},
-		{"no cluster", map[string]string{metadata.KeyRole: "worker"}, nil, metadata.ErrMissingCluster},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			f := azuretest.New(t)
-			f.VMs[0].Tags = tc.tags
-			p := start(t, f, Config{})
-			if _, err := p.Self(ctx); tc.self == nil && err != nil || tc.self != nil && !errors.Is(err, tc.self) {
-				t.Errorf("Self() = %v, want %v", err, tc.self)
-			}
-			if _, err := p.Peers(ctx); tc.peers == nil && err != nil || tc.peers != nil && !errors.Is(err, tc.peers) {
-				t.Errorf("Peers() = %v, want %v", err, tc.peers)
-			}
-		})
-	}
+	metadatatest.RoleAndCluster(t, func(t *testing.T, tags map[string]string) metadatatest.Provider {
+		f := azuretest.New(t)
+		f.VMs[0].Tags = tags
+		return start(t, f, Config{})
+	})
 }
 
 func TestThrottled(t *testing.T) {
