@@ -7,9 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -36,6 +34,7 @@ import (
 	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/internal/proctest"
 	"github.com/berth-k8s/berth/joinproto"
+	"github.com/berth-k8s/berth/joinservice/ca/catest"
 )
 
 func TestMain(m *testing.M) {
@@ -156,7 +155,7 @@ func startJoinCluster(t *testing.T, extraArgs ...string) *joinCluster {
 		Name: "joinservice", Path: proctest.Build(t, "github.com/berth-k8s/berth/joinservice/cmd/joinservice"), Grace: 20 * time.Second,
 		Args: append([]string{"--attestation=tpm", "--tpm=" + serviceTPM.Spec, "--metadata=static",
 			"--metadata-file=" + filepath.Join(dir, "metadata.yaml"), "--kubeconfig=" + kubeconfig, "--listen=" + c.addr,
-			"--metrics-listen=" + c.metricsAddr, "--pki-dir=" + writePKI(t), "--replica=cp-1"}, extraArgs...),
+			"--metrics-listen=" + c.metricsAddr, "--pki-dir=" + catest.WriteControlPlaneDir(t), "--replica=cp-1"}, extraArgs...),
 	})
 	if err := proctest.WaitReady(ctx, 100*time.Millisecond, 2*time.Minute, c.ready, c.js); err != nil {
 		t.Fatalf("waiting for the joinservice's /readyz: %v", err)
@@ -292,35 +291,4 @@ func ledgerRefusal(peer, reason string) func(joinledger.Entry) bool {
 	return func(e joinledger.Entry) bool {
 		return e.Peer == peer && e.Outcome == joinledger.OutcomeRejected && e.Reason == reason
 	}
-}
-
-// writePKI writes a throwaway cluster CA the way kubeadm lays out its PKI directory, with the shared
-// control-plane keys a control plane's ticket carries.
-func writePKI(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubernetes"}, IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
-	for name, data := range map[string][]byte{"ca.crt": certPEM, "ca.key": keyPEM, "sa.key": keyPEM, "sa.pub": certPEM,
-		"front-proxy-ca.crt": certPEM, "front-proxy-ca.key": keyPEM, "etcd/ca.crt": certPEM, "etcd/ca.key": keyPEM} {
-		p := filepath.Join(dir, name)
-		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
 }

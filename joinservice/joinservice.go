@@ -31,6 +31,7 @@ import (
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/kmsstate"
 	"github.com/berth-k8s/berth/internal/metadata"
+	"github.com/berth-k8s/berth/internal/serve"
 	"github.com/berth-k8s/berth/internal/version"
 	"github.com/berth-k8s/berth/internal/webhook/install"
 	"github.com/berth-k8s/berth/joinproto"
@@ -278,7 +279,11 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 	serveEnded := probes.Started("join-server")
 	g.Go(func() error {
 		defer stopLedger()
-		err := serve(ctx, gs, lis, func() { probes.Set(condServing, nil) })
+		probes.Set(condServing, nil)
+		err := serve.GRPC(ctx, gs, lis, stopGrace)
+		if err != nil {
+			err = fmt.Errorf("serving: %w", err)
+		}
 		serveEnded(err)
 		return err
 	})
@@ -289,31 +294,5 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 		return nil
 	})
 	log.Info("joinservice serving", zap.String("address", lis.Addr().String()), zap.String("version", version.Version))
-	return nil
-}
-
-// serve serves gs on lis until ctx ends, then stops it gracefully, forcibly after stopGrace. A forced
-// stop closes the connections but leaves the graceful stop waiting for handlers still running. It
-// calls serving once gs serves.
-func serve(ctx context.Context, gs *grpc.Server, lis net.Listener, serving func()) error {
-	errc := make(chan error, 1)
-	go func() { errc <- gs.Serve(lis) }()
-	serving()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serving: %w", err)
-	case <-ctx.Done():
-	}
-	stopped := make(chan struct{})
-	go func() { gs.GracefulStop(); close(stopped) }()
-	select {
-	case <-stopped:
-	case <-time.After(stopGrace):
-		gs.Stop()
-	}
-	// Serve returns nil once GracefulStop or Stop ran; anything else is a failure of its own.
-	if err := <-errc; err != nil {
-		return fmt.Errorf("serving: %w", err)
-	}
 	return nil
 }

@@ -55,8 +55,8 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/choose"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
-	"github.com/berth-k8s/berth/internal/grpcstop"
 	"github.com/berth-k8s/berth/internal/nodestate"
+	"github.com/berth-k8s/berth/internal/serve"
 	"github.com/berth-k8s/berth/internal/webhook"
 	"github.com/berth-k8s/berth/nodelock"
 )
@@ -150,7 +150,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 		return fmt.Errorf("serving init: %w", err)
 	case <-ctx.Done():
 	}
-	grpcstop.Gracefully(srv, gracefulStopTimeout)
+	serve.StopGRPC(srv, gracefulStopTimeout)
 	// Serve returns nil once stopped; an error here failed the server while the stop was under way.
 	if err := <-errc; err != nil {
 		s.log.Warn("init server failed while stopping", zap.Error(err))

@@ -28,7 +28,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
-	"github.com/berth-k8s/berth/internal/grpcstop"
+	"github.com/berth-k8s/berth/internal/serve"
 	"github.com/berth-k8s/berth/recoverproto"
 )
 
@@ -102,7 +102,7 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener, info Info, open Op
 	// ctx as soon as open returned (the boot stage does when the disk is open), before the handler
 	// could answer; stopping at once would cut berth recover off with EOF although its key opened
 	// the disk.
-	grpcstop.Gracefully(srv, gracefulStopTimeout)
+	serve.StopGRPC(srv, gracefulStopTimeout)
 	if err := <-errc; err != nil {
 		s.log.Warn("recovery server failed while stopping", zap.Error(err))
 	}

@@ -82,7 +82,7 @@ type served struct {
 	logs   *observer.ObservedLogs
 }
 
-func serve(t *testing.T, ctx context.Context, disk *fakeDisk, dialOpt grpc.DialOption, serverOpts ...grpc.ServerOption) *served {
+func startServer(t *testing.T, ctx context.Context, disk *fakeDisk, dialOpt grpc.DialOption, serverOpts ...grpc.ServerOption) *served {
 	t.Helper()
 	core, logs := observer.New(zap.DebugLevel)
 	lis := bufconn.Listen(1 << 16)
@@ -109,7 +109,7 @@ func TestRecover(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	disk := &fakeDisk{}
-	s := serve(t, ctx, disk, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	s := startServer(t, ctx, disk, grpc.WithTransportCredentials(insecure.NewCredentials()))
 
 	info, err := s.client.Info(ctx, &recoverproto.InfoRequest{})
 	if err != nil {
@@ -176,7 +176,7 @@ func TestRecoverOneAtATime(t *testing.T) {
 	defer cancel()
 	disk := &fakeDisk{gate: make(chan struct{}), entered: make(chan struct{}, 2)}
 	arrived := make(chan struct{}, 2)
-	s := serve(t, ctx, disk, grpc.WithTransportCredentials(insecure.NewCredentials()),
+	s := startServer(t, ctx, disk, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 			arrived <- struct{}{}
 			return h(ctx, req)
@@ -222,7 +222,7 @@ func TestRecoverOneAtATime(t *testing.T) {
 func TestServeCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	disk := &fakeDisk{gate: make(chan struct{}), entered: make(chan struct{}, 1)}
-	s := serve(t, ctx, disk, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	s := startServer(t, ctx, disk, grpc.WithTransportCredentials(insecure.NewCredentials()))
 
 	call := make(chan error, 1)
 	go func() {
@@ -246,7 +246,7 @@ func TestRecoverAnsweredWhenTheCallerStopsAtOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	defer cancel()
 	disk := &fakeDisk{onOpen: cancel}
-	s := serve(t, ctx, disk, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	s := startServer(t, ctx, disk, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if _, err := s.client.Recover(t.Context(), &recoverproto.RecoverRequest{DiskKey: rightKey}); err != nil {
 		t.Fatalf("Recover with the right key, its caller ending Serve at once: %v", err)
 	}
@@ -269,12 +269,12 @@ func TestServeAttested(t *testing.T) {
 		t.Fatal(err)
 	}
 	disk := &fakeDisk{}
-	s := serve(t, ctx, disk, grpc.WithTransportCredentials(clientCreds), grpc.Creds(serverCreds))
+	s := startServer(t, ctx, disk, grpc.WithTransportCredentials(clientCreds), grpc.Creds(serverCreds))
 	if info, err := s.client.Info(ctx, &recoverproto.InfoRequest{}); err != nil || info.GetDiskUuid() != testInfo.DiskUUID {
 		t.Fatalf("Info over attested TLS: %v, %v", info, err)
 	}
 
-	plain := serve(t, ctx, &fakeDisk{}, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.Creds(serverCreds))
+	plain := startServer(t, ctx, &fakeDisk{}, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.Creds(serverCreds))
 	if _, err := plain.client.Recover(ctx, &recoverproto.RecoverRequest{DiskKey: rightKey}); err == nil {
 		t.Fatal("a plaintext client reached the attested recovery server")
 	}

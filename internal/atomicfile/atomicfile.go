@@ -5,6 +5,7 @@ package atomicfile
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 
@@ -13,6 +14,16 @@ import (
 
 // Write writes data to path on fsys with mode, creating the parent directory (mode 0700) if needed.
 func Write(fsys afero.Fs, path string, data []byte, mode os.FileMode) error {
+	return WriteFrom(fsys, path, mode, func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	})
+}
+
+// WriteFrom writes what write produces to path on fsys with mode, creating the parent directory
+// (mode 0700) if needed: for content too large to hold in memory. When write fails, path is left
+// as it was and the temporary file is removed.
+func WriteFrom(fsys afero.Fs, path string, mode os.FileMode, write func(io.Writer) error) error {
 	if err := fsys.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return fmt.Errorf("creating directory of %s: %w", path, err)
 	}
@@ -21,15 +32,18 @@ func Write(fsys afero.Fs, path string, data []byte, mode os.FileMode) error {
 	if err != nil {
 		return fmt.Errorf("creating %s: %w", tmp, err)
 	}
-	if _, err := f.Write(data); err != nil {
+	if err := write(f); err != nil {
 		f.Close()
+		_ = fsys.Remove(tmp)
 		return fmt.Errorf("writing %s: %w", tmp, err)
 	}
 	if err := f.Sync(); err != nil {
 		f.Close()
+		_ = fsys.Remove(tmp)
 		return fmt.Errorf("syncing %s: %w", tmp, err)
 	}
 	if err := f.Close(); err != nil {
+		_ = fsys.Remove(tmp)
 		return fmt.Errorf("closing %s: %w", tmp, err)
 	}
 	if err := fsys.Rename(tmp, path); err != nil {

@@ -1,6 +1,8 @@
 package atomicfile
 
 import (
+	"errors"
+	"io"
 	"testing"
 
 	"github.com/spf13/afero"
@@ -23,5 +25,25 @@ func TestWrite(t *testing.T) {
 	}
 	if err := Write(afero.NewReadOnlyFs(fsys), "/a/b/file", []byte("x"), 0o600); err == nil {
 		t.Fatal("Write() on a read-only disk = nil")
+	}
+}
+
+func TestWriteFromFailureKeepsTheOldFile(t *testing.T) {
+	fsys := afero.NewMemMapFs()
+	if err := Write(fsys, "/a/file", []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err := WriteFrom(fsys, "/a/file", 0o600, func(w io.Writer) error {
+		_, _ = w.Write([]byte("half"))
+		return errors.New("source failed")
+	})
+	if err == nil {
+		t.Fatal("WriteFrom() with a failing writer = nil")
+	}
+	if got, err := afero.ReadFile(fsys, "/a/file"); err != nil || string(got) != "old" {
+		t.Fatalf("content = %q, %v, want the old one", got, err)
+	}
+	if ok, _ := afero.Exists(fsys, "/a/file.tmp"); ok {
+		t.Fatal("temporary file left behind")
 	}
 }

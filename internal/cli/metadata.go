@@ -2,7 +2,6 @@ package cli
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/metadata"
 	metamini "github.com/berth-k8s/berth/internal/metadata/mini"
+	"github.com/berth-k8s/berth/internal/serve"
 )
 
 // ClusterFile is the file `berth metadata serve` reads: every VM of the cluster with its addresses
@@ -124,22 +124,10 @@ once at the start; serve runs until interrupted.`,
 	return cmd
 }
 
-// serveMetadata serves h on lis until ctx ends.
+// serveMetadata serves h on lis until ctx ends; open requests get metadataShutdownGrace to finish.
 func serveMetadata(ctx context.Context, lis net.Listener, h http.Handler) error {
 	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	done := make(chan error, 1)
-	go func() { done <- hs.Serve(lis) }()
-	select {
-	case err := <-done:
-		return fmt.Errorf("serving metadata: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), metadataShutdownGrace)
-	defer cancel()
-	if err := hs.Shutdown(sctx); err != nil {
-		return fmt.Errorf("stopping the metadata server: %w", err)
-	}
-	if err := <-done; !errors.Is(err, http.ErrServerClosed) {
+	if err := serve.HTTP(ctx, hs, lis, metadataShutdownGrace); err != nil {
 		return fmt.Errorf("serving metadata: %w", err)
 	}
 	return nil

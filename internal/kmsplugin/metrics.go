@@ -2,7 +2,6 @@ package kmsplugin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -15,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/berth-k8s/berth/internal/buildinfo"
+	"github.com/berth-k8s/berth/internal/serve"
 )
 
 // MetricsPort is the plugin's default metrics port: Berth's host ports are the block 9000-9004
@@ -117,17 +117,7 @@ func (m *Metrics) Serve(ctx context.Context, lis net.Listener) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{Registry: m.reg}))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(lis) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serving metrics: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := serve.HTTP(ctx, srv, lis, 5*time.Second); err != nil {
 		return fmt.Errorf("serving metrics: %w", err)
 	}
 	return nil

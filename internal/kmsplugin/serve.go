@@ -2,7 +2,6 @@ package kmsplugin
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io/fs"
 	"net"
@@ -14,6 +13,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	kmsapi "k8s.io/kms/apis/v2"
 	kmsservice "k8s.io/kms/pkg/service"
+
+	"github.com/berth-k8s/berth/internal/serve"
 )
 
 // DefaultSocket is where a control plane's plugin listens and its API server connects (the API
@@ -68,23 +69,7 @@ func Listen(ctx context.Context, path string) (net.Listener, error) {
 func Serve(ctx context.Context, lis net.Listener, svc kmsservice.Service) error {
 	gs := grpc.NewServer(grpc.ConnectionTimeout(connectionTimeout))
 	kmsapi.RegisterKeyManagementServiceServer(gs, kmsservice.NewGRPCService(lis.Addr().String(), connectionTimeout, svc))
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		select {
-		case <-ctx.Done():
-		case <-done:
-			return
-		}
-		t := time.AfterFunc(shutdownGrace, gs.Stop)
-		gs.GracefulStop()
-		t.Stop()
-	}()
-	err := gs.Serve(lis)
-	close(done)
-	<-stopped
-	if err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+	if err := serve.GRPC(ctx, gs, lis, shutdownGrace); err != nil {
 		return fmt.Errorf("serving the KMS API: %w", err)
 	}
 	return nil

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -22,6 +21,7 @@ import (
 	"github.com/berth-k8s/berth/internal/atomicfile"
 	"github.com/berth-k8s/berth/internal/metadata"
 	metamini "github.com/berth-k8s/berth/internal/metadata/mini"
+	"github.com/berth-k8s/berth/internal/serve"
 )
 
 // cniConfName is the file the agent writes into each node's /etc/cni/net.d.
@@ -97,7 +97,7 @@ func serveAgent(ctx context.Context, dir string, st *State, lis, apiLis net.List
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		if err := hs.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := serve.HTTP(gctx, hs, lis, 5*time.Second); err != nil {
 			return fmt.Errorf("serving metadata: %w", err)
 		}
 		return nil
@@ -110,12 +110,6 @@ func serveAgent(ctx context.Context, dir string, st *State, lis, apiLis net.List
 			return nil
 		})
 	}
-	g.Go(func() error {
-		<-gctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		return hs.Shutdown(sctx)
-	})
 	g.Go(func() error {
 		t := time.NewTicker(interval)
 		defer t.Stop()

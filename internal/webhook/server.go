@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/berth-k8s/berth/internal/serve"
 )
 
 // Config configures a Server.
@@ -243,12 +245,8 @@ func (s *Server) Serve(ctx context.Context, ln, probeLn net.Listener) error {
 		s.log.Info("draining", zap.Duration("delay", s.cfg.ShutdownDelay))
 		time.Sleep(s.cfg.ShutdownDelay)
 	}
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
-	defer cancel()
-	err := srv.Shutdown(shutdownCtx)
-	if err != nil {
+	if err := serve.StopHTTP(srv, s.cfg.ShutdownTimeout); err != nil {
 		s.log.Warn("graceful shutdown cut short", zap.Error(err))
-		_ = srv.Close()
 	}
 	_ = probe.Close()
 	s.log.Info("stopped")

@@ -25,7 +25,6 @@ package metrics
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -37,6 +36,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/berth-k8s/berth/internal/buildinfo"
+	"github.com/berth-k8s/berth/internal/serve"
 )
 
 const namespace = "berth_joinservice"
@@ -148,18 +148,8 @@ func (m *Metrics) Serve(ctx context.Context, lis net.Listener, probes http.Handl
 		mux.Handle("/readyz", probes)
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(lis) }()
 	log.Info("metrics serving", zap.String("address", lis.Addr().String()))
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serving metrics: %w", err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	_ = srv.Shutdown(sctx)
-	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := serve.HTTP(ctx, srv, lis, 5*time.Second); err != nil {
 		return fmt.Errorf("serving metrics: %w", err)
 	}
 	return nil

@@ -27,6 +27,7 @@ import (
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
+	"github.com/berth-k8s/berth/joinservice/ca/catest"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 )
 
@@ -78,7 +79,7 @@ func TestAttestedJoin(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		pki := writePKI(t)
+		pki := catest.WriteControlPlaneDir(t)
 		authority, err := ca.Load(pki)
 		if err != nil {
 			t.Fatal(err)

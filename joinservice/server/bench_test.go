@@ -24,6 +24,7 @@ import (
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
+	"github.com/berth-k8s/berth/joinservice/ca/catest"
 )
 
 // BenchmarkAttestedJoin measures one join RPC as in production, one after the other: the joinservice
@@ -96,7 +97,7 @@ func benchAttestedJoin(b *testing.B, session bool) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	pki := writePKI(b)
+	pki := catest.WriteControlPlaneDir(b)
 	authority, err := ca.Load(pki)
 	if err != nil {
 		b.Fatal(err)

@@ -10,10 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
-	"math/big"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -33,6 +30,7 @@ import (
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca"
+	"github.com/berth-k8s/berth/joinservice/ca/catest"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 )
 
@@ -48,35 +46,6 @@ type peers []metadata.Instance
 
 func (p peers) Peers(context.Context) ([]metadata.Instance, error) { return p, nil }
 
-func writePKI(t testing.TB) string {
-	t.Helper()
-	dir := t.TempDir()
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubernetes"}, IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	keyDER, _ := x509.MarshalECPrivateKey(key)
-	files := map[string][]byte{
-		"ca.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		"ca.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
-	}
-	for _, name := range controlPlaneFiles {
-		if _, ok := files[name]; !ok {
-			files[name] = []byte("contents of " + name)
-		}
-	}
-	for name, data := range files {
-		p := filepath.Join(dir, filepath.FromSlash(name))
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
-
 // testKeys are the cluster keys of the tests' joinservices.
 func testKeys() *clusterkeys.Keys {
 	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
@@ -86,7 +55,7 @@ func testKeys() *clusterkeys.Keys {
 // newServer returns a joinservice for meta without attestation checks (attest nil).
 func newServer(t *testing.T, meta peers, attest AttestationCheck, opts ...Option) *Server {
 	t.Helper()
-	pki := writePKI(t)
+	pki := catest.WriteControlPlaneDir(t)
 	authority, err := ca.Load(pki)
 	if err != nil {
 		t.Fatal(err)

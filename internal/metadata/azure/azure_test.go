@@ -15,6 +15,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/internal/metadata/azure/azuretest"
+	"github.com/berth-k8s/berth/internal/metadata/metadatatest"
 )
 
 // start returns a provider reading f, with the SDK's retries off.
@@ -127,28 +128,11 @@ func TestExpiredToken(t *testing.T) {
 }
 
 func TestRoleAndCluster(t *testing.T) {
-	ctx := context.Background()
-	for _, tc := range []struct {
-		name        string
-		tags        map[string]string
-		self, peers error
-	}{
-		{"no role", map[string]string{metadata.KeyCluster: "c1"}, metadata.ErrMissingRole, nil},
-		{"unknown role", map[string]string{metadata.KeyCluster: "c1", metadata.KeyRole: "boss"}, metadata.ErrInvalidRole, nil},
-		{"no cluster", map[string]string{metadata.KeyRole: "worker"}, nil, metadata.ErrMissingCluster},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			f := azuretest.New(t)
-			f.VMs[0].Tags = tc.tags
-			p := start(t, f, Config{})
-			if _, err := p.Self(ctx); tc.self == nil && err != nil || tc.self != nil && !errors.Is(err, tc.self) {
-				t.Errorf("Self() = %v, want %v", err, tc.self)
-			}
-			if _, err := p.Peers(ctx); tc.peers == nil && err != nil || tc.peers != nil && !errors.Is(err, tc.peers) {
-				t.Errorf("Peers() = %v, want %v", err, tc.peers)
-			}
-		})
-	}
+	metadatatest.RoleAndCluster(t, func(t *testing.T, tags map[string]string) metadatatest.Provider {
+		f := azuretest.New(t)
+		f.VMs[0].Tags = tags
+		return start(t, f, Config{})
+	})
 }
 
 func TestThrottled(t *testing.T) {
@@ -247,25 +231,9 @@ func TestPeersCached(t *testing.T) {
 	f := azuretest.New(t)
 	clk := testingclock.NewFakePassiveClock(time.Unix(1_700_000_000, 0))
 	p := start(t, f, Config{PeersTTL: 10 * time.Second, Clock: clk})
-	ctx := context.Background()
-	if _, err := p.Peers(ctx); err != nil {
-		t.Fatal(err)
+	lists := func() (n int) {
+		f.Read(func(f *azuretest.Fake) { n = f.VMListRequests })
+		return n
 	}
-	var before, after int
-	f.Read(func(f *azuretest.Fake) { before = f.VMListRequests })
-	if _, err := p.Peers(ctx); err != nil {
-		t.Fatal(err)
-	}
-	f.Read(func(f *azuretest.Fake) { after = f.VMListRequests })
-	if after != before {
-		t.Fatalf("Peers() within the TTL listed %d more pages", after-before)
-	}
-	clk.SetTime(clk.Now().Add(11 * time.Second))
-	if _, err := p.Peers(ctx); err != nil {
-		t.Fatal(err)
-	}
-	f.Read(func(f *azuretest.Fake) { after = f.VMListRequests })
-	if after == before {
-		t.Fatal("Peers() after the TTL did not list again")
-	}
+	metadatatest.PeersCached(t, p.Peers, lists, clk, 10*time.Second)
 }

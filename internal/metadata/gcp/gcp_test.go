@@ -18,6 +18,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/internal/metadata/gcp/gcptest"
+	"github.com/berth-k8s/berth/internal/metadata/metadatatest"
 )
 
 // start returns a provider reading f.
@@ -108,31 +109,11 @@ func TestAttributes(t *testing.T) {
 }
 
 func TestRoleAndClusterLabels(t *testing.T) {
-	ctx := context.Background()
-	for _, tc := range []struct {
-		name   string
-		labels map[string]string
-		want   error
-		peers  error
-	}{
-		{"no role", map[string]string{"berth-cluster": "c1"}, metadata.ErrMissingRole, nil},
-		{"unknown role", map[string]string{"berth-cluster": "c1", "berth-role": "boss"}, metadata.ErrInvalidRole, nil},
-		{"no cluster", map[string]string{"berth-role": "worker"}, nil, metadata.ErrMissingCluster},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			f := gcptest.New(t)
-			f.Instances[0].Labels = tc.labels
-			p := start(t, f, Config{})
-			_, err := p.Self(ctx)
-			if tc.want == nil && err != nil || tc.want != nil && !errors.Is(err, tc.want) {
-				t.Errorf("Self() = %v, want %v", err, tc.want)
-			}
-			_, err = p.Peers(ctx)
-			if tc.peers == nil && err != nil || tc.peers != nil && !errors.Is(err, tc.peers) {
-				t.Errorf("Peers() = %v, want %v", err, tc.peers)
-			}
-		})
-	}
+	metadatatest.RoleAndCluster(t, func(t *testing.T, tags map[string]string) metadatatest.Provider {
+		f := gcptest.New(t)
+		f.Instances[0].Labels = tags
+		return start(t, f, Config{})
+	})
 }
 
 func TestThrottled(t *testing.T) {

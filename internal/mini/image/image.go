@@ -22,6 +22,9 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/spf13/afero"
+
+	"github.com/berth-k8s/berth/internal/atomicfile"
 )
 
 // File is one file copied from the host into an image.
@@ -196,13 +199,11 @@ func WriteArchive(path string, specs []Spec) error {
 		}
 		refs[tag] = img
 	}
-	tmp := path + ".tmp"
-	if err := tarball.MultiRefWriteToFile(tmp, refs); err != nil {
-		_ = os.Remove(tmp)
+	err = atomicfile.WriteFrom(afero.NewOsFs(), path, 0o644, func(w io.Writer) error {
+		return tarball.MultiRefWrite(refs, w)
+	})
+	if err != nil {
 		return fmt.Errorf("writing image archive: %w", err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("renaming image archive: %w", err)
 	}
 	return nil
 }

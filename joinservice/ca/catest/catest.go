@@ -1,5 +1,6 @@
 // Package catest makes throwaway cluster CAs for tests of the joinservice: a self-signed P-256 CA as
-// PEM, or written to a directory the way kubeadm lays out /etc/kubernetes/pki.
+// PEM, or written to a directory the way kubeadm lays out /etc/kubernetes/pki, alone (WriteDir) or
+// with the shared control-plane files a control plane's ticket carries (WriteControlPlaneDir).
 package catest
 
 import (
@@ -42,10 +43,38 @@ func WriteDir(t testing.TB) string {
 	t.Helper()
 	dir := t.TempDir()
 	cert, key := PEM(t)
-	for name, data := range map[string][]byte{"ca.crt": cert, "ca.key": key} {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+	writeFiles(t, dir, map[string][]byte{"ca.crt": cert, "ca.key": key})
+	return dir
+}
+
+// ControlPlaneFiles are the files of a PKI directory besides ca.crt and ca.key that a control
+// plane's ticket carries, as kubeadm lays them out.
+var ControlPlaneFiles = []string{"sa.key", "sa.pub", "front-proxy-ca.crt", "front-proxy-ca.key", "etcd/ca.crt", "etcd/ca.key"}
+
+// WriteControlPlaneDir writes a new CA as ca.crt and ca.key into a temporary directory, and every
+// one of ControlPlaneFiles with the content "contents of NAME", and returns the directory.
+func WriteControlPlaneDir(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	cert, key := PEM(t)
+	files := map[string][]byte{"ca.crt": cert, "ca.key": key}
+	for _, name := range ControlPlaneFiles {
+		files[name] = []byte("contents of " + name)
+	}
+	writeFiles(t, dir, files)
+	return dir
+}
+
+// writeFiles writes files (slash-separated names) below dir, creating subdirectories.
+func writeFiles(t testing.TB, dir string, files map[string][]byte) {
+	t.Helper()
+	for name, data := range files {
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, data, 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return dir
 }

@@ -10,7 +10,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -34,6 +33,7 @@ import (
 	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/internal/proctest"
 	"github.com/berth-k8s/berth/joinproto"
+	"github.com/berth-k8s/berth/joinservice/ca/catest"
 	"github.com/berth-k8s/berth/joinservice/cplease"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 )
@@ -50,8 +50,7 @@ const stopGrace = 20 * time.Second
 func startJoinService(t *testing.T, env *apiservertest.Env, meta string, environ []string, args ...string) (*proctest.Process, string) {
 	t.Helper()
 	dir := t.TempDir()
-	pki := filepath.Join(dir, "pki")
-	writePKI(t, pki)
+	pki := catest.WriteControlPlaneDir(t)
 	metaFile := filepath.Join(dir, "metadata.yaml")
 	if err := os.WriteFile(metaFile, []byte(meta), 0o600); err != nil {
 		t.Fatal(err)
@@ -67,30 +66,6 @@ func startJoinService(t *testing.T, env *apiservertest.Env, meta string, environ
 			"--listen=" + addr, "--pki-dir=" + pki, "--replica=cp-0"}, args...),
 	})
 	return p, addr
-}
-
-func writePKI(t *testing.T, dir string) {
-	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "kubernetes"}, IsCA: true,
-		BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, _ := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	keyDER, _ := x509.MarshalECPrivateKey(key)
-	files := map[string][]byte{
-		"ca.crt": pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		"ca.key": pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}),
-	}
-	for _, n := range []string{"sa.key", "sa.pub", "front-proxy-ca.crt", "front-proxy-ca.key", "etcd/ca.crt", "etcd/ca.key"} {
-		files[n] = []byte("contents of " + n)
-	}
-	for n, data := range files {
-		p := filepath.Join(dir, n)
-		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
 }
 
 // clientFrom dials addr from the loopback address src, so the joinservice sees src as the peer.

@@ -1,4 +1,4 @@
-package grpcstop
+package serve
 
 import (
 	"context"
@@ -51,7 +51,7 @@ func serve(t *testing.T, handler func(ctx context.Context) error) (srv *grpc.Ser
 	return srv, call, errc
 }
 
-func TestGracefullyLetsACallFinish(t *testing.T) {
+func TestStopGRPCLetsACallFinish(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	srv, call, served := serve(t, func(context.Context) error {
 		close(entered)
@@ -62,7 +62,7 @@ func TestGracefullyLetsACallFinish(t *testing.T) {
 	<-entered
 	stopped := make(chan struct{})
 	go func() {
-		Gracefully(srv, time.Hour)
+		StopGRPC(srv, time.Hour)
 		close(stopped)
 	}()
 	close(release)
@@ -75,7 +75,7 @@ func TestGracefullyLetsACallFinish(t *testing.T) {
 	}
 }
 
-func TestGracefullyCutsACallOffAfterTheTimeout(t *testing.T) {
+func TestStopGRPCCutsACallOffAfterTheTimeout(t *testing.T) {
 	entered := make(chan struct{})
 	srv, call, served := serve(t, func(ctx context.Context) error {
 		close(entered)
@@ -84,7 +84,7 @@ func TestGracefullyCutsACallOffAfterTheTimeout(t *testing.T) {
 	})
 	done := call()
 	<-entered
-	Gracefully(srv, 50*time.Millisecond)
+	StopGRPC(srv, 50*time.Millisecond)
 	if err := <-done; status.Code(err) != codes.Unavailable && status.Code(err) != codes.Canceled {
 		t.Fatalf("the call in flight = %v, want it cut off", err)
 	}
@@ -93,11 +93,31 @@ func TestGracefullyCutsACallOffAfterTheTimeout(t *testing.T) {
 	}
 }
 
-func TestGracefullyWithoutCalls(t *testing.T) {
+func TestStopGRPCWithoutCalls(t *testing.T) {
 	srv, _, served := serve(t, func(context.Context) error { return nil })
-	Gracefully(srv, time.Hour)
+	StopGRPC(srv, time.Hour)
 	// The stop may come before Serve began to serve: then Serve says so.
 	if err := <-served; err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		t.Fatalf("Serve() = %v", err)
+	}
+}
+
+func TestGRPCStopsWhenCtxEnds(t *testing.T) {
+	lis := bufconn.Listen(1 << 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- GRPC(ctx, grpc.NewServer(), lis, time.Hour) }()
+	cancel()
+	if err := <-served; err != nil {
+		t.Fatalf("GRPC() = %v, want nil after ctx ended", err)
+	}
+}
+
+func TestGRPCReturnsAServeFailure(t *testing.T) {
+	lis := bufconn.Listen(1 << 16)
+	lis.Close()
+	err := GRPC(context.Background(), grpc.NewServer(), lis, time.Hour)
+	if err == nil {
+		t.Fatal("GRPC() on a closed listener = nil, want the failure")
 	}
 }

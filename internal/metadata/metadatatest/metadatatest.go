@@ -1,0 +1,71 @@
+// Package metadatatest checks, against a provider's fake, what every cloud metadata provider
+// (aws, azure, gcp) promises its callers alike.
+package metadatatest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	testingclock "k8s.io/utils/clock/testing"
+
+	"github.com/berth-k8s/berth/internal/metadata"
+)
+
+// PeersCached checks that peers, called again within ttl on clk, answers without listing the
+// cloud's machines again, and once clk moved past ttl lists them afresh. lists returns how many
+// listing requests the provider's fake has answered so far.
+func PeersCached(t *testing.T, peers func(context.Context) ([]metadata.Instance, error), lists func() int, clk *testingclock.FakePassiveClock, ttl time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := peers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := lists()
+	if _, err := peers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if after := lists(); after != before {
+		t.Fatalf("Peers() within the TTL listed again (%d more requests)", after-before)
+	}
+	clk.SetTime(clk.Now().Add(ttl + time.Second))
+	if _, err := peers(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if lists() == before {
+		t.Fatal("Peers() after the TTL did not list again")
+	}
+}
+
+// Provider is what the checks call of a provider.
+type Provider interface {
+	Self(ctx context.Context) (metadata.Instance, error)
+	Peers(ctx context.Context) ([]metadata.Instance, error)
+}
+
+// RoleAndCluster checks how a provider reads the machine's own role and cluster tags (labels on
+// GCP): without a role, or with an unknown one, Self fails and Peers still answers; without a
+// cluster, Self answers and Peers fails. tagged returns a provider whose own machine carries tags.
+func RoleAndCluster(t *testing.T, tagged func(t *testing.T, tags map[string]string) Provider) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name        string
+		tags        map[string]string
+		self, peers error
+	}{
+		{"no role", map[string]string{metadata.KeyCluster: "c1"}, metadata.ErrMissingRole, nil},
+		{"unknown role", map[string]string{metadata.KeyCluster: "c1", metadata.KeyRole: "boss"}, metadata.ErrInvalidRole, nil},
+		{"no cluster", map[string]string{metadata.KeyRole: "worker"}, nil, metadata.ErrMissingCluster},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := tagged(t, tc.tags)
+			if _, err := p.Self(ctx); tc.self == nil && err != nil || tc.self != nil && !errors.Is(err, tc.self) {
+				t.Errorf("Self() = %v, want %v", err, tc.self)
+			}
+			if _, err := p.Peers(ctx); tc.peers == nil && err != nil || tc.peers != nil && !errors.Is(err, tc.peers) {
+				t.Errorf("Peers() = %v, want %v", err, tc.peers)
+			}
+		})
+	}
+}
