@@ -215,7 +215,7 @@ func ApplyNodeStatus(ctx context.Context, client kubernetes.Interface, node stri
 
 func apply(ctx context.Context, client kubernetes.Interface, manager, key, value string) error {
 	cm := corev1ac.ConfigMap(ConfigMapName, joinconfig.Namespace).
-		WithLabels(map[string]string{"app.kubernetes.io/part-of": "berth"}).
+		WithLabels(map[string]string{joinconfig.PartOfLabel: joinconfig.PartOf}).
 		WithData(map[string]string{key: value})
 	if _, err := client.CoreV1().ConfigMaps(joinconfig.Namespace).Apply(ctx, cm, metav1.ApplyOptions{FieldManager: manager, Force: true}); err != nil {
 		return fmt.Errorf("writing %s of %s/%s: %w", key, joinconfig.Namespace, ConfigMapName, err)
