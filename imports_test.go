@@ -2,10 +2,12 @@ package berth
 
 import (
 	"fmt"
+	"go/ast"
 	"go/parser"
 	"go/token"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -22,10 +24,50 @@ var importRules = []struct {
 	forbidden []string
 	why       string
 }{
-	{"bootstrapper", []string{"joinservice"}, "the daemons share contracts through internal/ (joinconfig, joindial, berthsystem)"},
-	{"joinservice", []string{"bootstrapper"}, "the daemons share contracts through internal/ (joinconfig, joindial, berthsystem)"},
+	{"bootstrapper", []string{"joinservice"}, "the daemons share through internal/: the contract floor (contractFloor) and shared code such as joindial"},
+	{"joinservice", []string{"bootstrapper"}, "the daemons share through internal/: the contract floor (contractFloor) and shared code such as joindial"},
 	{"internal", []string{"bootstrapper", "joinservice"}, "internal/ serves the binaries and may not depend on one"},
 }
+
+// contractFloor lists the contract packages: what Berth's binaries (the two daemons, the CLI, the
+// webhook) agree on, each owned by one package. Every name, key, port, annotation or environment
+// variable that two of them share is defined in one of these and used from it on both sides.
+//
+// The floor stands on its own: a non-test file of a floor package imports no implementation package.
+// An implementation package is every package of this module that is neither in contractFloor nor in
+// floorLibraries: it carries out a procedure of a binary (a daemon's parts, the CLI's commands, the
+// installers, the attestation variants, the KMS plugin, ...), and a contract that imported one would
+// drag that procedure into every binary that reads the contract, and could change when the procedure
+// does. Test files of the floor may import anything: they check a contract against its
+// implementations (berthsystem's tests install its objects into a real API server).
+//
+// joindial and atls are shared by both daemons but are no contract: they implement the join
+// protocol's client side and attested TLS.
+var contractFloor = []string{
+	"internal/joinconfig",    // names in berth-system, the joinservice's ports and environment, Node annotations, the join ConfigMap and cluster Secret
+	"internal/webhookconfig", // the image-policy webhook's object names and its paused annotation
+	"internal/berthsystem",   // the objects of berth-system, the joinservice's DaemonSet and RBAC
+	"internal/joinledger",    // the join ledger's format
+	"internal/machines",      // the machine record's format
+	"internal/kmsstate",      // the control planes' KMS key spec and reports
+	"internal/clusterkeys",   // every key derived from the master secret, with its HKDF label
+	"joinproto",              // the Join protocol
+	"initproto",              // the Init protocol
+	"recoverproto",           // the Recovery protocol
+}
+
+// floorLibraries are the packages of this module the floor may import besides itself: mechanisms
+// with no procedure of a binary in them, which import no package of this module themselves (the test
+// checks that too, so nothing reaches the floor through them).
+var floorLibraries = []string{
+	"internal/configmapkey", // changing one key of a ConfigMap several writers share (joinledger, machines)
+	"internal/apply",        // turning typed apply configurations into objects (berthsystem)
+}
+
+const (
+	whyFloor   = "the contract floor imports only contract packages and floor libraries (imports_test.go: contractFloor, floorLibraries)"
+	whyLibrary = "a floor library imports no package of the module (imports_test.go: floorLibraries)"
+)
 
 // violations parses the imports of every .go file below root (all build tags, tests included) and
 // returns one line per import that breaks a rule.
@@ -55,6 +97,7 @@ func violations(root string) ([]string, error) {
 		if err != nil {
 			return fmt.Errorf("parsing %s: %w", rel, err)
 		}
+		out = append(out, floorViolations(rel, f.Imports)...)
 		for _, rule := range importRules {
 			if !strings.HasPrefix(rel, rule.from+"/") {
 				continue
@@ -76,9 +119,45 @@ func violations(root string) ([]string, error) {
 	return out, err
 }
 
-// TestImportRules fails when the bootstrapper imports the joinservice or the other way round, or when
-// internal/ imports either.
+// floorViolations returns one line per import of the file rel (slash-separated, relative to the
+// module root) that breaks the contract floor: a floor package's non-test file importing an
+// implementation package, or a floor library's non-test file importing any package of the module.
+func floorViolations(rel string, imports []*ast.ImportSpec) []string {
+	if strings.HasSuffix(rel, "_test.go") {
+		return nil
+	}
+	dir := path.Dir(rel)
+	floor, library := slices.Contains(contractFloor, dir), slices.Contains(floorLibraries, dir)
+	if !floor && !library {
+		return nil
+	}
+	var out []string
+	for _, spec := range imports {
+		imp, err := strconv.Unquote(spec.Path.Value)
+		if err != nil {
+			continue // the parser accepted it, so it is a valid string literal
+		}
+		pkg, ok := strings.CutPrefix(imp, module+"/")
+		switch {
+		case !ok:
+		case library:
+			out = append(out, fmt.Sprintf("%s imports %s: %s", rel, imp, whyLibrary))
+		case !slices.Contains(contractFloor, pkg) && !slices.Contains(floorLibraries, pkg):
+			out = append(out, fmt.Sprintf("%s imports %s: %s", rel, imp, whyFloor))
+		}
+	}
+	return out
+}
+
+// TestImportRules fails when the bootstrapper imports the joinservice or the other way round, when
+// internal/ imports either, when a contract package imports an implementation package, or when a
+// floor library imports a package of the module.
 func TestImportRules(t *testing.T) {
+	for _, dir := range append(slices.Clone(contractFloor), floorLibraries...) {
+		if files, _ := filepath.Glob(filepath.Join(filepath.FromSlash(dir), "*.go")); len(files) == 0 {
+			t.Errorf("%s is listed in contractFloor or floorLibraries but holds no Go package", dir)
+		}
+	}
 	bad, err := violations(".")
 	if err != nil {
 		t.Fatal(err)
@@ -88,7 +167,8 @@ func TestImportRules(t *testing.T) {
 	}
 }
 
-// TestImportRulesCatch shows the check can fail: a tree with one forbidden import of each kind.
+// TestImportRulesCatch shows the check can fail: a tree with one forbidden import of each kind, next to
+// allowed ones.
 func TestImportRulesCatch(t *testing.T) {
 	root := t.TempDir()
 	files := map[string]string{
@@ -98,6 +178,14 @@ func TestImportRulesCatch(t *testing.T) {
 		"internal/ok/x.go":           "package ok\nimport _ \"" + module + "/internal/joinconfig\"\n",
 		"joinservice/ok/x.go":        "package ok\nimport _ \"" + module + "/bootstrapperish\"\n",
 		"bootstrapper/testdata/x.go": "package x\nimport _ \"" + module + "/joinservice\"\n",
+		// The contract floor: an implementation package is forbidden, also behind a build tag; floor
+		// packages and floor libraries are not, and neither is anything in a test file.
+		"internal/berthsystem/x.go":      "//go:build ignore\n\npackage berthsystem\nimport _ \"" + module + "/internal/webhook/install\"\n",
+		"internal/kmsstate/x.go":         "package kmsstate\nimport (\n_ \"" + module + "/internal/joinconfig\"\n_ \"" + module + "/internal/kmsplugin\"\n)\n",
+		"internal/joinledger/x.go":       "package joinledger\nimport (\n_ \"" + module + "/internal/configmapkey\"\n_ \"" + module + "/joinproto\"\n_ \"k8s.io/client-go/kubernetes\"\n)\n",
+		"internal/berthsystem/x_test.go": "package berthsystem\nimport _ \"" + module + "/internal/apiservertest\"\n",
+		// A floor library imports nothing of the module, not even the floor.
+		"internal/configmapkey/x.go": "package configmapkey\nimport _ \"" + module + "/internal/joinconfig\"\n",
 	}
 	for name, src := range files {
 		p := filepath.Join(root, filepath.FromSlash(name))
@@ -119,7 +207,10 @@ func TestImportRulesCatch(t *testing.T) {
 	slices.Sort(got)
 	want := []string{
 		"bootstrapper/x_test.go imports " + module + "/joinservice",
+		"internal/berthsystem/x.go imports " + module + "/internal/webhook/install",
 		"internal/cli/x.go imports " + module + "/joinservice/ledger",
+		"internal/configmapkey/x.go imports " + module + "/internal/joinconfig",
+		"internal/kmsstate/x.go imports " + module + "/internal/kmsplugin",
 		"joinservice/server/x.go imports " + module + "/bootstrapper/joinclient",
 	}
 	if !slices.Equal(got, want) {

@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/machines"
-	"github.com/berth-k8s/berth/internal/webhook/install"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 	"github.com/berth-k8s/berth/joinservice/cplease"
 	"github.com/berth-k8s/berth/joinservice/health"
 	"github.com/berth-k8s/berth/joinservice/ledger"
@@ -43,7 +43,7 @@ func newMembership(d Deps, journal *ledger.Writer) membershipParts {
 		record: registry.New(d.Client, d.Namespace, log.Named("machines")),
 		lock:   lock,
 		etcd:   membership.New(d.PKIDir, log.Named("etcd")),
-		spread: spread.New(d.Client, d.Namespace, install.Name, log.Named("webhook-spread")),
+		spread: spread.New(d.Client, d.Namespace, webhookconfig.Name, log.Named("webhook-spread")),
 	}
 }
 

@@ -67,7 +67,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/berth-k8s/berth/internal/atomicfile"
-	"github.com/berth-k8s/berth/internal/kubeadm"
+	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/pemcerts"
 )
 
@@ -82,8 +82,8 @@ const (
 	RenewedAnnotation = "berth.dev/certs-renewed"
 	// ExpiryAnnotation on the Node is the earliest NotAfter of its control-plane certificates
 	// (RFC 3339); RenewedAtAnnotation is when the node last renewed them.
-	ExpiryAnnotation    = kubeadm.NodeCertExpiryAnnotation
-	RenewedAtAnnotation = kubeadm.NodeCertsRenewedAnnotation
+	ExpiryAnnotation    = joinconfig.NodeCertExpiryAnnotation
+	RenewedAtAnnotation = joinconfig.NodeCertsRenewedAnnotation
 )
 
 // Defaults.

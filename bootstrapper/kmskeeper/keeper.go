@@ -423,7 +423,7 @@ func (r *run) step(ctx context.Context, data map[string]string) {
 // stored under.
 func (r *run) follow(ctx context.Context, spec kmsstate.Spec) {
 	cur, _ := r.k.Keys()
-	if spec.Keys(cur) {
+	if spec.Holds(cur.Generations(), cur.Active) {
 		r.message = ""
 		return
 	}

@@ -30,7 +30,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/apply"
 	"github.com/berth-k8s/berth/internal/joinconfig"
-	"github.com/berth-k8s/berth/internal/webhook/install"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 // ErrNoJoinServiceImage is returned when Config names no joinservice image.
@@ -45,10 +45,10 @@ const (
 	csrApproverRole = "berth:joinservice:kubelet-serving-approver"
 	// spreadRole names the ClusterRole and binding that let the joinservice see which nodes could
 	// run the webhook (joinservice/spread).
-	spreadRole  = "berth:joinservice:webhook-spread"
-	pkiDir      = "/etc/kubernetes/pki"
-	partOfLabel = "app.kubernetes.io/part-of"
-	nameLabel   = "app.kubernetes.io/name"
+	spreadRole = "berth:joinservice:webhook-spread"
+	pkiDir     = "/etc/kubernetes/pki"
+	// envHostIP is the joinservice's node address (status.hostIP), for its --metrics-listen.
+	envHostIP = "HOST_IP"
 )
 
 // The joinservice's resources: it idles at a few MiB and a join costs a few milliseconds of CPU;
@@ -111,7 +111,7 @@ func Objects(cfg Config, c Cluster) ([]*unstructured.Unstructured, error) {
 // Security Standard "restricted" of that version (see podsecurity.go).
 func Namespace(kubernetesVersion string) *corev1ac.NamespaceApplyConfiguration {
 	labels := podSecurityLabels(kubernetesVersion)
-	labels[partOfLabel] = "berth"
+	labels[joinconfig.PartOfLabel] = joinconfig.PartOf
 	return corev1ac.Namespace(joinconfig.Namespace).WithLabels(labels)
 }
 
@@ -132,7 +132,7 @@ func clusterData(c Cluster) []any {
 // the Lease's spec.
 func joinService(cfg Config) []any {
 	ns := joinconfig.Namespace
-	joinServiceLabels := map[string]string{nameLabel: joinconfig.JoinServiceName, partOfLabel: "berth"}
+	joinServiceLabels := map[string]string{joinconfig.NameLabel: joinconfig.JoinServiceName, joinconfig.PartOfLabel: joinconfig.PartOf}
 	return []any{
 		corev1ac.ConfigMap(joinconfig.JoinLedgerName, ns).WithLabels(joinServiceLabels),
 		corev1ac.ConfigMap(joinconfig.MachinesName, ns).WithLabels(joinServiceLabels),
@@ -169,7 +169,7 @@ func joinService(cfg Config) []any {
 			// It keeps the webhook's replicas on different nodes (joinservice/spread): it reads the
 			// Deployment and its pods and evicts one (the webhook's disruption budget decides).
 			rbacv1ac.PolicyRule().WithAPIGroups("apps").WithResources("deployments").
-				WithResourceNames(install.Name).WithVerbs("get"),
+				WithResourceNames(webhookconfig.Name).WithVerbs("get"),
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("pods").WithVerbs("get", "list"),
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("pods/eviction").WithVerbs("create"),
 		),
@@ -209,13 +209,13 @@ func JoinServiceDaemonSet(cfg Config) *appsv1ac.DaemonSetApplyConfiguration {
 		pull = corev1.PullIfNotPresent
 	}
 	env := []*corev1ac.EnvVarApplyConfiguration{
-		fieldEnv("NODE_NAME", "spec.nodeName"),
-		fieldEnv("HOST_IP", "status.hostIP"),
+		fieldEnv(joinconfig.EnvNodeName, "spec.nodeName"),
+		fieldEnv(envHostIP, "status.hostIP"),
 	}
 	for _, k := range slices.Sorted(maps.Keys(cfg.JoinServiceEnv)) {
 		env = append(env, corev1ac.EnvVar().WithName(k).WithValue(cfg.JoinServiceEnv[k]))
 	}
-	labels := map[string]string{nameLabel: joinconfig.JoinServiceName, partOfLabel: "berth"}
+	labels := map[string]string{joinconfig.NameLabel: joinconfig.JoinServiceName, joinconfig.PartOfLabel: joinconfig.PartOf}
 	mounts := []*corev1ac.VolumeMountApplyConfiguration{
 		corev1ac.VolumeMount().WithName("pki").WithMountPath(pkiDir).WithReadOnly(true),
 	}
@@ -239,7 +239,7 @@ func JoinServiceDaemonSet(cfg Config) *appsv1ac.DaemonSetApplyConfiguration {
 			fmt.Sprintf("--listen=:%d", joinconfig.JoinPort),
 			"--pki-dir="+pkiDir,
 			// Metrics and probes on the node's own address, not every interface.
-			fmt.Sprintf("--metrics-listen=$(HOST_IP):%d", joinconfig.MetricsPort),
+			fmt.Sprintf("--metrics-listen=$(%s):%d", envHostIP, joinconfig.MetricsPort),
 		).
 		WithPorts(
 			corev1ac.ContainerPort().WithName("join").WithContainerPort(joinconfig.JoinPort).WithProtocol(corev1.ProtocolTCP),
@@ -263,7 +263,7 @@ func JoinServiceDaemonSet(cfg Config) *appsv1ac.DaemonSetApplyConfiguration {
 	return appsv1ac.DaemonSet(joinconfig.JoinServiceName, joinconfig.Namespace).
 		WithLabels(labels).
 		WithSpec(appsv1ac.DaemonSetSpec().
-			WithSelector(metav1ac.LabelSelector().WithMatchLabels(map[string]string{nameLabel: joinconfig.JoinServiceName})).
+			WithSelector(metav1ac.LabelSelector().WithMatchLabels(map[string]string{joinconfig.NameLabel: joinconfig.JoinServiceName})).
 			WithTemplate(corev1ac.PodTemplateSpec().
 				WithLabels(labels).
 				WithSpec(corev1ac.PodSpec().

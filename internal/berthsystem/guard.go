@@ -31,7 +31,7 @@ func Guard(images []string) (*admissionv1ac.ValidatingAdmissionPolicyApplyConfig
 	for n, img := range images {
 		quoted[n] = strconv.Quote(img)
 	}
-	labels := map[string]string{partOfLabel: "berth", "app.kubernetes.io/managed-by": "berth-bootstrapper"}
+	labels := map[string]string{joinconfig.PartOfLabel: joinconfig.PartOf, "app.kubernetes.io/managed-by": "berth-bootstrapper"}
 	policy := admissionv1ac.ValidatingAdmissionPolicy(GuardName).
 		WithLabels(labels).
 		WithSpec(admissionv1ac.ValidatingAdmissionPolicySpec().

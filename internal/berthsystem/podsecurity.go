@@ -78,7 +78,7 @@ func podSecurityLabels(kubernetesVersion string) map[string]string {
 // RuntimeClass returns HostRuntimeClass.
 func RuntimeClass() *nodev1ac.RuntimeClassApplyConfiguration {
 	return nodev1ac.RuntimeClass(HostRuntimeClass).
-		WithLabels(map[string]string{partOfLabel: "berth", "app.kubernetes.io/managed-by": "berth-bootstrapper"}).
+		WithLabels(map[string]string{joinconfig.PartOfLabel: joinconfig.PartOf, "app.kubernetes.io/managed-by": "berth-bootstrapper"}).
 		WithHandler(HostRuntimeHandler)
 }
 
@@ -87,7 +87,7 @@ func RuntimeClass() *nodev1ac.RuntimeClassApplyConfiguration {
 // Security, so whoever may create pods anywhere could otherwise claim it. Images a pod already runs
 // stay allowed on UPDATE, as in Guard.
 func HostRuntimeGuard(joinServiceImage string) (*admissionv1ac.ValidatingAdmissionPolicyApplyConfiguration, *admissionv1ac.ValidatingAdmissionPolicyBindingApplyConfiguration) {
-	labels := map[string]string{partOfLabel: "berth", "app.kubernetes.io/managed-by": "berth-bootstrapper"}
+	labels := map[string]string{joinconfig.PartOfLabel: joinconfig.PartOf, "app.kubernetes.io/managed-by": "berth-bootstrapper"}
 	policy := admissionv1ac.ValidatingAdmissionPolicy(HostRuntimeGuardName).
 		WithLabels(labels).
 		WithSpec(admissionv1ac.ValidatingAdmissionPolicySpec().

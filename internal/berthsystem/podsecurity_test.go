@@ -18,6 +18,7 @@ import (
 	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/webhook/install"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 const testWebhookImage = "berth.local/berth-webhook:v1"
@@ -124,7 +125,7 @@ func TestPodSecurityOnAPIServer(t *testing.T) {
 	if err := create(other); err == nil || !strings.Contains(err.Error(), berthsystem.HostRuntimeGuardName) {
 		t.Errorf("another image with RuntimeClass %s: %v, want refused by %s", berthsystem.HostRuntimeClass, err, berthsystem.HostRuntimeGuardName)
 	}
-	webhookPod := podFromTemplate(t, webhookObjs, "Deployment", install.Name, joinconfig.Namespace)
+	webhookPod := podFromTemplate(t, webhookObjs, "Deployment", webhookconfig.Name, joinconfig.Namespace)
 	if err := create(webhookPod); err != nil {
 		t.Errorf("the webhook's pod is refused in berth-system: %v", err)
 	}

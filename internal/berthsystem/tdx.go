@@ -10,7 +10,7 @@ import (
 	appsv1ac "k8s.io/client-go/applyconfigurations/apps/v1"
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 
-	"github.com/berth-k8s/berth/internal/attestation/tdx"
+	"github.com/berth-k8s/berth/internal/joinconfig"
 )
 
 // TDXGuestInterface names the TD guest interface the joinservice quotes through on a TDX control plane.
@@ -27,7 +27,7 @@ const (
 )
 
 // TDXRoot is where the joinservice container sees its node's TD guest interfaces; the joinservice gets it
-// as BERTH_TDX_ROOT (its --tdx-root). It lies outside /sys because container runtimes' default AppArmor
+// as joinconfig.EnvTDXRoot (its --tdx-root). It lies outside /sys because container runtimes' default AppArmor
 // profiles deny writes below /sys, and a configfs-tsm quote creates a report directory and writes the
 // report data there.
 const TDXRoot = "/run/berth/tdx"
@@ -35,10 +35,11 @@ const TDXRoot = "/run/berth/tdx"
 const (
 	// tdxContainer is the joinservice DaemonSet's container that quotes.
 	tdxContainer = "joinservice"
-	// envTDXRoot is the joinservice's environment twin of --tdx-root.
-	envTDXRoot = "BERTH_TDX_ROOT"
 	// hostConfigfs is where systemd mounts configfs; configfs-tsm's report directory is below it.
 	hostConfigfs = "/sys/kernel/config"
+	// legacyGuestDevice is the kernel's pre-upstream TD guest device. These two are the kernel's names,
+	// not Berth's; TestAddTDXGuest checks that the joinservice opens its interface inside the mount.
+	legacyGuestDevice = "/dev/tdx-guest"
 	// tdxVolume names the volume that carries the guest interface.
 	tdxVolume = "tdx-guest"
 )
@@ -62,7 +63,7 @@ func AddTDXGuest(ds *appsv1ac.DaemonSetApplyConfiguration, iface TDXGuestInterfa
 	case TDXConfigfsTSM:
 		hostPath, hostPathType = hostConfigfs, corev1.HostPathDirectory
 	case TDXLegacyDevice:
-		hostPath, hostPathType = tdx.LegacyGuestDevice, corev1.HostPathCharDev
+		hostPath, hostPathType = legacyGuestDevice, corev1.HostPathCharDev
 	default:
 		return fmt.Errorf("adding the TDX guest interface %q: %w", iface, ErrUnknownTDXGuestInterface)
 	}
@@ -85,8 +86,8 @@ func AddTDXGuest(ds *appsv1ac.DaemonSetApplyConfiguration, iface TDXGuestInterfa
 		WithHostPath(corev1ac.HostPathVolumeSource().WithPath(hostPath).WithType(hostPathType)))
 	c.VolumeMounts = slices.DeleteFunc(c.VolumeMounts, func(m corev1ac.VolumeMountApplyConfiguration) bool { return is(m.Name, tdxVolume) })
 	c.WithVolumeMounts(corev1ac.VolumeMount().WithName(tdxVolume).WithMountPath(path.Join(TDXRoot, hostPath)))
-	c.Env = slices.DeleteFunc(c.Env, func(e corev1ac.EnvVarApplyConfiguration) bool { return is(e.Name, envTDXRoot) })
-	c.WithEnv(corev1ac.EnvVar().WithName(envTDXRoot).WithValue(TDXRoot))
+	c.Env = slices.DeleteFunc(c.Env, func(e corev1ac.EnvVarApplyConfiguration) bool { return is(e.Name, joinconfig.EnvTDXRoot) })
+	c.WithEnv(corev1ac.EnvVar().WithName(joinconfig.EnvTDXRoot).WithValue(TDXRoot))
 	if iface == TDXLegacyDevice {
 		if c.SecurityContext == nil {
 			c.WithSecurityContext(corev1ac.SecurityContext())

@@ -15,6 +15,7 @@ import (
 	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 	"github.com/berth-k8s/berth/internal/berthsystem"
+	"github.com/berth-k8s/berth/internal/joinconfig"
 )
 
 // joinServiceDaemonSet is the joinservice's DaemonSet, in namespace.
@@ -51,7 +52,7 @@ func viewOf(t *testing.T, pod *corev1ac.PodSpecApplyConfiguration) tdxView {
 		}
 	}
 	for _, e := range c.Env {
-		if *e.Name == "BERTH_TDX_ROOT" {
+		if *e.Name == joinconfig.EnvTDXRoot {
 			v.root = *e.Value
 		}
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/version"
 	"github.com/berth-k8s/berth/internal/webhook/install"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 // manifestsOptions are the flags of berth manifests: what the bootstrapper and berth init decide.
@@ -118,7 +119,7 @@ func runManifests(out, errOut io.Writer, o manifestsOptions) error {
 		JoinServiceImage:     o.joinImage,
 		ImagePullPolicy:      o.imagePullPolicy,
 		JoinServiceEnv:       o.joinServiceEnv,
-		JoinServiceHostPaths: berthsystem.TPMHostPaths(o.joinServiceEnv["BERTH_TPM"]),
+		JoinServiceHostPaths: berthsystem.TPMHostPaths(o.joinServiceEnv[joinconfig.EnvTPM]),
 		GuardImages:          guard,
 	}, berthsystem.Cluster{Join: joinconfig.Config{AttestationPolicy: attestationPolicy, KubernetesVersion: cfg.KubernetesVersion}})
 	if err != nil {
@@ -134,7 +135,7 @@ func runManifests(out, errOut io.Writer, o manifestsOptions) error {
 		}
 		objs = append(objs, webhookObjs...)
 		_, _ = fmt.Fprintf(errOut, "note: ValidatingWebhookConfiguration %s without caBundle, and no Secret %s/%s: the webhook's CA and keys are made in the cluster\n",
-			install.ConfigName, joinconfig.Namespace, install.TLSSecret)
+			webhookconfig.ConfigName, joinconfig.Namespace, webhookconfig.TLSSecret)
 	}
 	return writeManifests(out, o.output, objs)
 }

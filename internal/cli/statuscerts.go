@@ -15,9 +15,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
-	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/pemcerts"
-	"github.com/berth-k8s/berth/internal/webhook/install"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 // The certificates section of berth status: the earliest expiry of every certificate Berth renews,
@@ -65,17 +64,17 @@ func readCertificates(ctx context.Context, client kubernetes.Interface, namespac
 	var expiries []time.Time
 	problem := func(format string, args ...any) { r.Problems = append(r.Problems, fmt.Sprintf(format, args...)) }
 
-	secret, err := client.CoreV1().Secrets(namespace).Get(ctx, install.TLSSecret, metav1.GetOptions{})
+	secret, err := client.CoreV1().Secrets(namespace).Get(ctx, webhookconfig.TLSSecret, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 	case err != nil:
-		problem("webhook certificates: reading Secret %s/%s: %v", namespace, install.TLSSecret, err)
+		problem("webhook certificates: reading Secret %s/%s: %v", namespace, webhookconfig.TLSSecret, err)
 	default:
 		w := &webhookCertificates{}
 		first := func(key string) (*x509.Certificate, []*x509.Certificate) {
 			certs, err := pemcerts.Parse(secret.Data[key])
 			if err != nil || len(certs) == 0 {
-				problem("webhook certificates: %s in Secret %s does not parse", key, install.TLSSecret)
+				problem("webhook certificates: %s in Secret %s does not parse", key, webhookconfig.TLSSecret)
 				return nil, nil
 			}
 			return certs[0], certs
@@ -125,11 +124,11 @@ func readCertificates(ctx context.Context, client kubernetes.Interface, namespac
 					cp.Ready = c.Status == "True"
 				}
 			}
-			if t, err := time.Parse(time.RFC3339, n.Annotations[kubeadm.NodeCertExpiryAnnotation]); err == nil {
+			if t, err := time.Parse(time.RFC3339, n.Annotations[joinconfig.NodeCertExpiryAnnotation]); err == nil {
 				cp.Expiry = &t
 				expiries = append(expiries, t)
 			}
-			if t, err := time.Parse(time.RFC3339, n.Annotations[kubeadm.NodeCertsRenewedAnnotation]); err == nil {
+			if t, err := time.Parse(time.RFC3339, n.Annotations[joinconfig.NodeCertsRenewedAnnotation]); err == nil {
 				cp.LastRenewed = &t
 			}
 			r.ControlPlanes = append(r.ControlPlanes, cp)

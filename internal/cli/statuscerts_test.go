@@ -21,8 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
-	"github.com/berth-k8s/berth/internal/kubeadm"
-	"github.com/berth-k8s/berth/internal/webhook/install"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 func pemCert(t *testing.T, notAfter time.Time) []byte {
@@ -50,12 +49,12 @@ func TestStatusCertificates(t *testing.T) {
 	cpNode := func(name string, expiry time.Time, ready corev1.ConditionStatus) *corev1.Node {
 		return &corev1.Node{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"node-role.kubernetes.io/control-plane": ""},
-				Annotations: map[string]string{kubeadm.NodeCertExpiryAnnotation: expiry.Format(time.RFC3339), kubeadm.NodeCertsRenewedAnnotation: now.Add(-time.Hour).Format(time.RFC3339)}},
+				Annotations: map[string]string{joinconfig.NodeCertExpiryAnnotation: expiry.Format(time.RFC3339), joinconfig.NodeCertsRenewedAnnotation: now.Add(-time.Hour).Format(time.RFC3339)}},
 			Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: ready}}},
 		}
 	}
 	client := fake.NewClientset(
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: install.TLSSecret, Namespace: joinconfig.Namespace}, Data: map[string][]byte{
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: webhookconfig.TLSSecret, Namespace: joinconfig.Namespace}, Data: map[string][]byte{
 			"tls.crt": pemCert(t, leaf), "ca.crt": pemCert(t, ca), "ca-bundle.crt": append(pemCert(t, oldCA), pemCert(t, ca)...), "ca.key": []byte("secret"),
 		}},
 		&coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: joinconfig.CertKeeperLease, Namespace: joinconfig.Namespace},

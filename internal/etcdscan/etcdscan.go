@@ -17,6 +17,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/berth-k8s/berth/internal/kmsstate"
 )
 
 // RegistryPrefix is where the API server keeps its objects in etcd (its --etcd-prefix default).
@@ -67,18 +69,9 @@ func KeyIDOf(value []byte, provider string) (string, error) {
 // ResourcePrefix is the etcd prefix of a core resource's objects ("secrets" -> "/registry/secrets/").
 func ResourcePrefix(resource string) string { return RegistryPrefix + resource + "/" }
 
-// Object names one stored object by its etcd key.
-type Object struct {
-	// Key is the etcd key, e.g. "/registry/secrets/berth-system/berth-cluster-secrets".
-	Key string `json:"key"`
-	// Resource, Namespace and Name are parsed from Key ("secrets", "berth-system", ...);
-	// Namespace is empty for a cluster-scoped object.
-	Resource  string `json:"resource,omitempty"`
-	Namespace string `json:"namespace,omitempty"`
-	Name      string `json:"name,omitempty"`
-	// KeyID is the key the object is encrypted under, empty when the provider did not encrypt it.
-	KeyID string `json:"keyID,omitempty"`
-}
+// Object names one stored object by its etcd key. Its format is the one the control planes' keepers
+// report a scan in (kmsstate.StoredObject).
+type Object = kmsstate.StoredObject
 
 // ParseKey splits an etcd key of a core resource into resource, namespace and name.
 func ParseKey(key string) (Object, bool) {
@@ -96,21 +89,9 @@ func ParseKey(key string) (Object, bool) {
 	return Object{}, false
 }
 
-// Report is what a scan found.
-type Report struct {
-	// Objects counts the values read.
-	Objects int `json:"objects"`
-	// ByKeyID counts the values encrypted under each key ID.
-	ByKeyID map[string]int `json:"byKeyID"`
-	// NotEncrypted counts the values not encrypted by the provider (plaintext, or another
-	// transformer's prefix).
-	NotEncrypted int `json:"notEncrypted"`
-	// Listed are the objects that are not under the keep key IDs Scan was given (at most the limit
-	// it was given), for a rotation to rewrite.
-	Listed []Object `json:"listed,omitempty"`
-	// Truncated says more objects than Listed matched.
-	Truncated bool `json:"truncated,omitempty"`
-}
+// Report is what a scan found, in the format the control planes' keepers report it in
+// (kmsstate.ScanReport).
+type Report = kmsstate.ScanReport
 
 // Options tune Scan.
 type Options struct {

@@ -1,6 +1,7 @@
 // Package joinconfig is the contract between Berth's binaries about what they share through the
-// Kubernetes API and the network: the names of the objects in berth-system, the joinservice's ports,
-// and the keys and encodings of the join ConfigMap and the cluster Secret.
+// Kubernetes API and the network: the names of the objects in berth-system, the joinservice's ports
+// and environment, the annotations Berth keeps on Nodes, and the keys and encodings of the join
+// ConfigMap and the cluster Secret.
 //
 // The bootstrapper writes these objects at init, the joinservice reads them on every start and watch,
 // and the CLI reads the join ledger. All of them import this package and none imports another's, so
@@ -41,6 +42,16 @@ const (
 	KMSConfigName = "berth-kms"
 )
 
+// Labels on Berth's objects (Kubernetes' recommended labels). Objects two writers apply, such as the
+// join ledger (berthsystem creates it, the joinservice rewrites it), carry the same labels from both.
+const (
+	// PartOfLabel is PartOf on every object Berth creates.
+	PartOfLabel = "app.kubernetes.io/part-of"
+	PartOf      = "berth"
+	// NameLabel names the component an object belongs to (JoinServiceName, webhookconfig.Name).
+	NameLabel = "app.kubernetes.io/name"
+)
+
 // Ports of the joinservice on the host network of every control plane. Berth's host ports are one
 // block, 9000-9003: the bootstrapper's init server (9000) and recovery server (9001, recoverproto),
 // then these two. They stay out of Kubernetes' NodePort range (30000-32767), where kube-proxy forwards
@@ -58,6 +69,35 @@ const (
 	// and Prometheus scrapes it there (pod discovery gives the pod's IP, the node's with host network,
 	// and the port named "metrics").
 	MetricsPort = 9003
+)
+
+// The joinservice's environment: what its DaemonSet (internal/berthsystem) and whoever deploys it (the
+// bootstrapper, berth manifests --joinservice-env) set, and its command (joinservice/cmd/joinservice)
+// reads. Each BERTH_* variable is the twin of the flag of the same name (BERTH_TDX_ROOT is --tdx-root).
+const (
+	// EnvNodeName is the pod's node (spec.nodeName): the replica's name in the join ledger and the
+	// control-plane Lease (--replica).
+	EnvNodeName       = "NODE_NAME"
+	EnvMetadata       = "BERTH_METADATA"
+	EnvMetadataURL    = "BERTH_METADATA_URL"
+	EnvMetadataAPIURL = "BERTH_METADATA_API_URL"
+	EnvMetadataFile   = "BERTH_METADATA_FILE"
+	EnvAttestation    = "BERTH_ATTESTATION"
+	EnvTPM            = "BERTH_TPM"
+	// EnvTDXRoot is where the joinservice finds its node's TD guest interface
+	// (berthsystem.AddTDXGuest mounts it there and sets it).
+	EnvTDXRoot   = "BERTH_TDX_ROOT"
+	EnvLogLevel  = "BERTH_LOG_LEVEL"
+	EnvLogFormat = "BERTH_LOG_FORMAT"
+)
+
+// Annotations a control plane's certificate renewer (bootstrapper/certrenew) keeps on its Node and
+// berth status reads.
+const (
+	// NodeCertExpiryAnnotation is the earliest NotAfter of the node's kubeadm certificates (RFC 3339).
+	NodeCertExpiryAnnotation = "berth.dev/control-plane-cert-expiry"
+	// NodeCertsRenewedAnnotation is when the node last renewed them (RFC 3339).
+	NodeCertsRenewedAnnotation = "berth.dev/control-plane-certs-renewed"
 )
 
 // Keys of the join ConfigMap.

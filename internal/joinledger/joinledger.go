@@ -270,7 +270,7 @@ var appendAttempts = wait.Backoff{Steps: 8}
 // the joinservice batches its own entries through joinservice/ledger.
 func Append(ctx context.Context, client kubernetes.Interface, namespace string, es ...Entry) error {
 	ref := configmapkey.Ref{Namespace: namespace, Name: ConfigMapName, Key: DataKey,
-		Labels: map[string]string{"app.kubernetes.io/part-of": "berth"}}
+		Labels: map[string]string{joinconfig.PartOfLabel: joinconfig.PartOf}}
 	_, err := configmapkey.Update(ctx, client, ref, appendAttempts, func(data string) (string, error) {
 		existing, err := Decode(data)
 		if err != nil {

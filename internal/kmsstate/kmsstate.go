@@ -35,10 +35,7 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/berth-k8s/berth/internal/clusterkeys"
-	"github.com/berth-k8s/berth/internal/etcdscan"
 	"github.com/berth-k8s/berth/internal/joinconfig"
-	"github.com/berth-k8s/berth/internal/kmsplugin"
 )
 
 // ConfigMapName is the ConfigMap in joinconfig.Namespace.
@@ -91,21 +88,10 @@ func (s Spec) Validate() error {
 	return nil
 }
 
-// Keys reports whether set holds exactly the spec's generations with its active one.
-func (s Spec) Keys(set kmsplugin.KeySet) bool {
-	return set.Active == s.Active && slices.Equal(set.Generations(), s.Generations)
-}
-
-// KeySet derives the spec's key set from the cluster's keys.
-func (s Spec) KeySet(keys *clusterkeys.Keys) (kmsplugin.KeySet, error) {
-	if err := s.Validate(); err != nil {
-		return kmsplugin.KeySet{}, err
-	}
-	set := kmsplugin.KeySet{Active: s.Active}
-	for _, g := range s.Generations {
-		set.Keys = append(set.Keys, kmsplugin.Key{Generation: g, KEK: keys.KMSKey(g)})
-	}
-	return set, nil
+// Holds reports whether a plugin that holds generations (ascending) and encrypts with active holds
+// exactly the spec's generations with its active one.
+func (s Spec) Holds(generations []uint32, active uint32) bool {
+	return active == s.Active && slices.Equal(generations, s.Generations)
 }
 
 // Latest is the newest generation of the spec.
@@ -140,8 +126,37 @@ type ScanResult struct {
 	// Time is when the scan ran.
 	Time time.Time `json:"time"`
 	// Error says why the scan failed; Report is empty then.
-	Error  string          `json:"error,omitempty"`
-	Report etcdscan.Report `json:"report"`
+	Error  string     `json:"error,omitempty"`
+	Report ScanReport `json:"report"`
+}
+
+// ScanReport is what a scan of a control plane's etcd found (internal/etcdscan scans).
+type ScanReport struct {
+	// Objects counts the values read.
+	Objects int `json:"objects"`
+	// ByKeyID counts the values encrypted under each key ID.
+	ByKeyID map[string]int `json:"byKeyID"`
+	// NotEncrypted counts the values not encrypted by the provider (plaintext, or another
+	// transformer's prefix).
+	NotEncrypted int `json:"notEncrypted"`
+	// Listed are the objects that are not under the keep key IDs Scan was given (at most the limit
+	// it was given), for a rotation to rewrite.
+	Listed []StoredObject `json:"listed,omitempty"`
+	// Truncated says more objects than Listed matched.
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+// StoredObject names one object stored in etcd by its etcd key.
+type StoredObject struct {
+	// Key is the etcd key, e.g. "/registry/secrets/berth-system/berth-cluster-secrets".
+	Key string `json:"key"`
+	// Resource, Namespace and Name are parsed from Key ("secrets", "berth-system", ...);
+	// Namespace is empty for a cluster-scoped object.
+	Resource  string `json:"resource,omitempty"`
+	Namespace string `json:"namespace,omitempty"`
+	Name      string `json:"name,omitempty"`
+	// KeyID is the key the object is encrypted under, empty when the provider did not encrypt it.
+	KeyID string `json:"keyID,omitempty"`
 }
 
 // State is the ConfigMap decoded.
@@ -215,7 +230,7 @@ func ApplyNodeStatus(ctx context.Context, client kubernetes.Interface, node stri
 
 func apply(ctx context.Context, client kubernetes.Interface, manager, key, value string) error {
 	cm := corev1ac.ConfigMap(ConfigMapName, joinconfig.Namespace).
-		WithLabels(map[string]string{"app.kubernetes.io/part-of": "berth"}).
+		WithLabels(map[string]string{joinconfig.PartOfLabel: joinconfig.PartOf}).
 		WithData(map[string]string{key: value})
 	if _, err := client.CoreV1().ConfigMaps(joinconfig.Namespace).Apply(ctx, cm, metav1.ApplyOptions{FieldManager: manager, Force: true}); err != nil {
 		return fmt.Errorf("writing %s of %s/%s: %w", key, joinconfig.Namespace, ConfigMapName, err)

@@ -1,16 +1,12 @@
 package kmsstate
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"testing"
 
 	"go.uber.org/goleak"
 	"k8s.io/client-go/kubernetes/fake"
-
-	"github.com/berth-k8s/berth/internal/clusterkeys"
-	"github.com/berth-k8s/berth/internal/kmsplugin"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -27,17 +23,15 @@ func TestSpec(t *testing.T) {
 			t.Errorf("%s: Validate = %v", name, err)
 		}
 	}
-	keys, _ := clusterkeys.New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
 	s := Spec{Generations: []uint32{2, 3}, Active: 3}
-	set, err := s.KeySet(keys)
-	if err != nil {
-		t.Fatal(err)
+	if err := s.Validate(); err != nil || !s.Holds([]uint32{2, 3}, 3) || s.Latest() != 3 {
+		t.Errorf("Validate = %v, Holds = %v, Latest = %d", err, s.Holds([]uint32{2, 3}, 3), s.Latest())
 	}
-	if !s.Keys(set) || set.Active != 3 || !bytes.Equal(set.Keys[0].KEK, keys.KMSKey(2)) || s.Latest() != 3 {
-		t.Errorf("KeySet = %v", set)
+	if s.Holds([]uint32{2, 3}, 2) {
+		t.Error("Holds ignores the active generation")
 	}
-	if s.Keys(kmsplugin.KeySet{Active: 2, Keys: set.Keys}) {
-		t.Error("Keys ignores the active generation")
+	if s.Holds([]uint32{3}, 3) || s.Holds([]uint32{1, 2, 3}, 3) {
+		t.Error("Holds ignores a generation")
 	}
 }
 

@@ -76,15 +76,6 @@ func (r *Runner) CertsRenew(ctx context.Context, out io.Writer, kubernetesDir st
 		"--kubeconfig", filepath.Join(kubernetesDir, "admin.conf"), "--cert-dir", filepath.Join(kubernetesDir, "pki"))
 }
 
-// Annotations a control plane's certificate renewer (bootstrapper/certrenew) keeps on its Node, and
-// berth status reads.
-const (
-	// NodeCertExpiryAnnotation is the earliest NotAfter of the node's kubeadm certificates (RFC 3339).
-	NodeCertExpiryAnnotation = "berth.dev/control-plane-cert-expiry"
-	// NodeCertsRenewedAnnotation is when the node last renewed them (RFC 3339).
-	NodeCertsRenewedAnnotation = "berth.dev/control-plane-certs-renewed"
-)
-
 // Reset undoes what init or join did to the node.
 func (r *Runner) Reset(ctx context.Context, out io.Writer, criSocket string) error {
 	args := []string{"reset", "--force"}

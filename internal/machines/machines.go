@@ -168,7 +168,7 @@ var ErrUnchanged = errors.New("machine record unchanged")
 // change ends it with that error.
 func Update(ctx context.Context, client kubernetes.Interface, namespace string, change func([]Machine) ([]Machine, error)) ([]Machine, error) {
 	ref := configmapkey.Ref{Namespace: namespace, Name: ConfigMapName, Key: DataKey,
-		Labels: map[string]string{"app.kubernetes.io/part-of": "berth"}}
+		Labels: map[string]string{joinconfig.PartOfLabel: joinconfig.PartOf}}
 	var read, changed []Machine
 	_, err := configmapkey.Update(ctx, client, ref, conflictBackoff, func(data string) (string, error) {
 		ms, err := Decode(data)

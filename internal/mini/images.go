@@ -10,6 +10,7 @@ import (
 	"sort"
 	"syscall"
 
+	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/mini/image"
 )
 
@@ -131,7 +132,7 @@ func (c Config) BerthImageSpecs(joinservice, webhook string) []image.Spec {
 		Tag:        ImageJoinService,
 		Files:      []image.File{{Src: joinservice, Dst: "/usr/local/bin/joinservice"}},
 		Entrypoint: []string{"/usr/local/bin/joinservice"},
-		Env:        []string{defaultImagePath, "BERTH_METADATA=mini", "BERTH_METADATA_URL=" + c.MetadataURL(), "BERTH_ATTESTATION=" + attestation},
+		Env:        []string{defaultImagePath, joinconfig.EnvMetadata + "=mini", joinconfig.EnvMetadataURL + "=" + c.MetadataURL(), joinconfig.EnvAttestation + "=" + attestation},
 	}}
 	if webhook != "" {
 		specs = append(specs, image.Spec{

@@ -38,6 +38,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/webhook/install"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 // LeaseName is the Lease in the joinservice's namespace that elects the certificate keeper.
@@ -248,7 +249,7 @@ func (d Deps) logPass(rep install.KeepReport, err, last error) {
 // alone), until ctx ends.
 func (d Deps) watchConfiguration(ctx context.Context, changed chan<- struct{}) {
 	vwcs := d.Client.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	selector := fields.OneTermEqualSelector("metadata.name", install.ConfigName).String()
+	selector := fields.OneTermEqualSelector("metadata.name", webhookconfig.ConfigName).String()
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			o.FieldSelector = selector

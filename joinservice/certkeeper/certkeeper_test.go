@@ -32,6 +32,7 @@ import (
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/pemcerts"
 	"github.com/berth-k8s/berth/internal/webhook/install"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(apiservertest.StoppingShared(m)) }
@@ -84,7 +85,7 @@ func TestNextPass(t *testing.T) {
 // the one-second pause) when the webhook configuration changes; a failure is retried sooner.
 func TestKeepWebhookSchedule(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		client := fake.NewClientset(&admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: install.ConfigName}})
+		client := fake.NewClientset(&admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: webhookconfig.ConfigName}})
 		c := &checker{report: install.KeepReport{Settings: install.Settings{CheckPeriod: time.Minute}}}
 		d := Deps{Log: zap.NewNop(), Client: client, Webhook: c, Metrics: NewMetrics(prometheus.NewRegistry(), nil)}
 		ctx, cancel := context.WithCancel(context.Background())
@@ -101,7 +102,7 @@ func TestKeepWebhookSchedule(t *testing.T) {
 			t.Fatalf("passes at %v, want the second one a period after the first", c.times)
 		}
 		time.Sleep(10 * time.Second)
-		vwc, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, install.ConfigName, metav1.GetOptions{})
+		vwc, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -222,16 +223,18 @@ func TestTakeoverRenews(t *testing.T) {
 	}
 	installWithoutPods(t, ctx, env)
 	secrets := kube.CoreV1().Secrets(joinconfig.Namespace)
-	before, err := secrets.Get(ctx, install.TLSSecret, metav1.GetOptions{})
+	before, err := secrets.Get(ctx, webhookconfig.TLSSecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cms := kube.CoreV1().ConfigMaps(joinconfig.Namespace)
-	if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: install.CertificatesConfigMap},
+	if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: webhookconfig.CertificatesConfigMap},
 		Data: map[string]string{"leafValidity": "4m", "leafRenewBefore": "2m30s", "caValidity": "10m", "checkPeriod": "5s"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = cms.Delete(context.Background(), install.CertificatesConfigMap, metav1.DeleteOptions{}) }()
+	defer func() {
+		_ = cms.Delete(context.Background(), webhookconfig.CertificatesConfigMap, metav1.DeleteOptions{})
+	}()
 	// cp1 held the Lease when it was powered off.
 	now := metav1.NewMicroTime(time.Now())
 	leases := kube.CoordinationV1().Leases(joinconfig.Namespace)
@@ -263,7 +266,7 @@ func TestTakeoverRenews(t *testing.T) {
 	}()
 	var after *corev1.Secret
 	err = wait.PollUntilContextTimeout(ctx, 200*time.Millisecond, 30*time.Second, true, func(ctx context.Context) (bool, error) {
-		after, err = secrets.Get(ctx, install.TLSSecret, metav1.GetOptions{})
+		after, err = secrets.Get(ctx, webhookconfig.TLSSecret, metav1.GetOptions{})
 		return err == nil && !bytes.Equal(after.Data["ca.crt"], before.Data["ca.crt"]), nil
 	})
 	took := time.Since(start)
@@ -305,7 +308,7 @@ func installWithoutPods(t *testing.T, ctx context.Context, env *apiservertest.En
 	}
 	kube := env.Client(t, apiservertest.AdminUser)
 	// A fresh year-long chain, whatever another test of the shared API server left.
-	if err := kube.CoreV1().Secrets(joinconfig.Namespace).Delete(ctx, install.TLSSecret, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	if err := kube.CoreV1().Secrets(joinconfig.Namespace).Delete(ctx, webhookconfig.TLSSecret, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
 	if _, err := install.New(install.Config{Image: "berth/webhook:test", Budget: 3 * time.Second}, kube, dyn, io.Discard).Install(ctx); !errors.Is(err, install.ErrDeploymentNotReady) {
@@ -327,11 +330,11 @@ func TestConfigurationChangeStartsAPass(t *testing.T) {
 	}
 	installWithoutPods(t, ctx, env)
 	vwcs := kube.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	if _, err := vwcs.Create(ctx, &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: install.ConfigName}},
+	if _, err := vwcs.Create(ctx, &admissionregistrationv1.ValidatingWebhookConfiguration{ObjectMeta: metav1.ObjectMeta{Name: webhookconfig.ConfigName}},
 		metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		t.Fatal(err)
 	}
-	defer func() { _ = vwcs.Delete(context.Background(), install.ConfigName, metav1.DeleteOptions{}) }()
+	defer func() { _ = vwcs.Delete(context.Background(), webhookconfig.ConfigName, metav1.DeleteOptions{}) }()
 	c := &checker{report: install.KeepReport{Settings: install.Settings{CheckPeriod: time.Hour}}}
 	d := Deps{Log: zaptest.NewLogger(t), Client: env.Client(t, apiservertest.JoinServiceUser), Webhook: c, Metrics: NewMetrics(prometheus.NewRegistry(), nil)}
 	kctx, kcancel := context.WithCancel(ctx)
@@ -350,7 +353,7 @@ func TestConfigurationChangeStartsAPass(t *testing.T) {
 		if c.passes() > 1 {
 			return true, nil
 		}
-		vwc, err := vwcs.Get(ctx, install.ConfigName, metav1.GetOptions{})
+		vwc, err := vwcs.Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -397,21 +400,23 @@ func TestKeeperRenewsWhileReadyzFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	installWithoutPods(t, ctx, env)
-	_ = kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, install.ConfigName, metav1.DeleteOptions{})
+	_ = kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, webhookconfig.ConfigName, metav1.DeleteOptions{})
 	secrets := kube.CoreV1().Secrets(joinconfig.Namespace)
-	before, err := secrets.Get(ctx, install.TLSSecret, metav1.GetOptions{})
+	before, err := secrets.Get(ctx, webhookconfig.TLSSecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	cms := kube.CoreV1().ConfigMaps(joinconfig.Namespace)
-	if err := cms.Delete(ctx, install.CertificatesConfigMap, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	if err := cms.Delete(ctx, webhookconfig.CertificatesConfigMap, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
-	if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: install.CertificatesConfigMap},
+	if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: webhookconfig.CertificatesConfigMap},
 		Data: map[string]string{"leafValidity": "4m", "leafRenewBefore": "2m30s", "caValidity": "10m"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { _ = cms.Delete(context.Background(), install.CertificatesConfigMap, metav1.DeleteOptions{}) }()
+	defer func() {
+		_ = cms.Delete(context.Background(), webhookconfig.CertificatesConfigMap, metav1.DeleteOptions{})
+	}()
 
 	cfg := env.Config(apiservertest.JoinServiceUser)
 	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return notReady{rt} })
@@ -429,7 +434,7 @@ func TestKeeperRenewsWhileReadyzFails(t *testing.T) {
 	start := time.Now()
 	rep, err := install.NewKeeper(install.Config{Budget: 15 * time.Second}, jkube, jdyn, io.Discard).Check(ctx)
 	t.Logf("pass with /readyz failing: %v in %s: %v", rep, time.Since(start).Round(time.Millisecond), err)
-	after, gerr := secrets.Get(ctx, install.TLSSecret, metav1.GetOptions{})
+	after, gerr := secrets.Get(ctx, webhookconfig.TLSSecret, metav1.GetOptions{})
 	if gerr != nil {
 		t.Fatal(gerr)
 	}

@@ -51,6 +51,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/berth-k8s/berth/internal/configmapkey"
+	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/joinledger"
 )
 
@@ -292,7 +293,7 @@ func (w *Writer) flush(ctx context.Context, batch []Entry) error {
 // merge adds batch to the ConfigMap with optimistic concurrency (configmapkey.Update).
 func (w *Writer) merge(ctx context.Context, batch []Entry) (*corev1.ConfigMap, error) {
 	ref := configmapkey.Ref{Namespace: w.namespace, Name: joinledger.ConfigMapName, Key: joinledger.DataKey,
-		Labels: map[string]string{"app.kubernetes.io/part-of": "berth", "app.kubernetes.io/name": "berth-joinservice"}}
+		Labels: map[string]string{joinconfig.PartOfLabel: joinconfig.PartOf, joinconfig.NameLabel: joinconfig.JoinServiceName}}
 	return configmapkey.Update(ctx, w.client, ref, conflictAttempts, func(data string) (string, error) {
 		existing, err := joinledger.Decode(data)
 		if err != nil {

@@ -15,13 +15,13 @@ import (
 
 	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/joinconfig"
-	"github.com/berth-k8s/berth/internal/webhook/install"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(apiservertest.StoppingShared(m)) }
 
 // testDeployment is the webhook's Deployment: the joinservice's Role lets it read that one only.
-const testDeployment = install.Name
+const testDeployment = webhookconfig.Name
 
 var labels = map[string]string{"app.kubernetes.io/name": testDeployment}
 

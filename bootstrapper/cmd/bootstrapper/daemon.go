@@ -26,6 +26,7 @@ import (
 	"github.com/berth-k8s/berth/internal/apiserver"
 	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/command"
+	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/kubelet"
@@ -140,8 +141,8 @@ func daemon(ctx context.Context, cfg *config) error {
 		ManifestDir: cfg.componentsDir, JoinServiceImage: cfg.joinImage, ImagePullPolicy: pullPolicy(cfg.neverPull),
 		WebhookImage: cfg.webhookImage,
 		JoinServiceEnv: map[string]string{
-			"BERTH_METADATA": cfg.metadata, "BERTH_METADATA_URL": cfg.metadataURL, "BERTH_METADATA_API_URL": cfg.metadataAPI,
-			"BERTH_METADATA_FILE": cfg.metadataFile, "BERTH_ATTESTATION": cfg.attestation, "BERTH_TPM": cfg.tpm,
+			joinconfig.EnvMetadata: cfg.metadata, joinconfig.EnvMetadataURL: cfg.metadataURL, joinconfig.EnvMetadataAPIURL: cfg.metadataAPI,
+			joinconfig.EnvMetadataFile: cfg.metadataFile, joinconfig.EnvAttestation: cfg.attestation, joinconfig.EnvTPM: cfg.tpm,
 		},
 		JoinServiceHostPaths: berthsystem.TPMHostPaths(cfg.tpm),
 	}, fs)

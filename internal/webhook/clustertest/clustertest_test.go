@@ -32,6 +32,7 @@ import (
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/loadchart"
 	"github.com/berth-k8s/berth/internal/webhook/install"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 const (
@@ -84,7 +85,7 @@ func pod(ns, name, image string, finalizers ...string) *corev1.Pod {
 
 func configExists(tb testing.TB, e *env) bool {
 	tb.Helper()
-	_, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctxFor(tb, 10*time.Second), install.ConfigName, metav1.GetOptions{})
+	_, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctxFor(tb, 10*time.Second), webhookconfig.ConfigName, metav1.GetOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		tb.Fatal(err)
 	}
@@ -208,7 +209,7 @@ func TestInstallArmsAndEnforces(t *testing.T) {
 	e := sharedEnv(t)
 	armed(t, e)
 	ctx := ctxFor(t, time.Minute)
-	vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, install.ConfigName, metav1.GetOptions{})
+	vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,23 +260,23 @@ func resourceVersions(tb testing.TB, e *env) map[string]string {
 		}
 		out[kind+" "+name] = rv
 	}
-	d, err := e.kube.AppsV1().Deployments(ns).Get(ctx, install.Name, metav1.GetOptions{})
+	d, err := e.kube.AppsV1().Deployments(ns).Get(ctx, webhookconfig.Name, metav1.GetOptions{})
 	add("Deployment", d.Name, d.ResourceVersion, err)
-	s, err := e.kube.CoreV1().Services(ns).Get(ctx, install.Name, metav1.GetOptions{})
+	s, err := e.kube.CoreV1().Services(ns).Get(ctx, webhookconfig.Name, metav1.GetOptions{})
 	add("Service", s.Name, s.ResourceVersion, err)
-	sec, err := e.kube.CoreV1().Secrets(ns).Get(ctx, install.TLSSecret, metav1.GetOptions{})
+	sec, err := e.kube.CoreV1().Secrets(ns).Get(ctx, webhookconfig.TLSSecret, metav1.GetOptions{})
 	add("Secret", sec.Name, sec.ResourceVersion, err)
-	cm, err := e.kube.CoreV1().ConfigMaps(ns).Get(ctx, install.PolicyConfigMap, metav1.GetOptions{})
+	cm, err := e.kube.CoreV1().ConfigMaps(ns).Get(ctx, webhookconfig.PolicyConfigMap, metav1.GetOptions{})
 	add("ConfigMap", cm.Name, cm.ResourceVersion, err)
-	sa, err := e.kube.CoreV1().ServiceAccounts(ns).Get(ctx, install.Name, metav1.GetOptions{})
+	sa, err := e.kube.CoreV1().ServiceAccounts(ns).Get(ctx, webhookconfig.Name, metav1.GetOptions{})
 	add("ServiceAccount", sa.Name, sa.ResourceVersion, err)
-	pdb, err := e.kube.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, install.Name, metav1.GetOptions{})
+	pdb, err := e.kube.PolicyV1().PodDisruptionBudgets(ns).Get(ctx, webhookconfig.Name, metav1.GetOptions{})
 	add("PodDisruptionBudget", pdb.Name, pdb.ResourceVersion, err)
-	cns, err := e.kube.CoreV1().Namespaces().Get(ctx, install.CanaryNamespace, metav1.GetOptions{})
+	cns, err := e.kube.CoreV1().Namespaces().Get(ctx, webhookconfig.CanaryNamespace, metav1.GetOptions{})
 	add("Namespace", cns.Name, cns.ResourceVersion, err)
 	own, err := e.kube.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
 	add("Namespace", own.Name, own.ResourceVersion, err)
-	vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, install.ConfigName, metav1.GetOptions{})
+	vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 	add("ValidatingWebhookConfiguration", vwc.Name, vwc.ResourceVersion, err)
 	return out
 }
@@ -413,7 +414,7 @@ func TestControlPlaneRestart(t *testing.T) {
 	armed(t, e)
 	ctx := ctxFor(t, 5*time.Minute)
 	vwcs := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	before, err := vwcs.Get(ctx, install.ConfigName, metav1.GetOptions{})
+	before, err := vwcs.Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,7 +435,7 @@ func TestControlPlaneRestart(t *testing.T) {
 	if _, err := e.kube.CoreV1().Pods("kube-system").Create(ctx, pod("kube-system", "after-restart", deniedImage), metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
 		t.Fatalf("kube-system after the restart: %v", err)
 	}
-	after, err := vwcs.Get(ctx, install.ConfigName, metav1.GetOptions{})
+	after, err := vwcs.Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -610,7 +611,7 @@ func TestLeafRotationUnderLoad(t *testing.T) {
 		t.Skip("load test: set BERTH_WEBHOOK_LOAD=1 (make test-webhook-load)")
 	}
 	e, ctx, pods, pids := rotationSetup(t, "rotate")
-	vwcBefore, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, install.ConfigName, metav1.GetOptions{})
+	vwcBefore, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -622,7 +623,7 @@ func TestLeafRotationUnderLoad(t *testing.T) {
 	}
 
 	// Make the current leaf unusable in the Secret, so the installer issues a new one from the same CA.
-	if _, err := e.kube.CoreV1().Secrets(joinconfig.Namespace).Patch(ctx, install.TLSSecret, types.JSONPatchType,
+	if _, err := e.kube.CoreV1().Secrets(joinconfig.Namespace).Patch(ctx, webhookconfig.TLSSecret, types.JSONPatchType,
 		[]byte(`[{"op":"remove","path":"/data/tls.crt"}]`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -663,7 +664,7 @@ func TestLeafRotationUnderLoad(t *testing.T) {
 	if len(e.runner.livePods()) != len(pods) {
 		t.Errorf("pods changed during the rotation")
 	}
-	vwcAfter, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, install.ConfigName, metav1.GetOptions{})
+	vwcAfter, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -683,7 +684,7 @@ func TestCARotationUnderLoad(t *testing.T) {
 		t.Skip("load test: set BERTH_WEBHOOK_LOAD=1 (make test-webhook-load)")
 	}
 	e, ctx, _, pids := rotationSetup(t, "rotate-ca")
-	before, err := e.kube.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, install.TLSSecret, metav1.GetOptions{})
+	before, err := e.kube.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, webhookconfig.TLSSecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -711,14 +712,14 @@ func TestCARotationUnderLoad(t *testing.T) {
 	go func() {
 		defer close(checkDone)
 		wait.UntilWithContext(checkCtx, func(checkCtx context.Context) {
-			vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(checkCtx, install.ConfigName, metav1.GetOptions{})
+			vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(checkCtx, webhookconfig.ConfigName, metav1.GetOptions{})
 			if err != nil {
 				return
 			}
 			roots := x509.NewCertPool()
 			roots.AppendCertsFromPEM(vwc.Webhooks[0].ClientConfig.CABundle)
 			for _, p := range e.runner.livePods() {
-				conn, err := tls.Dial("tcp", p.ip+":8443", &tls.Config{RootCAs: roots, ServerName: install.Name + "." + joinconfig.Namespace + ".svc"})
+				conn, err := tls.Dial("tcp", p.ip+":8443", &tls.Config{RootCAs: roots, ServerName: webhookconfig.Name + "." + joinconfig.Namespace + ".svc"})
 				fresh.Add(1)
 				if err != nil {
 					mismatched.Add(1)
@@ -762,14 +763,14 @@ func TestCARotationUnderLoad(t *testing.T) {
 		t.Errorf("%d fresh connections did not verify against the published bundle; first: %s", mismatched.Load(), *firstMismatch.Load())
 	}
 
-	after, err := e.kube.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, install.TLSSecret, metav1.GetOptions{})
+	after, err := e.kube.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, webhookconfig.TLSSecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if bytes.Equal(after.Data["ca.crt"], oldCA) {
 		t.Fatal("the CA was not rotated")
 	}
-	vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, install.ConfigName, metav1.GetOptions{})
+	vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -894,7 +895,7 @@ func webhookHistogram(tb testing.TB, e *env) map[string]float64 {
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "apiserver_admission_webhook_admission_duration_seconds_bucket{") || !strings.Contains(line, install.HookName) {
+		if !strings.HasPrefix(line, "apiserver_admission_webhook_admission_duration_seconds_bucket{") || !strings.Contains(line, webhookconfig.HookName) {
 			continue
 		}
 		i := strings.Index(line, `le="`)
@@ -918,8 +919,8 @@ func TestPausedConfigurationIsLeftAlone(t *testing.T) {
 	armed(t, e)
 	ctx := ctxFor(t, 2*time.Minute)
 	vwcs := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	paused, err := vwcs.Patch(ctx, install.ConfigName, types.MergePatchType,
-		[]byte(`{"metadata":{"annotations":{"`+install.PausedAnnotation+`":"true"}}}`), metav1.PatchOptions{})
+	paused, err := vwcs.Patch(ctx, webhookconfig.ConfigName, types.MergePatchType,
+		[]byte(`{"metadata":{"annotations":{"`+webhookconfig.PausedAnnotation+`":"true"}}}`), metav1.PatchOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -930,15 +931,15 @@ func TestPausedConfigurationIsLeftAlone(t *testing.T) {
 	if _, err := w.Install(ctx); err != nil {
 		t.Fatal(err)
 	}
-	after, err := vwcs.Get(ctx, install.ConfigName, metav1.GetOptions{})
+	after, err := vwcs.Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if after.ResourceVersion != paused.ResourceVersion {
 		t.Fatal("the installer changed a paused configuration")
 	}
-	if _, err := vwcs.Patch(ctx, install.ConfigName, types.JSONPatchType,
-		[]byte(`[{"op":"remove","path":"/metadata/annotations/`+strings.ReplaceAll(install.PausedAnnotation, "/", "~1")+`"}]`), metav1.PatchOptions{}); err != nil {
+	if _, err := vwcs.Patch(ctx, webhookconfig.ConfigName, types.JSONPatchType,
+		[]byte(`[{"op":"remove","path":"/metadata/annotations/`+strings.ReplaceAll(webhookconfig.PausedAnnotation, "/", "~1")+`"}]`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	// The Deployment got the other handler deadline; put the default back.
@@ -1066,8 +1067,8 @@ func TestResumeAfterInterruption(t *testing.T) {
 func finalizeCanary(tb testing.TB, e *env) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_ = e.kube.CoreV1().ServiceAccounts(install.CanaryNamespace).Delete(ctx, "berth-webhook-canary", metav1.DeleteOptions{})
-	if ns, err := e.kube.CoreV1().Namespaces().Get(ctx, install.CanaryNamespace, metav1.GetOptions{}); err == nil && ns.DeletionTimestamp != nil {
+	_ = e.kube.CoreV1().ServiceAccounts(webhookconfig.CanaryNamespace).Delete(ctx, "berth-webhook-canary", metav1.DeleteOptions{})
+	if ns, err := e.kube.CoreV1().Namespaces().Get(ctx, webhookconfig.CanaryNamespace, metav1.GetOptions{}); err == nil && ns.DeletionTimestamp != nil {
 		ns.Spec.Finalizers = nil
 		if _, err := e.kube.CoreV1().Namespaces().Finalize(ctx, ns, metav1.UpdateOptions{}); err != nil {
 			tb.Error(err)

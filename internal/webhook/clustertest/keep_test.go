@@ -24,6 +24,7 @@ import (
 	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/webhook/install"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 // newKeeper returns a keeper that works as the joinservice's ServiceAccount, with the RBAC the
@@ -50,17 +51,17 @@ func setSettings(tb testing.TB, e *env, data map[string]string) {
 	tb.Helper()
 	ctx := ctxFor(tb, 30*time.Second)
 	cms := e.kube.CoreV1().ConfigMaps(joinconfig.Namespace)
-	err := cms.Delete(ctx, install.CertificatesConfigMap, metav1.DeleteOptions{})
+	err := cms.Delete(ctx, webhookconfig.CertificatesConfigMap, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() {
-		_ = cms.Delete(context.Background(), install.CertificatesConfigMap, metav1.DeleteOptions{})
+		_ = cms.Delete(context.Background(), webhookconfig.CertificatesConfigMap, metav1.DeleteOptions{})
 	})
 	if data == nil {
 		return
 	}
-	if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: install.CertificatesConfigMap, Namespace: joinconfig.Namespace}, Data: data},
+	if _, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: webhookconfig.CertificatesConfigMap, Namespace: joinconfig.Namespace}, Data: data},
 		metav1.CreateOptions{}); err != nil {
 		tb.Fatal(err)
 	}
@@ -77,7 +78,7 @@ func TestKeeperRepairsTheCABundle(t *testing.T) {
 	ctx := ctxFor(t, 4*time.Minute)
 	ensureNamespace(t, e.kube, "keep")
 	vwcs := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations()
-	secret, err := e.kube.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, install.TLSSecret, metav1.GetOptions{})
+	secret, err := e.kube.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, webhookconfig.TLSSecret, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,7 +89,7 @@ func TestKeeperRepairsTheCABundle(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, bundle := range map[string][]byte{"a foreign CA": foreign, "an empty caBundle": nil} {
-		vwc, err := vwcs.Get(ctx, install.ConfigName, metav1.GetOptions{})
+		vwc, err := vwcs.Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -110,7 +111,7 @@ func TestKeeperRepairsTheCABundle(t *testing.T) {
 		if !rep.BundleRepaired || !rep.ConfigOK || rep.LeafRenewed || rep.CARenewed {
 			t.Fatalf("%s: keeper report %v, want only a repaired bundle", name, rep)
 		}
-		vwc, err = vwcs.Get(ctx, install.ConfigName, metav1.GetOptions{})
+		vwc, err = vwcs.Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,12 +170,12 @@ func TestKeeperLeavesWhatItDoesNotOwn(t *testing.T) {
 	}
 	setSettings(t, e, nil)
 
-	vwc, err := vwcs.Get(ctx, install.ConfigName, metav1.GetOptions{})
+	vwc, err := vwcs.Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	good := vwc.Webhooks[0].ClientConfig.CABundle
-	vwc.Annotations = map[string]string{install.PausedAnnotation: "true"}
+	vwc.Annotations = map[string]string{webhookconfig.PausedAnnotation: "true"}
 	vwc.Webhooks[0].ClientConfig.CABundle = []byte("operator's choice")
 	paused, err := vwcs.Update(ctx, vwc, metav1.UpdateOptions{})
 	if err != nil {
@@ -184,11 +185,11 @@ func TestKeeperLeavesWhatItDoesNotOwn(t *testing.T) {
 	if err != nil || !rep.Paused {
 		t.Fatalf("keeper on a paused configuration: %v, %v", rep, err)
 	}
-	if got, _ := vwcs.Get(ctx, install.ConfigName, metav1.GetOptions{}); got.ResourceVersion != paused.ResourceVersion {
+	if got, _ := vwcs.Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{}); got.ResourceVersion != paused.ResourceVersion {
 		t.Fatal("the keeper changed a paused configuration")
 	}
 	restore := func() {
-		cur, err := vwcs.Get(context.Background(), install.ConfigName, metav1.GetOptions{})
+		cur, err := vwcs.Get(context.Background(), webhookconfig.ConfigName, metav1.GetOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -200,11 +201,11 @@ func TestKeeperLeavesWhatItDoesNotOwn(t *testing.T) {
 	}
 	restore()
 
-	deleted, err := vwcs.Get(ctx, install.ConfigName, metav1.GetOptions{})
+	deleted, err := vwcs.Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := vwcs.Delete(ctx, install.ConfigName, metav1.DeleteOptions{}); err != nil {
+	if err := vwcs.Delete(ctx, webhookconfig.ConfigName, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	defer func() {
@@ -294,7 +295,7 @@ func TestKeeperUnderLoad(t *testing.T) {
 // secretCerts returns the Secret's serving certificate and CA.
 func secretCerts(tb testing.TB, ctx context.Context, e *env) (leaf, ca *x509.Certificate) {
 	tb.Helper()
-	s, err := e.kube.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, install.TLSSecret, metav1.GetOptions{})
+	s, err := e.kube.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, webhookconfig.TLSSecret, metav1.GetOptions{})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -338,7 +339,7 @@ func checkFreshConnections(tb testing.TB, ctx context.Context, e *env) (fresh, m
 	go func() {
 		defer close(done)
 		wait.UntilWithContext(cctx, func(cctx context.Context) {
-			vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(cctx, install.ConfigName, metav1.GetOptions{})
+			vwc, err := e.kube.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(cctx, webhookconfig.ConfigName, metav1.GetOptions{})
 			if err != nil {
 				return
 			}
@@ -359,7 +360,7 @@ func verifyPods(e *env, bundle []byte, fresh *atomic.Int64) error {
 	roots.AppendCertsFromPEM(bundle)
 	var errs []error
 	for _, p := range e.runner.livePods() {
-		conn, err := tls.Dial("tcp", p.ip+":8443", &tls.Config{RootCAs: roots, ServerName: install.Name + "." + joinconfig.Namespace + ".svc"})
+		conn, err := tls.Dial("tcp", p.ip+":8443", &tls.Config{RootCAs: roots, ServerName: webhookconfig.Name + "." + joinconfig.Namespace + ".svc"})
 		fresh.Add(1)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", p.name, err))

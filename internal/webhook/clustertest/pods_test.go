@@ -31,7 +31,7 @@ import (
 	"k8s.io/client-go/util/retry"
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
-	"github.com/berth-k8s/berth/internal/webhook/install"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 // harnessSlice is the EndpointSlice the runner maintains for the webhook Service.
@@ -87,7 +87,7 @@ func (r *podRunner) loop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		dep, err := r.kube.AppsV1().Deployments(joinconfig.Namespace).Get(ctx, install.Name, metav1.GetOptions{})
+		dep, err := r.kube.AppsV1().Deployments(joinconfig.Namespace).Get(ctx, webhookconfig.Name, metav1.GetOptions{})
 		if err != nil {
 			// No Deployment (not applied yet, or uninstalled): keep the endpoints in line only.
 			r.reapExited()
@@ -161,11 +161,11 @@ func (r *podRunner) startPod(ctx context.Context, dep *appsv1.Deployment) (*fake
 	ip := fmt.Sprintf("198.51.100.%d", 10+(seq%240))
 	name := fmt.Sprintf("berth-webhook-%d", seq)
 	podDir := filepath.Join(r.dir, name)
-	secret, err := r.kube.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, install.TLSSecret, metav1.GetOptions{})
+	secret, err := r.kube.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, webhookconfig.TLSSecret, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
-	cm, err := r.kube.CoreV1().ConfigMaps(joinconfig.Namespace).Get(ctx, install.PolicyConfigMap, metav1.GetOptions{})
+	cm, err := r.kube.CoreV1().ConfigMaps(joinconfig.Namespace).Get(ctx, webhookconfig.PolicyConfigMap, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -229,7 +229,7 @@ func (r *podRunner) sync(ctx context.Context, force bool) error {
 	port, portName, proto := int32(8443), r.portName, corev1.ProtocolTCP
 	slice := &discoveryv1.EndpointSlice{
 		ObjectMeta: metav1.ObjectMeta{Name: harnessSlice, Namespace: joinconfig.Namespace, Labels: map[string]string{
-			discoveryv1.LabelServiceName: install.Name, discoveryv1.LabelManagedBy: "berth-webhook-clustertest",
+			discoveryv1.LabelServiceName: webhookconfig.Name, discoveryv1.LabelManagedBy: "berth-webhook-clustertest",
 		}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: &portName, Port: &port, Protocol: &proto}},
@@ -276,7 +276,7 @@ func (r *podRunner) sync(ctx context.Context, force bool) error {
 	}
 	deps := r.kube.AppsV1().Deployments(joinconfig.Namespace)
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		dep, err := deps.Get(ctx, install.Name, metav1.GetOptions{})
+		dep, err := deps.Get(ctx, webhookconfig.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return nil
 		}
@@ -326,7 +326,7 @@ func (r *podRunner) terminate(p *fakePod, lag time.Duration) {
 // rollingRestart replaces every current pod, one at a time (maxSurge 1, maxUnavailable 0): start a new
 // pod, wait until it is a ready endpoint, then terminate one old pod.
 func (r *podRunner) rollingRestart(ctx context.Context, lag time.Duration) error {
-	dep, err := r.kube.AppsV1().Deployments(joinconfig.Namespace).Get(ctx, install.Name, metav1.GetOptions{})
+	dep, err := r.kube.AppsV1().Deployments(joinconfig.Namespace).Get(ctx, webhookconfig.Name, metav1.GetOptions{})
 	if err != nil {
 		return err
 	}
@@ -399,7 +399,7 @@ func (r *podRunner) setPaused(v bool) {
 // updates a Secret volume (key first, then certificate; the webhook keeps its loaded pair until both
 // match). It returns the certificate written.
 func (r *podRunner) refreshTLS(ctx context.Context) ([]byte, error) {
-	secret, err := r.kube.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, install.TLSSecret, metav1.GetOptions{})
+	secret, err := r.kube.CoreV1().Secrets(joinconfig.Namespace).Get(ctx, webhookconfig.TLSSecret, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/apply"
 	"github.com/berth-k8s/berth/internal/webhook"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 // Arming: the configuration goes live in two stages (the canary namespace, then every namespace but
@@ -35,17 +36,17 @@ func (w *Installer) ValidatingWebhookConfiguration(caPEM []byte, canaryOnly bool
 		WithKey("kubernetes.io/metadata.name").WithOperator(metav1.LabelSelectorOpNotIn).WithValues(w.exemptNamespaces()...))
 	if canaryOnly {
 		selector = metav1ac.LabelSelector().WithMatchExpressions(metav1ac.LabelSelectorRequirement().
-			WithKey("kubernetes.io/metadata.name").WithOperator(metav1.LabelSelectorOpIn).WithValues(CanaryNamespace))
+			WithKey("kubernetes.io/metadata.name").WithOperator(metav1.LabelSelectorOpIn).WithValues(webhookconfig.CanaryNamespace))
 	}
 	rule := func(group string, resources ...string) *admissionv1ac.RuleWithOperationsApplyConfiguration {
 		return admissionv1ac.RuleWithOperations().
 			WithAPIGroups(group).WithAPIVersions("v1").WithOperations(admissionv1.Create, admissionv1.Update).
 			WithResources(resources...).WithScope(admissionv1.NamespacedScope)
 	}
-	return typed(admissionv1ac.ValidatingWebhookConfiguration(ConfigName).
+	return typed(admissionv1ac.ValidatingWebhookConfiguration(webhookconfig.ConfigName).
 		WithLabels(ownLabels()).
 		WithWebhooks(admissionv1ac.ValidatingWebhook().
-			WithName(HookName).
+			WithName(webhookconfig.HookName).
 			WithAdmissionReviewVersions("v1").
 			WithSideEffects(admissionv1.SideEffectClassNone).
 			WithTimeoutSeconds(int32(w.cfg.TimeoutSeconds)).
@@ -53,7 +54,7 @@ func (w *Installer) ValidatingWebhookConfiguration(caPEM []byte, canaryOnly bool
 			WithMatchPolicy(admissionv1.Equivalent).
 			WithClientConfig(admissionv1ac.WebhookClientConfig().
 				WithCABundle(caPEM...).
-				WithService(admissionv1ac.ServiceReference().WithName(Name).WithNamespace(namespace).WithPath(webhook.Path).WithPort(443))).
+				WithService(admissionv1ac.ServiceReference().WithName(webhookconfig.Name).WithNamespace(namespace).WithPath(webhook.Path).WithPort(443))).
 			WithRules(
 				rule("", "pods", "pods/ephemeralcontainers", "replicationcontrollers"),
 				rule("apps", "deployments", "replicasets", "statefulsets", "daemonsets"),
@@ -83,8 +84,8 @@ func (w *Installer) arm(ctx context.Context, caPEM []byte) error {
 	if err != nil {
 		return failure(ErrApply, "check the API server and retry", "%v", err)
 	}
-	if live != nil && live.GetAnnotations()[PausedAnnotation] == "true" {
-		w.say("configuration %s is paused by the operator (annotation %s): left alone", ConfigName, PausedAnnotation)
+	if live != nil && live.GetAnnotations()[webhookconfig.PausedAnnotation] == "true" {
+		w.say("configuration %s is paused by the operator (annotation %s): left alone", webhookconfig.ConfigName, webhookconfig.PausedAnnotation)
 		return nil
 	}
 	if live != nil && contains(live.Object, final.Object) {
@@ -140,7 +141,7 @@ func (w *Installer) applyConfig(ctx context.Context, cfg *unstructured.Unstructu
 	stage := "armed for every namespace but the exempt ones"
 	if sel, _, _ := unstructured.NestedSlice(cfg.Object, "webhooks"); len(sel) > 0 {
 		if ms, _, _ := unstructured.NestedSlice(sel[0].(map[string]any), "namespaceSelector", "matchExpressions"); len(ms) > 0 && ms[0].(map[string]any)["operator"] == "In" {
-			stage = "armed for the canary namespace " + CanaryNamespace
+			stage = "armed for the canary namespace " + webhookconfig.CanaryNamespace
 		}
 	}
 	w.result.Writes = append(w.result.Writes, "apply ValidatingWebhookConfiguration "+cfg.GetName())
@@ -154,16 +155,16 @@ func (w *Installer) rollback(ctx context.Context, previous *unstructured.Unstruc
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	if previous == nil {
-		err := w.vwcs().Delete(ctx, ConfigName, metav1.DeleteOptions{})
+		err := w.vwcs().Delete(ctx, webhookconfig.ConfigName, metav1.DeleteOptions{})
 		if apierrors.IsNotFound(err) {
 			return // nothing was created
 		}
 		if err != nil {
-			w.say("rolling back: deleting configuration %s failed: %v; delete it by hand", ConfigName, err)
+			w.say("rolling back: deleting configuration %s failed: %v; delete it by hand", webhookconfig.ConfigName, err)
 			return
 		}
-		w.result.Writes = append(w.result.Writes, "delete ValidatingWebhookConfiguration "+ConfigName)
-		w.say("rolled back: configuration %s deleted", ConfigName)
+		w.result.Writes = append(w.result.Writes, "delete ValidatingWebhookConfiguration "+webhookconfig.ConfigName)
+		w.say("rolled back: configuration %s deleted", webhookconfig.ConfigName)
 		return
 	}
 	restored := &unstructured.Unstructured{Object: map[string]any{"webhooks": previous.Object["webhooks"]}}
@@ -171,11 +172,11 @@ func (w *Installer) rollback(ctx context.Context, previous *unstructured.Unstruc
 	restored.SetName(previous.GetName())
 	restored.SetLabels(previous.GetLabels())
 	if err := w.objects.Apply(ctx, restored); err != nil {
-		w.say("rolling back: restoring configuration %s failed: %v", ConfigName, err)
+		w.say("rolling back: restoring configuration %s failed: %v", webhookconfig.ConfigName, err)
 		return
 	}
-	w.result.Writes = append(w.result.Writes, "apply ValidatingWebhookConfiguration "+ConfigName+" (rollback)")
-	w.say("rolled back: configuration %s restored", ConfigName)
+	w.result.Writes = append(w.result.Writes, "apply ValidatingWebhookConfiguration "+webhookconfig.ConfigName+" (rollback)")
+	w.say("rolled back: configuration %s restored", webhookconfig.ConfigName)
 }
 
 // endToEnd proves through the API server that the webhook is invoked: a server-side dry-run create of
@@ -183,7 +184,7 @@ func (w *Installer) rollback(ctx context.Context, previous *unstructured.Unstruc
 // one with an allowed image must be admitted. The configuration may take a moment to reach the API
 // server's webhook cache, so "not invoked" is retried for a few seconds.
 func (w *Installer) endToEnd(ctx context.Context) error {
-	pods := w.kube.CoreV1().Pods(CanaryNamespace)
+	pods := w.kube.CoreV1().Pods(webhookconfig.CanaryNamespace)
 	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}, FieldManager: apply.FieldManager}
 	var last *Error
 	// The window bounds the retries only; each attempt's calls run under ctx.
@@ -193,7 +194,7 @@ func (w *Installer) endToEnd(ctx context.Context) error {
 		switch {
 		case err == nil:
 			last = failure(ErrConfigNotHonored, "check that the API server reaches the webhook (kube-apiserver logs, the configuration's namespaceSelector)",
-				"a dry-run pod with image %s in namespace %s was admitted", canaryDeniedImage, CanaryNamespace)
+				"a dry-run pod with image %s in namespace %s was admitted", canaryDeniedImage, webhookconfig.CanaryNamespace)
 		case strings.Contains(err.Error(), "failed calling webhook"):
 			last = failure(ErrCallFailed, "check the route from the API server to the webhook pods and the CA bundle", "%v", err)
 			if w.bundleChanged(ctx) {
@@ -202,7 +203,7 @@ func (w *Installer) endToEnd(ctx context.Context) error {
 				last.Detail += " (the configuration's caBundle changed during the check)"
 				return true, nil
 			}
-		case !strings.Contains(err.Error(), HookName) || !strings.Contains(err.Error(), "image policy rule"):
+		case !strings.Contains(err.Error(), webhookconfig.HookName) || !strings.Contains(err.Error(), "image policy rule"):
 			last = failure(ErrConfigNotHonored, "check the admission chain of the API server", "the dry-run pod was rejected, but not by the webhook: %v", err)
 		}
 		if last == nil {
@@ -223,24 +224,24 @@ func (w *Installer) endToEnd(ctx context.Context) error {
 
 // Uninstall removes the configuration first and confirms it is gone, then the backend.
 func (w *Installer) Uninstall(ctx context.Context) error {
-	if err := w.vwcs().Delete(ctx, ConfigName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("deleting configuration %s: %w", ConfigName, err)
+	if err := w.vwcs().Delete(ctx, webhookconfig.ConfigName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("deleting configuration %s: %w", webhookconfig.ConfigName, err)
 	}
 	err := retry(ctx, w.cfg.MaxBackoff, func() (bool, error) {
-		_, err := w.vwcs().Get(ctx, ConfigName, metav1.GetOptions{})
+		_, err := w.vwcs().Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			return true, nil
 		}
 		if err != nil {
-			return false, fmt.Errorf("configuration %s still there: %w", ConfigName, err)
+			return false, fmt.Errorf("configuration %s still there: %w", webhookconfig.ConfigName, err)
 		}
-		return false, fmt.Errorf("configuration %s still there", ConfigName)
+		return false, fmt.Errorf("configuration %s still there", webhookconfig.ConfigName)
 	})
 	if err != nil {
 		return err
 	}
 	backend := []*unstructured.Unstructured{w.deployment(), w.pdb(), w.service(), w.policyConfigMap(),
-		typed(corev1ac.Secret(TLSSecret, namespace)), w.serviceAccount()}
+		typed(corev1ac.Secret(webhookconfig.TLSSecret, namespace)), w.serviceAccount()}
 	for _, o := range append(append(backend, keeperRBAC()...), w.canaryNamespace()) {
 		res, err := w.objects.Resource(o)
 		if err != nil {

@@ -8,6 +8,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -64,7 +65,7 @@ func TestConfigurationShape(t *testing.T) {
 	canary := w.ValidatingWebhookConfiguration([]byte("CA"), true)
 	cexpr, _, _ := unstructured.NestedSlice(canary.Object, "webhooks")
 	csel, _, _ := unstructured.NestedSlice(cexpr[0].(map[string]any), "namespaceSelector", "matchExpressions")
-	if csel[0].(map[string]any)["operator"] != "In" || toStrings(csel[0].(map[string]any)["values"])[0] != CanaryNamespace {
+	if csel[0].(map[string]any)["operator"] != "In" || toStrings(csel[0].(map[string]any)["values"])[0] != webhookconfig.CanaryNamespace {
 		t.Fatalf("canary stage selector = %v", csel)
 	}
 }
@@ -93,9 +94,9 @@ func TestEndToEndRetriesWithinTheWindow(t *testing.T) {
 			}
 			at = append(at, time.Since(start))
 			if !reachable {
-				return true, nil, errors.New(`Internal error occurred: failed calling webhook "` + HookName + `": connection refused`)
+				return true, nil, errors.New(`Internal error occurred: failed calling webhook "` + webhookconfig.HookName + `": connection refused`)
 			}
-			return true, nil, errors.New(`admission webhook "` + HookName + `" denied the request: image policy rule "default-deny"`)
+			return true, nil, errors.New(`admission webhook "` + webhookconfig.HookName + `" denied the request: image policy rule "default-deny"`)
 		})
 		var out strings.Builder
 		w := New(Config{Image: "x", EndToEndWindow: 2200 * time.Millisecond}, cs, nil, &out)

@@ -35,20 +35,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/apply"
 	"github.com/berth-k8s/berth/internal/webhook"
-)
-
-// Names of the image-policy webhook's objects. Name and ConfigName are contracts.
-const (
-	Name            = "berth-webhook"
-	ConfigName      = "berth-image-policy"
-	TLSSecret       = "berth-webhook-tls"
-	PolicyConfigMap = "berth-webhook-policy"
-	CanaryNamespace = "berth-webhook-canary"
-	// HookName is the webhook's name inside the configuration.
-	HookName = "image-policy.berth-webhook.berth-system.svc"
-	// PausedAnnotation on the configuration (value "true") makes the installer leave it alone:
-	// the operator's break-glass marker.
-	PausedAnnotation = "berth.dev/paused"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 // Failure categories of the install. Every error Install returns wraps one of them.
@@ -291,16 +278,16 @@ const (
 func clusterPolicy(ctx context.Context, kube kubernetes.Interface) ([]byte, error) {
 	backoff := wait.Backoff{Duration: policyFirstWait, Factor: 2, Steps: maxSteps, Cap: policyMaxWait}
 	for {
-		cm, err := kube.CoreV1().ConfigMaps(namespace).Get(ctx, PolicyConfigMap, metav1.GetOptions{})
+		cm, err := kube.CoreV1().ConfigMaps(namespace).Get(ctx, webhookconfig.PolicyConfigMap, metav1.GetOptions{})
 		switch {
 		case err == nil:
 			p, ok := cm.Data["policy.yaml"]
 			if !ok {
-				return nil, failure(ErrInvalidConfiguration, "restore the policy (key policy.yaml) in ConfigMap "+namespace+"/"+PolicyConfigMap, "the ConfigMap has no policy.yaml")
+				return nil, failure(ErrInvalidConfiguration, "restore the policy (key policy.yaml) in ConfigMap "+namespace+"/"+webhookconfig.PolicyConfigMap, "the ConfigMap has no policy.yaml")
 			}
 			return []byte(p), nil
 		case apierrors.IsNotFound(err):
-			return nil, failure(ErrInvalidConfiguration, "restore ConfigMap "+namespace+"/"+PolicyConfigMap+" or re-install the webhook", "the image policy ConfigMap is gone")
+			return nil, failure(ErrInvalidConfiguration, "restore ConfigMap "+namespace+"/"+webhookconfig.PolicyConfigMap+" or re-install the webhook", "the image policy ConfigMap is gone")
 		}
 		select {
 		case <-ctx.Done():

@@ -11,6 +11,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -56,7 +57,7 @@ func TestInstallRefusesBadInput(t *testing.T) {
 
 func TestClusterPolicy(t *testing.T) {
 	cm := func(data map[string]string) *corev1.ConfigMap {
-		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: PolicyConfigMap, Namespace: namespace}, Data: data}
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: webhookconfig.PolicyConfigMap, Namespace: namespace}, Data: data}
 	}
 	p, err := clusterPolicy(context.Background(), fake.NewClientset(cm(map[string]string{"policy.yaml": "rules: []\n"})))
 	if err != nil || string(p) != "rules: []\n" {

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/berth-k8s/berth/internal/pemcerts"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 // Keeping: after the install, the keeper owns the webhook's trust chain for as long as the cluster
@@ -112,7 +113,7 @@ func (k *Keeper) Check(ctx context.Context) (rep KeepReport, err error) {
 	settings, err := ReadSettings(ctx, k.kube)
 	switch {
 	case errors.Is(err, ErrInvalidConfiguration):
-		return rep, failure(ErrInvalidConfiguration, "fix ConfigMap "+namespace+"/"+CertificatesConfigMap, "%v", err)
+		return rep, failure(ErrInvalidConfiguration, "fix ConfigMap "+namespace+"/"+webhookconfig.CertificatesConfigMap, "%v", err)
 	case err != nil:
 		return rep, failure(ErrAPINotReady, "check the control plane (kube-apiserver, etcd); the keeper retries", "%v", err)
 	}
@@ -127,7 +128,7 @@ func (k *Keeper) Check(ctx context.Context) (rep KeepReport, err error) {
 		return rep, err
 	}
 	if cur.resourceVersion == "" {
-		return rep, failure(ErrNotInstalled, "install it with the bootstrapper's --webhook-image, or ignore this on a cluster without it", "Secret %s/%s does not exist", namespace, TLSSecret)
+		return rep, failure(ErrNotInstalled, "install it with the bootstrapper's --webhook-image, or ignore this on a cluster without it", "Secret %s/%s does not exist", namespace, webhookconfig.TLSSecret)
 	}
 	armed, err := w.bundleHolds(ctx, cur.caPEM)
 	if err != nil {
@@ -141,19 +142,19 @@ func (k *Keeper) Check(ctx context.Context) (rep KeepReport, err error) {
 		return rep, err
 	}
 
-	live, err := w.vwcs().Get(ctx, ConfigName, metav1.GetOptions{})
+	live, err := w.vwcs().Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return rep, failure(ErrConfigMissing, "re-install the webhook, or leave it deleted on purpose (break-glass)", "configuration %s does not exist", ConfigName)
+		return rep, failure(ErrConfigMissing, "re-install the webhook, or leave it deleted on purpose (break-glass)", "configuration %s does not exist", webhookconfig.ConfigName)
 	case err != nil:
-		return rep, failure(ErrApply, "check the API server and retry", "reading configuration %s: %v", ConfigName, err)
-	case live.Annotations[PausedAnnotation] == "true":
-		w.say("configuration %s is paused by the operator (annotation %s): left alone", ConfigName, PausedAnnotation)
+		return rep, failure(ErrApply, "check the API server and retry", "reading configuration %s: %v", webhookconfig.ConfigName, err)
+	case live.Annotations[webhookconfig.PausedAnnotation] == "true":
+		w.say("configuration %s is paused by the operator (annotation %s): left alone", webhookconfig.ConfigName, webhookconfig.PausedAnnotation)
 		rep.Paused = true
 		return rep, nil
 	}
 	if !publishes(live, next.bundlePEM) {
-		w.say("configuration %s publishes a CA bundle other than Secret %s: probing the endpoints against the Secret's", ConfigName, TLSSecret)
+		w.say("configuration %s publishes a CA bundle other than Secret %s: probing the endpoints against the Secret's", webhookconfig.ConfigName, webhookconfig.TLSSecret)
 		if _, err := w.waitServing(ctx, next.bundlePEM); err != nil {
 			return rep, err
 		}
@@ -185,7 +186,7 @@ func (w *Installer) bundleChanged(ctx context.Context) bool {
 	if !w.keep || w.checking == nil {
 		return false
 	}
-	live, err := w.vwcs().Get(ctx, ConfigName, metav1.GetOptions{})
+	live, err := w.vwcs().Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 	return err == nil && !publishes(live, w.checking)
 }
 
@@ -202,12 +203,12 @@ func (w *Installer) publish(ctx context.Context, bundle []byte) error {
 	if !w.keep {
 		return w.arm(ctx, bundle)
 	}
-	live, err := w.vwcs().Get(ctx, ConfigName, metav1.GetOptions{})
+	live, err := w.vwcs().Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 	if err != nil {
-		return failure(ErrApply, "check the API server and retry", "reading configuration %s: %v", ConfigName, err)
+		return failure(ErrApply, "check the API server and retry", "reading configuration %s: %v", webhookconfig.ConfigName, err)
 	}
-	if live.Annotations[PausedAnnotation] == "true" {
-		w.say("configuration %s is paused by the operator (annotation %s): left alone", ConfigName, PausedAnnotation)
+	if live.Annotations[webhookconfig.PausedAnnotation] == "true" {
+		w.say("configuration %s is paused by the operator (annotation %s): left alone", webhookconfig.ConfigName, webhookconfig.PausedAnnotation)
 		return nil
 	}
 	if publishes(live, bundle) {
@@ -226,11 +227,11 @@ func (w *Installer) publishBundle(ctx context.Context, live *admissionregistrati
 	}
 	updated, err := w.vwcs().Update(ctx, next, metav1.UpdateOptions{FieldManager: KeeperFieldManager})
 	if err != nil {
-		return failure(ErrApply, "retry; a conflict means the configuration changed meanwhile", "updating the caBundle of %s: %v", ConfigName, err)
+		return failure(ErrApply, "retry; a conflict means the configuration changed meanwhile", "updating the caBundle of %s: %v", webhookconfig.ConfigName, err)
 	}
 	w.checking = bundle
-	w.result.Writes = append(w.result.Writes, "update ValidatingWebhookConfiguration "+ConfigName+" caBundle")
-	w.say("configuration %s: caBundle replaced (%d certificates)", ConfigName, countCerts(bundle))
+	w.result.Writes = append(w.result.Writes, "update ValidatingWebhookConfiguration "+webhookconfig.ConfigName+" caBundle")
+	w.say("configuration %s: caBundle replaced (%d certificates)", webhookconfig.ConfigName, countCerts(bundle))
 	if err := w.endToEnd(ctx); err != nil {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 		defer cancel()
@@ -241,10 +242,10 @@ func (w *Installer) publishBundle(ctx context.Context, live *admissionregistrati
 			}
 		}
 		if _, rerr := w.vwcs().Update(rctx, restore, metav1.UpdateOptions{FieldManager: KeeperFieldManager}); rerr != nil {
-			w.say("rolling back: restoring the caBundle of %s failed: %v", ConfigName, rerr)
+			w.say("rolling back: restoring the caBundle of %s failed: %v", webhookconfig.ConfigName, rerr)
 		} else {
-			w.result.Writes = append(w.result.Writes, "update ValidatingWebhookConfiguration "+ConfigName+" caBundle (rollback)")
-			w.say("rolled back: the previous caBundle of %s is restored", ConfigName)
+			w.result.Writes = append(w.result.Writes, "update ValidatingWebhookConfiguration "+webhookconfig.ConfigName+" caBundle (rollback)")
+			w.say("rolled back: the previous caBundle of %s is restored", webhookconfig.ConfigName)
 		}
 		return err
 	}
@@ -254,12 +255,12 @@ func (w *Installer) publishBundle(ctx context.Context, live *admissionregistrati
 // bundleHolds reports whether the live configuration publishes ca (a PEM certificate) in every
 // webhook's caBundle.
 func (w *Installer) bundleHolds(ctx context.Context, caPEM []byte) (bool, error) {
-	live, err := w.vwcs().Get(ctx, ConfigName, metav1.GetOptions{})
+	live, err := w.vwcs().Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return false, nil
 	}
 	if err != nil {
-		return false, failure(ErrApply, "check the API server and retry", "reading configuration %s: %v", ConfigName, err)
+		return false, failure(ErrApply, "check the API server and retry", "reading configuration %s: %v", webhookconfig.ConfigName, err)
 	}
 	cas, err := pemcerts.Parse(caPEM)
 	if err != nil || len(live.Webhooks) == 0 {

@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -25,11 +26,11 @@ func TestKeeperEndToEndStopsWhenTheBundleChanges(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				cs := fake.NewClientset(&admissionregistrationv1.ValidatingWebhookConfiguration{
-					ObjectMeta: metav1.ObjectMeta{Name: ConfigName},
-					Webhooks:   []admissionregistrationv1.ValidatingWebhook{{Name: HookName, ClientConfig: admissionregistrationv1.WebhookClientConfig{CABundle: live}}},
+					ObjectMeta: metav1.ObjectMeta{Name: webhookconfig.ConfigName},
+					Webhooks:   []admissionregistrationv1.ValidatingWebhook{{Name: webhookconfig.HookName, ClientConfig: admissionregistrationv1.WebhookClientConfig{CABundle: live}}},
 				})
 				cs.PrependReactor("create", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
-					return true, nil, errors.New(`Internal error occurred: failed calling webhook "` + HookName + `": tls: failed to verify certificate`)
+					return true, nil, errors.New(`Internal error occurred: failed calling webhook "` + webhookconfig.HookName + `": tls: failed to verify certificate`)
 				})
 				w := New(Config{Image: "keeper", EndToEndWindow: 15 * time.Second}, cs, nil, io.Discard)
 				w.keep, w.checking = true, []byte("checked")

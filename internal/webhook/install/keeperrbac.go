@@ -5,6 +5,7 @@ import (
 	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 // KeeperRole names the Roles, the ClusterRole and their bindings that let the keeper (run by the
@@ -29,19 +30,19 @@ func keeperRBAC() []*unstructured.Unstructured {
 	}
 	return []*unstructured.Unstructured{
 		typed(rbacv1ac.Role(KeeperRole, namespace).WithLabels(ownLabels()).WithRules(
-			rule("", []string{"secrets"}, []string{TLSSecret}, "get", "update"),
-			rule("", []string{"configmaps"}, []string{PolicyConfigMap, CertificatesConfigMap}, "get"),
-			rule("", []string{"services"}, []string{Name}, "get"),
+			rule("", []string{"secrets"}, []string{webhookconfig.TLSSecret}, "get", "update"),
+			rule("", []string{"configmaps"}, []string{webhookconfig.PolicyConfigMap, webhookconfig.CertificatesConfigMap}, "get"),
+			rule("", []string{"services"}, []string{webhookconfig.Name}, "get"),
 			rule("discovery.k8s.io", []string{"endpointslices"}, nil, "list"),
 		)),
 		typed(rbacv1ac.RoleBinding(KeeperRole, namespace).WithLabels(ownLabels()).WithRoleRef(roleRef("Role")).WithSubjects(subject)),
 		// The end-to-end check: server-side dry-run creates of canary pods (a dry run needs create).
-		typed(rbacv1ac.Role(KeeperRole, CanaryNamespace).WithLabels(ownLabels()).WithRules(
+		typed(rbacv1ac.Role(KeeperRole, webhookconfig.CanaryNamespace).WithLabels(ownLabels()).WithRules(
 			rule("", []string{"pods"}, nil, "create"),
 		)),
-		typed(rbacv1ac.RoleBinding(KeeperRole, CanaryNamespace).WithLabels(ownLabels()).WithRoleRef(roleRef("Role")).WithSubjects(subject)),
+		typed(rbacv1ac.RoleBinding(KeeperRole, webhookconfig.CanaryNamespace).WithLabels(ownLabels()).WithRoleRef(roleRef("Role")).WithSubjects(subject)),
 		typed(rbacv1ac.ClusterRole(KeeperRole).WithLabels(ownLabels()).WithRules(
-			rule("admissionregistration.k8s.io", []string{"validatingwebhookconfigurations"}, []string{ConfigName}, "get", "list", "watch", "update"),
+			rule("admissionregistration.k8s.io", []string{"validatingwebhookconfigurations"}, []string{webhookconfig.ConfigName}, "get", "list", "watch", "update"),
 		)),
 		typed(rbacv1ac.ClusterRoleBinding(KeeperRole).WithLabels(ownLabels()).WithRoleRef(roleRef("ClusterRole")).WithSubjects(subject)),
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -87,14 +88,11 @@ func due(notAfter, now time.Time, validity, renewBefore time.Duration) bool {
 // behind: an hour, or a tenth of a short validity.
 func backdate(validity time.Duration) time.Duration { return min(time.Hour, validity/10) }
 
-// CertificatesConfigMap in berth-system holds the operator's settings for the webhook's
-// certificates; without it the defaults apply. Keys (Go durations such as "8760h" or "5m"):
+// Keys of webhookconfig.CertificatesConfigMap, the operator's settings for the webhook's certificates
+// (Go durations such as "8760h" or "5m"):
 //
 //	leafValidity, caValidity, leafRenewBefore, caRenewBefore (see Lifetimes)
 //	checkPeriod   how often the keeper checks the chain when nothing changes (default 1m)
-const CertificatesConfigMap = "berth-webhook-certificates"
-
-// Keys of CertificatesConfigMap.
 const (
 	keyLeafValidity    = "leafValidity"
 	keyCAValidity      = "caValidity"
@@ -121,11 +119,11 @@ func ParseSettings(data map[string]string) (Settings, error) {
 	for k, v := range data {
 		f, ok := fields[k]
 		if !ok {
-			return Settings{}, fmt.Errorf("%w: ConfigMap %s has an unknown key %q (known: %s)", ErrInvalidConfiguration, CertificatesConfigMap, k, strings.Join(settingKeys(), ", "))
+			return Settings{}, fmt.Errorf("%w: ConfigMap %s has an unknown key %q (known: %s)", ErrInvalidConfiguration, webhookconfig.CertificatesConfigMap, k, strings.Join(settingKeys(), ", "))
 		}
 		d, err := time.ParseDuration(strings.TrimSpace(v))
 		if err != nil || d <= 0 {
-			return Settings{}, fmt.Errorf("%w: ConfigMap %s key %s: %q is not a positive duration", ErrInvalidConfiguration, CertificatesConfigMap, k, v)
+			return Settings{}, fmt.Errorf("%w: ConfigMap %s key %s: %q is not a positive duration", ErrInvalidConfiguration, webhookconfig.CertificatesConfigMap, k, v)
 		}
 		*f = d
 	}
@@ -134,7 +132,7 @@ func ParseSettings(data map[string]string) (Settings, error) {
 		s.CheckPeriod = DefaultCheckPeriod
 	}
 	if err := s.Lifetimes.Validate(); err != nil {
-		return Settings{}, fmt.Errorf("%w: ConfigMap %s: %w", ErrInvalidConfiguration, CertificatesConfigMap, err)
+		return Settings{}, fmt.Errorf("%w: ConfigMap %s: %w", ErrInvalidConfiguration, webhookconfig.CertificatesConfigMap, err)
 	}
 	return s, nil
 }
@@ -145,12 +143,12 @@ func settingKeys() []string {
 
 // ReadSettings reads CertificatesConfigMap from the cluster; without it the defaults apply.
 func ReadSettings(ctx context.Context, kube kubernetes.Interface) (Settings, error) {
-	cm, err := kube.CoreV1().ConfigMaps(namespace).Get(ctx, CertificatesConfigMap, metav1.GetOptions{})
+	cm, err := kube.CoreV1().ConfigMaps(namespace).Get(ctx, webhookconfig.CertificatesConfigMap, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
 		return ParseSettings(nil)
 	case err != nil:
-		return Settings{}, fmt.Errorf("reading ConfigMap %s: %w", CertificatesConfigMap, err)
+		return Settings{}, fmt.Errorf("reading ConfigMap %s: %w", webhookconfig.CertificatesConfigMap, err)
 	}
 	return ParseSettings(cm.Data)
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/apply"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 // The backend: the objects the webhook runs on, applied only where the live object differs.
@@ -109,7 +110,7 @@ func contains(have, want any) bool {
 }
 
 func (w *Installer) ensureBackend(ctx context.Context) ([]byte, error) {
-	ns := typed(corev1ac.Namespace(namespace).WithLabels(map[string]string{"app.kubernetes.io/part-of": "berth"}))
+	ns := typed(corev1ac.Namespace(namespace).WithLabels(map[string]string{joinconfig.PartOfLabel: joinconfig.PartOf}))
 	if live, err := w.get(ctx, ns); err != nil {
 		return nil, failure(ErrApply, "check the API server and retry", "%v", err)
 	} else if live == nil {
@@ -117,7 +118,7 @@ func (w *Installer) ensureBackend(ctx context.Context) ([]byte, error) {
 			return nil, err
 		}
 	}
-	if err := w.waitNotTerminating(ctx, CanaryNamespace); err != nil {
+	if err := w.waitNotTerminating(ctx, webhookconfig.CanaryNamespace); err != nil {
 		return nil, err
 	}
 	secret, caPEM, err := w.tlsSecret(ctx)
@@ -178,12 +179,12 @@ func (w *Installer) waitNotTerminating(ctx context.Context, name string) error {
 }
 
 func ownLabels() map[string]string {
-	return map[string]string{"app.kubernetes.io/name": Name, "app.kubernetes.io/part-of": "berth", managedByLabel: apply.FieldManager}
+	return map[string]string{joinconfig.NameLabel: webhookconfig.Name, joinconfig.PartOfLabel: joinconfig.PartOf, managedByLabel: apply.FieldManager}
 }
 
 // selector selects the webhook's pods.
 func selector() *metav1ac.LabelSelectorApplyConfiguration {
-	return metav1ac.LabelSelector().WithMatchLabels(map[string]string{"app.kubernetes.io/name": Name})
+	return metav1ac.LabelSelector().WithMatchLabels(map[string]string{joinconfig.NameLabel: webhookconfig.Name})
 }
 
 // typed turns one of the installer's typed apply configurations into the object apply takes.
@@ -197,29 +198,29 @@ func typed(ac any) *unstructured.Unstructured {
 }
 
 func (w *Installer) canaryNamespace() *unstructured.Unstructured {
-	return typed(corev1ac.Namespace(CanaryNamespace).WithLabels(ownLabels()))
+	return typed(corev1ac.Namespace(webhookconfig.CanaryNamespace).WithLabels(ownLabels()))
 }
 
 func (w *Installer) canaryServiceAccount() *unstructured.Unstructured {
-	return typed(corev1ac.ServiceAccount("berth-webhook-canary", CanaryNamespace).
+	return typed(corev1ac.ServiceAccount("berth-webhook-canary", webhookconfig.CanaryNamespace).
 		WithLabels(ownLabels()).WithAutomountServiceAccountToken(false))
 }
 
 func (w *Installer) serviceAccount() *unstructured.Unstructured {
-	return typed(corev1ac.ServiceAccount(Name, namespace).WithLabels(ownLabels()).WithAutomountServiceAccountToken(false))
+	return typed(corev1ac.ServiceAccount(webhookconfig.Name, namespace).WithLabels(ownLabels()).WithAutomountServiceAccountToken(false))
 }
 
 func (w *Installer) policyConfigMap() *unstructured.Unstructured {
-	return typed(corev1ac.ConfigMap(PolicyConfigMap, namespace).
+	return typed(corev1ac.ConfigMap(webhookconfig.PolicyConfigMap, namespace).
 		WithLabels(ownLabels()).
 		WithData(map[string]string{"policy.yaml": string(w.cfg.Policy)}))
 }
 
 func (w *Installer) service() *unstructured.Unstructured {
-	return typed(corev1ac.Service(Name, namespace).
+	return typed(corev1ac.Service(webhookconfig.Name, namespace).
 		WithLabels(ownLabels()).
 		WithSpec(corev1ac.ServiceSpec().
-			WithSelector(map[string]string{"app.kubernetes.io/name": Name}).
+			WithSelector(map[string]string{joinconfig.NameLabel: webhookconfig.Name}).
 			WithPorts(corev1ac.ServicePort().WithName("https").WithPort(443).
 				WithTargetPort(intstr.FromInt32(servingPort)).WithProtocol(corev1.ProtocolTCP))))
 }
@@ -286,7 +287,7 @@ func (w *Installer) deployment() *unstructured.Unstructured {
 			corev1ac.VolumeMount().WithName("tls").WithMountPath("/etc/berth-webhook/tls").WithReadOnly(true),
 			corev1ac.VolumeMount().WithName("policy").WithMountPath("/etc/berth-webhook/policy").WithReadOnly(true),
 		)
-	return typed(appsv1ac.Deployment(Name, namespace).
+	return typed(appsv1ac.Deployment(webhookconfig.Name, namespace).
 		WithLabels(labels).
 		WithSpec(appsv1ac.DeploymentSpec().
 			WithReplicas(int32(w.cfg.Replicas)).
@@ -298,7 +299,7 @@ func (w *Installer) deployment() *unstructured.Unstructured {
 			WithTemplate(corev1ac.PodTemplateSpec().
 				WithLabels(labels).
 				WithSpec(corev1ac.PodSpec().
-					WithServiceAccountName(Name).
+					WithServiceAccountName(webhookconfig.Name).
 					WithAutomountServiceAccountToken(false).
 					WithPriorityClassName("system-cluster-critical").
 					WithTerminationGracePeriodSeconds(grace).
@@ -320,18 +321,18 @@ func (w *Installer) deployment() *unstructured.Unstructured {
 					WithContainers(container).
 					WithVolumes(
 						corev1ac.Volume().WithName("tls").WithSecret(corev1ac.SecretVolumeSource().
-							WithSecretName(TLSSecret).WithDefaultMode(0o440).
+							WithSecretName(webhookconfig.TLSSecret).WithDefaultMode(0o440).
 							// The CA key stays in the Secret; the pods get only their keypair.
 							WithItems(
 								corev1ac.KeyToPath().WithKey("tls.crt").WithPath("tls.crt"),
 								corev1ac.KeyToPath().WithKey("tls.key").WithPath("tls.key"),
 							)),
-						corev1ac.Volume().WithName("policy").WithConfigMap(corev1ac.ConfigMapVolumeSource().WithName(PolicyConfigMap)),
+						corev1ac.Volume().WithName("policy").WithConfigMap(corev1ac.ConfigMapVolumeSource().WithName(webhookconfig.PolicyConfigMap)),
 					)))))
 }
 
 func (w *Installer) pdb() *unstructured.Unstructured {
-	return typed(policyv1ac.PodDisruptionBudget(Name, namespace).
+	return typed(policyv1ac.PodDisruptionBudget(webhookconfig.Name, namespace).
 		WithLabels(ownLabels()).
 		WithSpec(policyv1ac.PodDisruptionBudgetSpec().
 			WithMaxUnavailable(intstr.FromInt32(1)).

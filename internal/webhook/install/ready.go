@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/webhook"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 // Readiness: the API server answers, the Deployment is available, and every ready endpoint answers
@@ -104,11 +105,11 @@ func (w *Installer) readyEndpoints(ctx context.Context) ([]string, *Error) {
 		}
 		minReady = w.cfg.Replicas
 	}
-	svc, err := w.kube.CoreV1().Services(namespace).Get(ctx, Name, metav1.GetOptions{})
+	svc, err := w.kube.CoreV1().Services(namespace).Get(ctx, webhookconfig.Name, metav1.GetOptions{})
 	if err != nil {
 		return nil, failure(ErrServiceMissing, "re-run the install; it applies the Service", "%v", err)
 	}
-	list, err := w.kube.DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + Name})
+	list, err := w.kube.DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + webhookconfig.Name})
 	if err != nil {
 		return nil, failure(ErrNoReadyEndpoints, "check the API server", "listing EndpointSlices: %v", err)
 	}
@@ -124,7 +125,7 @@ func (w *Installer) readyEndpoints(ctx context.Context) ([]string, *Error) {
 }
 
 func (w *Installer) deploymentReady(ctx context.Context) *Error {
-	dep, err := w.kube.AppsV1().Deployments(namespace).Get(ctx, Name, metav1.GetOptions{})
+	dep, err := w.kube.AppsV1().Deployments(namespace).Get(ctx, webhookconfig.Name, metav1.GetOptions{})
 	if err != nil {
 		return failure(ErrDeploymentNotReady, "check the Deployment berth-system/berth-webhook", "%v", err)
 	}
@@ -262,7 +263,7 @@ func canaryPod(name, image string) *corev1.Pod {
 	f := false
 	return &corev1.Pod{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: CanaryNamespace},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: webhookconfig.CanaryNamespace},
 		Spec: corev1.PodSpec{
 			ServiceAccountName: "berth-webhook-canary", AutomountServiceAccountToken: &f,
 			Containers: []corev1.Container{{Name: "canary", Image: image}},
@@ -277,7 +278,7 @@ func probeReview(uid types.UID, image string) *admissionv1.AdmissionReview {
 		Request: &admissionv1.AdmissionRequest{
 			UID: uid, Kind: metav1.GroupVersionKind{Version: "v1", Kind: "Pod"},
 			Resource: metav1.GroupVersionResource{Version: "v1", Resource: "pods"},
-			Name:     "berth-install-probe", Namespace: CanaryNamespace, Operation: admissionv1.Create,
+			Name:     "berth-install-probe", Namespace: webhookconfig.CanaryNamespace, Operation: admissionv1.Create,
 			Object: runtime.RawExtension{Raw: raw},
 		},
 	}

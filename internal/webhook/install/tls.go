@@ -22,16 +22,17 @@ import (
 	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
 
 	"github.com/berth-k8s/berth/internal/pemcerts"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 // Certificates: the webhook's own CA and serving certificate, kept in Secret berth-webhook-tls,
 // renewed and rotated without a moment in which a served certificate is not in the published bundle.
 
 func serviceDNSNames() []string {
-	return []string{Name, Name + "." + namespace, Name + "." + namespace + ".svc", Name + "." + namespace + ".svc.cluster.local"}
+	return []string{webhookconfig.Name, webhookconfig.Name + "." + namespace, webhookconfig.Name + "." + namespace + ".svc", webhookconfig.Name + "." + namespace + ".svc.cluster.local"}
 }
 
-func serverName() string { return Name + "." + namespace + ".svc" }
+func serverName() string { return webhookconfig.Name + "." + namespace + ".svc" }
 
 // tlsMaterial is what Secret berth-webhook-tls holds: the current CA (it signs the leaf), the
 // serving keypair, and the CA bundle the webhook configuration publishes. The bundle is the CA alone,
@@ -56,7 +57,7 @@ func (m tlsMaterial) equal(o tlsMaterial) bool {
 }
 
 func (m tlsMaterial) secret() *unstructured.Unstructured {
-	return typed(corev1ac.Secret(TLSSecret, namespace).
+	return typed(corev1ac.Secret(webhookconfig.TLSSecret, namespace).
 		WithType(corev1.SecretTypeOpaque).
 		WithLabels(ownLabels()).
 		WithData(map[string][]byte{
@@ -76,12 +77,12 @@ func (m tlsMaterial) rotating() bool {
 }
 
 func (w *Installer) readTLS(ctx context.Context) (tlsMaterial, error) {
-	existing, err := w.kube.CoreV1().Secrets(namespace).Get(ctx, TLSSecret, metav1.GetOptions{})
+	existing, err := w.kube.CoreV1().Secrets(namespace).Get(ctx, webhookconfig.TLSSecret, metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		return tlsMaterial{}, nil
 	}
 	if err != nil {
-		return tlsMaterial{}, failure(ErrApply, "check the API server and retry", "reading Secret %s: %v", TLSSecret, err)
+		return tlsMaterial{}, failure(ErrApply, "check the API server and retry", "reading Secret %s: %v", webhookconfig.TLSSecret, err)
 	}
 	d := existing.Data
 	return tlsMaterial{caPEM: d["ca.crt"], caKeyPEM: d["ca.key"], certPEM: d["tls.crt"], keyPEM: d["tls.key"], bundlePEM: d["ca-bundle.crt"],
@@ -248,7 +249,7 @@ func (w *Installer) writeTLS(ctx context.Context, cur, next tlsMaterial) (tlsMat
 		return next, nil
 	}
 	secrets := w.kube.CoreV1().Secrets(namespace)
-	live, err := secrets.Get(ctx, TLSSecret, metav1.GetOptions{})
+	live, err := secrets.Get(ctx, webhookconfig.TLSSecret, metav1.GetOptions{})
 	switch {
 	case err != nil:
 	case live.ResourceVersion != cur.resourceVersion:
@@ -258,10 +259,10 @@ func (w *Installer) writeTLS(ctx context.Context, cur, next tlsMaterial) (tlsMat
 		live, err = secrets.Update(ctx, live, metav1.UpdateOptions{FieldManager: KeeperFieldManager})
 	}
 	if err != nil {
-		return cur, failure(ErrApply, "retry; a conflict means another keeper wrote the Secret first", "writing Secret %s: %v", TLSSecret, err)
+		return cur, failure(ErrApply, "retry; a conflict means another keeper wrote the Secret first", "writing Secret %s: %v", webhookconfig.TLSSecret, err)
 	}
 	next.resourceVersion = live.ResourceVersion
-	w.result.Writes = append(w.result.Writes, "update Secret "+namespace+"/"+TLSSecret)
+	w.result.Writes = append(w.result.Writes, "update Secret "+namespace+"/"+webhookconfig.TLSSecret)
 	if !bytes.Equal(cur.certPEM, next.certPEM) {
 		w.leafRenewed = true
 	}

@@ -55,7 +55,7 @@ func main() {
 	defer stop()
 	o := options{listen: fmt.Sprintf(":%d", joinconfig.JoinPort), metricsAddr: fmt.Sprintf("127.0.0.1:%d", joinconfig.MetricsPort), pkiDir: "/etc/kubernetes/pki",
 		namespace: joinconfig.Namespace, limits: server.DefaultLimits, attestLimits: atls.DefaultLimits,
-		log: logging.Config{Level: envOr("BERTH_LOG_LEVEL", "info"), Format: envOr("BERTH_LOG_FORMAT", logging.FormatJSON), Sample: true}}
+		log: logging.Config{Level: envOr(joinconfig.EnvLogLevel, "info"), Format: envOr(joinconfig.EnvLogFormat, logging.FormatJSON), Sample: true}}
 	cmd := &cobra.Command{
 		Use:   "joinservice",
 		Short: "Issue join tickets to nodes that may join the cluster",
@@ -116,14 +116,14 @@ BERTH_LOG_FORMAT; the bootstrapper passes its own to the DaemonSet.`,
 	f.StringVar(&o.pkiDir, "pki-dir", o.pkiDir, "kubeadm's PKI directory")
 	f.StringVar(&o.kubeconfig, "kubeconfig", o.kubeconfig, "kubeconfig; empty means in-cluster")
 	f.StringVar(&o.namespace, "namespace", o.namespace, "namespace of Berth's configuration")
-	f.StringVar(&o.metadata, "metadata", envOr("BERTH_METADATA", ""), "metadata provider: static, mini, qemu, gcp, aws or azure")
-	f.StringVar(&o.metadataURL, "metadata-url", envOr("BERTH_METADATA_URL", ""), "metadata API for --metadata=mini|qemu; for gcp, aws and azure the instance metadata service (default: the cloud's well-known address)")
-	f.StringVar(&o.metadataAPI, "metadata-api-url", envOr("BERTH_METADATA_API_URL", ""), "for --metadata=gcp|aws|azure: the cloud's compute API (default: the cloud's own endpoint)")
-	f.StringVar(&o.metadataFile, "metadata-file", envOr("BERTH_METADATA_FILE", ""), "metadata file for --metadata=static")
-	f.StringVar(&o.attestation, "attestation", envOr("BERTH_ATTESTATION", ""), "attestation variant: tpm, tdx, or insecure-none (development only)")
-	f.StringVar(&o.tpm, "tpm", envOr("BERTH_TPM", ""), "TPM of this node for --attestation=tpm (device path, tcp:HOST:PORT or unix:PATH)")
-	f.StringVar(&o.tdxRoot, "tdx-root", envOr("BERTH_TDX_ROOT", "/"), "directory under which --attestation=tdx finds this node's TD guest interface: ROOT"+tdx.TSMReportDir+" (configfs-tsm), else ROOT"+tdx.LegacyGuestDevice+" (only in a build with the tag berth_qpl)")
-	f.StringVar(&o.replica, "replica", envOr("NODE_NAME", ""), "name of this replica in the join ledger and the control-plane Lease (default: NODE_NAME, else the host name)")
+	f.StringVar(&o.metadata, "metadata", envOr(joinconfig.EnvMetadata, ""), "metadata provider: static, mini, qemu, gcp, aws or azure")
+	f.StringVar(&o.metadataURL, "metadata-url", envOr(joinconfig.EnvMetadataURL, ""), "metadata API for --metadata=mini|qemu; for gcp, aws and azure the instance metadata service (default: the cloud's well-known address)")
+	f.StringVar(&o.metadataAPI, "metadata-api-url", envOr(joinconfig.EnvMetadataAPIURL, ""), "for --metadata=gcp|aws|azure: the cloud's compute API (default: the cloud's own endpoint)")
+	f.StringVar(&o.metadataFile, "metadata-file", envOr(joinconfig.EnvMetadataFile, ""), "metadata file for --metadata=static")
+	f.StringVar(&o.attestation, "attestation", envOr(joinconfig.EnvAttestation, ""), "attestation variant: tpm, tdx, or insecure-none (development only)")
+	f.StringVar(&o.tpm, "tpm", envOr(joinconfig.EnvTPM, ""), "TPM of this node for --attestation=tpm (device path, tcp:HOST:PORT or unix:PATH)")
+	f.StringVar(&o.tdxRoot, "tdx-root", envOr(joinconfig.EnvTDXRoot, "/"), "directory under which --attestation=tdx finds this node's TD guest interface: ROOT"+tdx.TSMReportDir+" (configfs-tsm), else ROOT"+tdx.LegacyGuestDevice+" (only in a build with the tag berth_qpl)")
+	f.StringVar(&o.replica, "replica", envOr(joinconfig.EnvNodeName, ""), "name of this replica in the join ledger and the control-plane Lease (default: NODE_NAME, else the host name)")
 	f.Float64Var((*float64)(&o.limits.PerPeer), "rate-per-peer", float64(o.limits.PerPeer), "join tickets per second per peer address")
 	f.IntVar(&o.limits.PerPeerBurst, "rate-per-peer-burst", o.limits.PerPeerBurst, "burst of --rate-per-peer")
 	f.Float64Var((*float64)(&o.limits.Global), "rate-global", float64(o.limits.Global), "join tickets per second over all peers")
