@@ -85,7 +85,7 @@ type Deps struct {
 	// documents); nil when its attestation has none (TDX, insecure-none).
 	Identity func(ctx context.Context) ([]byte, error)
 	// ControlPlaneJoinTimeout bounds how long a joining control plane holds the control-plane slot;
-	// zero means cplease.DefaultJoinTimeout.
+	// zero means cpslot.DefaultJoinTimeout.
 	ControlPlaneJoinTimeout time.Duration
 }
 
@@ -223,7 +223,7 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 		PKIDir:            d.PKIDir,
 	}, log.Named("joinservice"), keys, salt, authority, d.Metadata, check,
 		server.WithJournal(journal), server.WithLimits(d.Limits), server.WithObserver(m),
-		server.WithControlPlaneLock(members.lock), server.WithMachineRecord(members.record),
+		server.WithControlPlaneLock(server.SlotLock{Slot: members.lock}), server.WithMachineRecord(members.record),
 		server.WithKMSSpec(func(ctx context.Context) (kmsstate.Spec, error) {
 			st, err := kmsstate.Read(ctx, d.Client)
 			return st.Spec, err

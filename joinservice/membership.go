@@ -9,13 +9,14 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/berth-k8s/berth/internal/cpslot"
 	"github.com/berth-k8s/berth/internal/machines"
 	"github.com/berth-k8s/berth/internal/webhookconfig"
-	"github.com/berth-k8s/berth/joinservice/cplease"
 	"github.com/berth-k8s/berth/joinservice/health"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 	"github.com/berth-k8s/berth/joinservice/membership"
 	"github.com/berth-k8s/berth/joinservice/registry"
+	"github.com/berth-k8s/berth/joinservice/server"
 	"github.com/berth-k8s/berth/joinservice/spread"
 )
 
@@ -27,7 +28,7 @@ const condMachines = "machine-record"
 // control-plane slot, etcd, and the webhook replicas' spread over the nodes.
 type membershipParts struct {
 	record *registry.Registry
-	lock   *cplease.Lock
+	lock   *cpslot.Slot
 	etcd   *membership.Etcd
 	spread *spread.Keeper
 }
@@ -35,7 +36,7 @@ type membershipParts struct {
 // newMembership builds the membership parts of d.
 func newMembership(d Deps, journal *ledger.Writer) membershipParts {
 	log := d.Log
-	lock := cplease.New(d.Client, d.Namespace, d.Replica, journal, log.Named("lease"))
+	lock := cpslot.New(d.Client, d.Namespace, d.Replica, journal, log.Named("slot"))
 	if d.ControlPlaneJoinTimeout > 0 {
 		lock.JoinTimeout = d.ControlPlaneJoinTimeout
 	}
@@ -72,7 +73,7 @@ func (p membershipParts) run(ctx context.Context, g *errgroup.Group, d Deps, pro
 	})
 	removalsEnded := probes.Started("etcd-removals")
 	g.Go(func() error {
-		err := p.etcd.RunRemovals(ctx, p.record, p.lock, func(ctx context.Context, node string) []string {
+		err := p.etcd.RunRemovals(ctx, p.record, server.SlotLock{Slot: p.lock}, func(ctx context.Context, node string) []string {
 			return addressesOf(ctx, d, node)
 		})
 		removalsEnded(err)

@@ -14,11 +14,13 @@
 // whose components come back slowly, which matters when the validity is short (tests compress a
 // year into minutes; a year's margin is four months). When one is due:
 //
-//  1. it takes Lease kube-system/berth-control-plane-certs, so that one control plane at a time
-//     restarts its API server (the others keep serving); it goes on without it when the API server
-//     cannot be reached within LeaseWait, or within half of what is left of its own certificates
-//     after a renewal's measured duration when that is less (an API server whose certificate
-//     expired, say, or another control plane whose renewal does not end);
+//  1. it takes the control-plane slot (internal/cpslot, Lease berth-system/berth-control-plane-slot)
+//     for a certificate renewal, so that one control plane at a time restarts its API server (the
+//     others keep serving) and never while a control plane joins or an etcd member is removed; it
+//     goes on without it when the slot stays held or the API server cannot be reached within
+//     LeaseWait, or within half of what is left of its own certificates after a renewal's measured
+//     duration when that is less (an API server whose certificate expired, say, or another
+//     operation that does not end);
 //  2. it writes the marker berth-certs-renewal-pending into the Kubernetes directory and runs
 //     `kubeadm certs renew all`, which renews every certificate with the local CAs for the
 //     configured validity. The marker is removed after the last restart below: a renewal cut short
@@ -49,7 +51,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/spf13/afero"
@@ -61,12 +62,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm/v1beta4"
 	"sigs.k8s.io/yaml"
 
 	"github.com/berth-k8s/berth/internal/atomicfile"
+	"github.com/berth-k8s/berth/internal/cpslot"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/pemcerts"
 )
@@ -76,8 +76,6 @@ var ErrNotControlPlane = errors.New("not a control plane: no kube-apiserver stat
 
 // Names on the cluster's objects.
 const (
-	// LeaseName in kube-system serializes the restarts of the control planes.
-	LeaseName = "berth-control-plane-certs"
 	// RenewedAnnotation on a static pod manifest is when its certificates were last renewed.
 	RenewedAnnotation = "berth.dev/certs-renewed"
 	// ExpiryAnnotation on the Node is the earliest NotAfter of its control-plane certificates
@@ -93,7 +91,8 @@ const (
 	// DefaultCheckPeriod bounds the time between two checks of Run (a shortened validity is noticed
 	// within it).
 	DefaultCheckPeriod = time.Minute
-	// DefaultLeaseWait bounds the wait for the Lease (another control plane restarting).
+	// DefaultLeaseWait bounds the wait for the control-plane slot (another control plane restarting
+	// or joining).
 	DefaultLeaseWait = 5 * time.Minute
 	// DefaultReadyTimeout bounds the wait for one restarted component.
 	DefaultReadyTimeout = 5 * time.Minute
@@ -105,6 +104,8 @@ const (
 	retryAfterFailure = 30 * time.Second
 	// readyPoll is how often a restarted component's mirror pod is looked at.
 	readyPoll = time.Second
+	// slotPoll is how often a held control-plane slot is looked at, and the pause after an API error.
+	slotPoll = 2 * time.Second
 )
 
 // restartOrder are the static pods restarted after a renewal, in order.
@@ -426,8 +427,8 @@ func kubeconfigCert(data []byte) (*x509.Certificate, error) {
 	return nil, errors.New("no embedded client certificate")
 }
 
-// renew takes the Lease (or goes on without it after leaseWait), renews the files and restarts the
-// components.
+// renew takes the control-plane slot (or goes on without it after leaseWait), renews the files and
+// restarts the components.
 func (r *Renewer) renew(ctx context.Context, client kubernetes.Interface, leaseWait time.Duration) error {
 	if client == nil {
 		return r.renewAndRestart(ctx)
@@ -436,69 +437,54 @@ func (r *Renewer) renew(ctx context.Context, client kubernetes.Interface, leaseW
 	if err != nil {
 		return err
 	}
-	// client-go runs OnStartedLeading in a goroutine of its own; whoever sets started does the
-	// renewal (that goroutine, or this one after LeaseWait), and this function returns only after it.
-	var (
-		started  atomic.Bool
-		renewErr error
-	)
-	held := make(chan struct{})
-	lctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-		Lock: &resourcelock.LeaseLock{
-			LeaseMeta:  metav1.ObjectMeta{Name: LeaseName, Namespace: metav1.NamespaceSystem},
-			Client:     client.CoordinationV1(),
-			LockConfig: resourcelock.ResourceLockConfig{Identity: node},
-		},
-		Name: LeaseName, ReleaseOnCancel: true,
-		LeaseDuration: 30 * time.Second, RenewDeadline: 20 * time.Second, RetryPeriod: 2 * time.Second,
-		Callbacks: leaderelection.LeaderCallbacks{
-			OnStartedLeading: func(context.Context) {
-				if !started.CompareAndSwap(false, true) {
-					return
-				}
-				defer close(held)
-				// The work runs under the caller's context, not the term's: on a single control
-				// plane the Lease cannot be renewed while its API server restarts.
-				renewErr = r.renewAndRestart(ctx)
-				cancel() // releases the Lease
-			},
-			OnStoppedLeading: func() {},
-		},
-	})
+	held, why, err := r.takeSlot(ctx, client, node, leaseWait)
 	if err != nil {
-		return fmt.Errorf("configuring the renewal Lease: %w", err)
+		return err
 	}
-	ran := make(chan struct{})
-	go func() { defer close(ran); le.Run(lctx) }()
-	timer := time.NewTimer(leaseWait)
-	defer timer.Stop()
-	select {
-	case <-held:
-		<-ran
-		return renewErr
-	case <-ctx.Done():
-		cancel()
-		<-ran
-		if started.Load() {
-			<-held
-		}
-		return ctx.Err()
-	case <-timer.C:
+	if held == nil {
+		// Another operation holds the slot for longer than a renewal takes, or the API server cannot
+		// be reached: renew without it.
+		r.log.Warn("control-plane slot not taken: renewing without it", zap.Duration("waited", leaseWait), zap.Error(why))
+		return r.renewAndRestart(ctx)
 	}
-	if !started.CompareAndSwap(false, true) {
-		// Taken at the last moment: the renewal under the Lease is running.
-		<-held
-		<-ran
-		return renewErr
-	}
-	// Another control plane holds the Lease for longer than a renewal takes, or the API server
-	// cannot be reached: renew without it.
-	r.log.Warn("renewal Lease not taken: renewing without it", zap.Duration("waited", leaseWait))
-	cancel()
-	<-ran
+	// The slot is renewed under the caller's context while the work runs: on a single control plane
+	// it cannot be renewed while its API server restarts, and the work goes on regardless.
+	defer held.Release()
 	return r.renewAndRestart(ctx)
+}
+
+// takeSlot waits up to wait for the control-plane slot, trying again after API errors. It returns
+// nil and the last reason when the slot was not taken in time, and an error only when ctx ended.
+func (r *Renewer) takeSlot(ctx context.Context, client kubernetes.Interface, node string, wait time.Duration) (*cpslot.Held, error, error) {
+	slot := cpslot.New(client, cpslot.Namespace, "bootstrapper@"+node, nil, r.log.Named("slot"))
+	slot.Poll = slotPoll
+	deadline := time.Now().Add(wait)
+	var why error
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, why, nil
+		}
+		slot.MaxWait = left
+		held, err := slot.Acquire(ctx, cpslot.CertRenewal, node)
+		switch {
+		case err == nil:
+			return held, nil, nil
+		case ctx.Err() != nil:
+			return nil, nil, ctx.Err()
+		case errors.Is(err, cpslot.ErrBusy):
+			return nil, err, nil
+		}
+		why = err
+		r.log.Debug("taking the control-plane slot", zap.Error(err))
+		t := time.NewTimer(min(slotPoll, left))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, nil, ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // renewAndRestart renews the files and restarts the components, and records how long that took.

@@ -24,7 +24,6 @@ import (
 	"github.com/spf13/afero"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -32,6 +31,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/yaml"
+
+	"github.com/berth-k8s/berth/internal/cpslot"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -107,10 +108,15 @@ type fakeKubeadm struct {
 	validity time.Duration
 	calls    int
 	err      error
+	// onRenew runs at each call.
+	onRenew func()
 }
 
 func (k *fakeKubeadm) CertsRenew(_ context.Context, out io.Writer, kubernetesDir string) error {
 	k.calls++
+	if k.onRenew != nil {
+		k.onRenew()
+	}
 	if k.err != nil {
 		return k.err
 	}
@@ -209,17 +215,10 @@ type setup struct {
 	stop    func()
 }
 
-func newSetup(t *testing.T, notAfter time.Time, validity string, objs ...any) *setup {
+func newSetup(t *testing.T, notAfter time.Time, validity string) *setup {
 	t.Helper()
 	fsys := node(t, notAfter)
 	client := fake.NewClientset(kubeadmConfig(validity), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp1"}})
-	for _, o := range objs {
-		if l, ok := o.(*coordinationv1.Lease); ok {
-			if _, err := client.CoordinationV1().Leases("kube-system").Create(context.Background(), l, metav1.CreateOptions{}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	d, _ := time.ParseDuration(validity)
 	if d == 0 {
 		d = DefaultValidity
@@ -272,7 +271,7 @@ func TestCheckLeavesValidCertificatesAlone(t *testing.T) {
 
 // TestCheckRenewsBeforeExpiry: with a short configured validity, certificates with less than a
 // third of it left are renewed, the API server, controller manager and scheduler are restarted in
-// that order (etcd is not), each waited for, the Lease is released, and the next check is due when
+// that order (etcd is not), each waited for, the control-plane slot is released, and the next check is due when
 // the new ones reach two thirds of their life; certificates that outlive a shortened validity are
 // renewed at once.
 func TestCheckRenewsBeforeExpiry(t *testing.T) {
@@ -304,9 +303,8 @@ func TestCheckRenewsBeforeExpiry(t *testing.T) {
 				if err != nil || strings.Contains(string(etcd), RenewedAnnotation) {
 					t.Errorf("etcd was restarted (or its manifest is unreadable: %v)", err)
 				}
-				lease, err := s.client.CoordinationV1().Leases("kube-system").Get(context.Background(), LeaseName, metav1.GetOptions{})
-				if err != nil || (lease.Spec.HolderIdentity != nil && *lease.Spec.HolderIdentity != "") {
-					t.Errorf("Lease after the renewal: %+v %v, want released", lease, err)
+				if h, held, err := cpslot.New(s.client, cpslot.Namespace, "test", nil, nil).Current(context.Background()); err != nil || held {
+					t.Errorf("control-plane slot after the renewal: %+v %v, want released", h, err)
 				}
 				a := s.annotations(t)
 				if a[RenewedAtAnnotation] == "" || a[ExpiryAnnotation] != res.Earliest().UTC().Format(time.RFC3339) {
@@ -317,18 +315,21 @@ func TestCheckRenewsBeforeExpiry(t *testing.T) {
 	}
 }
 
-// TestCheckWaitsForTheLease: while another control plane holds the renewal Lease this one waits;
-// when the holder never lets go, it renews without the Lease after LeaseWait, or half of what is
-// left of its certificates when that is less.
-func TestCheckWaitsForTheLease(t *testing.T) {
+// TestCheckWaitsForTheSlot: while another control plane's join holds the control-plane slot this
+// one waits; when the join never ends, it renews without the slot after LeaseWait, or half of what
+// is left of its certificates when that is less.
+func TestCheckWaitsForTheSlot(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		holder, duration := "cp2", int32(3600)
-		now := metav1.NewMicroTime(time.Now())
-		s := newSetup(t, time.Now().Add(time.Minute), "6m", &coordinationv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Name: LeaseName, Namespace: "kube-system"},
-			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &holder, LeaseDurationSeconds: &duration, AcquireTime: &now, RenewTime: &now},
-		})
+		s := newSetup(t, time.Now().Add(time.Minute), "6m")
 		defer s.stop()
+		replica := cpslot.New(s.client, cpslot.Namespace, "cp-0", nil, zap.NewNop())
+		held, err := replica.Acquire(context.Background(), cpslot.ControlPlaneJoin, "cp2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := held.Joining(context.Background(), "cp2", "198.51.100.2"); err != nil {
+			t.Fatal(err)
+		}
 		start := time.Now()
 		res, err := s.r.Check(context.Background())
 		if err != nil {
@@ -336,7 +337,58 @@ func TestCheckWaitsForTheLease(t *testing.T) {
 		}
 		// A minute is left: the wait is half of it, not DefaultLeaseWait.
 		if waited := time.Since(start); !res.Renewed || waited < 30*time.Second || waited > 40*time.Second {
-			t.Fatalf("renewed=%v after %s, want a renewal after waiting 30s (half of what is left) for the Lease", res.Renewed, waited)
+			t.Fatalf("renewed=%v after %s, want a renewal after waiting 30s (half of what is left) for the slot", res.Renewed, waited)
+		}
+	})
+}
+
+// TestRenewalWaitsForAControlPlaneJoin: a renewal due while a joinservice replica holds the
+// control-plane slot for a control plane's join restarts nothing until the slot is freed, then
+// renews and restarts under the slot, which names the renewal meanwhile.
+func TestRenewalWaitsForAControlPlaneJoin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := newSetup(t, time.Now().Add(100*time.Second), "6m")
+		defer s.stop()
+		var (
+			mu     sync.Mutex
+			events []string
+		)
+		event := func(e string) {
+			mu.Lock()
+			defer mu.Unlock()
+			events = append(events, e)
+		}
+		replica := cpslot.New(s.client, cpslot.Namespace, "cp-0", nil, zap.NewNop())
+		s.kubeadm.onRenew = func() {
+			event("renewal: kubeadm certs renew")
+			h, held, err := replica.Current(context.Background())
+			if err != nil || !held || h.Operation != cpslot.CertRenewal || h.Node != "cp1" || h.Process != "bootstrapper@cp1" {
+				t.Errorf("during the renewal the slot is %+v (held %v, %v), want cp1's renewal", h, held, err)
+			}
+		}
+		join, err := replica.Acquire(context.Background(), cpslot.ControlPlaneJoin, "cp2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		event("join: slot taken")
+		done := make(chan error, 1)
+		go func() {
+			_, err := s.r.Check(context.Background())
+			done <- err
+		}()
+		time.Sleep(20 * time.Second)
+		synctest.Wait()
+		event("join: done")
+		join.Release()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		want := []string{"join: slot taken", "join: done", "renewal: kubeadm certs renew"}
+		if !slices.Equal(events, want) {
+			t.Fatalf("events %q, want %q", events, want)
+		}
+		if h, held, _ := replica.Current(context.Background()); held {
+			t.Fatalf("after the renewal the slot is held: %+v", h)
 		}
 	})
 }

@@ -54,7 +54,7 @@ func TestInstallOrder(t *testing.T) {
 		"ConfigMap berth-system/berth-join-config",
 		"ConfigMap berth-system/berth-join-ledger",
 		"ConfigMap berth-system/berth-machines",
-		"Lease berth-system/berth-control-plane-join",
+		"Lease berth-system/berth-control-plane-slot",
 		"Lease berth-system/berth-cert-keeper",
 		"ServiceAccount berth-system/berth-joinservice",
 		"Role berth-system/berth:joinservice",

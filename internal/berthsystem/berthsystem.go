@@ -85,7 +85,7 @@ type Cluster struct {
 // Objects returns every object Berth keeps in berth-system, in the order they must be applied: the
 // namespace with its Pod Security labels, the RuntimeClass of the joinservice's pods, the image guard
 // and the RuntimeClass guard, the cluster Secret, the join ConfigMap, the join ledger and the
-// control-plane join Lease (created here, so that the joinservice needs no right to create
+// control-plane slot's Lease (created here, so that the joinservice needs no right to create
 // ConfigMaps or Leases), then the joinservice.
 func Objects(cfg Config, c Cluster) ([]*unstructured.Unstructured, error) {
 	if cfg.JoinServiceImage == "" {
@@ -127,7 +127,7 @@ func clusterData(c Cluster) []any {
 }
 
 // joinService returns the objects the joinservice writes to (the join ledger, empty, and the
-// control-plane join and certificate keeper Leases, unheld), its ServiceAccount, Role, RoleBinding and DaemonSet. Applying
+// control-plane slot's and the certificate keeper's Leases, unheld), its ServiceAccount, Role, RoleBinding and DaemonSet. Applying
 // them again leaves what the joinservice wrote: the applier owns no field of the ledger's data or
 // the Lease's spec.
 func joinService(cfg Config) []any {
@@ -136,7 +136,7 @@ func joinService(cfg Config) []any {
 	return []any{
 		corev1ac.ConfigMap(joinconfig.JoinLedgerName, ns).WithLabels(joinServiceLabels),
 		corev1ac.ConfigMap(joinconfig.MachinesName, ns).WithLabels(joinServiceLabels),
-		coordinationv1ac.Lease(joinconfig.ControlPlaneJoinLease, ns).WithLabels(joinServiceLabels),
+		coordinationv1ac.Lease(joinconfig.ControlPlaneSlotLease, ns).WithLabels(joinServiceLabels),
 		coordinationv1ac.Lease(joinconfig.CertKeeperLease, ns).WithLabels(joinServiceLabels),
 		corev1ac.ServiceAccount(joinconfig.ServiceAccountName, ns),
 		// Everything the joinservice touches is in berth-system: a Role, not a ClusterRole, and in it
@@ -160,10 +160,10 @@ func joinService(cfg Config) []any {
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
 				WithResourceNames(joinconfig.KMSConfigName).WithVerbs("get"),
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("events").WithVerbs("create", "patch"),
-			// The control-plane join lock, which every replica watches for joins to end, and the
-			// certificate keeper's leader election.
+			// The control-plane slot (internal/cpslot), which every replica watches for joins to end,
+			// and the certificate keeper's leader election.
 			rbacv1ac.PolicyRule().WithAPIGroups("coordination.k8s.io").WithResources("leases").
-				WithResourceNames(joinconfig.ControlPlaneJoinLease).WithVerbs("get", "list", "watch", "update"),
+				WithResourceNames(joinconfig.ControlPlaneSlotLease).WithVerbs("get", "list", "watch", "update"),
 			rbacv1ac.PolicyRule().WithAPIGroups("coordination.k8s.io").WithResources("leases").
 				WithResourceNames(joinconfig.CertKeeperLease).WithVerbs("get", "update"),
 			// It keeps the webhook's replicas on different nodes (joinservice/spread): it reads the

@@ -69,7 +69,7 @@ func TestObjectsOrder(t *testing.T) {
 		"ValidatingAdmissionPolicy/berth-system-images", "ValidatingAdmissionPolicyBinding/berth-system-images",
 		"ValidatingAdmissionPolicy/berth-host-runtime", "ValidatingAdmissionPolicyBinding/berth-host-runtime",
 		"Secret/berth-cluster-secrets", "ConfigMap/berth-join-config", "ConfigMap/berth-join-ledger",
-		"ConfigMap/berth-machines", "Lease/berth-control-plane-join", "Lease/berth-cert-keeper", "ServiceAccount/berth-joinservice", "Role/berth:joinservice",
+		"ConfigMap/berth-machines", "Lease/berth-control-plane-slot", "Lease/berth-cert-keeper", "ServiceAccount/berth-joinservice", "Role/berth:joinservice",
 		"RoleBinding/berth:joinservice", "ClusterRole/berth:joinservice:kubelet-serving-approver",
 		"ClusterRoleBinding/berth:joinservice:kubelet-serving-approver",
 		"ClusterRole/berth:joinservice:webhook-spread", "ClusterRoleBinding/berth:joinservice:webhook-spread",
@@ -134,7 +134,7 @@ func TestJoinServiceRoleNarrow(t *testing.T) {
 	want := map[string][]string{
 		"secrets":     {joinconfig.SecretName},
 		"configmaps":  {joinconfig.JoinConfigName, joinconfig.JoinLedgerName, joinconfig.MachinesName, kmsstate.ConfigMapName},
-		"leases":      {joinconfig.ControlPlaneJoinLease, joinconfig.CertKeeperLease},
+		"leases":      {joinconfig.ControlPlaneSlotLease, joinconfig.CertKeeperLease},
 		"deployments": {"berth-webhook"},
 	}
 	for res, names := range want {

@@ -114,7 +114,7 @@ const (
 
 // TestJoinServiceRBACOnAPIServer: the joinservice's rights end at berth-system, and there at the
 // objects it reads and writes, by name: the cluster Secret, the join ConfigMap (get, and list and watch
-// by name, as its policy watcher does), the join ledger and the control-plane join Lease (get and
+// by name, as its policy watcher does), the join ledger and the control-plane slot's Lease (get and
 // update). It creates nothing but Events.
 func TestJoinServiceRBACOnAPIServer(t *testing.T) {
 	env := apiservertest.Start(t)
@@ -157,7 +157,7 @@ func TestJoinServiceRBACOnAPIServer(t *testing.T) {
 			return err
 		},
 		"update the Lease": func() error {
-			l, err := js.CoordinationV1().Leases(joinconfig.Namespace).Get(ctx, joinconfig.ControlPlaneJoinLease, metav1.GetOptions{})
+			l, err := js.CoordinationV1().Leases(joinconfig.Namespace).Get(ctx, joinconfig.ControlPlaneSlotLease, metav1.GetOptions{})
 			if err != nil {
 				return err
 			}
@@ -196,7 +196,7 @@ func TestJoinServiceRBACOnAPIServer(t *testing.T) {
 			return err
 		},
 		"delete the Lease": func() error {
-			return js.CoordinationV1().Leases(joinconfig.Namespace).Delete(ctx, joinconfig.ControlPlaneJoinLease, metav1.DeleteOptions{})
+			return js.CoordinationV1().Leases(joinconfig.Namespace).Delete(ctx, joinconfig.ControlPlaneSlotLease, metav1.DeleteOptions{})
 		},
 		"list the Secrets of berth-system": func() error {
 			_, err := js.CoreV1().Secrets(joinconfig.Namespace).List(ctx, metav1.ListOptions{})

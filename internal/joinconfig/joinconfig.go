@@ -28,9 +28,9 @@ const (
 	JoinServiceName = "berth-joinservice"
 	// ServiceAccountName is the joinservice's ServiceAccount.
 	ServiceAccountName = "berth-joinservice"
-	// ControlPlaneJoinLease is the Lease that serializes control-plane joins across the joinservice's
-	// replicas.
-	ControlPlaneJoinLease = "berth-control-plane-join"
+	// ControlPlaneSlotLease is the control-plane slot (internal/cpslot): the Lease every operation
+	// that disrupts a control plane takes, from the joinservice and the bootstrapper.
+	ControlPlaneSlotLease = "berth-control-plane-slot"
 	// CertKeeperLease elects the joinservice replica that keeps the cluster's certificates
 	// (joinservice/certkeeper); its holder is NODE_suffix.
 	CertKeeperLease = "berth-cert-keeper"

@@ -1,6 +1,6 @@
 // Package membership is the joinservice's side of the control planes' membership: it reads etcd's
 // members and their health through this control plane's etcd, tells whether a joining control plane
-// has really joined (cplease's Observer), and removes the etcd members of control planes an operator
+// has really joined (cpslot's Observer), and removes the etcd members of control planes an operator
 // removed (berth node remove), never breaking etcd's quorum unless the removal is forced.
 //
 // Etcd is reached at the local member (https://127.0.0.1:2379: the joinservice runs on the host
@@ -242,7 +242,7 @@ func find(ms []Member, node string, addresses []string) (Member, bool) {
 	return Member{}, false
 }
 
-// JoinDone implements cplease.Observer: whether the control plane node at address has joined (see
+// JoinDone implements cpslot.Observer: whether the control plane node at address has joined (see
 // the package documentation), and what was seen.
 func (e *Etcd) JoinDone(ctx context.Context, node, address string) (bool, string) {
 	ms, err := e.Members(ctx)

@@ -3,7 +3,7 @@ package server
 import "context"
 
 // LocalLock serializes control-plane joins within one process, while each ticket is issued: it
-// cannot see a join finish, so Joining frees the slot at once. Use a Lease-backed lock (cplease),
+// cannot see a join finish, so Joining frees the slot at once. Use the control-plane slot (SlotLock),
 // which holds the slot until the join finished, when several replicas serve or nodes really join.
 type LocalLock struct{ ch chan struct{} }
 

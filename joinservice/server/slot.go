@@ -4,21 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc/codes"
 
+	"github.com/berth-k8s/berth/internal/cpslot"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 )
 
-// ErrControlPlaneBusy is returned by a ControlPlaneLock when another control plane is joining (or
-// leaving) and the wait for it ended. Its wrapping error names who holds the slot.
-var ErrControlPlaneBusy = errors.New("the control-plane slot is taken")
+// ErrControlPlaneBusy is returned by a ControlPlaneLock when another operation holds the
+// control-plane slot (a control plane joining or leaving, a renewal restarting a control plane) and
+// the wait for it ended. Its wrapping error names who holds the slot.
+var ErrControlPlaneBusy = cpslot.ErrBusy
 
-// ControlPlaneLock serializes changes of the control planes, across replicas when backed by a Lease
-// (cplease): etcd grows and shrinks one member at a time.
+// ControlPlaneLock serializes changes of the control planes, across replicas and with the other
+// operations that disrupt a control plane when backed by the control-plane slot (SlotLock): etcd
+// grows and shrinks one member at a time.
 type ControlPlaneLock interface {
 	// Lock waits until holder holds the slot or ctx ends; then it fails with ErrControlPlaneBusy.
 	Lock(ctx context.Context, holder string) (ControlPlaneSlot, error)
@@ -34,6 +38,27 @@ type ControlPlaneSlot interface {
 	Joining(ctx context.Context, node, address string) error
 	// WaitedFor says who held the slot while Lock waited for it; empty when it was free.
 	WaitedFor() string
+}
+
+// removalPrefix starts the holder an etcd member's removal locks for (joinservice/membership).
+const removalPrefix = "remove:"
+
+// SlotLock is the ControlPlaneLock of the control-plane slot (internal/cpslot) that every
+// joinservice replica and every control plane's certificate renewal share: a holder NODE is NODE's
+// control-plane join, a holder remove:NODE the removal of NODE's etcd member.
+type SlotLock struct{ Slot *cpslot.Slot }
+
+// Lock takes the slot for holder.
+func (l SlotLock) Lock(ctx context.Context, holder string) (ControlPlaneSlot, error) {
+	op, node := cpslot.ControlPlaneJoin, holder
+	if n, ok := strings.CutPrefix(holder, removalPrefix); ok {
+		op, node = cpslot.EtcdMemberRemoval, n
+	}
+	h, err := l.Slot.Acquire(ctx, op, node)
+	if err != nil {
+		return nil, err
+	}
+	return h, nil
 }
 
 // controlPlaneSlot takes the control-plane slot for inst, reads the control-plane files and hands

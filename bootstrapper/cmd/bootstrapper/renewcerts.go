@@ -25,9 +25,10 @@ func newRenewCertsCmd(runErr *error) *cobra.Command {
 		Long: `renew-certs checks this node's control-plane certificates (kubeadm's PKI directory and the
 kubeconfigs' client certificates) against the validity in the cluster's kubeadm configuration.
 When one has less than a third of it left, or is valid for longer than it allows, it renews them
-all with 'kubeadm certs renew all', one control plane at a time (Lease
-kube-system/berth-control-plane-certs), and restarts kube-apiserver, kube-controller-manager and
-kube-scheduler, waiting for each to be ready. On a node that is not a control plane it does
+all with 'kubeadm certs renew all' and restarts kube-apiserver, kube-controller-manager and
+kube-scheduler, waiting for each to be ready, under the control-plane slot (Lease
+berth-system/berth-control-plane-slot, shared with control-plane joins): one such operation at a
+time in the cluster. On a node that is not a control plane it does
 nothing. It prints the earliest expiry; exit status 0 when the certificates are fine or were
 renewed, 1 when the check or the renewal failed.
 

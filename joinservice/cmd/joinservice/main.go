@@ -22,11 +22,11 @@ import (
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+	"github.com/berth-k8s/berth/internal/cpslot"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/logging"
 	metachoose "github.com/berth-k8s/berth/internal/metadata/choose"
 	"github.com/berth-k8s/berth/joinservice"
-	"github.com/berth-k8s/berth/joinservice/cplease"
 	"github.com/berth-k8s/berth/joinservice/server"
 )
 
@@ -87,9 +87,9 @@ prints it). Calls are rate-limited per peer address and overall (--rate-*), and 
 handshakes (--attest-rate-*): per peer address, then from a budget of the cluster's instances (as
 metadata knows them) and a budget of everyone else, so that a flood from unknown addresses never
 uses up what the cluster's nodes need; identity probes and refusals on claims, which cost no TPM
-work, have a budget of their own; control-plane joins are
-serialized across replicas with Lease berth-control-plane-join, held from a control plane's ticket
-until its etcd member votes and answers and its API server is ready (or
+work, have a budget of their own; control-plane joins take
+the control-plane slot (Lease berth-control-plane-slot, shared with the control planes' certificate
+renewals), held from a control plane's ticket until its etcd member votes and answers and its API server is ready (or
 --control-plane-join-timeout passed). Every machine admitted is recorded by its attested identity in
 ConfigMap berth-machines; a machine an operator removed (berth node remove) is refused with REVOKED,
 and a removed control plane's etcd member is removed here, never breaking etcd's quorum unless the
@@ -136,7 +136,7 @@ BERTH_LOG_FORMAT; the bootstrapper passes its own to the DaemonSet.`,
 	f.IntVar(&o.attestLimits.KnownBurst, "attest-rate-known-burst", o.attestLimits.KnownBurst, "burst of --attest-rate-known")
 	f.Float64Var((*float64)(&o.attestLimits.Unauthenticated), "attest-rate-unauthenticated", float64(o.attestLimits.Unauthenticated), "identity probes and claim refusals per second over all peers (no TPM work; 0: unlimited)")
 	f.IntVar(&o.attestLimits.UnauthenticatedBurst, "attest-rate-unauthenticated-burst", o.attestLimits.UnauthenticatedBurst, "burst of --attest-rate-unauthenticated")
-	f.DurationVar(&o.joinTimeout, "control-plane-join-timeout", cplease.DefaultJoinTimeout, "how long a control plane's join holds the control-plane slot at most, from its ticket until its etcd member votes and its API server is ready")
+	f.DurationVar(&o.joinTimeout, "control-plane-join-timeout", cpslot.DefaultJoinTimeout, "how long a control plane's join holds the control-plane slot at most, from its ticket until its etcd member votes and its API server is ready")
 	o.log.AddFlags(f)
 	cmd.SetArgs(os.Args[1:])
 	if err := cmd.ExecuteContext(ctx); err != nil {

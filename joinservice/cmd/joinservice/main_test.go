@@ -29,12 +29,12 @@ import (
 
 	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/cli"
+	"github.com/berth-k8s/berth/internal/cpslot"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/internal/proctest"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca/catest"
-	"github.com/berth-k8s/berth/joinservice/cplease"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 )
 
@@ -163,9 +163,9 @@ peers:
 	}
 	// The control plane's join holds the slot past its ticket, until it has joined (it never will
 	// here: there is no etcd) or the join timeout frees it.
-	lease, err := admin.CoordinationV1().Leases("berth-system").Get(ctx, cplease.LeaseName, metav1.GetOptions{})
-	if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != "join/cp-1" || lease.Annotations["berth.dev/joining-address"] != "127.0.0.3" {
-		t.Fatalf("control-plane lease after the ticket: %+v %v, want it held for cp-1's join", lease, err)
+	holder, held, err := cpslot.New(admin, "berth-system", "test", nil, nil).Current(ctx)
+	if err != nil || !held || holder.State != cpslot.Joining || holder.Node != "cp-1" || holder.Address != "127.0.0.3" {
+		t.Fatalf("control-plane slot after the ticket: %+v held=%v %v, want it held for cp-1's join", holder, held, err)
 	}
 	if _, err := clientFrom(t, addr, "127.0.0.4").IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_WORKER, DiskUuid: "0f8b9c2e-5d1a-4b7e-9a3c-2e6f1d4b8a70"}); reasonOf(err) != "UNKNOWN_PEER" {
 		t.Fatalf("unknown peer: %v", err)
