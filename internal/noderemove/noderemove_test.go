@@ -196,11 +196,12 @@ func TestRemoveWorker(t *testing.T) {
 func TestDrainCordons(t *testing.T) {
 	var cordoned atomic.Bool
 	c := cluster(t, func(c *fake.Clientset, ns, name string) (bool, error) {
-		n, err := c.CoreV1().Nodes().Get(context.Background(), "w1", metav1.GetOptions{})
+		// The tracker, not the client: a reactor runs under the client's lock.
+		o, err := c.Tracker().Get(schema.GroupVersionResource{Version: "v1", Resource: "nodes"}, "", "w1")
 		if err != nil {
 			return true, err
 		}
-		cordoned.Store(n.Spec.Unschedulable)
+		cordoned.Store(o.(*corev1.Node).Spec.Unschedulable)
 		return deleteOnEvict(c, ns, name)
 	}, nil, node("w1", true), pod("app", "w1", controlledBy))
 	n, _ := c.CoreV1().Nodes().Get(context.Background(), "w1", metav1.GetOptions{})
