@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/berth-k8s/berth/internal/machines"
@@ -88,8 +89,24 @@ func TestNodeRemoveOutput(t *testing.T) {
 // TestNodeRemoveExitCodes: a refused etcd member removal is exit code 3 with the joinservice's
 // reason; a node nobody joined as is an error of its own.
 func TestNodeRemoveExitCodes(t *testing.T) {
-	c := machineCluster(t, []machines.Machine{{Identity: idCP1, Node: "cp1", Role: machines.RoleControlPlane,
-		Removal: &machines.Removal{Time: time.Now().UTC(), Etcd: machines.EtcdRefused, EtcdMessage: "they need 2 for quorum"}}}, "cp1")
+	c := machineCluster(t, []machines.Machine{{Identity: idCP1, Node: "cp1", Role: machines.RoleControlPlane}}, "cp1")
+	// A joinservice replica stand-in refuses the pending etcd member removal.
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	t.Cleanup(func() { cancel(); <-done })
+	go func() {
+		defer close(done)
+		_ = wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			_, err := machines.Update(ctx, c, "berth-system", func(ms []machines.Machine) ([]machines.Machine, error) {
+				if r := ms[0].Removal; r != nil && r.Etcd == machines.EtcdPending {
+					r.Etcd, r.EtcdMessage = machines.EtcdRefused, "they need 2 for quorum"
+					return ms, nil
+				}
+				return nil, machines.ErrUnchanged
+			})
+			return err == nil, nil
+		})
+	}()
 	var out, errOut bytes.Buffer
 	err := runNodeRemove(context.Background(), &out, &errOut, c, "cp1", removeFlags(outputText))
 	var ee *exitError
