@@ -54,10 +54,10 @@ func TestNodeRemoveOutput(t *testing.T) {
 	if err := runNodeRemove(context.Background(), &out, &errOut, c, "w1", removeFlags(outputText)); err != nil {
 		t.Fatalf("remove: %v\n%s", err, errOut.String())
 	}
-	if !strings.HasPrefix(out.String(), "removed worker w1 in ") || !strings.HasSuffix(out.String(), "s: machine aa1111111111 revoked; Node deleted\n") {
+	if !strings.HasPrefix(out.String(), "removed worker w1 in ") || !strings.HasSuffix(out.String(), "s: machine aa11111111111111 revoked; Node deleted\n") {
 		t.Errorf("stdout %q", out.String())
 	}
-	if !strings.Contains(errOut.String(), "revoked machine aa1111111111 (worker w1)") {
+	if !strings.Contains(errOut.String(), "revoked machine aa11111111111111 (worker w1)") {
 		t.Errorf("stderr %q", errOut.String())
 	}
 
@@ -130,7 +130,7 @@ func TestNodeReadmitOutput(t *testing.T) {
 	if err := runNodeReadmit(context.Background(), &out, c, "w1", nodeReadmitFlags{namespace: "berth-system", output: outputText}); err != nil {
 		t.Fatal(err)
 	}
-	if want := "w1: machine aa1111111111 re-admitted (removed 2026-01-02T03:04:05Z); it joins on its next attempt\n"; out.String() != want {
+	if want := "w1: machine aa11111111111111 re-admitted (removed 2026-01-02T03:04:05Z); it joins on its next attempt\n"; out.String() != want {
 		t.Errorf("stdout %q, want %q", out.String(), want)
 	}
 	err := runNodeReadmit(context.Background(), &out, c, "w1", nodeReadmitFlags{namespace: "berth-system", output: outputJSON})
