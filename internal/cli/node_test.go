@@ -97,14 +97,15 @@ func TestNodeRemoveExitCodes(t *testing.T) {
 	go func() {
 		defer close(done)
 		_ = wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+			decided := false
 			_, err := machines.Update(ctx, c, "berth-system", func(ms []machines.Machine) ([]machines.Machine, error) {
 				if r := ms[0].Removal; r != nil && r.Etcd == machines.EtcdPending {
-					r.Etcd, r.EtcdMessage = machines.EtcdRefused, "they need 2 for quorum"
+					r.Etcd, r.EtcdMessage, decided = machines.EtcdRefused, "they need 2 for quorum", true
 					return ms, nil
 				}
 				return nil, machines.ErrUnchanged
 			})
-			return err == nil, nil
+			return err == nil && decided, nil
 		})
 	}()
 	var out, errOut bytes.Buffer
