@@ -68,6 +68,7 @@ import (
 	"github.com/berth-k8s/berth/internal/atomicfile"
 	"github.com/berth-k8s/berth/internal/cpslot"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/kubeclient"
 	"github.com/berth-k8s/berth/internal/pemcerts"
 )
 
@@ -174,7 +175,7 @@ func New(cfg Config, log *zap.Logger, fsys afero.Fs, adm Kubeadm) *Renewer {
 	}
 	r := &Renewer{cfg: cfg, log: log, fs: fsys, kubeadm: adm}
 	r.client = func() (kubernetes.Interface, error) {
-		rc, err := clientcmd.BuildConfigFromFlags("", filepath.Join(cfg.KubernetesDir, "admin.conf"))
+		rc, err := kubeclient.FromFile(filepath.Join(cfg.KubernetesDir, "admin.conf"))
 		if err != nil {
 			return nil, fmt.Errorf("loading admin.conf: %w", err)
 		}

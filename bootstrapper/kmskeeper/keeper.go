@@ -54,7 +54,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/berth-k8s/berth/internal/atomicfile"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
@@ -63,6 +62,7 @@ import (
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kmsstate"
 	"github.com/berth-k8s/berth/internal/kubeadm"
+	"github.com/berth-k8s/berth/internal/kubeclient"
 )
 
 // KeysFileName is the key set's file in the state directory.
@@ -141,7 +141,7 @@ func New(cfg Config, fsys afero.Fs, log *zap.Logger, plugin Plugin, self Self) *
 		cfg.EtcdEndpoint = "https://127.0.0.1:2379"
 	}
 	k := &Keeper{cfg: cfg, fs: fsys, log: log, plugin: plugin, self: self}
-	k.connect = func(kubeconfig string) (*rest.Config, error) { return clientcmd.BuildConfigFromFlags("", kubeconfig) }
+	k.connect = kubeclient.FromFile
 	k.etcd = k.dialEtcd
 	return k
 }

@@ -8,7 +8,8 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/berth-k8s/berth/internal/kubeclient"
 )
 
 // Waiter polls an API server's /readyz.
@@ -38,7 +39,7 @@ func (w Waiter) WaitReady(ctx context.Context, kubeconfigPath string) error {
 }
 
 func probe(ctx context.Context, kubeconfigPath string) error {
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfigPath)
+	cfg, err := kubeclient.FromFile(kubeconfigPath)
 	if err != nil {
 		return fmt.Errorf("loading kubeconfig: %w", err)
 	}

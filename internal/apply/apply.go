@@ -34,7 +34,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
-	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/berth-k8s/berth/internal/kubeclient"
 )
 
 // FieldManager is the field manager of every object Berth applies.
@@ -83,7 +84,7 @@ func NewForConfig(cfg *rest.Config) (*Applier, error) {
 
 // NewFromKubeconfig returns an Applier for the cluster named by the kubeconfig at path.
 func NewFromKubeconfig(path string) (*Applier, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	cfg, err := kubeclient.FromFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("loading kubeconfig: %w", err)
 	}
@@ -93,7 +94,7 @@ func NewFromKubeconfig(path string) (*Applier, error) {
 // ClientsFromKubeconfig returns a typed and a dynamic client for the cluster named by the
 // kubeconfig at path, for callers that read objects as well as apply them.
 func ClientsFromKubeconfig(path string) (kubernetes.Interface, dynamic.Interface, error) {
-	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	cfg, err := kubeclient.FromFile(path)
 	if err != nil {
 		return nil, nil, fmt.Errorf("loading kubeconfig: %w", err)
 	}

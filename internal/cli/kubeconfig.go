@@ -5,8 +5,11 @@ import (
 	"fmt"
 
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/berth-k8s/berth/internal/kubeclient"
 )
 
 // ErrNoKubeconfig is returned by a command that talks to a cluster when no kubeconfig names one:
@@ -14,9 +17,9 @@ import (
 var ErrNoKubeconfig = errors.New("no kubeconfig: pass --kubeconfig FILE, set KUBECONFIG (for berth mini: export KUBECONFIG=/var/lib/berth-mini/admin.conf) or write ~/.kube/config")
 
 // kubeOptions are the flags of every command that talks to a cluster. The kubeconfig is found as
-// kubectl finds it (client-go's loading rules): --kubeconfig when given, else the files listed in
-// KUBECONFIG (merged, the first file to set a value wins), else ~/.kube/config; --context picks a
-// context other than the current-context.
+// kubectl finds it (kubeclient.Load): --kubeconfig when given, else the files listed in KUBECONFIG
+// (merged, the first file to set a value wins), else ~/.kube/config; --context picks a context
+// other than the current-context.
 type kubeOptions struct {
 	kubeconfig string
 	context    string
@@ -30,15 +33,21 @@ func (k *kubeOptions) addFlags(fs *pflag.FlagSet) {
 // restConfig loads the kubeconfig. Every failure is one of the operator's input (exit code 2):
 // nothing has been sent yet.
 func (k *kubeOptions) restConfig() (*rest.Config, error) {
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = k.kubeconfig
-	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: k.context})
-	cfg, err := cc.ClientConfig()
+	cfg, err := kubeclient.Load(k.kubeconfig, k.context)
 	switch {
 	case err == nil:
 		return cfg, nil
-	case clientcmd.IsEmptyConfig(err):
+	case errors.Is(err, kubeclient.ErrNoConfig):
 		return nil, &exitError{code: exitUsage, err: ErrNoKubeconfig}
 	}
 	return nil, &exitError{code: exitUsage, err: fmt.Errorf("loading kubeconfig: %w", err)}
+}
+
+// client returns a Kubernetes client for the kubeconfig the flags name.
+func (k *kubeOptions) client() (kubernetes.Interface, error) {
+	cfg, err := k.restConfig()
+	if err != nil {
+		return nil, err
+	}
+	return kubeclient.Clientset(cfg)
 }

@@ -10,63 +10,87 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/fake"
-	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/internal/machines"
+	"github.com/berth-k8s/berth/internal/noderemove"
 )
+
+// The procedure of node remove and readmit is tested in internal/noderemove; these tests check
+// the command's face: its output, its report and its exit codes.
 
 var (
 	idW1  = "aa" + strings.Repeat("1", 62)
 	idCP1 = "bb" + strings.Repeat("2", 62)
 )
 
-func node(name string, ready bool) *corev1.Node {
-	status := corev1.ConditionTrue
-	if !ready {
-		status = corev1.ConditionUnknown
-	}
-	return &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name},
-		Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: status}}}}
-}
-
-func pod(name, nodeName string, mutate func(*corev1.Pod)) *corev1.Pod {
-	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: "uid-" + "name"}, Spec: corev1.PodSpec{NodeName: nodeName}}
-	if mutate != nil {
-		mutate(p)
-	}
-	return p
-}
-
-// nodeCluster is a fake cluster with the machine record ms and the objects given; an eviction
-// deletes its pod, as the API server does when no disruption budget objects.
-func nodeCluster(t *testing.T, ms []machines.Machine, objs ...runtime.Object) *fake.Clientset {
+// machineCluster is a fake cluster with the machine record ms and Node objects of the names given.
+func machineCluster(t *testing.T, ms []machines.Machine, nodes ...string) *fake.Clientset {
 	t.Helper()
 	data, err := machines.Encode(ms)
 	if err != nil {
 		t.Fatal(err)
 	}
-	objs = append(objs, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: machines.ConfigMapName, Namespace: "berth-system"}, Data: map[string]string{machines.DataKey: data}})
-	c := fake.NewClientset(objs...)
-	c.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
-		if a.GetSubresource() != "eviction" {
-			return false, nil, nil
+	c := fake.NewClientset(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: machines.ConfigMapName, Namespace: "berth-system"}, Data: map[string]string{machines.DataKey: data}})
+	for _, n := range nodes {
+		if _, err := c.CoreV1().Nodes().Create(context.Background(), &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
 		}
-		name := a.(k8stesting.CreateAction).GetObject().(metav1.Object).GetName()
-		return true, nil, c.Tracker().Delete(a.GetResource(), a.GetNamespace(), name)
-	})
+	}
 	return c
 }
 
-// joinservice stands in for a joinservice replica: it decides the first pending etcd removal with
-// state and message.
-func joinservice(t *testing.T, c *fake.Clientset, state machines.EtcdState, msg string) {
-	t.Helper()
+func removeFlags(output outputFormat) nodeRemoveFlags {
+	return nodeRemoveFlags{namespace: "berth-system", output: output, timeout: time.Minute}
+}
+
+// TestNodeRemoveOutput: the text line on stdout, progress on stderr, and the -o json report with
+// its stable field names.
+func TestNodeRemoveOutput(t *testing.T) {
+	c := machineCluster(t, []machines.Machine{{Identity: idW1, Node: "w1", Role: machines.RoleWorker}}, "w1")
+	var out, errOut bytes.Buffer
+	if err := runNodeRemove(context.Background(), &out, &errOut, c, "w1", removeFlags(outputText)); err != nil {
+		t.Fatalf("remove: %v\n%s", err, errOut.String())
+	}
+	if !strings.HasPrefix(out.String(), "removed worker w1 in ") || !strings.HasSuffix(out.String(), "s: machine aa11111111111111 revoked; Node deleted\n") {
+		t.Errorf("stdout %q", out.String())
+	}
+	if !strings.Contains(errOut.String(), "revoked machine aa11111111111111 (worker w1)") {
+		t.Errorf("stderr %q", errOut.String())
+	}
+
+	// A control plane whose etcd member a joinservice removed already: the removal resumes.
+	c = machineCluster(t, []machines.Machine{{Identity: idCP1, Node: "cp1", Role: machines.RoleControlPlane,
+		Removal: &machines.Removal{Time: time.Now().UTC(), Etcd: machines.EtcdRemoved, EtcdMessage: "removed etcd member cp1"}}}, "cp1")
+	out.Reset()
+	if err := runNodeRemove(context.Background(), &out, &errOut, c, "cp1", removeFlags(outputJSON)); err != nil {
+		t.Fatalf("remove: %v\n%s", err, errOut.String())
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(out.Bytes(), &fields); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"node", "role", "identity", "revokedAt", "drained", "etcd", "etcdMessage", "nodeDeleted", "seconds"} {
+		if _, ok := fields[k]; !ok {
+			t.Errorf("report %s lacks %q", out.String(), k)
+		}
+	}
+	var r removeReport
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Node != "cp1" || r.Role != machines.RoleControlPlane || r.Identity != idCP1 || r.Etcd != "removed" || r.EtcdMessage != "removed etcd member cp1" || !r.NodeDeleted || r.RevokedAt.IsZero() {
+		t.Fatalf("report %+v", r)
+	}
+}
+
+// TestNodeRemoveExitCodes: a refused etcd member removal is exit code 3 with the joinservice's
+// reason; a node nobody joined as is an error of its own.
+func TestNodeRemoveExitCodes(t *testing.T) {
+	c := machineCluster(t, []machines.Machine{{Identity: idCP1, Node: "cp1", Role: machines.RoleControlPlane}}, "cp1")
+	// A joinservice replica stand-in refuses the pending etcd member removal.
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	t.Cleanup(func() { cancel(); <-done })
@@ -75,166 +99,53 @@ func joinservice(t *testing.T, c *fake.Clientset, state machines.EtcdState, msg 
 		_ = wait.PollUntilContextCancel(ctx, 20*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 			decided := false
 			_, err := machines.Update(ctx, c, "berth-system", func(ms []machines.Machine) ([]machines.Machine, error) {
-				for i := range ms {
-					if r := ms[i].Removal; r != nil && r.Etcd == machines.EtcdPending {
-						r.Etcd, r.EtcdMessage, decided = state, msg, true
-						return ms, nil
-					}
+				if r := ms[0].Removal; r != nil && r.Etcd == machines.EtcdPending {
+					r.Etcd, r.EtcdMessage, decided = machines.EtcdRefused, "they need 2 for quorum", true
+					return ms, nil
 				}
 				return nil, machines.ErrUnchanged
 			})
 			return err == nil && decided, nil
 		})
 	}()
-}
-
-func record(t *testing.T, c *fake.Clientset) []machines.Machine {
-	t.Helper()
-	ms, err := machines.Read(context.Background(), c, "berth-system")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ms
-}
-
-func ledgerOf(t *testing.T, c *fake.Clientset) []joinledger.Entry {
-	t.Helper()
-	es, err := joinledger.Read(context.Background(), c, "berth-system")
-	if err != nil && !errors.Is(err, joinledger.ErrNoLedger) {
-		t.Fatal(err)
-	}
-	return es
-}
-
-func removeFlags(drain bool) nodeRemoveFlags {
-	return nodeRemoveFlags{namespace: "berth-system", drain: drain, output: outputText, timeout: time.Minute}
-}
-
-// TestNodeRemoveWorker: with --drain the node is cordoned and its own pods evicted (not its
-// DaemonSet or static pods), its machine revoked, the Node deleted, and the removal in the ledger.
-func TestNodeRemoveWorker(t *testing.T) {
-	c := nodeCluster(t, []machines.Machine{{Identity: idW1, Node: "w1", Role: machines.RoleWorker}},
-		node("w1", true),
-		pod("app", "w1", nil),
-		pod("flannel", "w1", func(p *corev1.Pod) {
-			p.OwnerReferences = []metav1.OwnerReference{{Kind: "DaemonSet", Name: "flannel", APIVersion: "apps/v1", UID: "x"}}
-		}),
-		pod("static", "w1", func(p *corev1.Pod) { p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: "x"} }),
-		pod("elsewhere", "w2", nil))
 	var out, errOut bytes.Buffer
-	if err := runNodeRemove(context.Background(), &out, &errOut, c, "w1", removeFlags(true)); err != nil {
-		t.Fatalf("remove: %v\n%s", err, errOut.String())
-	}
-	t.Log(out.String(), errOut.String())
-	for name, want := range map[string]bool{"app": false, "flannel": true, "static": true, "elsewhere": true} {
-		_, err := c.CoreV1().Pods("default").Get(context.Background(), name, metav1.GetOptions{})
-		if exists := !apierrors.IsNotFound(err); exists != want {
-			t.Errorf("pod %s exists = %v after the drain, want %v", name, exists, want)
-		}
-	}
-	if _, err := c.CoreV1().Nodes().Get(context.Background(), "w1", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("Node w1 after remove: %v, want it deleted", err)
-	}
-	ms := record(t, c)
-	if !ms[0].Revoked() || ms[0].Removal.Etcd != "" {
-		t.Fatalf("machine after remove: %+v", ms[0])
-	}
-	es := ledgerOf(t, c)
-	if len(es) != 1 || es[0].RPC != joinledger.RPCRemove || es[0].Node != "w1" || es[0].Identity != idW1 || !strings.Contains(es[0].Message, "pods evicted") {
-		t.Fatalf("ledger %+v", es)
-	}
-	if !strings.Contains(out.String(), "removed worker w1") || !strings.Contains(errOut.String(), "cordoned w1") {
-		t.Errorf("output %q / %q", out.String(), errOut.String())
-	}
-	// A second remove finds nothing left to remove of it.
-	if err := runNodeRemove(context.Background(), &out, &errOut, c, "w9", removeFlags(false)); !errors.Is(err, errNotAdmitted) {
-		t.Errorf("remove of a node nobody joined as = %v, want errNotAdmitted", err)
-	}
-}
-
-// TestNodeRemoveControlPlane: the removal waits for a joinservice to remove the etcd member, then
-// deletes the Node; -o json reports it.
-func TestNodeRemoveControlPlane(t *testing.T) {
-	c := nodeCluster(t, []machines.Machine{{Identity: idCP1, Node: "cp1", Role: machines.RoleControlPlane}}, node("cp1", false))
-	joinservice(t, c, machines.EtcdRemoved, "removed etcd member cp1 (1a2b)")
-	f := removeFlags(false)
-	f.output = outputJSON
-	var out, errOut bytes.Buffer
-	if err := runNodeRemove(context.Background(), &out, &errOut, c, "cp1", f); err != nil {
-		t.Fatalf("remove: %v\n%s", err, errOut.String())
-	}
-	var r removeReport
-	if err := json.Unmarshal(out.Bytes(), &r); err != nil {
-		t.Fatal(err)
-	}
-	if r.Node != "cp1" || r.Role != machines.RoleControlPlane || r.Identity != idCP1 || r.Etcd != "removed" || !r.NodeDeleted || r.RevokedAt.IsZero() {
-		t.Fatalf("report %+v", r)
-	}
-	if ms := record(t, c); !ms[0].Revoked() || ms[0].Removal.Etcd != machines.EtcdRemoved {
-		t.Fatalf("machine %+v", ms[0])
-	}
-}
-
-// TestNodeRemoveRefusedKeepsEverything: when removing the etcd member would break quorum, nothing
-// is removed: the revocation is taken back, the Node stays, nothing is recorded, exit code 3.
-func TestNodeRemoveRefusedKeepsEverything(t *testing.T) {
-	c := nodeCluster(t, []machines.Machine{{Identity: idCP1, Node: "cp1", Role: machines.RoleControlPlane}}, node("cp1", true))
-	joinservice(t, c, machines.EtcdRefused, "removing etcd member cp1 leaves 2 voting members of which 1 answer; they need 2 for quorum")
-	var out, errOut bytes.Buffer
-	err := runNodeRemove(context.Background(), &out, &errOut, c, "cp1", removeFlags(false))
+	err := runNodeRemove(context.Background(), &out, &errOut, c, "cp1", removeFlags(outputText))
 	var ee *exitError
-	if !errors.As(err, &ee) || ee.code != exitRejected || !strings.Contains(err.Error(), "need 2 for quorum") {
+	if !errors.As(err, &ee) || ee.code != exitRejected || err.Error() != "not removing cp1: they need 2 for quorum; the machine is not revoked" {
 		t.Fatalf("remove = %v, want exit code %d naming the quorum", err, exitRejected)
 	}
-	if ms := record(t, c); ms[0].Removal != nil {
-		t.Fatalf("machine after a refused removal: %+v", ms[0])
+	if out.Len() != 0 {
+		t.Errorf("stdout after a refusal: %q", out.String())
 	}
-	if _, err := c.CoreV1().Nodes().Get(context.Background(), "cp1", metav1.GetOptions{}); err != nil {
-		t.Fatalf("Node cp1 after a refused removal: %v", err)
-	}
-	if es := ledgerOf(t, c); len(es) != 0 {
-		t.Fatalf("ledger after a refused removal: %+v", es)
+	err = runNodeRemove(context.Background(), &out, &errOut, c, "w9", removeFlags(outputText))
+	if !errors.Is(err, noderemove.ErrNotAdmitted) || errors.As(err, &ee) {
+		t.Errorf("remove of a node nobody joined as = %v, want ErrNotAdmitted", err)
 	}
 }
 
-// TestNodeRemoveResumes: when no joinservice acts in time the machine stays revoked and the removal
-// pending; running remove again finishes it.
-func TestNodeRemoveResumes(t *testing.T) {
-	c := nodeCluster(t, []machines.Machine{{Identity: idCP1, Node: "cp1", Role: machines.RoleControlPlane}}, node("cp1", false))
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	var out, errOut bytes.Buffer
-	if err := runNodeRemove(ctx, &out, &errOut, c, "cp1", removeFlags(false)); err == nil || !strings.Contains(err.Error(), "run berth node remove again") {
-		t.Fatalf("remove without a joinservice = %v", err)
-	}
-	if ms := record(t, c); !ms[0].Revoked() || ms[0].Removal.Etcd != machines.EtcdPending {
-		t.Fatalf("machine after the timeout: %+v", ms[0])
-	}
-	joinservice(t, c, machines.EtcdAbsent, "etcd has no member for cp1")
-	if err := runNodeRemove(context.Background(), &out, &errOut, c, "cp1", removeFlags(false)); err != nil {
-		t.Fatalf("second remove: %v\n%s", err, errOut.String())
-	}
-	if es := ledgerOf(t, c); len(es) != 1 || !strings.Contains(es[0].Message, "etcd member absent; Node deleted") {
-		t.Fatalf("ledger %+v", es)
-	}
-}
-
-// TestNodeReadmit: readmit lifts a removal and records it; a machine that is not removed cannot be.
-func TestNodeReadmit(t *testing.T) {
-	c := nodeCluster(t, []machines.Machine{{Identity: idW1, Node: "w1", Role: machines.RoleWorker, Removal: &machines.Removal{Time: time.Now().UTC()}}})
-	f := nodeReadmitFlags{namespace: "berth-system", output: outputText}
+// TestNodeReadmitOutput: the text line and the -o json report.
+func TestNodeReadmitOutput(t *testing.T) {
+	removed := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	c := machineCluster(t, []machines.Machine{{Identity: idW1, Node: "w1", Role: machines.RoleWorker, Removal: &machines.Removal{Time: removed}}})
 	var out bytes.Buffer
-	if err := runNodeReadmit(context.Background(), &out, c, "w1", f); err != nil {
+	if err := runNodeReadmit(context.Background(), &out, c, "w1", nodeReadmitFlags{namespace: "berth-system", output: outputText}); err != nil {
 		t.Fatal(err)
 	}
-	if ms := record(t, c); ms[0].Removal != nil {
-		t.Fatalf("machine after readmit: %+v", ms[0])
+	if want := "w1: machine aa11111111111111 re-admitted (removed 2026-01-02T03:04:05Z); it joins on its next attempt\n"; out.String() != want {
+		t.Errorf("stdout %q, want %q", out.String(), want)
 	}
-	if es := ledgerOf(t, c); len(es) != 1 || es[0].RPC != joinledger.RPCReadmit || es[0].Identity != idW1 {
-		t.Fatalf("ledger %+v", es)
+	err := runNodeReadmit(context.Background(), &out, c, "w1", nodeReadmitFlags{namespace: "berth-system", output: outputJSON})
+	if !errors.Is(err, noderemove.ErrNotAdmitted) {
+		t.Fatalf("second readmit = %v, want ErrNotAdmitted", err)
 	}
-	if err := runNodeReadmit(context.Background(), &out, c, "w1", f); !errors.Is(err, errNotAdmitted) {
-		t.Fatalf("second readmit = %v, want errNotAdmitted", err)
+	c = machineCluster(t, []machines.Machine{{Identity: idW1, Node: "w1", Role: machines.RoleWorker, Removal: &machines.Removal{Time: removed}}})
+	out.Reset()
+	if err := runNodeReadmit(context.Background(), &out, c, "w1", nodeReadmitFlags{namespace: "berth-system", output: outputJSON}); err != nil {
+		t.Fatal(err)
+	}
+	var r readmitReport
+	if err := json.Unmarshal(out.Bytes(), &r); err != nil || r.Node != "w1" || r.Role != machines.RoleWorker || r.Identity != idW1 || !r.RemovedAt.Equal(removed) {
+		t.Fatalf("report %s (%v)", out.String(), err)
 	}
 }
 

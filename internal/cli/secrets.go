@@ -58,7 +58,7 @@ resumes where it stopped. Progress goes to stderr, the result to stdout (-o json
   berth secrets rotate-key --kubeconfig admin.conf -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, err := kubeClient(kube)
+			client, err := kube.client()
 			if err != nil {
 				return err
 			}
@@ -122,7 +122,7 @@ ID it encrypts under and the one its API server writes under. berth status print
   berth secrets status -o json | jq '.controlPlanes[] | select(.healthy | not)'`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			client, err := kubeClient(kube)
+			client, err := kube.client()
 			if err != nil {
 				return err
 			}
@@ -144,18 +144,6 @@ ID it encrypts under and the one its API server writes under. berth status print
 	addOutputFlag(f, &output)
 	f.DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for the API server")
 	return cmd
-}
-
-func kubeClient(kube kubeOptions) (kubernetes.Interface, error) {
-	cfg, err := kube.restConfig()
-	if err != nil {
-		return nil, err
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
-	}
-	return client, nil
 }
 
 // encryptionReport is the encryption-at-rest section of berth status and berth secrets status

@@ -58,13 +58,9 @@ applies to both.`,
 			if limit < 0 {
 				return usageErr("--limit %d: want 0 (all) or more", limit)
 			}
-			cfg, err := kube.restConfig()
+			client, err := kube.client()
 			if err != nil {
 				return err
-			}
-			client, err := kubernetes.NewForConfig(cfg)
-			if err != nil {
-				return fmt.Errorf("creating Kubernetes client: %w", err)
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()

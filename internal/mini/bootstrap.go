@@ -16,7 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/berth-k8s/berth/internal/kubeclient"
 )
 
 // Attestation variants the mini cluster can ask its bootstrappers for.
@@ -141,16 +142,12 @@ type nodeClient interface {
 }
 
 func newClientset(kubeconfig string) (kubernetes.Interface, error) {
-	rc, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	rc, err := kubeclient.FromFile(kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("loading %s: %w", kubeconfig, err)
 	}
 	rc.Timeout = 10 * time.Second
-	cs, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return nil, fmt.Errorf("creating Kubernetes client: %w", err)
-	}
-	return cs, nil
+	return kubeclient.Clientset(rc)
 }
 
 // waitNodesReady polls until every node in want is registered and Ready.

@@ -15,15 +15,13 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/cpslot"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/kubeclient"
 	"github.com/berth-k8s/berth/internal/logging"
 	metachoose "github.com/berth-k8s/berth/internal/metadata/choose"
 	"github.com/berth-k8s/berth/joinservice"
@@ -201,12 +199,12 @@ func deps(ctx context.Context, o options, log *zap.Logger) (joinservice.Deps, er
 		}
 		d.Issuer = tdx.NewIssuer(open, log.Named("tdx"))
 	}
-	restCfg, err := restConfig(o.kubeconfig)
+	restCfg, err := kubeclient.InClusterOrFile(o.kubeconfig)
 	if err != nil {
 		return d, err
 	}
-	if d.Client, err = kubernetes.NewForConfig(restCfg); err != nil {
-		return d, fmt.Errorf("creating Kubernetes client: %w", err)
+	if d.Client, err = kubeclient.Clientset(restCfg); err != nil {
+		return d, err
 	}
 	if d.Dynamic, err = dynamic.NewForConfig(restCfg); err != nil {
 		return d, fmt.Errorf("creating Kubernetes client: %w", err)
@@ -234,19 +232,4 @@ func tdxOpener(root string) (tdx.OpenFunc, error) {
 		return nil, fmt.Errorf("--attestation=tdx: closing the TD guest interface: %w", err)
 	}
 	return open, nil
-}
-
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig == "" {
-		cfg, err := rest.InClusterConfig()
-		if err != nil {
-			return nil, fmt.Errorf("loading in-cluster config: %w", err)
-		}
-		return cfg, nil
-	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("loading kubeconfig: %w", err)
-	}
-	return cfg, nil
 }
