@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/joinledger"
 )
 
@@ -70,7 +71,7 @@ applies to both.`,
 	f := cmd.Flags()
 	kube.addFlags(f)
 	addOutputFlag(f, &output)
-	f.StringVarP(&namespace, "namespace", "n", "berth-system", "namespace of Berth's components")
+	f.StringVarP(&namespace, "namespace", "n", joinconfig.Namespace, "namespace of Berth's components")
 	f.IntVar(&limit, "limit", 50, "most attempts to print per section (0: all)")
 	f.DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for the API server")
 	return cmd
