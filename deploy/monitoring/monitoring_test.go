@@ -22,6 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
 	"go.uber.org/zap"
@@ -134,7 +135,7 @@ func unknownMetrics(expr string, known map[string]bool) ([]string, error) {
 		}
 		name := vs.Name
 		for _, m := range vs.LabelMatchers {
-			if m.Name != labels.MetricName || name != "" {
+			if m.Name != model.MetricNameLabel || name != "" {
 				continue
 			}
 			if m.Type != labels.MatchEqual {

@@ -141,7 +141,9 @@ func decodePublic(raw []byte) (p publicArea, ok bool) {
 		}
 		if curve != nil {
 			// The key go-tpm's tpm2.Pub makes, the point unchecked: ecdsa.Verify refuses one off the curve.
-			p.key = &ecdsa.PublicKey{Curve: curve, X: new(big.Int).SetBytes(x), Y: new(big.Int).SetBytes(y)}
+			// ecdsa.ParseUncompressedPublicKey would refuse it here instead and no longer decode as go-tpm
+			// does (FuzzDecodePublic compares the two), hence the deprecated fields.
+			p.key = &ecdsa.PublicKey{Curve: curve, X: new(big.Int).SetBytes(x), Y: new(big.Int).SetBytes(y)} //nolint:staticcheck // SA1019, see above
 		}
 	default:
 		return p, false
