@@ -3,6 +3,7 @@
 // caller change the key's value, and writes the result with the resourceVersion it read, creating
 // the ConfigMap when there is none; when another writer got there first (a conflict, or a
 // concurrent create) it reads again and calls the change again (client-go's retry.OnError).
+// ReadList, DecodeList and EncodeList are the JSON-list codec both shared keys use.
 package configmapkey
 
 import (

@@ -28,15 +28,10 @@ package joinledger
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"sort"
-	"strings"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
@@ -153,35 +148,17 @@ var ErrNoLedger = errors.New("the cluster has no join ledger yet")
 
 // Read returns the ledger's entries, oldest first.
 func Read(ctx context.Context, client kubernetes.Interface, namespace string) ([]Entry, error) {
-	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil, ErrNoLedger
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
-	}
-	return Decode(cm.Data[DataKey])
+	return configmapkey.ReadList[Entry](ctx, client, configmapkey.Ref{Namespace: namespace, Name: ConfigMapName, Key: DataKey}, "ledger", ErrNoLedger)
 }
 
 // Decode parses the value of DataKey.
 func Decode(s string) ([]Entry, error) {
-	if strings.TrimSpace(s) == "" {
-		return nil, nil
-	}
-	var es []Entry
-	if err := json.Unmarshal([]byte(s), &es); err != nil {
-		return nil, fmt.Errorf("decoding ledger: %w", err)
-	}
-	return es, nil
+	return configmapkey.DecodeList[Entry](s, "ledger")
 }
 
 // Encode returns the value of DataKey for es.
 func Encode(es []Entry) (string, error) {
-	data, err := json.Marshal(es)
-	if err != nil {
-		return "", fmt.Errorf("encoding ledger: %w", err)
-	}
-	return string(data), nil
+	return configmapkey.EncodeList(es, "ledger")
 }
 
 // aggregateKey identifies the refusals Merge folds into one entry.

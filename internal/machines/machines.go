@@ -22,14 +22,10 @@ package machines
 import (
 	"context"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"strings"
 	"time"
 
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
@@ -122,35 +118,17 @@ var ErrNoRecord = errors.New("the cluster has no machine record yet")
 
 // Read returns the machines of the record in namespace.
 func Read(ctx context.Context, client kubernetes.Interface, namespace string) ([]Machine, error) {
-	cm, err := client.CoreV1().ConfigMaps(namespace).Get(ctx, ConfigMapName, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil, ErrNoRecord
-	}
-	if err != nil {
-		return nil, fmt.Errorf("reading ConfigMap %s/%s: %w", namespace, ConfigMapName, err)
-	}
-	return Decode(cm.Data[DataKey])
+	return configmapkey.ReadList[Machine](ctx, client, configmapkey.Ref{Namespace: namespace, Name: ConfigMapName, Key: DataKey}, "machine record", ErrNoRecord)
 }
 
 // Decode parses the value of DataKey.
 func Decode(s string) ([]Machine, error) {
-	if strings.TrimSpace(s) == "" {
-		return nil, nil
-	}
-	var ms []Machine
-	if err := json.Unmarshal([]byte(s), &ms); err != nil {
-		return nil, fmt.Errorf("decoding machine record: %w", err)
-	}
-	return ms, nil
+	return configmapkey.DecodeList[Machine](s, "machine record")
 }
 
 // Encode returns the value of DataKey for ms.
 func Encode(ms []Machine) (string, error) {
-	data, err := json.Marshal(ms)
-	if err != nil {
-		return "", fmt.Errorf("encoding machine record: %w", err)
-	}
-	return string(data), nil
+	return configmapkey.EncodeList(ms, "machine record")
 }
 
 // conflictBackoff spaces the rounds of an Update that lost a race with another writer: from 10 ms,
