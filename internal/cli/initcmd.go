@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,7 +19,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"sigs.k8s.io/yaml"
 
 	"github.com/berth-k8s/berth/initproto"
 	"github.com/berth-k8s/berth/internal/atls"
@@ -30,6 +28,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/initconfig"
 	"github.com/berth-k8s/berth/internal/workspace"
 )
 
@@ -39,32 +38,6 @@ var ErrInitRejected = errors.New("the node rejected the init request: wrong init
 
 // ErrInitFailed is returned when the node answered with an InitFailure.
 var ErrInitFailed = errors.New("init failed")
-
-// initConfig is the file `berth init --config` reads.
-type initConfig struct {
-	ClusterName       string   `json:"clusterName"`
-	KubernetesVersion string   `json:"kubernetesVersion"`
-	ServiceCIDR       string   `json:"serviceCIDR"`
-	PodCIDR           string   `json:"podCIDR"`
-	APIServerCertSANs []string `json:"apiServerCertSANs,omitempty"`
-	// InitSecret is the node's init secret, hex; InitSecretFile names a file holding it instead.
-	InitSecret     string `json:"initSecret,omitempty"`
-	InitSecretFile string `json:"initSecretFile,omitempty"`
-	// AttestationPolicyFile names the cluster's attestation policy (YAML) for the joinservice.
-	AttestationPolicyFile string `json:"attestationPolicyFile,omitempty"`
-	// JoinPolicyFile names the join policy (YAML) joining nodes check the joinservice against; init
-	// writes it, with the cluster's attestation-key CA added, to the workspace's join-policy.yaml.
-	JoinPolicyFile string `json:"joinPolicyFile,omitempty"`
-	Components     struct {
-		SkipKubeProxy   bool   `json:"skipKubeProxy,omitempty"`
-		SkipCoreDNS     bool   `json:"skipCoreDNS,omitempty"`
-		ImagePolicyFile string `json:"imagePolicyFile,omitempty"`
-	} `json:"components,omitempty"`
-}
-
-func defaultInitConfig() initConfig {
-	return initConfig{ClusterName: "berth", KubernetesVersion: "v1.34.2", ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16"}
-}
 
 type initOptions struct {
 	endpoint       string
@@ -140,55 +113,20 @@ The node's progress goes to stderr; the result (cluster ID, admin kubeconfig, jo
 	return cmd
 }
 
-func loadInitConfig(path string) (initConfig, []byte, error) {
-	cfg := defaultInitConfig()
-	data, err := os.ReadFile(path)
+// loadInitConfig reads the config file and its init secret; its errors are usage errors.
+func loadInitConfig(path string) (initconfig.Config, []byte, error) {
+	cfg, secret, err := initconfig.Load(path)
 	if err != nil {
-		return cfg, nil, usageErr("reading config: %w", err)
-	}
-	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return cfg, nil, usageErr("parsing config %s: %w", path, err)
-	}
-	secretHex := strings.TrimSpace(cfg.InitSecret)
-	switch {
-	case cfg.InitSecret != "" && cfg.InitSecretFile != "":
-		return cfg, nil, usageErr("config %s: set initSecret or initSecretFile, not both", path)
-	case cfg.InitSecretFile != "":
-		p := cfg.InitSecretFile
-		if !filepath.IsAbs(p) {
-			p = filepath.Join(filepath.Dir(path), p)
-		}
-		raw, err := os.ReadFile(p)
-		if err != nil {
-			return cfg, nil, usageErr("reading init secret file: %w", err)
-		}
-		secretHex = strings.TrimSpace(string(raw))
-	case secretHex == "":
-		return cfg, nil, usageErr("config %s: no initSecret or initSecretFile", path)
-	}
-	secret, err := hex.DecodeString(secretHex)
-	if err != nil || len(secret) < 16 {
-		return cfg, nil, usageErr("config %s: the init secret must be at least 16 bytes, hex-encoded", path)
+		return cfg, nil, usageErr("%w", err)
 	}
 	return cfg, secret, nil
 }
 
-// resolve interprets p relative to the directory of the config file base.
-func resolve(base, p string) string {
-	if filepath.IsAbs(p) {
-		return p
-	}
-	return filepath.Join(filepath.Dir(base), p)
-}
-
-func readRelative(base, p string) ([]byte, error) {
-	if p == "" {
-		return nil, nil
-	}
-	p = resolve(base, p)
-	data, err := os.ReadFile(p)
+// readConfigFile reads a file the config names; its error is a usage error.
+func readConfigFile(path string) ([]byte, error) {
+	data, err := initconfig.ReadFile(path)
 	if err != nil {
-		return nil, usageErr("reading %s: %w", p, err)
+		return nil, usageErr("%w", err)
 	}
 	return data, nil
 }
@@ -256,18 +194,18 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 	if err != nil {
 		return err
 	}
-	policyBytes, err := readRelative(o.configPath, cfg.AttestationPolicyFile)
+	policyBytes, err := readConfigFile(cfg.AttestationPolicyFile)
 	if err != nil {
 		return err
 	}
 	if len(policyBytes) > 0 {
 		// The node and its joinservice get the policy without the files beside it.
-		policyFile := resolve(o.configPath, cfg.AttestationPolicyFile)
+		policyFile := cfg.AttestationPolicyFile
 		if policyBytes, err = policyedit.Inline(policyBytes, filepath.Dir(policyFile)); err != nil {
 			return usageErr("%s: %w", policyFile, err)
 		}
 	}
-	joinPolicy, err := loadJoinPolicy(o.configPath, cfg.JoinPolicyFile)
+	joinPolicy, err := loadJoinPolicy(cfg.JoinPolicyFile)
 	if err != nil {
 		return err
 	}
@@ -284,7 +222,7 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 	case cfg.AttestationPolicyFile == "":
 		return usageErr("config %s has no attestationPolicyFile: berth init verifies the node against it before sending secrets (or pass --insecure-skip-attestation, development only)", o.configPath)
 	default:
-		p, err := policy.Load(resolve(o.configPath, cfg.AttestationPolicyFile))
+		p, err := policy.Load(cfg.AttestationPolicyFile)
 		if err != nil {
 			return usageErr("attestation policy: %w", err)
 		}
@@ -298,7 +236,7 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 			return usageErr("attestation policy: %w", err)
 		}
 	}
-	imagePolicy, err := readRelative(o.configPath, cfg.Components.ImagePolicyFile)
+	imagePolicy, err := readConfigFile(cfg.Components.ImagePolicyFile)
 	if err != nil {
 		return err
 	}
