@@ -6,30 +6,22 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
-	"k8s.io/apimachinery/pkg/util/wait"
-	"sigs.k8s.io/yaml"
 
 	"github.com/berth-k8s/berth/initproto"
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/choose"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/policy/policyedit"
-	"github.com/berth-k8s/berth/internal/attestation/tdx"
-	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/initclient"
+	"github.com/berth-k8s/berth/internal/initconfig"
 	"github.com/berth-k8s/berth/internal/workspace"
 )
 
@@ -39,32 +31,6 @@ var ErrInitRejected = errors.New("the node rejected the init request: wrong init
 
 // ErrInitFailed is returned when the node answered with an InitFailure.
 var ErrInitFailed = errors.New("init failed")
-
-// initConfig is the file `berth init --config` reads.
-type initConfig struct {
-	ClusterName       string   `json:"clusterName"`
-	KubernetesVersion string   `json:"kubernetesVersion"`
-	ServiceCIDR       string   `json:"serviceCIDR"`
-	PodCIDR           string   `json:"podCIDR"`
-	APIServerCertSANs []string `json:"apiServerCertSANs,omitempty"`
-	// InitSecret is the node's init secret, hex; InitSecretFile names a file holding it instead.
-	InitSecret     string `json:"initSecret,omitempty"`
-	InitSecretFile string `json:"initSecretFile,omitempty"`
-	// AttestationPolicyFile names the cluster's attestation policy (YAML) for the joinservice.
-	AttestationPolicyFile string `json:"attestationPolicyFile,omitempty"`
-	// JoinPolicyFile names the join policy (YAML) joining nodes check the joinservice against; init
-	// writes it, with the cluster's attestation-key CA added, to the workspace's join-policy.yaml.
-	JoinPolicyFile string `json:"joinPolicyFile,omitempty"`
-	Components     struct {
-		SkipKubeProxy   bool   `json:"skipKubeProxy,omitempty"`
-		SkipCoreDNS     bool   `json:"skipCoreDNS,omitempty"`
-		ImagePolicyFile string `json:"imagePolicyFile,omitempty"`
-	} `json:"components,omitempty"`
-}
-
-func defaultInitConfig() initConfig {
-	return initConfig{ClusterName: "berth", KubernetesVersion: "v1.34.2", ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16"}
-}
 
 type initOptions struct {
 	endpoint       string
@@ -140,55 +106,20 @@ The node's progress goes to stderr; the result (cluster ID, admin kubeconfig, jo
 	return cmd
 }
 
-func loadInitConfig(path string) (initConfig, []byte, error) {
-	cfg := defaultInitConfig()
-	data, err := os.ReadFile(path)
+// loadInitConfig reads the config file and its init secret; its errors are usage errors.
+func loadInitConfig(path string) (initconfig.Config, []byte, error) {
+	cfg, secret, err := initconfig.Load(path)
 	if err != nil {
-		return cfg, nil, usageErr("reading config: %w", err)
-	}
-	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return cfg, nil, usageErr("parsing config %s: %w", path, err)
-	}
-	secretHex := strings.TrimSpace(cfg.InitSecret)
-	switch {
-	case cfg.InitSecret != "" && cfg.InitSecretFile != "":
-		return cfg, nil, usageErr("config %s: set initSecret or initSecretFile, not both", path)
-	case cfg.InitSecretFile != "":
-		p := cfg.InitSecretFile
-		if !filepath.IsAbs(p) {
-			p = filepath.Join(filepath.Dir(path), p)
-		}
-		raw, err := os.ReadFile(p)
-		if err != nil {
-			return cfg, nil, usageErr("reading init secret file: %w", err)
-		}
-		secretHex = strings.TrimSpace(string(raw))
-	case secretHex == "":
-		return cfg, nil, usageErr("config %s: no initSecret or initSecretFile", path)
-	}
-	secret, err := hex.DecodeString(secretHex)
-	if err != nil || len(secret) < 16 {
-		return cfg, nil, usageErr("config %s: the init secret must be at least 16 bytes, hex-encoded", path)
+		return cfg, nil, usageErr("%w", err)
 	}
 	return cfg, secret, nil
 }
 
-// resolve interprets p relative to the directory of the config file base.
-func resolve(base, p string) string {
-	if filepath.IsAbs(p) {
-		return p
-	}
-	return filepath.Join(filepath.Dir(base), p)
-}
-
-func readRelative(base, p string) ([]byte, error) {
-	if p == "" {
-		return nil, nil
-	}
-	p = resolve(base, p)
-	data, err := os.ReadFile(p)
+// readConfigFile reads a file the config names; its error is a usage error.
+func readConfigFile(path string) ([]byte, error) {
+	data, err := initconfig.ReadFile(path)
 	if err != nil {
-		return nil, usageErr("reading %s: %w", p, err)
+		return nil, usageErr("%w", err)
 	}
 	return data, nil
 }
@@ -204,34 +135,6 @@ func workspaceErr(dir string, err error) error {
 		return usageErr("workspace %s already holds a cluster's %s; use another --workspace", dir, workspace.AdminConf)
 	}
 	return err
-}
-
-// acceptResumedLock lets p accept, besides what it expects of a fresh node's lock register, the
-// value the register holds once the node took the lock for clusterID: an unfinished init that got
-// as far as the lock resumes on a node that is no longer fresh. It changes only an expectation of
-// exact values at the variant's lock index (TPM PCR 15, TDX RTMR3 = index 4) and returns that
-// index, or false when p has none.
-func acceptResumedLock(p *policy.Policy, clusterID []byte) (uint32, bool) {
-	var idx uint32
-	var value []byte
-	switch p.Variant {
-	case vtpm.Variant:
-		idx, value = vtpm.DefaultLockPCR, vtpm.ExpectedLockValue(clusterID)
-	case tdx.VariantName:
-		idx, value = tdx.DefaultLockRTMR+1, tdx.ExpectedLockRTMR(clusterID)
-	default:
-		return 0, false
-	}
-	for i := range p.Expectations {
-		e := &p.Expectations[i]
-		if e.Index != idx || e.NonZero {
-			continue
-		}
-		e.AnyOf = append(e.AnyOf, value)
-		e.Source += "; or the lock value of the cluster this workspace's unfinished init locked the node for"
-		return idx, true
-	}
-	return 0, false
 }
 
 // prepareWorkspace returns the master secret and salt: those of an earlier, unfinished attempt (so
@@ -256,18 +159,18 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 	if err != nil {
 		return err
 	}
-	policyBytes, err := readRelative(o.configPath, cfg.AttestationPolicyFile)
+	policyBytes, err := readConfigFile(cfg.AttestationPolicyFile)
 	if err != nil {
 		return err
 	}
 	if len(policyBytes) > 0 {
 		// The node and its joinservice get the policy without the files beside it.
-		policyFile := resolve(o.configPath, cfg.AttestationPolicyFile)
+		policyFile := cfg.AttestationPolicyFile
 		if policyBytes, err = policyedit.Inline(policyBytes, filepath.Dir(policyFile)); err != nil {
 			return usageErr("%s: %w", policyFile, err)
 		}
 	}
-	joinPolicy, err := loadJoinPolicy(o.configPath, cfg.JoinPolicyFile)
+	joinPolicy, err := loadJoinPolicy(cfg.JoinPolicyFile)
 	if err != nil {
 		return err
 	}
@@ -284,12 +187,12 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 	case cfg.AttestationPolicyFile == "":
 		return usageErr("config %s has no attestationPolicyFile: berth init verifies the node against it before sending secrets (or pass --insecure-skip-attestation, development only)", o.configPath)
 	default:
-		p, err := policy.Load(resolve(o.configPath, cfg.AttestationPolicyFile))
+		p, err := policy.Load(cfg.AttestationPolicyFile)
 		if err != nil {
 			return usageErr("attestation policy: %w", err)
 		}
 		if resumed != nil {
-			if idx, ok := acceptResumedLock(p, resumed.ClusterID()); ok {
+			if idx, ok := initclient.AcceptResumedLock(p, resumed.ClusterID()); ok {
 				_, _ = fmt.Fprintf(errOut, "Resuming the unfinished init in %s (cluster ID %x): the node may be fresh or hold this cluster's ID in its lock register (index %d)\n",
 					o.workspace, resumed.ClusterID(), idx)
 			}
@@ -298,7 +201,7 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 			return usageErr("attestation policy: %w", err)
 		}
 	}
-	imagePolicy, err := readRelative(o.configPath, cfg.Components.ImagePolicyFile)
+	imagePolicy, err := readConfigFile(cfg.Components.ImagePolicyFile)
 	if err != nil {
 		return err
 	}
@@ -307,7 +210,7 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 		return err
 	}
 	defer func() { _ = conn.Close() }()
-	if ev := verdict.accepted(); ev != nil {
+	if ev := verdict.Accepted(); ev != nil {
 		_, _ = fmt.Fprintf(errOut, "Node attested (%s): %d measurements match the policy\n", ev.Variant, len(ev.Result.Measurements))
 		for _, w := range ev.Result.Warnings {
 			_, _ = fmt.Fprintf(errOut, "  warning: %s\n", w)
@@ -378,91 +281,13 @@ func publishJoinPolicy(dir string, joinPolicy, master, salt []byte, errOut io.Wr
 	return path, nil
 }
 
-// attestVerdict remembers what the node proved, or why it was rejected, in the last handshake.
-type attestVerdict struct {
-	mu       sync.Mutex
-	ev       *atls.Evidence
-	rejected error
-}
-
-func (v *attestVerdict) observe(ev atls.Evidence, err error) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if err != nil {
-		// A rate-limited handshake is retried; anything else the node proved (or failed to) is final.
-		if !errors.Is(err, atls.ErrRateLimited) {
-			v.rejected = err
-		}
-		return
-	}
-	v.ev = &ev
-}
-
-func (v *attestVerdict) rejection() error {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.rejected
-}
-
-func (v *attestVerdict) accepted() *atls.Evidence {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	return v.ev
-}
-
-// connectPoll is how often waitConnected looks at the connection and the attestation verdict. It
-// polls because a channel that failed once stays in TRANSIENT_FAILURE while it retries: a node
-// rejected in a later attempt changes no state there is to wait for.
-const connectPoll = 100 * time.Millisecond
-
-// waitConnected retries connecting until the connection is ready or timeout passes. It is the only
-// retry: once connected, a failure is reported, not retried. A node that fails attestation is not
-// retried either: nothing it can do in the next handshake will change what it measured.
-func waitConnected(ctx context.Context, conn *grpc.ClientConn, timeout time.Duration, verdict *attestVerdict) error {
-	conn.Connect()
-	last := conn.GetState()
-	var rejected error
-	err := wait.PollUntilContextTimeout(ctx, connectPoll, timeout, true, func(context.Context) (bool, error) {
-		if rejected = verdict.rejection(); rejected != nil {
-			return true, nil
-		}
-		last = conn.GetState()
-		if last == connectivity.Idle {
-			conn.Connect()
-		}
-		return last == connectivity.Ready, nil
-	})
-	if rejected != nil {
-		return &exitError{code: exitRejected, err: fmt.Errorf("the node failed attestation; nothing was sent: %w", rejected)}
-	}
-	if err != nil {
-		return fmt.Errorf("could not reach the node within %s (last state %s)", timeout, last)
-	}
-	return nil
-}
-
 // receiveInit shows the node's progress on errOut (and its output with --verbose) and writes the
 // result to out.
 func receiveInit(stream initproto.InitService_InitClient, out, errOut, logFile io.Writer, o initOptions, joinPolicyPath string) error {
 	start := time.Now()
 	started := map[string]time.Time{}
-	for {
-		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return errors.New("the node ended init without a result; see the node's log")
-		}
-		if err != nil {
-			if status.Code(err) == codes.PermissionDenied {
-				return &exitError{code: exitRejected, err: ErrInitRejected}
-			}
-			if status.Code(err) == codes.ResourceExhausted {
-				return errors.New("the node is rate-limiting init requests: wait a few seconds, then run the same command again")
-			}
-			return fmt.Errorf("init interrupted after %s: %w; run the same command again to resume", time.Since(start).Round(time.Second), err)
-		}
-		switch k := resp.GetKind().(type) {
-		case *initproto.InitResponse_Progress:
-			p := k.Progress
+	success, err := initclient.Receive(stream, initclient.Handler{
+		Progress: func(p *initproto.Progress) {
 			label := fmt.Sprintf("[%d/%d] %-17s", p.GetIndex(), p.GetTotal(), p.GetPhase())
 			switch p.GetState() {
 			case initproto.PhaseState_PHASE_STATE_STARTED:
@@ -475,21 +300,33 @@ func receiveInit(stream initproto.InitService_InitClient, out, errOut, logFile i
 			case initproto.PhaseState_PHASE_STATE_FAILED:
 				_, _ = fmt.Fprintf(errOut, "%s FAILED after %s\n", label, time.Since(started[p.GetPhase()]).Round(time.Millisecond))
 			}
-		case *initproto.InitResponse_Log:
-			_, _ = logFile.Write(k.Log.GetData())
+		},
+		Log: func(data []byte) {
+			_, _ = logFile.Write(data)
 			if o.verbose {
-				_, _ = errOut.Write(k.Log.GetData())
+				_, _ = errOut.Write(data)
 			}
-		case *initproto.InitResponse_Failure:
-			f := k.Failure
-			msg := fmt.Sprintf("%s: %s", strings.TrimPrefix(f.GetCode().String(), "FAILURE_CODE_"), f.GetMessage())
-			if f.GetRetryable() {
-				msg += fmt.Sprintf("\nThe node's output is in %s. Run the same command again to resume.", filepath.Join(o.workspace, workspace.InitLog))
-			}
-			return fmt.Errorf("%w: %s", ErrInitFailed, msg)
-		case *initproto.InitResponse_Success:
-			return writeInitResult(out, o.workspace, k.Success, time.Since(start), joinPolicyPath)
+		},
+	})
+	var failure *initclient.FailureError
+	switch {
+	case err == nil:
+		return writeInitResult(out, o.workspace, success, time.Since(start), joinPolicyPath)
+	case errors.Is(err, initclient.ErrNoResult):
+		return errors.New("the node ended init without a result; see the node's log")
+	case errors.Is(err, initclient.ErrRejected):
+		return &exitError{code: exitRejected, err: ErrInitRejected}
+	case errors.Is(err, initclient.ErrRateLimited):
+		return errors.New("the node is rate-limiting init requests: wait a few seconds, then run the same command again")
+	case errors.As(err, &failure):
+		f := failure.Failure
+		msg := fmt.Sprintf("%s: %s", strings.TrimPrefix(f.GetCode().String(), "FAILURE_CODE_"), f.GetMessage())
+		if f.GetRetryable() {
+			msg += fmt.Sprintf("\nThe node's output is in %s. Run the same command again to resume.", filepath.Join(o.workspace, workspace.InitLog))
 		}
+		return fmt.Errorf("%w: %s", ErrInitFailed, msg)
+	default:
+		return fmt.Errorf("init interrupted after %s: %w; run the same command again to resume", time.Since(start).Round(time.Second), err)
 	}
 }
 
@@ -516,24 +353,24 @@ func writeInitResult(out io.Writer, dir string, s *initproto.InitSuccess, took t
 // dialNode connects to a node's attested gRPC endpoint (the InitServer, the recovery server), checking
 // its attestation with validator (nil: skipped, with a warning), and waits until the connection is up
 // or the verdict is known. Its warning and progress go to errOut.
-func dialNode(ctx context.Context, errOut io.Writer, endpoint string, validator atls.Validator, timeout time.Duration) (*grpc.ClientConn, *attestVerdict, error) {
-	creds := insecure.NewCredentials()
-	verdict := &attestVerdict{}
+func dialNode(ctx context.Context, errOut io.Writer, endpoint string, validator atls.Validator, timeout time.Duration) (*grpc.ClientConn, *initclient.Verdict, error) {
 	if validator == nil {
 		_, _ = fmt.Fprintln(errOut, "WARNING: attestation is skipped; the node's identity is not verified")
-	} else {
-		var err error
-		if creds, err = atls.NewCredentials(nil, validator, atls.WithObserver(verdict.observe)); err != nil {
-			return nil, nil, fmt.Errorf("creating attested TLS credentials: %w", err)
-		}
 	}
-	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(creds))
+	conn, verdict, err := initclient.NewConn(endpoint, validator)
+	var endpointErr *initclient.EndpointError
+	if errors.As(err, &endpointErr) {
+		return nil, nil, usageErr("--endpoint %q: %w", endpoint, endpointErr.Err)
+	}
 	if err != nil {
-		return nil, nil, usageErr("--endpoint %q: %w", endpoint, err)
+		return nil, nil, err
 	}
 	_, _ = fmt.Fprintf(errOut, "Connecting to %s ...\n", endpoint)
-	if err := waitConnected(ctx, conn, timeout, verdict); err != nil {
+	if err := initclient.WaitConnected(ctx, conn, timeout, verdict); err != nil {
 		_ = conn.Close()
+		if errors.Is(err, initclient.ErrAttestationFailed) {
+			return nil, nil, &exitError{code: exitRejected, err: err}
+		}
 		return nil, nil, err
 	}
 	return conn, verdict, nil

@@ -16,14 +16,13 @@ import (
 	"github.com/berth-k8s/berth/internal/workspace"
 )
 
-// loadJoinPolicy reads the join policy the config names (what a joining node demands of the
-// joinservice), with its files inlined, and checks that a node could use it. It returns nil when the
-// config names none.
-func loadJoinPolicy(configPath, file string) ([]byte, error) {
-	if file == "" {
+// loadJoinPolicy reads the join policy at path (what a joining node demands of the joinservice),
+// with its files inlined, and checks that a node could use it. It returns nil for "" (the config
+// names none).
+func loadJoinPolicy(path string) ([]byte, error) {
+	if path == "" {
 		return nil, nil
 	}
-	path := resolve(configPath, file)
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, usageErr("reading join policy: %w", err)
@@ -81,7 +80,7 @@ holds nothing secret; it reads the master secret only to derive the CA.`,
 			if policyPath == "" || dir == "" {
 				return usageErr("policy join needs --policy and --workspace")
 			}
-			data, err := loadJoinPolicy(policyPath, filepath.Base(policyPath))
+			data, err := loadJoinPolicy(policyPath)
 			if err != nil {
 				return err
 			}

@@ -67,7 +67,7 @@ func TestClusterJoinPolicy(t *testing.T) {
 			if err := os.WriteFile(path, []byte(tc.src), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			tmpl, err := loadJoinPolicy(filepath.Join(dir, "cluster.yaml"), "join.yaml")
+			tmpl, err := loadJoinPolicy(filepath.Join(dir, "join.yaml"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -126,13 +126,13 @@ func TestLoadJoinPolicyRefusesBadPolicies(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, "join.yaml"), []byte(src), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		_, err := loadJoinPolicy(filepath.Join(dir, "cluster.yaml"), "join.yaml")
+		_, err := loadJoinPolicy(filepath.Join(dir, "join.yaml"))
 		var ee *exitError
 		if !errors.As(err, &ee) || ee.code != exitUsage {
 			t.Errorf("%s: loadJoinPolicy = %v, want a usage error", name, err)
 		}
 	}
-	if data, err := loadJoinPolicy(filepath.Join(dir, "cluster.yaml"), ""); data != nil || err != nil {
+	if data, err := loadJoinPolicy(""); data != nil || err != nil {
 		t.Errorf("no joinPolicyFile: %q, %v", data, err)
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"os"
 	"path/filepath"
 	"slices"
 
@@ -15,6 +14,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/attestation/policy/policyedit"
 	"github.com/berth-k8s/berth/internal/berthsystem"
+	"github.com/berth-k8s/berth/internal/initconfig"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/version"
 	"github.com/berth-k8s/berth/internal/webhook/install"
@@ -91,23 +91,23 @@ func runManifests(out, errOut io.Writer, o manifestsOptions) error {
 	if o.joinImage == "" {
 		return usageErr("--joinservice-image is empty")
 	}
-	cfg := defaultInitConfig()
+	cfg := initconfig.Default()
 	var attestationPolicy, imagePolicy []byte
 	if o.configPath != "" {
 		var err error
-		if cfg, err = readInitConfigFile(o.configPath); err != nil {
-			return err
+		if cfg, err = initconfig.Read(o.configPath); err != nil {
+			return usageErr("%w", err)
 		}
-		if attestationPolicy, err = readRelative(o.configPath, cfg.AttestationPolicyFile); err != nil {
+		if attestationPolicy, err = readConfigFile(cfg.AttestationPolicyFile); err != nil {
 			return err
 		}
 		if len(attestationPolicy) > 0 {
-			policyFile := resolve(o.configPath, cfg.AttestationPolicyFile)
+			policyFile := cfg.AttestationPolicyFile
 			if attestationPolicy, err = policyedit.Inline(attestationPolicy, filepath.Dir(policyFile)); err != nil {
 				return usageErr("%s: %w", policyFile, err)
 			}
 		}
-		if imagePolicy, err = readRelative(o.configPath, cfg.Components.ImagePolicyFile); err != nil {
+		if imagePolicy, err = readConfigFile(cfg.Components.ImagePolicyFile); err != nil {
 			return err
 		}
 	}
@@ -138,20 +138,6 @@ func runManifests(out, errOut io.Writer, o manifestsOptions) error {
 			webhookconfig.ConfigName, joinconfig.Namespace, webhookconfig.TLSSecret)
 	}
 	return writeManifests(out, o.output, objs)
-}
-
-// readInitConfigFile reads berth init's config file for what the manifests depend on; unlike init,
-// it needs no init secret.
-func readInitConfigFile(path string) (initConfig, error) {
-	cfg := defaultInitConfig()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return cfg, usageErr("reading config: %w", err)
-	}
-	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return cfg, usageErr("parsing config %s: %w", path, err)
-	}
-	return cfg, nil
 }
 
 // leaveOutInitValues removes from obj what berth init makes (the cluster Secret's data, the join

@@ -108,7 +108,7 @@ func runRecover(ctx context.Context, out, errOut io.Writer, o recoverOptions) er
 		return err
 	}
 	defer func() { _ = conn.Close() }()
-	if ev := verdict.accepted(); !o.insecure {
+	if ev := verdict.Accepted(); !o.insecure {
 		if ev == nil {
 			return &exitError{code: exitRejected, err: errors.New("the connection carries no attestation of the node; nothing was sent")}
 		}

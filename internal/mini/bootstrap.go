@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/berth-k8s/berth/internal/initconfig"
 	"github.com/berth-k8s/berth/internal/kubeclient"
 )
 
@@ -38,18 +39,27 @@ type BootstrapOptions struct {
 // ErrNotReady is returned when nodes did not become Ready in time.
 var ErrNotReady = errors.New("nodes not ready")
 
-// initConfig is `berth init`'s cluster config file for the mini cluster.
-// The API servers' certificates name the control-plane endpoint (kubeadm adds it too).
+// initConfig is `berth init`'s cluster config file for the mini cluster, in the format
+// internal/initconfig owns. The API servers' certificates name the control-plane endpoint (kubeadm
+// adds it too).
 func (c *Cluster) initConfig() []byte {
-	return []byte(fmt.Sprintf(`# Written by berth mini.
-clusterName: %s
-kubernetesVersion: %s
-serviceCIDR: %s
-podCIDR: %s
-apiServerCertSANs: [%s]
-initSecretFile: %s
-`, c.cfg.Name, KubernetesVersion, c.cfg.ServiceCIDR.Masked(), c.cfg.PodCIDR.Masked(), c.cfg.HostAddr(), c.initSecretPath()) +
-		map[bool]string{true: "attestationPolicyFile: " + c.cfg.PolicyPath() + "\njoinPolicyFile: " + c.cfg.ImageJoinPolicyPath() + "\n"}[c.cfg.Attestation == AttestationTPM])
+	cfg := initconfig.Config{
+		ClusterName:       c.cfg.Name,
+		KubernetesVersion: KubernetesVersion,
+		ServiceCIDR:       c.cfg.ServiceCIDR.Masked().String(),
+		PodCIDR:           c.cfg.PodCIDR.Masked().String(),
+		APIServerCertSANs: []string{c.cfg.HostAddr().String()},
+		InitSecretFile:    c.initSecretPath(),
+	}
+	if c.cfg.Attestation == AttestationTPM {
+		cfg.AttestationPolicyFile = c.cfg.PolicyPath()
+		cfg.JoinPolicyFile = c.cfg.ImageJoinPolicyPath()
+	}
+	data, err := initconfig.Marshal(cfg)
+	if err != nil {
+		panic(fmt.Sprintf("marshalling berth init's config: %v", err)) // a struct of strings always marshals
+	}
+	return append([]byte("# Written by berth mini.\n"), data...)
 }
 
 func (c *Cluster) initSecretPath() string { return filepath.Join(c.cfg.Dir, "init-secret") }

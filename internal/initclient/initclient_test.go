@@ -1,4 +1,4 @@
-package cli
+package initclient
 
 import (
 	"bytes"
@@ -21,9 +21,9 @@ func TestAcceptResumedLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	idx, ok := acceptResumedLock(p, id)
+	idx, ok := AcceptResumedLock(p, id)
 	if !ok || idx != vtpm.DefaultLockPCR {
-		t.Fatalf("acceptResumedLock() = %d, %v; want PCR %d", idx, ok, vtpm.DefaultLockPCR)
+		t.Fatalf("AcceptResumedLock() = %d, %v; want PCR %d", idx, ok, vtpm.DefaultLockPCR)
 	}
 	boot := bytes.Repeat([]byte{0xab}, 32)
 	for name, tc := range map[string]struct {
@@ -48,8 +48,8 @@ func TestAcceptResumedLock(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if idx, ok := acceptResumedLock(tdxPolicy, id); !ok || idx != tdx.DefaultLockRTMR+1 {
-		t.Fatalf("TDX: acceptResumedLock() = %d, %v", idx, ok)
+	if idx, ok := AcceptResumedLock(tdxPolicy, id); !ok || idx != tdx.DefaultLockRTMR+1 {
+		t.Fatalf("TDX: AcceptResumedLock() = %d, %v", idx, ok)
 	}
 	if _, err := tdxPolicy.Evaluate(attestation.Measurements{4: tdx.ExpectedLockRTMR(id)}); err != nil {
 		t.Errorf("TDX: the resumed cluster's RTMR3 refused: %v", err)
@@ -60,7 +60,7 @@ func TestAcceptResumedLock(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, ok := acceptResumedLock(p, id); ok {
+		if _, ok := AcceptResumedLock(p, id); ok {
 			t.Errorf("policy %q changed", text)
 		}
 	}
