@@ -7,13 +7,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"go.uber.org/zap"
 
 	"github.com/berth-k8s/berth/internal/attestation/policy"
-	"github.com/berth-k8s/berth/internal/attestation/policy/policyedit"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
@@ -31,80 +29,49 @@ func testKeys(t *testing.T) *clusterkeys.Keys {
 	return k
 }
 
-// The join policy berth init writes lists the cluster's attestation-key CA, is self-contained, and
-// makes a node's validator accept certified keys; the operator's other akRoots stay.
+// The join policy berth init writes is the operator's file, read and inlined, with this cluster's
+// attestation-key CA added (policyedit's tests cover the edit itself): self-contained, certifying
+// keys, different per cluster, and a TDX policy is left alone.
 func TestClusterJoinPolicy(t *testing.T) {
 	ekCA, err := vtpmtest.NewCA("join policy test EK CA")
 	if err != nil {
 		t.Fatal(err)
 	}
-	otherAK, err := vtpm.NewAKCA(bytes.Repeat([]byte{7}, 32), "a platform's AK CA")
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "ek-ca.pem"), ekCA.PEM(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	const base = "# the image's join policy\nvariant: tpm\nmeasurements:\n  15: {nonZero: true, source: bootstrapped}\ntrustRoots:\n  - file: ek-ca.pem\n"
+	path := filepath.Join(dir, "join.yaml")
+	if err := os.WriteFile(path, []byte(base), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := loadJoinPolicy(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
-	for name, data := range map[string][]byte{"ek-ca.pem": ekCA.PEM(), "platform-ak-ca.pem": otherAK.PEM()} {
-		if err := os.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	const base = "# the image's join policy\nvariant: tpm\nmeasurements:\n  15: {nonZero: true, source: bootstrapped}\ntrustRoots:\n  - file: ek-ca.pem\n"
 	keys := testKeys(t)
 	ca, err := vtpm.ClusterAKCA(keys.AKCASeed(), keys.ClusterID())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, tc := range map[string]struct {
-		src       string
-		wantRoots int
-	}{
-		"without akRoots":    {base, 1},
-		"with another CA":    {base + "akRoots:\n  - file: platform-ak-ca.pem\n", 2},
-		"with the cluster's": {base + "akRoots:\n  - pem: |\n" + indent(string(ca.PEM()), "      "), 1},
-	} {
-		t.Run(name, func(t *testing.T) {
-			path := filepath.Join(dir, "join.yaml")
-			if err := os.WriteFile(path, []byte(tc.src), 0o600); err != nil {
-				t.Fatal(err)
-			}
-			tmpl, err := loadJoinPolicy(filepath.Join(dir, "join.yaml"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			out, err := clusterJoinPolicy(tmpl, keys)
-			if err != nil {
-				t.Fatal(err)
-			}
-			p, err := policy.Parse(out, "out", nil) // no file access: self-contained
-			if err != nil {
-				t.Fatalf("%v\n%s", err, out)
-			}
-			if len(p.AKRoots) != tc.wantRoots || !p.AKRoots[len(p.AKRoots)-1].Equal(ca.Cert) {
-				t.Fatalf("akRoots = %d certificates, the last the cluster's: want %d\n%s", len(p.AKRoots), tc.wantRoots, out)
-			}
-			if len(p.TrustRoots) != 1 || len(p.Expectations) != 1 {
-				t.Errorf("the operator's policy lost content:\n%s", out)
-			}
-			v, err := vtpm.NewValidator(p, zap.NewNop())
-			if err != nil || !v.CertifiesKeys() {
-				t.Fatalf("validator = %v, certifies keys: %v", err, v != nil && v.CertifiesKeys())
-			}
-			again, err := clusterJoinPolicy(out, keys)
-			if err != nil || !bytes.Equal(again, out) {
-				t.Errorf("adding the CA twice changed the policy (%v):\n%s\n---\n%s", err, out, again)
-			}
-		})
-	}
-
-	// Another cluster's policy names another CA.
-	other := testKeys(t)
-	tmpl, err := policyedit.Inline([]byte(base), dir)
+	out, err := clusterJoinPolicy(tmpl, keys)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, _ := clusterJoinPolicy(tmpl, keys)
-	b, _ := clusterJoinPolicy(tmpl, other)
-	if bytes.Equal(a, b) {
+	p, err := policy.Parse(out, "out", nil) // no file access: self-contained
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	if len(p.AKRoots) != 1 || !p.AKRoots[0].Equal(ca.Cert) {
+		t.Fatalf("akRoots = %d certificates, want this cluster's CA alone\n%s", len(p.AKRoots), out)
+	}
+	if v, err := vtpm.NewValidator(p, zap.NewNop()); err != nil || !v.CertifiesKeys() {
+		t.Fatalf("validator = %v, certifies keys: %v", err, v != nil && v.CertifiesKeys())
+	}
+
+	// Another cluster's policy names another CA.
+	if other, _ := clusterJoinPolicy(tmpl, testKeys(t)); bytes.Equal(out, other) {
 		t.Error("two clusters got the same join policy")
 	}
 	// A TDX join policy has no attestation keys: unchanged.
@@ -135,16 +102,6 @@ func TestLoadJoinPolicyRefusesBadPolicies(t *testing.T) {
 	if data, err := loadJoinPolicy(""); data != nil || err != nil {
 		t.Errorf("no joinPolicyFile: %q, %v", data, err)
 	}
-}
-
-func indent(s, prefix string) string {
-	lines := strings.SplitAfter(s, "\n")
-	for i, l := range lines {
-		if l != "" {
-			lines[i] = prefix + l
-		}
-	}
-	return strings.Join(lines, "")
 }
 
 // berth policy join prints a workspace's cluster join policy, the same berth init writes.
