@@ -120,7 +120,9 @@ func runFromDaemonSet(t *testing.T, ds *appsv1.DaemonSet, hostRoot, containerRoo
 // measurements match joins; one whose RTMR2 differs is refused, and the ledger names index 3 (RTMR2). The
 // joinservice's own quote generation time, a phase of every handshake, is read from its log and reported.
 func TestAttestedBinaryTDXFromInstaller(t *testing.T) {
-	env := apiservertest.Shared(t) // skips without kube-apiserver and etcd
+	// An API server of its own: the tests of this package share one join ledger on the shared one, and
+	// TestAttestedBinaryTDX reads the entries of the same peer address.
+	env := apiservertest.Start(t) // skips without kube-apiserver and etcd
 	ctx := context.Background()
 	started := time.Now().Add(-time.Second)
 
