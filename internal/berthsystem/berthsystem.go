@@ -68,10 +68,16 @@ type Config struct {
 	// pre-imported).
 	ImagePullPolicy string
 	// JoinServiceEnv is passed to the joinservice container (metadata provider, attestation variant).
+	// Its BERTH_ATTESTATION is the control plane's attestation variant, which decides what else the
+	// joinservice gets (see JoinServiceDaemonSet); on tdx, BERTH_TPM is left out.
 	JoinServiceEnv map[string]string
 	// JoinServiceHostPaths are host paths (the TPM's socket directory or device) mounted into the
-	// joinservice at the same path, so it can attest with its node's TPM.
+	// joinservice at the same path, so it can attest with its node's TPM. A TDX control plane's
+	// joinservice gets none of them.
 	JoinServiceHostPaths []string
+	// TDXGuest is the TD guest interface a TDX control plane's joinservice quotes through; empty means
+	// TDXConfigfsTSM. Setting it for another variant is an error.
+	TDXGuest TDXGuestInterface
 	// GuardImages are the images besides the joinservice's that may run in berth-system (the webhook's).
 	GuardImages []string
 }
@@ -86,16 +92,21 @@ type Cluster struct {
 // namespace with its Pod Security labels, the RuntimeClass of the joinservice's pods, the image guard
 // and the RuntimeClass guard, the cluster Secret, the join ConfigMap, the join ledger and the
 // control-plane slot's Lease (created here, so that the joinservice needs no right to create
-// ConfigMaps or Leases), then the joinservice.
+// ConfigMaps or Leases), then the joinservice. It fails when the control plane's attestation variant
+// and the attestation policy's differ (ErrMixedVariants) or the DaemonSet cannot be built for the variant.
 func Objects(cfg Config, c Cluster) ([]*unstructured.Unstructured, error) {
 	if cfg.JoinServiceImage == "" {
 		return nil, ErrNoJoinServiceImage
 	}
 	policy, binding := Guard(append([]string{cfg.JoinServiceImage}, cfg.GuardImages...))
 	hostPolicy, hostBinding := HostRuntimeGuard(cfg.JoinServiceImage)
+	ds, err := JoinServiceDaemonSet(cfg, c.Join.AttestationPolicy)
+	if err != nil {
+		return nil, fmt.Errorf("building berth-system's objects: %w", err)
+	}
 	typed := []any{Namespace(c.Join.KubernetesVersion), RuntimeClass(), policy, binding, hostPolicy, hostBinding}
 	typed = append(typed, clusterData(c)...)
-	typed = append(typed, joinService(cfg)...)
+	typed = append(typed, joinService(ds)...)
 	out := make([]*unstructured.Unstructured, len(typed))
 	for n, ac := range typed {
 		obj, err := apply.Unstructured(ac)
@@ -130,7 +141,7 @@ func clusterData(c Cluster) []any {
 // control-plane slot's and the certificate keeper's Leases, unheld), its ServiceAccount, Role, RoleBinding and DaemonSet. Applying
 // them again leaves what the joinservice wrote: the applier owns no field of the ledger's data or
 // the Lease's spec.
-func joinService(cfg Config) []any {
+func joinService(ds *appsv1ac.DaemonSetApplyConfiguration) []any {
 	ns := joinconfig.Namespace
 	joinServiceLabels := map[string]string{joinconfig.NameLabel: joinconfig.JoinServiceName, joinconfig.PartOfLabel: joinconfig.PartOf}
 	return []any{
@@ -196,14 +207,30 @@ func joinService(cfg Config) []any {
 		rbacv1ac.ClusterRoleBinding(spreadRole).
 			WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("ClusterRole").WithName(spreadRole)).
 			WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(joinconfig.ServiceAccountName).WithNamespace(ns)),
-		JoinServiceDaemonSet(cfg),
+		ds,
 	}
 }
 
 // JoinServiceDaemonSet returns the joinservice's DaemonSet, as Objects applies it: one pod on every
-// control plane, on the host's network, with the kubeadm PKI and the node's TPM (AddTDXGuest adds a TD
-// guest interface).
-func JoinServiceDaemonSet(cfg Config) *appsv1ac.DaemonSetApplyConfiguration {
+// control plane, on the host's network, with the kubeadm PKI and what the control plane's attestation
+// variant (cfg.JoinServiceEnv's BERTH_ATTESTATION) needs:
+//
+//   - tpm (or no variant): the TPM's host paths (cfg.JoinServiceHostPaths) and the environment as given;
+//   - tdx: the TD guest interface cfg.TDXGuest (AddTDXGuest: configfs-tsm by default, the legacy device
+//     where chosen) below TDXRoot, the attestation policy's tdx.collateralDir (an absolute path on the
+//     host) mounted read-only at the same path, and no TPM: neither cfg.JoinServiceHostPaths nor
+//     BERTH_TPM. The policy's collateralBundle and pcsURL need nothing from the host (the bundle is in
+//     the policy, the PCS is reached on the host's network);
+//   - insecure-none: the environment as given.
+//
+// attestationPolicy is the cluster's policy (the join ConfigMap's); its variant must be the control
+// plane's (ErrMixedVariants otherwise).
+func JoinServiceDaemonSet(cfg Config, attestationPolicy []byte) (*appsv1ac.DaemonSetApplyConfiguration, error) {
+	att, err := attestationFor(cfg, attestationPolicy)
+	if err != nil {
+		return nil, err
+	}
+	tdxNode := att.variant == VariantTDX
 	pull := corev1.PullPolicy(cfg.ImagePullPolicy)
 	if pull == "" {
 		pull = corev1.PullIfNotPresent
@@ -213,6 +240,9 @@ func JoinServiceDaemonSet(cfg Config) *appsv1ac.DaemonSetApplyConfiguration {
 		fieldEnv(envHostIP, "status.hostIP"),
 	}
 	for _, k := range slices.Sorted(maps.Keys(cfg.JoinServiceEnv)) {
+		if tdxNode && k == joinconfig.EnvTPM {
+			continue
+		}
 		env = append(env, corev1ac.EnvVar().WithName(k).WithValue(cfg.JoinServiceEnv[k]))
 	}
 	labels := map[string]string{joinconfig.NameLabel: joinconfig.JoinServiceName, joinconfig.PartOfLabel: joinconfig.PartOf}
@@ -223,13 +253,22 @@ func JoinServiceDaemonSet(cfg Config) *appsv1ac.DaemonSetApplyConfiguration {
 		corev1ac.Volume().WithName("pki").WithHostPath(corev1ac.HostPathVolumeSource().WithPath(pkiDir).WithType(corev1.HostPathDirectory)),
 	}
 	privileged := false
-	for n, p := range cfg.JoinServiceHostPaths {
+	hostPaths := cfg.JoinServiceHostPaths
+	if tdxNode {
+		hostPaths = nil // the TPM's
+	}
+	for n, p := range hostPaths {
 		name := fmt.Sprintf("host-%d", n)
 		mounts = append(mounts, corev1ac.VolumeMount().WithName(name).WithMountPath(p))
 		volumes = append(volumes, corev1ac.Volume().WithName(name).WithHostPath(corev1ac.HostPathVolumeSource().WithPath(p)))
 		if strings.HasPrefix(p, "/dev/") {
 			privileged = true // a TPM character device needs device access
 		}
+	}
+	if att.collateralDir != "" {
+		mounts = append(mounts, corev1ac.VolumeMount().WithName(tdxCollateralVolume).WithMountPath(att.collateralDir).WithReadOnly(true))
+		volumes = append(volumes, corev1ac.Volume().WithName(tdxCollateralVolume).
+			WithHostPath(corev1ac.HostPathVolumeSource().WithPath(att.collateralDir).WithType(corev1.HostPathDirectory)))
 	}
 	container := corev1ac.Container().
 		WithName("joinservice").
@@ -260,7 +299,7 @@ func JoinServiceDaemonSet(cfg Config) *appsv1ac.DaemonSetApplyConfiguration {
 			}).
 			WithLimits(corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(joinServiceMemoryLimit)})).
 		WithSecurityContext(joinServiceSecurityContext(privileged))
-	return appsv1ac.DaemonSet(joinconfig.JoinServiceName, joinconfig.Namespace).
+	ds := appsv1ac.DaemonSet(joinconfig.JoinServiceName, joinconfig.Namespace).
 		WithLabels(labels).
 		WithSpec(appsv1ac.DaemonSetSpec().
 			WithSelector(metav1ac.LabelSelector().WithMatchLabels(map[string]string{joinconfig.NameLabel: joinconfig.JoinServiceName})).
@@ -278,6 +317,16 @@ func JoinServiceDaemonSet(cfg Config) *appsv1ac.DaemonSetApplyConfiguration {
 					WithTolerations(corev1ac.Toleration().WithOperator(corev1.TolerationOpExists)).
 					WithContainers(container).
 					WithVolumes(volumes...))))
+	if tdxNode {
+		iface := cfg.TDXGuest
+		if iface == "" {
+			iface = TDXConfigfsTSM
+		}
+		if err := AddTDXGuest(ds, iface); err != nil {
+			return nil, err
+		}
+	}
+	return ds, nil
 }
 
 // joinServiceSecurityContext is the joinservice container's security context. It runs as root (the

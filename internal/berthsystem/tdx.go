@@ -56,6 +56,7 @@ var (
 // BERTH_TDX_ROOT=TDXRoot. configfs-tsm needs no privileges beyond running as root (the report directory is
 // root's); the legacy device makes the container privileged, as device access from a container needs.
 // The joinservice must run as root either way. Calling it again with the same interface changes nothing.
+// JoinServiceDaemonSet calls it for a control plane whose variant is tdx.
 func AddTDXGuest(ds *appsv1ac.DaemonSetApplyConfiguration, iface TDXGuestInterface) error {
 	var hostPath string
 	var hostPathType corev1.HostPathType

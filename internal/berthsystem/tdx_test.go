@@ -20,10 +20,13 @@ import (
 
 // joinServiceDaemonSet is the joinservice's DaemonSet, in namespace.
 func joinServiceDaemonSet(namespace string) *appsv1ac.DaemonSetApplyConfiguration {
-	ds := berthsystem.JoinServiceDaemonSet(berthsystem.Config{
+	ds, err := berthsystem.JoinServiceDaemonSet(berthsystem.Config{
 		JoinServiceImage: "berth.local/joinservice:dev",
 		JoinServiceEnv:   map[string]string{"BERTH_ATTESTATION": "tdx"},
-	})
+	}, nil)
+	if err != nil {
+		panic(err) // a fixed configuration; TestJoinServiceForVariant checks the errors
+	}
 	ds.WithNamespace(namespace)
 	return ds
 }

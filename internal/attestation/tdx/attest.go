@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"go.uber.org/zap"
 
@@ -49,10 +50,14 @@ func (i *Issuer) Issue(ctx context.Context, userData, nonce []byte) (doc []byte,
 		}
 	}()
 	reportData := ReportData(userData, nonce)
+	start := time.Now()
 	quote, err := dev.Quote(ctx, reportData)
 	if err != nil {
 		return nil, fmt.Errorf("issuing TDX attestation: %w", err)
 	}
+	// Quote generation is its own phase of a handshake: through configfs-tsm it waits for the host's quoting
+	// service, and the kernel polls for the answer, so it can take from milliseconds to a second.
+	i.log.Debug("TDX quote generated", zap.Duration("quoteDuration", time.Since(start)), zap.Int("quoteBytes", len(quote)))
 	// Catch a device that answers with another report's quote here rather than at the verifier.
 	q, err := ParseQuote(quote)
 	if err != nil {

@@ -51,6 +51,20 @@ func BenchmarkIssue(b *testing.B) {
 			}
 		}
 	})
+	// The joinservice's path: configfs-tsm (a report directory, inblob written, outblob read, the generation
+	// checked), served by the software TD over FUSE. A real TD's time adds the host's quoting service and the
+	// kernel's polling for its answer.
+	b.Run("software-TD-configfs-tsm", func(b *testing.B) {
+		p := newPlatform(b, tdxtest.Options{})
+		root := b.TempDir()
+		tdxtest.ServeTSM(b, p.NewTD(), root)
+		iss := tdx.NewIssuer(tdx.OpenAutoUnder(root), nil)
+		for b.Loop() {
+			if _, err := iss.Issue(context.Background(), userData, nonce); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 }
 
 func BenchmarkVerifySampleQuote(b *testing.B) {

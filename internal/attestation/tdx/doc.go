@@ -21,15 +21,33 @@
 // joinservice's --tdx-root) and for tests.
 //
 // Issuer.Issue binds user data and the verifier's nonce into the quote's REPORTDATA (see ReportData) and wraps
-// the quote in a versioned document (see Document). LockRegister extends the cluster ID into an RTMR.
+// the quote in a versioned document (see Document); it logs each quote's generation time (debug, quoteDuration),
+// a phase of every handshake that on configfs-tsm depends on the host's quoting service and the kernel's polling. LockRegister extends the cluster ID into an RTMR.
 //
 // # Verifier side
 //
 // Verification runs offline. go-tdx-qpl's verifier always fetches collateral from Intel's service and keeps its
-// client unexported, so it cannot be used. github.com/google/go-tdx-guest's verify package accepts an injected
-// getter, but keyed by service URL, without a context, with collateral failures reported as formatted strings
-// that cannot be mapped onto Berth's named errors, and with a dependency tree of its own. This package
-// therefore parses the quote itself and checks it with crypto/x509 and crypto/ecdsa:
+// client unexported, so it cannot be used. github.com/google/go-tdx-guest's verify package could run offline
+// today: it takes trusted roots, the verification time (a TimeSet) and an injected getter, with a context when
+// the getter implements its ContextHTTPSGetter. Berth keeps its own verifier all the same, because replacing it
+// would lose checks and behaviour Berth needs:
+//
+//   - go-tdx-guest checks revocation only with both CRLs, the root CA CRL fetched from the root certificate's
+//     distribution point; without it the PCK CRL goes unchecked too. Berth always checks the PCK CRL and the
+//     root CA CRL where the collateral has one (it is optional in Collateral and in a bundle);
+//   - it accepts only the TCB status UpToDate; Berth's policy may accept others as warnings
+//     (acceptedTCBStatuses);
+//   - its getter is keyed by Intel's PCS URLs with the issuer chains in HTTP headers, so Berth's collateral
+//     sources (a bundle, a directory, another PCS) would have to be served as made-up HTTP responses;
+//   - most of its failures are formatted strings, which cannot be mapped onto the named errors the join
+//     ledger's reasons come from;
+//   - Berth refuses three things it accepts: bytes after the quote's signature data, collateral used before
+//     its issue time, and a PCK CRL whose named issuer chain is not the CRL's issuer.
+//
+// TestDifferentialGoTDXGuest holds the two verifiers to the same verdict on recorded quotes (go-tdx-qpl's and
+// go-tdx-guest's samples) and the software TD, and on every tampered variant of them;
+// TestDifferentialKnownDifferences pins the three differences above. This package therefore parses the quote
+// itself and checks it with crypto/x509 and crypto/ecdsa:
 //
 //  1. the PCK certificate chain from the quote up to the configured roots (IntelSGXRootCA by default);
 //  2. collateral from a CollateralGetter: the PCK CRL (signed by the PCK certificate's issuer, current, not

@@ -27,6 +27,13 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 )
 
+// RootCRLURL is the CRL distribution point of a Platform's root CA, where its root CA CRL (the collateral's
+// RootCACRL) is published. Nothing serves it; verifiers that fetch by URL get the CRL injected.
+const RootCRLURL = "https://tdxtest.invalid/IntelSGXRootCA.der"
+
+// PCKCRLURL is the CRL distribution point of a Platform's PCK certificate (the collateral's PCKCRL).
+const PCKCRLURL = "https://tdxtest.invalid/pckcrl?ca=platform"
+
 // Options shape a Platform. The zero value gives an up-to-date platform whose collateral is valid around Now.
 type Options struct {
 	// Now centres every validity window; zero means time.Now().
@@ -80,6 +87,8 @@ var (
 	qeMRSIGNER  = [32]byte{0xdc, 0x9e, 0x2a, 0x7c}
 	qeISVProdID = 2
 	qeISVSVN    = 4
+	// xfam enables x87, SSE, AVX and AVX-512 state, as a TD's usually does (x87 and SSE are required).
+	xfam = uint64(0xe7)
 	// intelQEVendorID marks quotes from Intel's quoting enclave.
 	intelQEVendorID = []byte{0x93, 0x9a, 0x72, 0x33, 0xf7, 0x9c, 0x4c, 0xa9, 0x94, 0x0a, 0x0d, 0xb3, 0x95, 0x7f, 0x06, 0x07}
 )
@@ -103,7 +112,8 @@ func New(opts Options) (*Platform, error) {
 		*k = key
 	}
 	var err error
-	if p.root, err = p.issue(1, "Berth Test SGX Root CA", true, nil, nil, &p.rootKey.PublicKey, p.rootKey); err != nil {
+	// The certificates carry the common names of Intel's, which verifiers such as go-tdx-guest's check.
+	if p.root, err = p.issue(1, "Intel SGX Root CA", true, nil, nil, &p.rootKey.PublicKey, p.rootKey); err != nil {
 		return nil, err
 	}
 	if p.pckCA, err = p.issue(2, "Intel SGX PCK Platform CA", true, nil, p.root, &p.pckCAKey.PublicKey, p.rootKey); err != nil {
@@ -177,10 +187,15 @@ func (p *Platform) issue(serial int64, cn string, isCA bool, sgxExt []byte, pare
 		tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageCRLSign
 	}
 	if sgxExt != nil {
+		// A PCK certificate has the extensions of Intel's, in number too: key usage, basic constraints, the
+		// key identifiers, the CRL distribution point and the SGX extension.
 		tmpl.ExtraExtensions = []pkix.Extension{{Id: asn1.ObjectIdentifier{1, 2, 840, 113741, 1, 13, 1}, Value: sgxExt}}
+		tmpl.SubjectKeyId = big.NewInt(serial).Bytes()
+		tmpl.CRLDistributionPoints = []string{PCKCRLURL}
 	}
 	if parent == nil {
 		parent = tmpl
+		tmpl.CRLDistributionPoints = []string{RootCRLURL}
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, pub, signer)
 	if err != nil {
@@ -387,7 +402,7 @@ func (p *Platform) quote(rtmr [4][tdx.MeasurementSize]byte, reportData [tdx.Repo
 		tdAttributes[0] = 0x01
 	}
 	q = append(q, tdAttributes...)
-	q = append(q, make([]byte, 8)...) // XFAM
+	q = binary.LittleEndian.AppendUint64(q, xfam)
 	q = append(q, p.opts.MRTD[:]...)
 	q = append(q, make([]byte, 3*48)...) // MRCONFIGID, MROWNER, MROWNERCONFIG
 	for i := range rtmr {
