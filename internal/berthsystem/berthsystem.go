@@ -83,8 +83,8 @@ type Cluster struct {
 }
 
 // Objects returns every object Berth keeps in berth-system, in the order they must be applied: the
-// namespace with its Pod Security labels, the RuntimeClass of the joinservice's pods, the image guard
-// and the RuntimeClass guard, the cluster Secret, the join ConfigMap, the join ledger and the
+// namespace with its Pod Security labels, the RuntimeClass of the joinservice's pods, the image guard,
+// the RuntimeClass guard and the revocation policy of removed nodes, the cluster Secret, the join ConfigMap, the join ledger and the
 // control-plane slot's Lease (created here, so that the joinservice needs no right to create
 // ConfigMaps or Leases), then the joinservice.
 func Objects(cfg Config, c Cluster) ([]*unstructured.Unstructured, error) {
@@ -93,7 +93,8 @@ func Objects(cfg Config, c Cluster) ([]*unstructured.Unstructured, error) {
 	}
 	policy, binding := Guard(append([]string{cfg.JoinServiceImage}, cfg.GuardImages...))
 	hostPolicy, hostBinding := HostRuntimeGuard(cfg.JoinServiceImage)
-	typed := []any{Namespace(c.Join.KubernetesVersion), RuntimeClass(), policy, binding, hostPolicy, hostBinding}
+	revocation, revocationBinding := Revocation()
+	typed := []any{Namespace(c.Join.KubernetesVersion), RuntimeClass(), policy, binding, hostPolicy, hostBinding, revocation, revocationBinding}
 	typed = append(typed, clusterData(c)...)
 	typed = append(typed, joinService(cfg)...)
 	out := make([]*unstructured.Unstructured, len(typed))
