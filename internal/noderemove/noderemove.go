@@ -88,6 +88,9 @@ type Options struct {
 	// system:nodes, impersonated): Remove and Readmit check with it that the API server refuses
 	// (accepts) the node's writes.
 	AsNode func(node string) (kubernetes.Interface, error)
+	// RefusalTimeout bounds the wait for the API server to refuse (accept again) the node's writes;
+	// zero means RefusalTimeout.
+	RefusalTimeout time.Duration
 }
 
 // RefusalTimeout bounds the wait for the API server to refuse (or accept again) a node's writes:
@@ -195,7 +198,7 @@ func Remove(ctx context.Context, client kubernetes.Interface, name string, opts 
 	r.RevokedAt = m.Removal.Time
 	if opts.AsNode != nil {
 		revoked := time.Now()
-		if err := waitNodeWrites(ctx, opts.AsNode, name, true); err != nil {
+		if err := waitNodeWrites(ctx, opts, name, true); err != nil {
 			return r, err
 		}
 		r.Refused = time.Since(revoked)
@@ -267,7 +270,7 @@ func Readmit(ctx context.Context, client kubernetes.Interface, name string, opts
 	r := Readmission{Node: name, Role: m.Role, Identity: m.Identity, RemovedAt: m.Removal.Time,
 		Message: "machine " + machines.Short(m.Identity) + " re-admitted (removed " + m.Removal.Time.Format(time.RFC3339) + ")"}
 	if opts.AsNode != nil {
-		if err := waitNodeWrites(ctx, opts.AsNode, name, false); err != nil {
+		if err := waitNodeWrites(ctx, opts, name, false); err != nil {
 			return r, err
 		}
 		r.Message += "; the API server accepts its kubelet again"
@@ -337,27 +340,35 @@ func waitEtcdRemoval(ctx context.Context, client kubernetes.Interface, ns, ident
 // Node name made as that node: the write a kubelet makes first when it finds no Node. Only a refusal
 // by the revocation policy counts as refused; any other error (the Node exists, say) means accepted
 // by the policy.
-func waitNodeWrites(ctx context.Context, asNode func(string) (kubernetes.Interface, error), name string, refused bool) error {
-	kubelet, err := asNode(name)
+func waitNodeWrites(ctx context.Context, opts Options, name string, refused bool) error {
+	kubelet, err := opts.AsNode(name)
 	if err != nil {
 		return fmt.Errorf("acting as node %s: %w", name, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, RefusalTimeout)
+	timeout := opts.RefusalTimeout
+	if timeout <= 0 {
+		timeout = RefusalTimeout
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var last error
 	probe := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	err = wait.PollUntilContextCancel(ctx, refusalPoll, true, func(ctx context.Context) (bool, error) {
-		_, last = kubelet.CoreV1().Nodes().Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
-		return RefusedByRevocation(last) == refused, nil
+		_, err := kubelet.CoreV1().Nodes().Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
+		if ctx.Err() != nil {
+			return false, nil // the wait's end, not the API server's answer
+		}
+		last = err
+		return RefusedByRevocation(err) == refused, nil
 	})
 	if err == nil {
 		return nil
 	}
 	if refused {
 		return fmt.Errorf("%w after %s (last answer to a dry-run registration as %s: %v): is policy %s installed (the bootstrapper installs it)? The machine stays revoked: %w",
-			ErrNotRefused, RefusalTimeout, name, last, berthsystem.RevocationName, err)
+			ErrNotRefused, timeout, name, last, berthsystem.RevocationName, err)
 	}
-	return fmt.Errorf("the API server still refuses node %s's writes after %s (last: %v): %w", name, RefusalTimeout, last, err)
+	return fmt.Errorf("the API server still refuses node %s's writes after %s (last: %v): %w", name, timeout, last, err)
 }
 
 // RefusedByRevocation reports whether err is the API server's refusal of a write by the revocation
