@@ -60,7 +60,7 @@ func nodeCluster(t *testing.T, install bool) (*apiservertest.Env, kubernetes.Int
 	if _, err := admin.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "app"},
 		Spec: corev1.PodSpec{NodeName: "w2", AutomountServiceAccountToken: new(bool),
 			Containers: []corev1.Container{{Name: "c", Image: "app:1"}},
-			Volumes: []corev1.Volume{{Name: "s", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "app-secret"}}}}}},
+			Volumes:    []corev1.Volume{{Name: "s", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "app-secret"}}}}}},
 		metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

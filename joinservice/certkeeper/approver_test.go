@@ -104,7 +104,7 @@ func TestApproverDecides(t *testing.T) {
 		// revoked lists w1 as removed in the machine record (which otherwise lists w1 admitted).
 		revoked bool
 		want    certificatesv1.RequestConditionType // "" = still pending
-		reason string
+		reason  string
 	}{
 		{name: "the node itself", user: "system:node:w1", groups: nodeGroups, spec: good, want: certificatesv1.CertificateApproved, reason: reasonApproved},
 		{name: "another node's name", user: "system:node:w2", groups: nodeGroups, spec: good, want: certificatesv1.CertificateDenied, reason: ReasonSubject},
