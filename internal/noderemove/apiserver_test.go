@@ -74,9 +74,9 @@ func nodeCluster(t *testing.T, install bool) (*apiservertest.Env, kubernetes.Int
 	return env, admin
 }
 
-// readsSecret waits until node's kubelet may read app-secret (want) or may not, and returns the
-// last answer and how long the wait took.
-func readsSecret(t *testing.T, kubelet kubernetes.Interface, want bool) (error, time.Duration) {
+// readsSecret waits until node's kubelet may read app-secret (want) or may not, and returns how
+// long the wait took and the last answer.
+func readsSecret(t *testing.T, kubelet kubernetes.Interface, want bool) (time.Duration, error) {
 	t.Helper()
 	start := time.Now()
 	var last error
@@ -86,7 +86,7 @@ func readsSecret(t *testing.T, kubelet kubernetes.Interface, want bool) (error, 
 	}); err != nil {
 		t.Fatalf("reading app-secret allowed = %v for 30s, want %v: %v", !want, want, last)
 	}
-	return last, time.Since(start)
+	return time.Since(start), last
 }
 
 // TestRemoveOnAPIServer: on a real API server with Berth installed, removing w2 makes the API
@@ -97,7 +97,7 @@ func TestRemoveOnAPIServer(t *testing.T) {
 	env, admin := nodeCluster(t, true)
 	ctx := context.Background()
 	w1, w2 := env.Client(t, apiservertest.NodeUser("w1")), env.Client(t, apiservertest.NodeUser("w2"))
-	if _, took := readsSecret(t, w2, true); took > 0 {
+	if took, _ := readsSecret(t, w2, true); took > 0 {
 		t.Logf("before the removal w2's kubelet reads the Secret of its pod (%.2fs)", took.Seconds())
 	}
 	r, err := Remove(ctx, admin, "w2", Options{Namespace: joinconfig.Namespace, AsNode: impersonator(env)})
@@ -113,7 +113,7 @@ func TestRemoveOnAPIServer(t *testing.T) {
 		t.Fatalf("w2's kubelet registering again after the removal: %v, want refused by %s", err, berthsystem.RevocationName)
 	}
 	t.Logf("w2's kubelet registering again: %v", err)
-	last, took := readsSecret(t, w2, false)
+	took, last := readsSecret(t, w2, false)
 	if !apierrors.IsForbidden(last) {
 		t.Fatalf("w2 reading app-secret: %v, want forbidden", last)
 	}

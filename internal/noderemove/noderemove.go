@@ -138,7 +138,7 @@ func (r Result) Message() string {
 		parts = append(parts, "etcd member "+string(r.Etcd))
 	}
 	if r.Refused > 0 {
-		parts = append(parts, fmt.Sprintf("kubelet refused by the API server %.1fs after the revocation", r.Refused.Seconds()))
+		parts = append(parts, fmt.Sprintf("kubelet refused by the API server %.2fs after the revocation", r.Refused.Seconds()))
 	}
 	if r.NodeDeleted {
 		parts = append(parts, "Node deleted")
@@ -202,7 +202,7 @@ func Remove(ctx context.Context, client kubernetes.Interface, name string, opts 
 			return r, err
 		}
 		r.Refused = time.Since(revoked)
-		say("the API server refuses every write of %s's kubelet (%.1fs after the revocation)", name, r.Refused.Seconds())
+		say("the API server refuses every write of %s's kubelet (%.2fs after the revocation)", name, r.Refused.Seconds())
 	}
 	if m.Role == machines.RoleControlPlane {
 		state, msg, err := waitEtcdRemoval(ctx, client, opts.Namespace, m.Identity, say)
@@ -351,24 +351,27 @@ func waitNodeWrites(ctx context.Context, opts Options, name string, refused bool
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	var last error
+	last := "no answer"
 	probe := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name}}
 	err = wait.PollUntilContextCancel(ctx, refusalPoll, true, func(ctx context.Context) (bool, error) {
 		_, err := kubelet.CoreV1().Nodes().Create(ctx, probe, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		if ctx.Err() != nil {
 			return false, nil // the wait's end, not the API server's answer
 		}
-		last = err
+		last = "accepted"
+		if err != nil {
+			last = err.Error()
+		}
 		return RefusedByRevocation(err) == refused, nil
 	})
 	if err == nil {
 		return nil
 	}
 	if refused {
-		return fmt.Errorf("%w after %s (last answer to a dry-run registration as %s: %v): is policy %s installed (the bootstrapper installs it)? The machine stays revoked: %w",
+		return fmt.Errorf("%w after %s (last answer to a dry-run registration as %s: %s): is policy %s installed (the bootstrapper installs it)? The machine stays revoked: %w",
 			ErrNotRefused, timeout, name, last, berthsystem.RevocationName, err)
 	}
-	return fmt.Errorf("the API server still refuses node %s's writes after %s (last: %v): %w", name, timeout, last, err)
+	return fmt.Errorf("the API server still refuses node %s's writes after %s (last: %s): %w", name, timeout, last, err)
 }
 
 // RefusedByRevocation reports whether err is the API server's refusal of a write by the revocation
