@@ -124,8 +124,9 @@ func (c *cluster) kubeEventually(timeout time.Duration, want string, args ...str
 
 // TestMiniCluster brings up 1 control plane and 2 workers with berth mini up (berth init on the
 // first node, the workers join through the joinservice by themselves), runs a pod on every node,
-// checks logs, exec, Service DNS and pod-to-pod traffic across nodes, power-cycles all nodes, and
-// checks that berth mini down leaves nothing behind.
+// checks logs, exec, Service DNS and pod-to-pod traffic across nodes, removes w2 and checks that its
+// restart does not bring it back (checkRevocationHolds), power-cycles all nodes, and checks that
+// berth mini down leaves nothing behind.
 func TestMiniCluster(tt *testing.T) {
 	t := recordFailures(tt)
 	if os.Geteuid() != 0 {
@@ -216,6 +217,11 @@ func TestMiniCluster(tt *testing.T) {
 			t.Errorf("API server -> pod on %s = %q", n, got)
 		}
 	}
+
+	// A removed worker that keeps its TPM, state disk and kubelet certificate stays out.
+	start = time.Now()
+	checkRevocationHolds(t, c)
+	t.Logf("revocation checks took %.1fs", time.Since(start).Seconds())
 
 	// Secrets at rest, through cp1's KMS plugin: etcd holds them encrypted (and its files no master
 	// secret), the API server's health follows the plugin's, and the key rotates under load.

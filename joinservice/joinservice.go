@@ -155,7 +155,7 @@ func certKeeper(d Deps, m *metrics.Metrics) certkeeper.Deps {
 	return certkeeper.Deps{
 		Log: log, Client: d.Client, Namespace: d.Namespace, Identity: d.Replica + "_" + rand.Text()[:8],
 		Webhook:  install.NewKeeper(install.Config{}, d.Client, d.Dynamic, certkeeper.Progress(log.Named("webhook"))),
-		Approver: certkeeper.NewApprover(log.Named("csr"), d.Client, d.Metadata, km),
+		Approver: certkeeper.NewApprover(log.Named("csr"), d.Client, d.Metadata, km).WithRevocations(d.Namespace),
 		Metrics:  km,
 	}
 }

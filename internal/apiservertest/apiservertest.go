@@ -74,6 +74,17 @@ type options struct {
 	advertiseAddress string
 	extraArgs        []string
 	keepDir          bool
+	nodes            []string
+}
+
+// NodeUser is the user name of node name's kubelet credentials.
+func NodeUser(name string) string { return "system:node:" + name }
+
+// Nodes adds a kubelet user (NodeUser, in group system:nodes) for each name, and makes the API
+// server authorize as a cluster does: the Node authorizer before RBAC, and the NodeRestriction
+// admission plugin.
+func Nodes(names ...string) Option {
+	return func(o *options) { o.nodes = append(o.nodes, names...) }
 }
 
 // AdvertiseAddress sets the address the API server advertises as the kubernetes Service's endpoint
@@ -283,13 +294,29 @@ func start(o options) (e *Env, err error) {
 			"--secure-port=" + strconv.Itoa(ports[2]), "--cert-dir=" + e.certDir,
 			"--service-account-issuer=https://kubernetes.default.svc", "--service-account-key-file=" + saPub,
 			"--service-account-signing-key-file=" + saKey, "--service-cluster-ip-range=10.96.0.0/16",
-			"--token-auth-file=" + tokenFile, "--authorization-mode=RBAC",
+			"--token-auth-file=" + tokenFile, "--authorization-mode=" + authorization(o),
 			// No flow control: load tests measure their own path, not APF queueing.
 			"--enable-priority-and-fairness=false",
 			"--v=0",
-		}, o.extraArgs...),
+		}, append(admission(o), o.extraArgs...)...),
 	}}
 	return e, e.startProcesses(context.Background())
+}
+
+// authorization is the API server's --authorization-mode: with node users, as kubeadm sets it.
+func authorization(o options) string {
+	if len(o.nodes) > 0 {
+		return "Node,RBAC"
+	}
+	return "RBAC"
+}
+
+// admission enables, with node users, the NodeRestriction admission plugin beside the defaults.
+func admission(o options) []string {
+	if len(o.nodes) > 0 {
+		return []string{"--enable-admission-plugins=NodeRestriction"}
+	}
+	return nil
 }
 
 // writeServiceAccountKey writes the key pair the API server signs and verifies ServiceAccount tokens
@@ -319,6 +346,9 @@ func (e *Env) writeTokens() (string, error) {
 	users := []struct{ name, groups string }{
 		{AdminUser, "system:masters"},
 		{JoinServiceUser, "system:serviceaccounts,system:serviceaccounts:" + joinconfig.Namespace},
+	}
+	for _, n := range e.opts.nodes {
+		users = append(users, struct{ name, groups string }{NodeUser(n), "system:nodes"})
 	}
 	var lines []string
 	for _, u := range users {
@@ -368,7 +398,7 @@ func (e *Env) probe(ctx context.Context) error {
 	return nil
 }
 
-// Config returns a client config for user (AdminUser or JoinServiceUser).
+// Config returns a client config for user (AdminUser, JoinServiceUser or a NodeUser of Nodes).
 func (e *Env) Config(user string) *rest.Config {
 	return &rest.Config{
 		Host:            e.url,

@@ -89,8 +89,8 @@ type Cluster struct {
 }
 
 // Objects returns every object Berth keeps in berth-system, in the order they must be applied: the
-// namespace with its Pod Security labels, the RuntimeClass of the joinservice's pods, the image guard
-// and the RuntimeClass guard, the cluster Secret, the join ConfigMap, the join ledger and the
+// namespace with its Pod Security labels, the RuntimeClass of the joinservice's pods, the image guard,
+// the RuntimeClass guard and the revocation policy of removed nodes, the cluster Secret, the join ConfigMap, the join ledger and the
 // control-plane slot's Lease (created here, so that the joinservice needs no right to create
 // ConfigMaps or Leases), then the joinservice. It fails when the control plane's attestation variant
 // and the attestation policy's differ (ErrMixedVariants) or the DaemonSet cannot be built for the variant.
@@ -104,7 +104,8 @@ func Objects(cfg Config, c Cluster) ([]*unstructured.Unstructured, error) {
 	if err != nil {
 		return nil, fmt.Errorf("building berth-system's objects: %w", err)
 	}
-	typed := []any{Namespace(c.Join.KubernetesVersion), RuntimeClass(), policy, binding, hostPolicy, hostBinding}
+	revocation, revocationBinding := Revocation()
+	typed := []any{Namespace(c.Join.KubernetesVersion), RuntimeClass(), policy, binding, hostPolicy, hostBinding, revocation, revocationBinding}
 	typed = append(typed, clusterData(c)...)
 	typed = append(typed, joinService(ds)...)
 	out := make([]*unstructured.Unstructured, len(typed))

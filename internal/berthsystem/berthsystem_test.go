@@ -68,6 +68,7 @@ func TestObjectsOrder(t *testing.T) {
 		"Namespace/berth-system", "RuntimeClass/berth-host",
 		"ValidatingAdmissionPolicy/berth-system-images", "ValidatingAdmissionPolicyBinding/berth-system-images",
 		"ValidatingAdmissionPolicy/berth-host-runtime", "ValidatingAdmissionPolicyBinding/berth-host-runtime",
+		"ValidatingAdmissionPolicy/berth-node-revocation", "ValidatingAdmissionPolicyBinding/berth-node-revocation",
 		"Secret/berth-cluster-secrets", "ConfigMap/berth-join-config", "ConfigMap/berth-join-ledger",
 		"ConfigMap/berth-machines", "Lease/berth-control-plane-slot", "Lease/berth-cert-keeper", "ServiceAccount/berth-joinservice", "Role/berth:joinservice",
 		"RoleBinding/berth:joinservice", "ClusterRole/berth:joinservice:kubelet-serving-approver",

@@ -9,6 +9,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/kubeclient"
 )
 
@@ -41,6 +42,25 @@ func (k *kubeOptions) restConfig() (*rest.Config, error) {
 		return nil, &exitError{code: exitUsage, err: ErrNoKubeconfig}
 	}
 	return nil, &exitError{code: exitUsage, err: fmt.Errorf("loading kubeconfig: %w", err)}
+}
+
+// nodeClients returns a client for the kubeconfig the flags name, and a function returning one that
+// impersonates a node's kubelet (system:node:NAME in system:nodes) with the same credentials.
+func (k *kubeOptions) nodeClients() (kubernetes.Interface, func(node string) (kubernetes.Interface, error), error) {
+	cfg, err := k.restConfig()
+	if err != nil {
+		return nil, nil, err
+	}
+	client, err := kubeclient.Clientset(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	asNode := func(node string) (kubernetes.Interface, error) {
+		c := rest.CopyConfig(cfg)
+		c.Impersonate = rest.ImpersonationConfig{UserName: berthsystem.NodeUserPrefix + node, Groups: []string{"system:nodes", "system:authenticated"}}
+		return kubeclient.Clientset(c)
+	}
+	return client, asNode, nil
 }
 
 // client returns a Kubernetes client for the kubeconfig the flags name.

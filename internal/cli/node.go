@@ -53,28 +53,40 @@ func newNodeRemoveCmd() *cobra.Command {
   1. with --drain, it cordons the node and evicts its pods (DaemonSet and static pods stay; pod
      disruption budgets are respected; on a node that is not Ready, evicted pods are not waited for);
   2. it revokes the machine that joined as NODE (its attested identity, from ConfigMap
-     berth-machines): from now on the joinservice refuses it with REVOKED;
+     berth-machines): from now on the joinservice refuses it with REVOKED (no join or rejoin
+     ticket, no disk key), and the API server refuses every write made with NODE's credentials
+     (policy berth-node-revocation): its kubelet cannot register the Node again, report status,
+     renew its Lease or get a certificate. remove waits until the API server refuses a dry-run
+     registration of NODE made as NODE (impersonated), at most 60s, and prints how long that took
+     (about a second: the API server watches the list);
   3. for a control plane, a joinservice replica removes its etcd member (etcd's client certificates
      live on the control planes). It refuses when the remaining voting members that answer would be
      fewer than their quorum; then nothing is removed, the revocation is taken back and remove exits
      with code 3. --force skips that check (etcd's own reconfiguration check may still refuse);
-  4. it deletes the Node object, and records the removal in the join ledger (berth status).
+  4. it deletes the Node object and every pod still bound to NODE (with the Node and its pods gone,
+     the API server's Node authorizer lets NODE's credentials read no Secret), and records the
+     removal in the join ledger (berth status).
 
-Run it again after a failure: it continues where it stopped. The machine stays revoked until berth
+So the revocation holds within a minute whether the machine is running, rebooting or off: a
+machine that keeps its state disk and its still-valid kubelet certificate does not come back. Run
+remove again after a failure: it continues where it stopped. The machine stays revoked until berth
 node readmit; a removed control plane comes back only from a blank state disk (its etcd member is
-gone).`,
+gone), and keeps what it held (the cluster's CA keys, the master secret): rotate them.
+
+While a machine that joined as NODE is revoked, every credential of the name NODE is refused, also
+that of another machine later joined under the same name.`,
 		Example: `  berth node remove w1 --drain
   berth node remove cp1                     # a dead control plane: its etcd member goes too
   berth node remove cp2 --force -o json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, err := f.kube.client()
+			client, asNode, err := f.kube.nodeClients()
 			if err != nil {
 				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
 			defer cancel()
-			return runNodeRemove(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), client, args[0], f)
+			return runNodeRemove(ctx, cmd.OutOrStdout(), cmd.ErrOrStderr(), client, asNode, args[0], f)
 		},
 	}
 	fl := cmd.Flags()
@@ -101,12 +113,16 @@ type removeReport struct {
 	Etcd        string `json:"etcd,omitempty"`
 	EtcdMessage string `json:"etcdMessage,omitempty"`
 	// NodeDeleted is true when this run deleted the Node object (false: there was none).
-	NodeDeleted bool    `json:"nodeDeleted"`
-	Seconds     float64 `json:"seconds"`
+	NodeDeleted bool `json:"nodeDeleted"`
+	// PodsDeleted is how many pods still bound to the node were deleted.
+	PodsDeleted int `json:"podsDeleted"`
+	// RefusedSeconds is how long after the revocation the API server refused the node's writes.
+	RefusedSeconds float64 `json:"refusedSeconds"`
+	Seconds        float64 `json:"seconds"`
 }
 
-func runNodeRemove(ctx context.Context, out, errOut io.Writer, client kubernetes.Interface, name string, f nodeRemoveFlags) error {
-	res, err := noderemove.Remove(ctx, client, name, noderemove.Options{Namespace: f.namespace, Drain: f.drain, Force: f.force, Progress: errOut})
+func runNodeRemove(ctx context.Context, out, errOut io.Writer, client kubernetes.Interface, asNode func(string) (kubernetes.Interface, error), name string, f nodeRemoveFlags) error {
+	res, err := noderemove.Remove(ctx, client, name, noderemove.Options{Namespace: f.namespace, Drain: f.drain, Force: f.force, Progress: errOut, AsNode: asNode})
 	if refused := (*noderemove.RefusedError)(nil); errors.As(err, &refused) {
 		return &exitError{code: exitRejected, err: err}
 	}
@@ -115,7 +131,8 @@ func runNodeRemove(ctx context.Context, out, errOut io.Writer, client kubernetes
 	}
 	if f.output.structured() {
 		return f.output.encode(out, removeReport{Node: res.Node, Role: res.Role, Identity: res.Identity, RevokedAt: res.RevokedAt,
-			Drained: res.Drained, Etcd: string(res.Etcd), EtcdMessage: res.EtcdMessage, NodeDeleted: res.NodeDeleted, Seconds: res.Took.Seconds()})
+			Drained: res.Drained, Etcd: string(res.Etcd), EtcdMessage: res.EtcdMessage, NodeDeleted: res.NodeDeleted,
+			PodsDeleted: res.PodsDeleted, RefusedSeconds: res.Refused.Seconds(), Seconds: res.Took.Seconds()})
 	}
 	_, _ = fmt.Fprintf(out, "removed %s %s in %.1fs: %s\n", res.Role, name, res.Took.Seconds(), res.Message())
 	return nil
@@ -134,21 +151,22 @@ func newNodeReadmitCmd() *cobra.Command {
 		Use:   "readmit NODE",
 		Short: "Re-admit the removed machine that joined as NODE",
 		Long: `readmit takes back the revocation of the machine that joined as NODE and was removed with berth node
-remove: the joinservice admits it again, and it joins (or rejoins) on its next attempt. The
-re-admission is recorded in the join ledger (berth status).
+remove: the joinservice admits it again, and it joins (or rejoins) on its next attempt; the API
+server accepts NODE's credentials again (readmit waits for that), so a kubelet that kept its state
+registers its Node again by itself. The re-admission is recorded in the join ledger (berth status).
 
 A re-admitted control plane's etcd member was removed: it must join from a blank state disk.`,
 		Example: `  berth node readmit w1
   berth node readmit w1 -o json`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			client, err := f.kube.client()
+			client, asNode, err := f.kube.nodeClients()
 			if err != nil {
 				return err
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), f.timeout)
 			defer cancel()
-			return runNodeReadmit(ctx, cmd.OutOrStdout(), client, args[0], f)
+			return runNodeReadmit(ctx, cmd.OutOrStdout(), client, asNode, args[0], f)
 		},
 	}
 	fl := cmd.Flags()
@@ -167,8 +185,8 @@ type readmitReport struct {
 	RemovedAt time.Time `json:"removedAt"`
 }
 
-func runNodeReadmit(ctx context.Context, out io.Writer, client kubernetes.Interface, name string, f nodeReadmitFlags) error {
-	res, err := noderemove.Readmit(ctx, client, name, f.namespace)
+func runNodeReadmit(ctx context.Context, out io.Writer, client kubernetes.Interface, asNode func(string) (kubernetes.Interface, error), name string, f nodeReadmitFlags) error {
+	res, err := noderemove.Readmit(ctx, client, name, noderemove.Options{Namespace: f.namespace, AsNode: asNode})
 	if err != nil {
 		return err
 	}

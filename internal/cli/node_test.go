@@ -51,7 +51,7 @@ func removeFlags(output outputFormat) nodeRemoveFlags {
 func TestNodeRemoveOutput(t *testing.T) {
 	c := machineCluster(t, []machines.Machine{{Identity: idW1, Node: "w1", Role: machines.RoleWorker}}, "w1")
 	var out, errOut bytes.Buffer
-	if err := runNodeRemove(context.Background(), &out, &errOut, c, "w1", removeFlags(outputText)); err != nil {
+	if err := runNodeRemove(context.Background(), &out, &errOut, c, nil, "w1", removeFlags(outputText)); err != nil {
 		t.Fatalf("remove: %v\n%s", err, errOut.String())
 	}
 	if !strings.HasPrefix(out.String(), "removed worker w1 in ") || !strings.HasSuffix(out.String(), "s: machine aa11111111111111 revoked; Node deleted\n") {
@@ -65,7 +65,7 @@ func TestNodeRemoveOutput(t *testing.T) {
 	c = machineCluster(t, []machines.Machine{{Identity: idCP1, Node: "cp1", Role: machines.RoleControlPlane,
 		Removal: &machines.Removal{Time: time.Now().UTC(), Etcd: machines.EtcdRemoved, EtcdMessage: "removed etcd member cp1"}}}, "cp1")
 	out.Reset()
-	if err := runNodeRemove(context.Background(), &out, &errOut, c, "cp1", removeFlags(outputJSON)); err != nil {
+	if err := runNodeRemove(context.Background(), &out, &errOut, c, nil, "cp1", removeFlags(outputJSON)); err != nil {
 		t.Fatalf("remove: %v\n%s", err, errOut.String())
 	}
 	var fields map[string]any
@@ -109,7 +109,7 @@ func TestNodeRemoveExitCodes(t *testing.T) {
 		})
 	}()
 	var out, errOut bytes.Buffer
-	err := runNodeRemove(context.Background(), &out, &errOut, c, "cp1", removeFlags(outputText))
+	err := runNodeRemove(context.Background(), &out, &errOut, c, nil, "cp1", removeFlags(outputText))
 	var ee *exitError
 	if !errors.As(err, &ee) || ee.code != exitRejected || err.Error() != "not removing cp1: they need 2 for quorum; the machine is not revoked" {
 		t.Fatalf("remove = %v, want exit code %d naming the quorum", err, exitRejected)
@@ -117,7 +117,7 @@ func TestNodeRemoveExitCodes(t *testing.T) {
 	if out.Len() != 0 {
 		t.Errorf("stdout after a refusal: %q", out.String())
 	}
-	err = runNodeRemove(context.Background(), &out, &errOut, c, "w9", removeFlags(outputText))
+	err = runNodeRemove(context.Background(), &out, &errOut, c, nil, "w9", removeFlags(outputText))
 	if !errors.Is(err, noderemove.ErrNotAdmitted) || errors.As(err, &ee) {
 		t.Errorf("remove of a node nobody joined as = %v, want ErrNotAdmitted", err)
 	}
@@ -128,19 +128,19 @@ func TestNodeReadmitOutput(t *testing.T) {
 	removed := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	c := machineCluster(t, []machines.Machine{{Identity: idW1, Node: "w1", Role: machines.RoleWorker, Removal: &machines.Removal{Time: removed}}})
 	var out bytes.Buffer
-	if err := runNodeReadmit(context.Background(), &out, c, "w1", nodeReadmitFlags{namespace: "berth-system", output: outputText}); err != nil {
+	if err := runNodeReadmit(context.Background(), &out, c, nil, "w1", nodeReadmitFlags{namespace: "berth-system", output: outputText}); err != nil {
 		t.Fatal(err)
 	}
 	if want := "w1: machine aa11111111111111 re-admitted (removed 2026-01-02T03:04:05Z); it joins on its next attempt\n"; out.String() != want {
 		t.Errorf("stdout %q, want %q", out.String(), want)
 	}
-	err := runNodeReadmit(context.Background(), &out, c, "w1", nodeReadmitFlags{namespace: "berth-system", output: outputJSON})
+	err := runNodeReadmit(context.Background(), &out, c, nil, "w1", nodeReadmitFlags{namespace: "berth-system", output: outputJSON})
 	if !errors.Is(err, noderemove.ErrNotAdmitted) {
 		t.Fatalf("second readmit = %v, want ErrNotAdmitted", err)
 	}
 	c = machineCluster(t, []machines.Machine{{Identity: idW1, Node: "w1", Role: machines.RoleWorker, Removal: &machines.Removal{Time: removed}}})
 	out.Reset()
-	if err := runNodeReadmit(context.Background(), &out, c, "w1", nodeReadmitFlags{namespace: "berth-system", output: outputJSON}); err != nil {
+	if err := runNodeReadmit(context.Background(), &out, c, nil, "w1", nodeReadmitFlags{namespace: "berth-system", output: outputJSON}); err != nil {
 		t.Fatal(err)
 	}
 	var r readmitReport

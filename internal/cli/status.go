@@ -36,7 +36,7 @@ accepted ones. The same attempts are Events on that ConfigMap:
 
 Then the membership events (control-plane joins that finished or whose slot a timeout freed, nodes
 removed and re-admitted with berth node) and the removed machines the joinservice refuses with
-REVOKED (ConfigMap berth-machines).
+REVOKED (ConfigMap berth-machines), whose nodes' credentials the API server refuses every write.
 
 Then it prints the certificates Berth renews, the earliest expiry first: the image-policy webhook's
 serving certificate and CA bundle (renewed by the certificate keeper, the joinservice replica that

@@ -94,7 +94,7 @@ func printMembership(out io.Writer, membership []joinledger.Entry, removed []rem
 		}
 		_ = tw.Flush()
 	}
-	_, _ = fmt.Fprintf(out, "\nREMOVED MACHINES (%d: refused with REVOKED until berth node readmit)\n", len(removed))
+	_, _ = fmt.Fprintf(out, "\nREMOVED MACHINES (%d: refused with REVOKED by the joinservice, their nodes' writes by the API server, until berth node readmit)\n", len(removed))
 	if len(removed) == 0 {
 		return
 	}

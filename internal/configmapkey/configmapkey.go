@@ -26,6 +26,9 @@ type Ref struct {
 	Key string
 	// Labels are the labels of a ConfigMap Update creates; an existing one keeps its own.
 	Labels map[string]string
+	// Derived, when set, returns keys computed from Key's new value; Update writes them in the same
+	// write as Key, so a reader never sees one without the other.
+	Derived func(value string) map[string]string
 }
 
 // lostRace is a write another writer got in before: Update tries again.
@@ -64,6 +67,11 @@ func Update(ctx context.Context, client kubernetes.Interface, ref Ref, backoff w
 			cm.Data = map[string]string{}
 		}
 		cm.Data[ref.Key] = value
+		if ref.Derived != nil {
+			for k, v := range ref.Derived(value) {
+				cm.Data[k] = v
+			}
+		}
 		if create {
 			written, err = cms.Create(ctx, cm, metav1.CreateOptions{})
 		} else {

@@ -37,6 +37,10 @@ const (
 	// MachinesName is the ConfigMap recording every attested machine that joined and the ones an
 	// operator removed (its format is package machines').
 	MachinesName = "berth-machines"
+	// MachinesRevokedNodesKey is the key of ConfigMap MachinesName listing the node names of revoked
+	// machines, separated by spaces (internal/machines writes it, the API server's revocation policy
+	// of internal/berthsystem reads it).
+	MachinesRevokedNodesKey = "revoked-nodes"
 	// KMSConfigName is the ConfigMap with the control planes' KMS key spec (internal/kmsstate), which
 	// control-plane join tickets carry.
 	KMSConfigName = "berth-kms"

@@ -23,6 +23,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"slices"
 	"strings"
 	"time"
 
@@ -39,6 +40,10 @@ const (
 	ConfigMapName = joinconfig.MachinesName
 	// DataKey is the ConfigMap key holding the machines as a JSON array.
 	DataKey = "machines.json"
+	// RevokedNodesKey is the ConfigMap key holding the node names of the revoked machines, sorted
+	// and separated by single spaces: the list the API server's revocation policy reads
+	// (berthsystem.Revocation). Update writes it with DataKey in one write.
+	RevokedNodesKey = joinconfig.MachinesRevokedNodesKey
 )
 
 // Roles of a machine's node.
@@ -145,9 +150,12 @@ var ErrUnchanged = errors.New("machine record unchanged")
 // returns the machines as written, or as read when change returned ErrUnchanged; any other error of
 // change ends it with that error.
 func Update(ctx context.Context, client kubernetes.Interface, namespace string, change func([]Machine) ([]Machine, error)) ([]Machine, error) {
-	ref := configmapkey.Ref{Namespace: namespace, Name: ConfigMapName, Key: DataKey,
-		Labels: map[string]string{joinconfig.PartOfLabel: joinconfig.PartOf}}
 	var read, changed []Machine
+	ref := configmapkey.Ref{Namespace: namespace, Name: ConfigMapName, Key: DataKey,
+		Labels: map[string]string{joinconfig.PartOfLabel: joinconfig.PartOf},
+		Derived: func(string) map[string]string {
+			return map[string]string{RevokedNodesKey: strings.Join(RevokedNodes(changed), " ")}
+		}}
 	_, err := configmapkey.Update(ctx, client, ref, conflictBackoff, func(data string) (string, error) {
 		ms, err := Decode(data)
 		if err != nil {
@@ -166,6 +174,21 @@ func Update(ctx context.Context, client kubernetes.Interface, namespace string, 
 		return nil, err
 	}
 	return changed, nil
+}
+
+// RevokedNodes returns the sorted node names of the revoked machines in ms, each once. A kubelet
+// credential names its node, not its machine: while any machine that joined as a node is revoked,
+// the API server refuses every credential of that node name, including one a replacement machine
+// joining under the same name would get, until the operator re-admits the revoked machine.
+func RevokedNodes(ms []Machine) []string {
+	var names []string
+	for _, m := range ms {
+		if m.Revoked() && m.Node != "" {
+			names = append(names, m.Node)
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
 }
 
 // Admit adds the machines of more that ms does not hold yet (by identity) and returns the result and

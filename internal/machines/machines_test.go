@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -66,6 +67,12 @@ func TestRevokedAndByNode(t *testing.T) {
 	}
 	if Index(ms, "cp") != 2 || Index(ms, "x") != -1 {
 		t.Error("Index")
+	}
+	// The API server's list: the removed w1 (once, though two of its machines are removed), not the
+	// control plane whose removal was refused.
+	ms = append(ms, Machine{Identity: "older", Node: "w1", Removal: &Removal{}}, Machine{Identity: "a", Node: "a0", Removal: &Removal{Etcd: EtcdPending}})
+	if got := RevokedNodes(ms); !slices.Equal(got, []string{"a0", "w1"}) {
+		t.Errorf("RevokedNodes = %v, want [a0 w1]", got)
 	}
 }
 
@@ -136,5 +143,17 @@ func TestUpdateOnAPIServer(t *testing.T) {
 	}
 	if after, _ := admin.CoreV1().ConfigMaps(ns).Get(ctx, ConfigMapName, metav1.GetOptions{}); after.ResourceVersion != cm.ResourceVersion {
 		t.Error("a failed or unchanged Update wrote the record")
+	}
+	// A removal writes the API server's list with the record, in one write.
+	if _, err := Update(ctx, admin, ns, func(ms []Machine) ([]Machine, error) {
+		ms[Index(ms, "0100")].Removal = &Removal{}
+		ms[Index(ms, "0001")].Removal = &Removal{}
+		return ms, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	after, err := admin.CoreV1().ConfigMaps(ns).Get(ctx, ConfigMapName, metav1.GetOptions{})
+	if err != nil || after.Data[RevokedNodesKey] != "n0-1 n1-0" {
+		t.Fatalf("%s = %q (%v), want \"n0-1 n1-0\"", RevokedNodesKey, after.Data[RevokedNodesKey], err)
 	}
 }

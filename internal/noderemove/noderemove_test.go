@@ -139,7 +139,8 @@ func podExists(t *testing.T, c *fake.Clientset, name string) bool {
 
 // TestRemoveWorker: the drain cordons the node and evicts its pods, controlled or not and with
 // emptyDir data, but not its DaemonSet or static pods, nor pods already terminating; the machine is
-// revoked, the Node deleted, and the removal in the ledger.
+// revoked (and its node listed for the API server's revocation policy), the Node deleted with every
+// pod still bound to it, and the removal in the ledger.
 func TestRemoveWorker(t *testing.T) {
 	now := metav1.Now()
 	c := cluster(t, deleteOnEvict, []machines.Machine{{Identity: idW1, Node: "w1", Role: machines.RoleWorker}},
@@ -162,10 +163,18 @@ func TestRemoveWorker(t *testing.T) {
 		t.Fatalf("remove: %v\n%s", err, progress.String())
 	}
 	t.Log(progress.String())
-	for name, want := range map[string]bool{"app": false, "bare": false, "scratch": false, "flannel": true, "static": true, "leaving": true, "elsewhere": true} {
+	// The drain evicted 3 pods (progress, below); the 3 it spared went with the Node.
+	for name, want := range map[string]bool{"app": false, "bare": false, "scratch": false, "flannel": false, "static": false, "leaving": false, "elsewhere": true} {
 		if exists := podExists(t, c, name); exists != want {
-			t.Errorf("pod %s exists = %v after the drain, want %v", name, exists, want)
+			t.Errorf("pod %s exists = %v after the removal, want %v", name, exists, want)
 		}
+	}
+	if r.PodsDeleted != 3 {
+		t.Errorf("removal deleted %d bound pods, want 3 (flannel, static, leaving)", r.PodsDeleted)
+	}
+	cm, err := c.CoreV1().ConfigMaps(ns).Get(context.Background(), machines.ConfigMapName, metav1.GetOptions{})
+	if err != nil || cm.Data[machines.RevokedNodesKey] != "w1" {
+		t.Errorf("record's %s = %q (%v), want w1", machines.RevokedNodesKey, cm.Data[machines.RevokedNodesKey], err)
 	}
 	if _, err := c.CoreV1().Nodes().Get(context.Background(), "w1", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("Node w1 after remove: %v, want it deleted", err)
@@ -182,7 +191,7 @@ func TestRemoveWorker(t *testing.T) {
 		es[0].Message != r.Message() || !strings.Contains(es[0].Message, "pods evicted") {
 		t.Fatalf("ledger %+v", es)
 	}
-	for _, want := range []string{"cordoned w1", "evicted 3 pods from w1", "revoked machine aa1111111111"} {
+	for _, want := range []string{"cordoned w1", "evicted 3 pods from w1", "revoked machine aa1111111111", "deleted 3 pods bound to w1"} {
 		if !strings.Contains(progress.String(), want) {
 			t.Errorf("progress %q lacks %q", progress.String(), want)
 		}
@@ -334,7 +343,7 @@ func TestRemoveResumes(t *testing.T) {
 func TestReadmit(t *testing.T) {
 	removed := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	c := cluster(t, deleteOnEvict, []machines.Machine{{Identity: idW1, Node: "w1", Role: machines.RoleWorker, Removal: &machines.Removal{Time: removed}}})
-	r, err := Readmit(context.Background(), c, "w1", ns)
+	r, err := Readmit(context.Background(), c, "w1", Options{Namespace: ns})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -347,7 +356,7 @@ func TestReadmit(t *testing.T) {
 	if es := ledgerOf(t, c); len(es) != 1 || es[0].RPC != joinledger.RPCReadmit || es[0].Identity != idW1 || es[0].Message != r.Message {
 		t.Fatalf("ledger %+v", es)
 	}
-	if _, err := Readmit(context.Background(), c, "w1", ns); !errors.Is(err, ErrNotAdmitted) {
+	if _, err := Readmit(context.Background(), c, "w1", Options{Namespace: ns}); !errors.Is(err, ErrNotAdmitted) {
 		t.Fatalf("second readmit = %v, want ErrNotAdmitted", err)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/berth-k8s/berth/internal/machines"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/internal/webhook/install"
 )
@@ -38,7 +39,11 @@ import (
 //     signature (and key encipherment) and server auth, it names no e-mail address and no URI;
 //   - its DNS names are at most NAME, and its IP addresses are among the addresses the platform's
 //     metadata gives instance NAME (the node's own word in its Node object does not count);
-//   - a Node NAME exists.
+//   - a Node NAME exists;
+//   - with WithRevocations, no machine that joined as NAME is revoked in the machine record
+//     (`berth node remove`): a removed node gets no serving certificate, whatever credential it
+//     still holds. (Its client certificate renewals, which kube-controller-manager approves, never
+//     get this far: the API server's revocation policy refuses the removed node's CSR itself.)
 //
 // A request that fails a check is denied with the reason (the kubelet asks again, and the denial
 // is visible in `kubectl get csr`); one that cannot be checked yet (metadata unreachable, the Node
@@ -53,6 +58,7 @@ const (
 	ReasonAddresses      = "AddressNotOfNode"
 	ReasonUnknownNode    = "UnknownInstance"
 	ReasonBadRequest     = "BadRequest"
+	ReasonRevoked        = "NodeRevoked"
 	reasonApproved       = "NodeVerified"
 	approverResync       = 30 * time.Second
 	nodeUserPrefix       = "system:node:"
@@ -80,6 +86,8 @@ type Approver struct {
 		Peers(ctx context.Context) ([]metadata.Instance, error)
 	}
 	metrics *Metrics
+	// recordNamespace is where the machine record is; empty: revocations are not checked.
+	recordNamespace string
 }
 
 // NewApprover returns an approver that checks requests against meta's instances.
@@ -87,6 +95,13 @@ func NewApprover(log *zap.Logger, client kubernetes.Interface, meta interface {
 	Peers(ctx context.Context) ([]metadata.Instance, error)
 }, m *Metrics) *Approver {
 	return &Approver{log: log, client: client, meta: meta, metrics: m}
+}
+
+// WithRevocations makes the approver deny the requests of nodes whose machine is revoked in the
+// machine record in namespace, and returns it.
+func (a *Approver) WithRevocations(namespace string) *Approver {
+	a.recordNamespace = namespace
+	return a
 }
 
 // Run watches kubelet serving CSRs and decides every pending one until ctx ends.
@@ -171,6 +186,16 @@ func (a *Approver) verify(ctx context.Context, csr *certificatesv1.CertificateSi
 	name, ok := strings.CutPrefix(csr.Spec.Username, nodeUserPrefix)
 	if !ok || name == "" || !slices.Contains(csr.Spec.Groups, nodesGroup) {
 		return deny(ReasonNotANode, "requester %q is not a node (system:node:NAME in group system:nodes)", csr.Spec.Username)
+	}
+	if a.recordNamespace != "" {
+		ms, err := machines.Read(ctx, a.client, a.recordNamespace)
+		switch {
+		case errors.Is(err, machines.ErrNoRecord):
+		case err != nil:
+			return fmt.Errorf("%w: %w", errNotYet, err)
+		case slices.Contains(machines.RevokedNodes(ms), name):
+			return deny(ReasonRevoked, "node %s was removed from the cluster (berth node remove); berth node readmit re-admits it", name)
+		}
 	}
 	block, _ := pem.Decode(csr.Spec.Request)
 	if block == nil || block.Type != "CERTIFICATE REQUEST" {

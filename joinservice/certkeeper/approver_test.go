@@ -30,8 +30,12 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/berth-k8s/berth/internal/apiservertest"
+	"github.com/berth-k8s/berth/internal/machines"
 	"github.com/berth-k8s/berth/internal/metadata"
 )
+
+// recordNamespace holds the machine record of the approver's tests.
+const recordNamespace = "berth-system"
 
 type peers struct {
 	list []metadata.Instance
@@ -97,8 +101,10 @@ func TestApproverDecides(t *testing.T) {
 		usages []certificatesv1.KeyUsage
 		peers  peers
 		noNode bool
-		want   certificatesv1.RequestConditionType // "" = still pending
-		reason string
+		// revoked lists w1 as removed in the machine record (which otherwise lists w1 admitted).
+		revoked bool
+		want    certificatesv1.RequestConditionType // "" = still pending
+		reason  string
 	}{
 		{name: "the node itself", user: "system:node:w1", groups: nodeGroups, spec: good, want: certificatesv1.CertificateApproved, reason: reasonApproved},
 		{name: "another node's name", user: "system:node:w2", groups: nodeGroups, spec: good, want: certificatesv1.CertificateDenied, reason: ReasonSubject},
@@ -119,6 +125,7 @@ func TestApproverDecides(t *testing.T) {
 			spec: withSpec(func(s *csrSpec) { s.cn, s.dns, s.ips = "system:node:w9", []string{"w9"}, nil }), want: certificatesv1.CertificateDenied, reason: ReasonUnknownNode},
 		{name: "metadata unreachable", user: "system:node:w1", groups: nodeGroups, spec: good, peers: peers{err: errors.New("connection refused")}},
 		{name: "no Node yet", user: "system:node:w1", groups: nodeGroups, spec: good, noNode: true},
+		{name: "a removed node", user: "system:node:w1", groups: nodeGroups, spec: good, revoked: true, want: certificatesv1.CertificateDenied, reason: ReasonRevoked},
 	}
 	platform := peers{list: []metadata.Instance{
 		{Name: "cp1", Role: metadata.RoleControlPlane, IPs: []string{"198.51.100.10"}},
@@ -135,6 +142,15 @@ func TestApproverDecides(t *testing.T) {
 					}
 				}
 			}
+			if _, err := machines.Update(context.Background(), client, recordNamespace, func([]machines.Machine) ([]machines.Machine, error) {
+				m := machines.Machine{Identity: "aa", Node: "w1", Role: machines.RoleWorker}
+				if c.revoked {
+					m.Removal = &machines.Removal{}
+				}
+				return []machines.Machine{m}, nil
+			}); err != nil {
+				t.Fatal(err)
+			}
 			csr := servingCSR("csr-1", c.user, c.groups, csrPEM(t, c.spec), c.usages...)
 			if _, err := client.CertificatesV1().CertificateSigningRequests().Create(context.Background(), csr, metav1.CreateOptions{}); err != nil {
 				t.Fatal(err)
@@ -144,7 +160,7 @@ func TestApproverDecides(t *testing.T) {
 				meta = c.peers
 			}
 			m := NewMetrics(prometheus.NewRegistry(), nil)
-			NewApprover(zap.NewNop(), client, meta, m).Decide(context.Background(), csr)
+			NewApprover(zap.NewNop(), client, meta, m).WithRevocations(recordNamespace).Decide(context.Background(), csr)
 			got, err := client.CertificatesV1().CertificateSigningRequests().Get(context.Background(), "csr-1", metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
