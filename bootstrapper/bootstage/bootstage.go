@@ -73,7 +73,7 @@ type RejoinFunc func(ctx context.Context, diskUUID string, binding []byte) (disk
 
 // RecoverFunc serves the recovery server until open succeeded (nil) or ctx ends
 // (recoveryserver.Server.Serve on its own listener).
-type RecoverFunc func(ctx context.Context, diskUUID string, clusterID []byte, open func(ctx context.Context, diskKey []byte) error) error
+type RecoverFunc func(ctx context.Context, diskUUID string, clusterID, binding []byte, open func(ctx context.Context, diskKey []byte) error) error
 
 // Bind is one directory of the state disk mounted over a path of the node.
 type Bind struct {
@@ -303,7 +303,7 @@ func (s *Stage) waitForKey(ctx context.Context, h statedisk.Header) (string, []b
 	}
 	if s.cfg.Recover != nil {
 		g.Go(func() error {
-			err := s.cfg.Recover(gctx, h.UUID, h.ClusterID, func(ctx context.Context, key []byte) error {
+			err := s.cfg.Recover(gctx, h.UUID, h.ClusterID, h.Binding, func(ctx context.Context, key []byte) error {
 				return open(ctx, key, SourceRecovery)
 			})
 			if err != nil && gctx.Err() == nil {
@@ -532,7 +532,7 @@ func (s *Stage) BindWithKeys(ctx context.Context, keys *clusterkeys.Keys) error 
 		return fmt.Errorf("reading this machine's identity: %w", err)
 	}
 	uuid := s.UUID()
-	key := keys.DiskKey(uuid)
+	key := keys.DiskKey(uuid, id)
 	defer clear(key)
 	return s.Bind(ctx, key, keys.ClusterID(), keys.DiskBinding(uuid, id))
 }

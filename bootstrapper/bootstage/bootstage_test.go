@@ -369,7 +369,7 @@ func newFixture(t *testing.T) *fixture {
 			t.Error("rejoin called")
 			return nil, nil, errors.New("rejoin called")
 		},
-		Recover: func(context.Context, string, []byte, func(context.Context, []byte) error) error {
+		Recover: func(context.Context, string, []byte, []byte, func(context.Context, []byte) error) error {
 			t.Error("recovery called")
 			return errors.New("recovery called")
 		},
@@ -385,7 +385,7 @@ func (f *fixture) boundDisk(key, cluster []byte) {
 
 // waitingRecovery is a recovery server nobody calls: it serves until ctx ends.
 func (f *fixture) waitingRecovery() RecoverFunc {
-	return func(ctx context.Context, _ string, _ []byte, _ func(context.Context, []byte) error) error {
+	return func(ctx context.Context, _ string, _, _ []byte, _ func(context.Context, []byte) error) error {
 		f.rec.add("recover.Serve")
 		<-ctx.Done()
 		f.rec.add("recover.Stopped")
@@ -768,7 +768,7 @@ func TestOpenRecoveryWinsWhileRejoinFails(t *testing.T) {
 	}
 	var wrongErr, againErr error
 	wrong := randomBytes(t, 32)
-	f.cfg.Recover = func(ctx context.Context, uuid string, clusterID []byte, open func(context.Context, []byte) error) error {
+	f.cfg.Recover = func(ctx context.Context, uuid string, clusterID, _ []byte, open func(context.Context, []byte) error) error {
 		<-rejoinStarted
 		if uuid != testUUID || !bytes.Equal(clusterID, cluster) {
 			t.Errorf("recovery serves %s %x; want the header's UUID and cluster ID", uuid, clusterID)
@@ -817,7 +817,7 @@ func TestOpenRecoveryWinsWhileRejoinRefused(t *testing.T) {
 		f.sealer.unsealErr = errSealPolicy
 		f.cfg.RefusedBackoff = time.Second
 		f.scriptRejoin(t, rejoinAnswer{err: errors.New("DISK_NOT_BOUND")})
-		f.cfg.Recover = func(ctx context.Context, _ string, _ []byte, open func(context.Context, []byte) error) error {
+		f.cfg.Recover = func(ctx context.Context, _ string, _, _ []byte, open func(context.Context, []byte) error) error {
 			time.Sleep(30 * time.Second) // the operator runs berth recover half a minute later
 			return open(ctx, key)
 		}
@@ -1186,8 +1186,8 @@ func TestBindWithKeys(t *testing.T) {
 	if err := s.BindWithKeys(t.Context(), keys); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(f.disk.slotKey(), keys.DiskKey(res.UUID)) {
-		t.Error("the disk is not keyed with clusterkeys.DiskKey(uuid)")
+	if !bytes.Equal(f.disk.slotKey(), keys.DiskKey(res.UUID, identity)) {
+		t.Error("the disk is not keyed with clusterkeys.DiskKey(uuid, identity)")
 	}
 	h, _ := f.disk.Header(t.Context())
 	if !bytes.Equal(h.ClusterID, keys.ClusterID()) {
@@ -1199,7 +1199,7 @@ func TestBindWithKeys(t *testing.T) {
 	if keys.VerifyDiskBinding(res.UUID, []byte("another machine"), h.Binding) {
 		t.Error("the binding verifies for another machine")
 	}
-	if sealed := f.sealer.sealedSecrets(); len(sealed) != 1 || !bytes.Equal(sealed[0], keys.DiskKey(res.UUID)) {
+	if sealed := f.sealer.sealedSecrets(); len(sealed) != 1 || !bytes.Equal(sealed[0], keys.DiskKey(res.UUID, identity)) {
 		t.Error("the disk key was not sealed")
 	}
 }
@@ -1364,7 +1364,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 	if err := s.BindWithKeys(t.Context(), keys); err != nil {
 		t.Fatal(err)
 	}
-	secrets = append(secrets, master, keys.DiskKey(s.UUID()), keys.MeasurementSecret())
+	secrets = append(secrets, master, keys.DiskKey(s.UUID(), []byte("ek-hash")), keys.MeasurementSecret())
 	secrets = append(secrets, f.disk.formatKeys...)
 	entries = append(entries, f.texts.all()...)
 
@@ -1394,7 +1394,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 			rejoinAnswer{key: wrongs[2], cluster: randomBytes(t, 32)},
 			rejoinAnswer{err: errors.New("refused")},
 			rejoinAnswer{key: key, cluster: cluster})
-		f.cfg.Recover = func(ctx context.Context, _ string, _ []byte, open func(context.Context, []byte) error) error {
+		f.cfg.Recover = func(ctx context.Context, _ string, _, _ []byte, open func(context.Context, []byte) error) error {
 			if err := open(ctx, wrongs[3]); err == nil {
 				t.Error("a wrong recovery key opened the disk")
 			}
