@@ -27,6 +27,10 @@
 //	an address metadata does not know        UNKNOWN_PEER             the identity comes from metadata
 //	another node's disk (rejoin)             DISK_NOT_BOUND           the disk key goes only to the machine the disk
 //	                                                                    is bound to
+//	another machine's disk UUID (join)       a key for nothing        the disk key names the asking machine: it
+//	                                           (differs from the        opens nothing of the disk's owner, its
+//	                                           owner's), in the         binding gets only that key on rejoin
+//	                                           ledger with the UUID
 //	a thousand idle connections              genuine joins succeed    a peer cannot hold the service's handshakes
 //	claims probing the policy (one random    one identical verdict    claims are judged as a whole and the verdict
 //	  value per index, an index left out)                               names nothing: which indices are enforced
