@@ -177,7 +177,7 @@ var (
 	// ErrHeaderNotAuthentic means the state disk header's MAC does not verify under the key that
 	// opened the disk: the header was not written with this disk's key.
 	ErrHeaderNotAuthentic = errors.New("state disk header is not authentic: its MAC does not verify under the disk's key")
-	errAlreadyOpen      = errors.New("state disk is already open")
+	errAlreadyOpen        = errors.New("state disk is already open")
 )
 
 // New returns a Stage.
