@@ -49,6 +49,14 @@
 //	50 concurrent inits, 50 addresses        one runs, the others     the node is initialized once, for one cluster
 //	                                           BUSY or CLUSTER_MISMATCH
 //	init of a node metadata calls a worker   NOT_CONTROL_PLANE        the node stays fresh and can still join
+//	boot stage (TestBootStageRefusesForeignDisk; a node's fscrypt state disk on swtpm, rejoining
+//	  against the joinservice above)
+//	state disk header rewritten with         the disk closed again,   the header's MAC under the disk key does not
+//	  another cluster ID                       lock register not        verify; the rejoin ticket is for the real
+//	                                           extended, disk kept      cluster, not the header's
+//	another node's state disk swapped in     the same                 its sealed key does not load in this TPM;
+//	  (foreign header and sealed blob)                                  its binding is the other machine's
+//	                                                                    (DISK_NOT_BOUND)
 //	berth CLI (TestOperatorReadsNoImpostorText)
 //	an impostor's verdict on claims, rate    a reason code, or the    nothing an unauthenticated peer sends reaches
 //	  limit refusal and variant name, made     words quoted and         the operator's terminal verbatim; a client

@@ -89,6 +89,8 @@ type joinCluster struct {
 	js    *proctest.Process
 	// nodeCA is the EK CA the cluster policy trusts.
 	nodeCA *vtpmtest.CA
+	// swCA is the swtpm CA the cluster policy trusts too (the joinservice's own TPM's).
+	swCA *vtpmtest.SwtpmCA
 	// joinPolicy is what genuine nodes demand of the joinservice; activating is the same without the
 	// cluster's attestation-key CA, so that nodes probe the joinservice's identity and activate its key.
 	joinPolicy, activating *policy.Policy
@@ -149,7 +151,7 @@ func startJoinCluster(t *testing.T, extraArgs ...string) *joinCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &joinCluster{env: env, admin: env.Client(t, apiservertest.AdminUser), addr: proctest.FreeAddr(t), nodeCA: nodeCA,
+	c := &joinCluster{env: env, admin: env.Client(t, apiservertest.AdminUser), addr: proctest.FreeAddr(t), nodeCA: nodeCA, swCA: swCA,
 		joinPolicy: joinPolicy, activating: activating, metricsAddr: proctest.FreeAddr(t)}
 	c.js = proctest.Start(t, proctest.Cmd{
 		Name: "joinservice", Path: proctest.Build(t, "github.com/berth-k8s/berth/joinservice/cmd/joinservice"), Grace: 20 * time.Second,
