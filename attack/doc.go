@@ -57,6 +57,10 @@
 //	another node's state disk swapped in     the same                 its sealed key does not load in this TPM;
 //	  (foreign header and sealed blob)                                  its binding is the other machine's
 //	                                                                    (DISK_NOT_BOUND)
+//	join client (TestWorkerPosingAsJoinService)
+//	a bootstrapped worker's TPM serving the  JOINSERVICE_NOT_BOUND    only a control plane's lock register holds the
+//	  join protocol to a fresh node with                                control plane's value for the cluster; a
+//	  the image's policy (no AK CA)                                     worker's extend cannot reach it
 //	berth CLI (TestOperatorReadsNoImpostorText)
 //	an impostor's verdict on claims, rate    a reason code, or the    nothing an unauthenticated peer sends reaches
 //	  limit refusal and variant name, made     words quoted and         the operator's terminal verbatim; a client

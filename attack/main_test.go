@@ -35,6 +35,7 @@ import (
 	"github.com/berth-k8s/berth/internal/proctest"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca/catest"
+	"github.com/berth-k8s/berth/nodelock"
 )
 
 func TestMain(m *testing.M) {
@@ -105,7 +106,8 @@ func startJoinCluster(t *testing.T, extraArgs ...string) *joinCluster {
 	swCA := vtpmtest.NewSwtpmCA(t) // skips without swtpm (fails under CI=true)
 	env := apiservertest.Shared(t) // skips without kube-apiserver and etcd
 	serviceTPM := vtpmtest.StartSwtpm(t, swCA)
-	if err := vtpm.NewLockRegister(serviceTPM.Open, 15).MarkBootstrapped(ctx, apiservertest.ClusterID()); err != nil {
+	// The joinservice runs on a control plane: its lock register holds the control plane's value.
+	if err := vtpm.NewLockRegister(serviceTPM.Open, 15).MarkBootstrapped(ctx, nodelock.ControlPlaneLockID(apiservertest.ClusterID())); err != nil {
 		t.Fatal(err)
 	}
 	nodeCA, err := vtpmtest.NewCA("attack suite EK CA")
