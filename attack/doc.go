@@ -27,6 +27,10 @@
 //	an address metadata does not know        UNKNOWN_PEER             the identity comes from metadata
 //	another node's disk (rejoin)             DISK_NOT_BOUND           the disk key goes only to the machine the disk
 //	                                                                    is bound to
+//	another machine's disk UUID (join)       a key for nothing        the disk key names the asking machine: it
+//	                                           (differs from the        opens nothing of the disk's owner, its
+//	                                           owner's), in the         binding gets only that key on rejoin
+//	                                           ledger with the UUID
 //	a thousand idle connections              genuine joins succeed    a peer cannot hold the service's handshakes
 //	claims probing the policy (one random    one identical verdict    claims are judged as a whole and the verdict
 //	  value per index, an index left out)                               names nothing: which indices are enforced
@@ -45,6 +49,18 @@
 //	50 concurrent inits, 50 addresses        one runs, the others     the node is initialized once, for one cluster
 //	                                           BUSY or CLUSTER_MISMATCH
 //	init of a node metadata calls a worker   NOT_CONTROL_PLANE        the node stays fresh and can still join
+//	boot stage (TestBootStageRefusesForeignDisk; a node's fscrypt state disk on swtpm, rejoining
+//	  against the joinservice above)
+//	state disk header rewritten with         the disk closed again,   the header's MAC under the disk key does not
+//	  another cluster ID                       lock register not        verify; the rejoin ticket is for the real
+//	                                           extended, disk kept      cluster, not the header's
+//	another node's state disk swapped in     the same                 its sealed key does not load in this TPM;
+//	  (foreign header and sealed blob)                                  its binding is the other machine's
+//	                                                                    (DISK_NOT_BOUND)
+//	join client (TestWorkerPosingAsJoinService)
+//	a bootstrapped worker's TPM serving the  JOINSERVICE_NOT_BOUND    only a control plane's lock register holds the
+//	  join protocol to a fresh node with                                control plane's value for the cluster; a
+//	  the image's policy (no AK CA)                                     worker's extend cannot reach it
 //	berth CLI (TestOperatorReadsNoImpostorText)
 //	an impostor's verdict on claims, rate    a reason code, or the    nothing an unauthenticated peer sends reaches
 //	  limit refusal and variant name, made     words quoted and         the operator's terminal verbatim; a client

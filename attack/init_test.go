@@ -31,6 +31,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/proctest"
+	"github.com/berth-k8s/berth/nodelock"
 )
 
 // initNode is a fresh node's bootstrapper under attack: the real binary on swtpm, with a stand-in
@@ -291,12 +292,12 @@ func TestInitServerUnderAttack(t *testing.T) {
 		if winner < 0 || tally["FAILURE_CODE_BUSY"] == 0 {
 			t.Fatalf("want one init and callers refused as BUSY while it ran: %v", tally)
 		}
-		// The node is locked for the winner's cluster and for no other.
+		// The node is locked for the winner's cluster and for no other, as a control plane.
 		keys, err := clusterkeys.New(bytes.Repeat([]byte{byte(10 + winner)}, 32), bytes.Repeat([]byte{2}, 32))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := n.attests(t, "127.0.6.3", vtpm.ExpectedLockValue(keys.ClusterID())); err != nil {
+		if err := n.attests(t, "127.0.6.3", vtpm.ExpectedLockValue(nodelock.ControlPlaneLockID(keys.ClusterID()))); err != nil {
 			t.Fatalf("the node's lock register does not hold the winner's cluster: %v", err)
 		}
 		// A late caller's own attestation refuses the node: it is no longer fresh.

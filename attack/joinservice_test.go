@@ -23,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation"
 	"github.com/berth-k8s/berth/internal/attestation/choose"
@@ -36,6 +37,8 @@ import (
 const (
 	diskA = "0f8b9c2e-5d1a-4b7e-9a3c-2e6f1d4b8a70"
 	diskB = "7c1e4a9b-2f3d-4e8a-b6c5-9d0e1f2a3b4c"
+	// diskC is the victim's disk in "another machine's disk UUID on the join RPC".
+	diskC = "5e2d8f1a-3b4c-4d6e-8f0a-1b2c3d4e5f60"
 )
 
 // replaying answers every handshake after its first with the document of its first.
@@ -291,6 +294,42 @@ func TestJoinServiceUnderAttack(t *testing.T) {
 		if err != nil || string(resp.GetDiskKey()) != string(ticket.GetDiskKey()) {
 			t.Fatalf("the owner's rejoin: %v", err)
 		}
+	})
+	t.Run("another machine's disk UUID on the join RPC", func(t *testing.T) {
+		// Disk UUIDs are public (the LUKS header, the recovery server's Info). The victim's disk is
+		// bound to it; a fresh TPM at another worker's address that names that UUID on the join RPC
+		// must not get the victim's disk key, nor a binding that gets it on the rejoin RPC later. The
+		// same holds for the disk of the control plane that initialized the cluster: it was keyed by
+		// the same derivation (BindWithKeys), and before disk keys named the machine, that key was
+		// the legacy per-UUID key the join RPC handed to anyone.
+		owner, thief := ip(), ip()
+		ownerTPM, thiefTPM := softTPM(t, c.nodeCA, genuinePCRs()), softTPM(t, c.nodeCA, genuinePCRs())
+		ownerTicket, err := c.join(t, owner, ownerTPM, workerRequest(t, diskC))
+		if err != nil {
+			t.Fatalf("the victim's join: %v", err)
+		}
+		stolen, err := c.join(t, thief, thiefTPM, workerRequest(t, diskC))
+		if err == nil && string(stolen.GetDiskKey()) == string(ownerTicket.GetDiskKey()) {
+			t.Fatalf("a fresh TPM at %s naming the disk %s of %s got its disk key", thief, diskC, owner)
+		}
+		if err == nil && string(stolen.GetDiskKey()) == string(apiservertest.ClusterKeys().LegacyDiskKey(diskC)) {
+			t.Fatalf("a fresh TPM at %s naming disk %s got the disk's per-UUID key", thief, diskC)
+		}
+		got := "no ticket (" + reasonOf(err) + ")"
+		if err == nil {
+			got = "a ticket whose disk key differs from the victim's"
+			callCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			resp, err := joinproto.NewJoinServiceClient(c.conn(t, thief, thiefTPM)).IssueRejoinTicket(callCtx,
+				&joinproto.IssueRejoinTicketRequest{DiskUuid: diskC, DiskBinding: stolen.GetDiskBinding()})
+			if err == nil && string(resp.GetDiskKey()) == string(ownerTicket.GetDiskKey()) {
+				t.Fatal("the binding from that ticket gets the victim's disk key on the rejoin RPC")
+			}
+			got += "; its binding on the rejoin RPC: " + map[bool]string{true: "its own useless key again", false: "refused (" + reasonOf(err) + ")"}[err == nil]
+		}
+		e := c.waitLedger(t, "the join naming "+diskC, func(e joinledger.Entry) bool { return e.Peer == thief && e.RPC == "join" && e.DiskUUID == diskC })
+		t.Logf("a fresh TPM at %s naming the disk %s of %s on the join RPC got %s; the ledger records it: %s %s disk %s, identity %s",
+			thief, diskC, owner, got, e.RPC, e.Outcome, e.DiskUUID, e.Identity)
 	})
 	t.Run("a thousand idle connections", func(t *testing.T) {
 		// Connections that never speak must not hold the joinservice's handshakes: a genuine node

@@ -35,6 +35,7 @@ import (
 	"github.com/berth-k8s/berth/internal/proctest"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca/catest"
+	"github.com/berth-k8s/berth/nodelock"
 )
 
 func TestMain(m *testing.M) {
@@ -89,6 +90,8 @@ type joinCluster struct {
 	js    *proctest.Process
 	// nodeCA is the EK CA the cluster policy trusts.
 	nodeCA *vtpmtest.CA
+	// swCA is the swtpm CA the cluster policy trusts too (the joinservice's own TPM's).
+	swCA *vtpmtest.SwtpmCA
 	// joinPolicy is what genuine nodes demand of the joinservice; activating is the same without the
 	// cluster's attestation-key CA, so that nodes probe the joinservice's identity and activate its key.
 	joinPolicy, activating *policy.Policy
@@ -103,7 +106,8 @@ func startJoinCluster(t *testing.T, extraArgs ...string) *joinCluster {
 	swCA := vtpmtest.NewSwtpmCA(t) // skips without swtpm (fails under CI=true)
 	env := apiservertest.Shared(t) // skips without kube-apiserver and etcd
 	serviceTPM := vtpmtest.StartSwtpm(t, swCA)
-	if err := vtpm.NewLockRegister(serviceTPM.Open, 15).MarkBootstrapped(ctx, apiservertest.ClusterID()); err != nil {
+	// The joinservice runs on a control plane: its lock register holds the control plane's value.
+	if err := vtpm.NewLockRegister(serviceTPM.Open, 15).MarkBootstrapped(ctx, nodelock.ControlPlaneLockID(apiservertest.ClusterID())); err != nil {
 		t.Fatal(err)
 	}
 	nodeCA, err := vtpmtest.NewCA("attack suite EK CA")
@@ -149,7 +153,7 @@ func startJoinCluster(t *testing.T, extraArgs ...string) *joinCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &joinCluster{env: env, admin: env.Client(t, apiservertest.AdminUser), addr: proctest.FreeAddr(t), nodeCA: nodeCA,
+	c := &joinCluster{env: env, admin: env.Client(t, apiservertest.AdminUser), addr: proctest.FreeAddr(t), nodeCA: nodeCA, swCA: swCA,
 		joinPolicy: joinPolicy, activating: activating, metricsAddr: proctest.FreeAddr(t)}
 	c.js = proctest.Start(t, proctest.Cmd{
 		Name: "joinservice", Path: proctest.Build(t, "github.com/berth-k8s/berth/joinservice/cmd/joinservice"), Grace: 20 * time.Second,

@@ -185,7 +185,7 @@ func checkSecretsAtRest(t testing.TB, c *cluster, gen uint32) {
 		t.Errorf("not every Secret is under %s", wantID)
 	}
 
-	marker := "berth-kms-marker-" + hex.EncodeToString(keys.DiskKey("kms-marker"))[:20]
+	marker := "berth-kms-marker-" + hex.EncodeToString(keys.LegacyDiskKey("kms-marker"))[:20]
 	c.kube("create", "configmap", "kms-marker", "-n", "default", "--from-literal=m="+marker)
 	needles := map[string][]byte{"marker": []byte(marker)}
 	for name, n := range encodings("master secret", master) {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/machines"
 )
 
 // checkDayTwo runs on TestMiniCluster's cluster (1 control plane, 2 workers) after its power cut of
@@ -254,17 +255,30 @@ func checkAtRest(t testing.TB, c *cluster) {
 		"KMS key of generation 1": keys.KMSKey(1), "KMS key of generation 2": keys.KMSKey(2)}
 	logs, _ := filepath.Glob(filepath.Join(c.dir, "nodes", "*", "logs", "bootstrapper.log"))
 	uuidRE := regexp.MustCompile(`"msg":"state disk open".*?"diskUUID":"([0-9a-f-]{36})"`)
+	// A disk key names the disk's machine: every UUID with every machine identity the record knows
+	// (and the legacy per-UUID key, which must not appear either).
+	record, err := machines.Decode(c.kube("get", "configmap", machines.ConfigMapName, "-n", joinconfig.Namespace, "-o", "jsonpath={.data.machines\\.json}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	uuids := 0
 	for _, l := range logs {
 		b, _ := os.ReadFile(l)
 		for _, m := range uuidRE.FindAllSubmatch(b, -1) {
-			secrets["disk key of "+string(m[1])] = keys.DiskKey(string(m[1]))
+			uuids++
+			secrets["legacy disk key of "+string(m[1])] = keys.LegacyDiskKey(string(m[1]))
+			for _, r := range record {
+				if id, err := hex.DecodeString(r.Identity); err == nil {
+					secrets["disk key of "+string(m[1])+" on "+r.Node] = keys.DiskKey(string(m[1]), id)
+				}
+			}
 		}
 	}
-	if len(secrets) < 4+4 {
-		t.Fatalf("found disk UUIDs of fewer than 4 nodes in their logs: %v", len(secrets)-4)
+	if uuids < 4 {
+		t.Fatalf("found disk UUIDs of fewer than 4 nodes in their logs: %v", uuids)
 	}
-	marker := []byte("berth-at-rest-marker-" + hex.EncodeToString(keys.DiskKey("marker"))[:24])
-	control := []byte("berth-at-rest-control-" + hex.EncodeToString(keys.DiskKey("control"))[:24])
+	marker := []byte("berth-at-rest-marker-" + hex.EncodeToString(keys.LegacyDiskKey("marker"))[:24])
+	control := []byte("berth-at-rest-control-" + hex.EncodeToString(keys.LegacyDiskKey("control"))[:24])
 	ns := "--mount=" + filepath.Join(c.dir, "ns", "w2.mnt")
 	c.must(time.Minute, "nsenter", ns, "--", "sh", "-c", "echo "+string(marker)+" > /var/lib/berth/at-rest-marker && sync -f /var/lib/berth/at-rest-marker")
 	c.must(time.Minute, "nsenter", ns, "--", "sh", "-c", "echo "+string(control)+" > /var/log/at-rest-control && sync -f /var/log/at-rest-control")

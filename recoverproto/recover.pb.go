@@ -66,7 +66,10 @@ type InfoResponse struct {
 	// disk_uuid is the state disk's UUID, lower-case canonical form (8-4-4-4-12).
 	DiskUuid string `protobuf:"bytes,1,opt,name=disk_uuid,json=diskUuid,proto3" json:"disk_uuid,omitempty"`
 	// cluster_id is the ID of the cluster the state disk is bound to, as recorded in its header.
-	ClusterId     []byte `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	ClusterId []byte `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// disk_binding is the disk binding recorded in the state disk's header: berth recover sends a key
+	// only when it binds disk_uuid to the machine that attested, and sends that machine's key.
+	DiskBinding   []byte `protobuf:"bytes,3,opt,name=disk_binding,json=diskBinding,proto3" json:"disk_binding,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -115,10 +118,18 @@ func (x *InfoResponse) GetClusterId() []byte {
 	return nil
 }
 
+func (x *InfoResponse) GetDiskBinding() []byte {
+	if x != nil {
+		return x.DiskBinding
+	}
+	return nil
+}
+
 // RecoverRequest carries the key for the node's state disk.
 type RecoverRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// disk_key is the cluster's disk key for disk_uuid (HKDF from the master secret), 32 bytes.
+	// disk_key is the cluster's disk key for disk_uuid on the machine the disk is bound to (HKDF from
+	// the master secret), 32 bytes.
 	DiskKey       []byte `protobuf:"bytes,1,opt,name=disk_key,json=diskKey,proto3" json:"disk_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -203,11 +214,12 @@ var File_recover_proto protoreflect.FileDescriptor
 const file_recover_proto_rawDesc = "" +
 	"\n" +
 	"\rrecover.proto\x12\x10berth.recover.v1\"\r\n" +
-	"\vInfoRequest\"J\n" +
+	"\vInfoRequest\"m\n" +
 	"\fInfoResponse\x12\x1b\n" +
 	"\tdisk_uuid\x18\x01 \x01(\tR\bdiskUuid\x12\x1d\n" +
 	"\n" +
-	"cluster_id\x18\x02 \x01(\fR\tclusterId\"+\n" +
+	"cluster_id\x18\x02 \x01(\fR\tclusterId\x12!\n" +
+	"\fdisk_binding\x18\x03 \x01(\fR\vdiskBinding\"+\n" +
 	"\x0eRecoverRequest\x12\x19\n" +
 	"\bdisk_key\x18\x01 \x01(\fR\adiskKey\"\x11\n" +
 	"\x0fRecoverResponse2\xa8\x01\n" +

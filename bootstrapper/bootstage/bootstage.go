@@ -18,6 +18,23 @@
 // recovery is sealed again to the boot as measured now. Then the cluster ID recorded in the disk
 // header is extended into the lock register, and the disk's directories are bind-mounted over the
 // node's state paths (/etc/kubernetes, /var/lib/kubelet, /var/lib/etcd, the daemon's state dir).
+//
+// The header is authenticated (statedisk.HeaderMAC: a MAC under the disk key over the UUID, the
+// cluster ID and the disk binding, written by Bind). The sealed key alone never vouches for the
+// header: when it opens the disk but the header's MAC does not verify (a header rewritten with
+// another cluster ID or binding, or one taken from another disk: ErrHeaderNotAuthentic), the disk
+// is closed again, nothing is extended into the lock register and nothing is wiped, and the node
+// asks the cluster as if the sealed key had failed. A key from the cluster vouches for the header
+// itself: the rejoin ticket's cluster ID must be the header's and the joinservice checked the
+// binding for this machine; berth recover checked both against the master secret. A disk bound by
+// an earlier version has no MAC: its first boot after the upgrade takes that path too (a rejoin,
+// unattended whenever a joinservice answers), and the MAC is written then, with the key resealed.
+//
+// What the MAC does not cover: someone who can create objects in this node's TPM under the boot
+// policy (code running on the machine outside the genuine boot) can seal a key of their own, format
+// a disk with it and write a valid MAC; and a disk this machine bound earlier (to this or another
+// cluster) carries a valid MAC and sealed key. Refusing those needs the TPM's word on when the
+// sealed object was created (its creation data over the lock register), which is not done yet.
 package bootstage
 
 import (
@@ -51,6 +68,7 @@ type Disk interface {
 	Rekey(ctx context.Context, oldKey, newKey []byte) error
 	SetBinding(ctx context.Context, clusterID, binding []byte) error
 	SetSealed(ctx context.Context, blob []byte) error
+	SetMAC(ctx context.Context, mac []byte) error
 	Opened(ctx context.Context) (bool, error)
 	Root() string
 	Close(ctx context.Context) error
@@ -73,7 +91,7 @@ type RejoinFunc func(ctx context.Context, diskUUID string, binding []byte) (disk
 
 // RecoverFunc serves the recovery server until open succeeded (nil) or ctx ends
 // (recoveryserver.Server.Serve on its own listener).
-type RecoverFunc func(ctx context.Context, diskUUID string, clusterID []byte, open func(ctx context.Context, diskKey []byte) error) error
+type RecoverFunc func(ctx context.Context, diskUUID string, clusterID, binding []byte, open func(ctx context.Context, diskKey []byte) error) error
 
 // Bind is one directory of the state disk mounted over a path of the node.
 type Bind struct {
@@ -156,7 +174,10 @@ var (
 	ErrAlreadyBound     = errors.New("state disk is bound to another cluster")
 	ErrNotFresh         = errors.New("state disk was not formatted in this boot; it cannot be bound to a cluster")
 	ErrClusterIDDiffers = errors.New("rejoin ticket is for another cluster than the state disk")
-	errAlreadyOpen      = errors.New("state disk is already open")
+	// ErrHeaderNotAuthentic means the state disk header's MAC does not verify under the key that
+	// opened the disk: the header was not written with this disk's key.
+	ErrHeaderNotAuthentic = errors.New("state disk header is not authentic: its MAC does not verify under the disk's key")
+	errAlreadyOpen        = errors.New("state disk is already open")
 )
 
 // New returns a Stage.
@@ -269,6 +290,20 @@ func (s *Stage) unseal(ctx context.Context, h statedisk.Header) ([]byte, bool) {
 		s.log.Warn("the sealed key does not open the state disk: asking the cluster", zap.Error(err))
 		return nil, false
 	}
+	if !statedisk.VerifyHeaderMAC(key, h) {
+		clear(key)
+		reason := "the header's MAC does not verify: it was rewritten, or taken from another disk"
+		if len(h.MAC) == 0 {
+			reason = "the header has no MAC (written by an earlier version, or stripped)"
+		}
+		s.log.Error("state disk header refused; closing the disk, extending nothing and asking the cluster",
+			zap.Error(ErrHeaderNotAuthentic), zap.String("why", reason), zap.String("diskUUID", h.UUID),
+			zap.String("headerClusterID", hex.EncodeToString(h.ClusterID)))
+		if err := s.cfg.Disk.Close(ctx); err != nil {
+			s.log.Error("closing the state disk after refusing its header", zap.Error(err))
+		}
+		return nil, false
+	}
 	s.log.Info("state disk opened with the key sealed to this TPM", zap.Duration("unseal", unsealed))
 	return key, true
 }
@@ -303,7 +338,7 @@ func (s *Stage) waitForKey(ctx context.Context, h statedisk.Header) (string, []b
 	}
 	if s.cfg.Recover != nil {
 		g.Go(func() error {
-			err := s.cfg.Recover(gctx, h.UUID, h.ClusterID, func(ctx context.Context, key []byte) error {
+			err := s.cfg.Recover(gctx, h.UUID, h.ClusterID, h.Binding, func(ctx context.Context, key []byte) error {
 				return open(ctx, key, SourceRecovery)
 			})
 			if err != nil && gctx.Err() == nil {
@@ -383,6 +418,8 @@ func (s *Stage) afterOpen(ctx context.Context, res Result, key []byte) (Result, 
 		return s.fresh(ctx, "join did not finish")
 	}
 	if key != nil && res.Source != SourceSealed {
+		// The cluster vouched for this header (see the package documentation): authenticate it.
+		s.writeMAC(ctx, key)
 		s.seal(ctx, key)
 	}
 	return res, nil
@@ -397,6 +434,29 @@ func (s *Stage) nodeState() (*nodestate.State, error) {
 		return nil, fmt.Errorf("reading the node state on the state disk: %w", err)
 	}
 	return st, nil
+}
+
+// writeMAC records the MAC of the header under key, unless it already verifies. A failure is
+// logged: the next boot asks the cluster again.
+func (s *Stage) writeMAC(ctx context.Context, key []byte) {
+	s.mu.Lock()
+	h := s.header
+	s.mu.Unlock()
+	if statedisk.VerifyHeaderMAC(key, h) {
+		return
+	}
+	mac, err := statedisk.HeaderMAC(key, h)
+	if err == nil {
+		err = s.cfg.Disk.SetMAC(ctx, mac)
+	}
+	if err != nil {
+		s.log.Error("authenticating the state disk header failed; the next boot asks the cluster", zap.Error(err))
+		return
+	}
+	s.mu.Lock()
+	s.header.MAC = mac
+	s.mu.Unlock()
+	s.log.Info("state disk header authenticated with the disk's key")
 }
 
 // seal seals key to the boot as measured now. A failure is logged: the next boot rejoins instead.
@@ -520,6 +580,14 @@ func (s *Stage) Bind(ctx context.Context, diskKey, clusterID, binding []byte) er
 	s.freshKey = nil
 	s.header.ClusterID, s.header.Binding = append([]byte(nil), clusterID...), append([]byte(nil), binding...)
 	s.log.Info("state disk re-keyed to the cluster's disk key", zap.String("clusterID", hex.EncodeToString(clusterID)))
+	mac, err := statedisk.HeaderMAC(diskKey, s.header)
+	if err != nil {
+		return fmt.Errorf("authenticating the state disk header: %w", err)
+	}
+	if err := s.cfg.Disk.SetMAC(ctx, mac); err != nil {
+		return fmt.Errorf("authenticating the state disk header: %w", err)
+	}
+	s.header.MAC = mac
 	s.seal(ctx, diskKey)
 	return nil
 }
@@ -532,7 +600,7 @@ func (s *Stage) BindWithKeys(ctx context.Context, keys *clusterkeys.Keys) error 
 		return fmt.Errorf("reading this machine's identity: %w", err)
 	}
 	uuid := s.UUID()
-	key := keys.DiskKey(uuid)
+	key := keys.DiskKey(uuid, id)
 	defer clear(key)
 	return s.Bind(ctx, key, keys.ClusterID(), keys.DiskBinding(uuid, id))
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -114,7 +115,7 @@ func (d *fakeDisk) Header(context.Context) (statedisk.Header, error) {
 		return statedisk.Header{}, statedisk.ErrNotFormatted
 	}
 	h := d.header
-	h.ClusterID, h.Binding, h.Sealed = clone(h.ClusterID), clone(h.Binding), clone(h.Sealed)
+	h.ClusterID, h.Binding, h.Sealed, h.MAC = clone(h.ClusterID), clone(h.Binding), clone(h.Sealed), clone(h.MAC)
 	return h, nil
 }
 
@@ -192,6 +193,14 @@ func (d *fakeDisk) SetSealed(_ context.Context, blob []byte) error {
 	return nil
 }
 
+func (d *fakeDisk) SetMAC(_ context.Context, mac []byte) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.rec.add("disk.SetMAC")
+	d.header.MAC = clone(mac)
+	return nil
+}
+
 func (d *fakeDisk) Opened(context.Context) (bool, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -208,12 +217,32 @@ func (d *fakeDisk) Close(context.Context) error {
 	return nil
 }
 
-// bound makes the disk one that a cluster bound in an earlier boot: closed, keyed with key.
+// bound makes the disk one that a cluster bound in an earlier boot: closed, keyed with key, its
+// header authenticated under key.
 func (d *fakeDisk) bound(key, clusterID, binding, sealed []byte) {
+	d.boundLegacy(key, clusterID, binding, sealed)
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	mac, err := statedisk.HeaderMAC(key, d.header)
+	if err != nil {
+		panic(err)
+	}
+	d.header.MAC = mac
+}
+
+// boundLegacy is bound by an earlier version: the header has no MAC.
+func (d *fakeDisk) boundLegacy(key, clusterID, binding, sealed []byte) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.formatted, d.opened, d.slot = true, false, clone(key)
 	d.header = statedisk.Header{UUID: testUUID, ClusterID: clone(clusterID), Binding: clone(binding), Sealed: clone(sealed)}
+}
+
+// rewriteHeader changes the header as someone with write access to the disk can.
+func (d *fakeDisk) rewriteHeader(change func(*statedisk.Header)) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	change(&d.header)
 }
 
 func (d *fakeDisk) slotKey() []byte {
@@ -369,7 +398,7 @@ func newFixture(t *testing.T) *fixture {
 			t.Error("rejoin called")
 			return nil, nil, errors.New("rejoin called")
 		},
-		Recover: func(context.Context, string, []byte, func(context.Context, []byte) error) error {
+		Recover: func(context.Context, string, []byte, []byte, func(context.Context, []byte) error) error {
 			t.Error("recovery called")
 			return errors.New("recovery called")
 		},
@@ -385,7 +414,7 @@ func (f *fixture) boundDisk(key, cluster []byte) {
 
 // waitingRecovery is a recovery server nobody calls: it serves until ctx ends.
 func (f *fixture) waitingRecovery() RecoverFunc {
-	return func(ctx context.Context, _ string, _ []byte, _ func(context.Context, []byte) error) error {
+	return func(ctx context.Context, _ string, _, _ []byte, _ func(context.Context, []byte) error) error {
 		f.rec.add("recover.Serve")
 		<-ctx.Done()
 		f.rec.add("recover.Stopped")
@@ -768,7 +797,7 @@ func TestOpenRecoveryWinsWhileRejoinFails(t *testing.T) {
 	}
 	var wrongErr, againErr error
 	wrong := randomBytes(t, 32)
-	f.cfg.Recover = func(ctx context.Context, uuid string, clusterID []byte, open func(context.Context, []byte) error) error {
+	f.cfg.Recover = func(ctx context.Context, uuid string, clusterID, _ []byte, open func(context.Context, []byte) error) error {
 		<-rejoinStarted
 		if uuid != testUUID || !bytes.Equal(clusterID, cluster) {
 			t.Errorf("recovery serves %s %x; want the header's UUID and cluster ID", uuid, clusterID)
@@ -817,7 +846,7 @@ func TestOpenRecoveryWinsWhileRejoinRefused(t *testing.T) {
 		f.sealer.unsealErr = errSealPolicy
 		f.cfg.RefusedBackoff = time.Second
 		f.scriptRejoin(t, rejoinAnswer{err: errors.New("DISK_NOT_BOUND")})
-		f.cfg.Recover = func(ctx context.Context, _ string, _ []byte, open func(context.Context, []byte) error) error {
+		f.cfg.Recover = func(ctx context.Context, _ string, _, _ []byte, open func(context.Context, []byte) error) error {
 			time.Sleep(30 * time.Second) // the operator runs berth recover half a minute later
 			return open(ctx, key)
 		}
@@ -1067,7 +1096,7 @@ func TestBind(t *testing.T) {
 	if err := s.Bind(t.Context(), diskKey, cluster, binding); err != nil {
 		t.Fatal(err)
 	}
-	wantCalls(t, f.rec, []string{"disk.Rekey", "disk.SetBinding", "sealer.Seal", "disk.SetSealed blob-1"})
+	wantCalls(t, f.rec, []string{"disk.Rekey", "disk.SetBinding", "disk.SetMAC", "sealer.Seal", "disk.SetSealed blob-1"})
 	if len(f.disk.rekeys) != 1 || !bytes.Equal(f.disk.rekeys[0][0], fresh) || !bytes.Equal(f.disk.rekeys[0][1], diskKey) {
 		t.Error("Rekey was not from the format key to the disk key")
 	}
@@ -1186,8 +1215,8 @@ func TestBindWithKeys(t *testing.T) {
 	if err := s.BindWithKeys(t.Context(), keys); err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(f.disk.slotKey(), keys.DiskKey(res.UUID)) {
-		t.Error("the disk is not keyed with clusterkeys.DiskKey(uuid)")
+	if !bytes.Equal(f.disk.slotKey(), keys.DiskKey(res.UUID, identity)) {
+		t.Error("the disk is not keyed with clusterkeys.DiskKey(uuid, identity)")
 	}
 	h, _ := f.disk.Header(t.Context())
 	if !bytes.Equal(h.ClusterID, keys.ClusterID()) {
@@ -1199,7 +1228,7 @@ func TestBindWithKeys(t *testing.T) {
 	if keys.VerifyDiskBinding(res.UUID, []byte("another machine"), h.Binding) {
 		t.Error("the binding verifies for another machine")
 	}
-	if sealed := f.sealer.sealedSecrets(); len(sealed) != 1 || !bytes.Equal(sealed[0], keys.DiskKey(res.UUID)) {
+	if sealed := f.sealer.sealedSecrets(); len(sealed) != 1 || !bytes.Equal(sealed[0], keys.DiskKey(res.UUID, identity)) {
 		t.Error("the disk key was not sealed")
 	}
 }
@@ -1364,7 +1393,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 	if err := s.BindWithKeys(t.Context(), keys); err != nil {
 		t.Fatal(err)
 	}
-	secrets = append(secrets, master, keys.DiskKey(s.UUID()), keys.MeasurementSecret())
+	secrets = append(secrets, master, keys.DiskKey(s.UUID(), []byte("ek-hash")), keys.MeasurementSecret())
 	secrets = append(secrets, f.disk.formatKeys...)
 	entries = append(entries, f.texts.all()...)
 
@@ -1394,7 +1423,7 @@ func TestSecretsNeverLogged(t *testing.T) {
 			rejoinAnswer{key: wrongs[2], cluster: randomBytes(t, 32)},
 			rejoinAnswer{err: errors.New("refused")},
 			rejoinAnswer{key: key, cluster: cluster})
-		f.cfg.Recover = func(ctx context.Context, _ string, _ []byte, open func(context.Context, []byte) error) error {
+		f.cfg.Recover = func(ctx context.Context, _ string, _, _ []byte, open func(context.Context, []byte) error) error {
 			if err := open(ctx, wrongs[3]); err == nil {
 				t.Error("a wrong recovery key opened the disk")
 			}
@@ -1440,5 +1469,99 @@ func TestSysMounterIsBoundNotAMount(t *testing.T) {
 	bound, err := sysMounter{}.IsBound(t.TempDir(), "etc-kubernetes")
 	if err != nil || bound {
 		t.Errorf("IsBound(a plain directory) = %v, %v; want false", bound, err)
+	}
+}
+
+// TestOpenRefusesHeaderNotAuthentic: the sealed key opens the disk, but its header was not written
+// with that key. The node closes the disk, extends nothing and wipes nothing, and asks the cluster,
+// whose ticket (for the real cluster) does not match the rewritten header either.
+func TestOpenRefusesHeaderNotAuthentic(t *testing.T) {
+	for name, rewrite := range map[string]func(h *statedisk.Header, other []byte){
+		"cluster ID rewritten":    func(h *statedisk.Header, other []byte) { h.ClusterID = other },
+		"binding rewritten":       func(h *statedisk.Header, other []byte) { h.Binding = other },
+		"MAC of another header":   func(h *statedisk.Header, other []byte) { h.ClusterID, h.MAC = other, other },
+		"MAC stripped, ID copied": func(h *statedisk.Header, other []byte) { h.ClusterID, h.MAC = other, nil },
+	} {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newFixture(t)
+				key, cluster, other := randomBytes(t, 32), randomBytes(t, 32), randomBytes(t, 32)
+				f.boundDisk(key, cluster)
+				f.disk.rewriteHeader(func(h *statedisk.Header) { rewrite(h, other) })
+				before, _ := f.disk.Header(t.Context())
+				f.sealer.key, f.sealer.unsealErr = key, nil
+				f.cfg.RefusedBackoff = time.Second
+				// The cluster answers with the real cluster ID (and the key): for a rewritten
+				// cluster ID that does not match the header, for a rewritten binding the
+				// joinservice refuses.
+				answer := rejoinAnswer{err: errors.New("DISK_NOT_BOUND")}
+				if !bytes.Equal(before.ClusterID, cluster) {
+					answer = rejoinAnswer{key: key, cluster: cluster}
+				}
+				f.scriptRejoin(t, answer)
+				f.cfg.Recover = f.waitingRecovery()
+
+				ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+				defer cancel()
+				_, err := New(f.cfg).Open(ctx)
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("Open = %v; want it to wait for a key that vouches for the header", err)
+				}
+				if f.logs.FilterMessageSnippet("state disk header refused").Len() != 1 {
+					t.Error("the refusal was not logged")
+				}
+				if f.disk.isOpen() || f.rec.count("disk.Close") < 1 {
+					t.Errorf("the disk was left open: %q", f.rec.list())
+				}
+				if f.lock.bootstrapped || f.rec.count(lockMark(other)) != 0 || f.rec.count(lockMark(cluster)) != 0 || len(f.mounter.bound) != 0 {
+					t.Errorf("the lock register was extended or the disk mounted: %q", f.rec.list())
+				}
+				if f.rec.count("disk.Format") != 0 || f.rec.count("disk.SetMAC") != 0 || len(f.sealer.sealedSecrets()) != 0 {
+					t.Errorf("the disk was wiped, its header re-authenticated or its key resealed: %q", f.rec.list())
+				}
+				if after, _ := f.disk.Header(t.Context()); !reflect.DeepEqual(after, before) {
+					t.Error("the header changed")
+				}
+			})
+		})
+	}
+}
+
+// TestOpenLegacyHeaderAuthenticatedByRejoin: a disk bound by an earlier version has no MAC. Its
+// sealed key is not trusted for the header; the rejoin ticket vouches for it, the MAC is written
+// and the next boot opens with the sealed key.
+func TestOpenLegacyHeaderAuthenticatedByRejoin(t *testing.T) {
+	f := newFixture(t)
+	key, cluster := randomBytes(t, 32), randomBytes(t, 32)
+	f.disk.boundLegacy(key, cluster, []byte("binding-mac"), []byte("blob-0"))
+	f.sealer.key, f.sealer.unsealErr = key, nil
+	f.scriptRejoin(t, rejoinAnswer{key: key, cluster: cluster})
+	f.cfg.Recover = f.waitingRecovery()
+
+	res, err := New(f.cfg).Open(testCtx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Source != SourceRejoin || !bytes.Equal(res.ClusterID, cluster) {
+		t.Fatalf("result = %+v; want rejoin", res)
+	}
+	h, _ := f.disk.Header(t.Context())
+	if !statedisk.VerifyHeaderMAC(key, h) {
+		t.Fatal("the header was not authenticated after the rejoin")
+	}
+	if f.rec.count("disk.SetMAC") != 1 || len(f.sealer.sealedSecrets()) != 1 {
+		t.Errorf("calls = %q", f.rec.list())
+	}
+
+	// The next boot: the sealed key opens, the header verifies.
+	g := newFixture(t)
+	g.disk = f.disk
+	g.cfg.Disk = f.disk
+	_ = f.disk.Close(t.Context())
+	g.sealer.key, g.sealer.unsealErr = key, nil
+	g.cfg.Sealer = g.sealer
+	res, err = New(g.cfg).Open(testCtx(t))
+	if err != nil || res.Source != SourceSealed {
+		t.Fatalf("next boot: %+v, %v; want sealed", res, err)
 	}
 }

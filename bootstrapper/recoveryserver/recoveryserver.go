@@ -54,6 +54,8 @@ type Info struct {
 	DiskUUID string
 	// ClusterID is the cluster the disk is bound to, from its header.
 	ClusterID []byte
+	// Binding is the disk binding from its header (clusterkeys.DiskBinding).
+	Binding []byte
 }
 
 // OpenFunc opens the state disk with diskKey (KeySize bytes). It returns an error when the key does
@@ -135,7 +137,7 @@ type handler struct {
 // Info implements the Info RPC.
 func (h *handler) Info(ctx context.Context, _ *recoverproto.InfoRequest) (*recoverproto.InfoResponse, error) {
 	h.log.Info("recovery info requested", zap.String("peer", peerAddr(ctx)))
-	return &recoverproto.InfoResponse{DiskUuid: h.info.DiskUUID, ClusterId: h.info.ClusterID}, nil
+	return &recoverproto.InfoResponse{DiskUuid: h.info.DiskUUID, ClusterId: h.info.ClusterID, DiskBinding: h.info.Binding}, nil
 }
 
 // Recover implements the Recover RPC.

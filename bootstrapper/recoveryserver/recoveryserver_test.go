@@ -27,7 +27,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 var (
 	rightKey = bytes.Repeat([]byte{0x5a}, KeySize)
 	wrongKey = bytes.Repeat([]byte{0xa5}, KeySize)
-	testInfo = Info{DiskUUID: "0f8e4c2a-1b3d-4e5f-8a9b-0c1d2e3f4a5b", ClusterID: bytes.Repeat([]byte{0xc1}, 32)}
+	testInfo = Info{DiskUUID: "0f8e4c2a-1b3d-4e5f-8a9b-0c1d2e3f4a5b", ClusterID: bytes.Repeat([]byte{0xc1}, 32), Binding: bytes.Repeat([]byte{0xb1}, 32)}
 )
 
 // errSecretDetail stands for what a disk backend may say about a wrong key; it must stay on the node.
@@ -115,7 +115,7 @@ func TestRecover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.GetDiskUuid() != testInfo.DiskUUID || !bytes.Equal(info.GetClusterId(), testInfo.ClusterID) {
+	if info.GetDiskUuid() != testInfo.DiskUUID || !bytes.Equal(info.GetClusterId(), testInfo.ClusterID) || !bytes.Equal(info.GetDiskBinding(), testInfo.Binding) {
 		t.Fatalf("Info = %v", info)
 	}
 

@@ -27,6 +27,14 @@ import (
 // node's state disk: nothing is sent.
 var ErrWrongMasterSecret = errors.New("wrong master secret or wrong node")
 
+// ErrDiskNotBound is returned when the node's state disk is not bound to the machine that attested:
+// nothing is sent.
+var ErrDiskNotBound = errors.New("the state disk is not bound to this machine")
+
+// ErrNoMachineIdentity is returned when the node's attestation proves no machine identity, so no
+// disk binding can be checked: nothing is sent.
+var ErrNoMachineIdentity = errors.New("the node's attestation proves no machine identity")
+
 // ErrKeyRefused is returned when the node says the key does not open its state disk.
 var ErrKeyRefused = errors.New("the node refused the disk key")
 
@@ -35,6 +43,7 @@ type recoverOptions struct {
 	masterSecret   string
 	policyPath     string
 	insecure       bool
+	nodeName       string
 	connectTimeout time.Duration
 	timeout        time.Duration
 }
@@ -55,12 +64,17 @@ recover first has the node attest inside the TLS handshake and judges it against
 policy berth init used: a node waiting for recovery has not extended its lock register, so it
 must be zero). It then asks which state disk the node waits for and which cluster that disk
 belongs to, derives the cluster ID from the master secret (master-secret.json as berth init
-wrote it) and refuses, sending nothing, when they differ. Otherwise it sends the node the key
-derived for that one disk. The master secret itself stays on this machine; neither it nor the
-key is printed.
+wrote it) and refuses, sending nothing, when they differ. It then checks the disk binding the
+node reports against the machine identity the node proved in its attestation (its TPM's
+endorsement key, activated in the handshake) and refuses, sending nothing, unless the disk is
+bound to that machine: a node cannot obtain the key of another machine's disk by naming its UUID.
+Where the attestation proves no machine identity (TDX, or --insecure-skip-attestation) the disk is
+bound to the node's instance name, which --node-name gives; without it nothing is sent.
+Otherwise it sends the node the key derived for that one disk on that one machine. The master
+secret itself stays on this machine; neither it nor the key is printed.
 
-Exit code 3: the node failed attestation, the master secret is not that of the node's cluster,
-or the node refused the key. Only with --insecure-skip-attestation (development only) does
+Exit code 3: the node failed attestation, proved no machine identity, the master secret is not
+that of the node's cluster, the disk is not bound to the node, or the node refused the key. Only with --insecure-skip-attestation (development only) does
 recover talk to an unattested node. Progress goes to stderr, the result to stdout.`,
 		Example: `  berth recover --endpoint 198.51.100.10:9001 --master-secret my-cluster/master-secret.json --policy policy.yaml`,
 		Args:    cobra.NoArgs,
@@ -73,6 +87,7 @@ recover talk to an unattested node. Progress goes to stderr, the result to stdou
 	f.StringVar(&o.masterSecret, "master-secret", "", "the cluster's master-secret.json, as berth init wrote it (required)")
 	f.StringVar(&o.policyPath, "policy", "", "attestation policy (YAML) the node must satisfy (required unless --insecure-skip-attestation)")
 	f.BoolVar(&o.insecure, "insecure-skip-attestation", false, "send the disk key without verifying the node's attestation (development only)")
+	f.StringVar(&o.nodeName, "node-name", "", "the node's instance name, for a node whose attestation proves no machine identity (TDX, or without attestation)")
 	f.DurationVar(&o.connectTimeout, "connect-timeout", o.connectTimeout, "how long to keep trying to reach the node")
 	f.DurationVar(&o.timeout, "timeout", o.timeout, "overall limit once connected")
 	return cmd
@@ -141,8 +156,18 @@ func runRecover(ctx context.Context, out, errOut io.Writer, o recoverOptions) er
 			o.masterSecret, shortID(ours), shortID(nodeCluster), ErrWrongMasterSecret)}
 	}
 	_, _ = fmt.Fprintf(errOut, "The node waits for state disk %s of cluster %s, the cluster of this master secret\n", uuid, shortID(nodeCluster))
+	identity, err := machineIdentity(verdict.Accepted(), o.insecure, o.nodeName)
+	if err != nil {
+		return &exitError{code: exitRejected, err: fmt.Errorf("%w; nothing was sent", err)}
+	}
+	diskKey, bound := keys.BoundDiskKey(uuid, identity, info.GetDiskBinding())
+	if !bound {
+		return &exitError{code: exitRejected, err: fmt.Errorf("state disk %s: %w that attested (the binding in its header is for another machine or none); nothing was sent", uuid, ErrDiskNotBound)}
+	}
+	defer clear(diskKey)
+	_, _ = fmt.Fprintf(errOut, "State disk %s is bound to the attested machine\n", uuid)
 
-	if _, err := client.Recover(ctx, &recoverproto.RecoverRequest{DiskKey: keys.DiskKey(uuid)}); err != nil {
+	if _, err := client.Recover(ctx, &recoverproto.RecoverRequest{DiskKey: diskKey}); err != nil {
 		switch status.Code(err) {
 		case codes.InvalidArgument:
 			return &exitError{code: exitRejected, err: fmt.Errorf("%w for state disk %s: %s", ErrKeyRefused, uuid, peerStatus(err))}
@@ -185,6 +210,23 @@ func lockRegisterZero(ev *atls.Evidence) error {
 		return fmt.Errorf("the node's lock register (index %d) is %x, not zero: a node that waits for recovery has not extended it", index, got)
 	}
 	return nil
+}
+
+// machineIdentity is the identity the node's disk binding must name: the machine identity the node
+// proved (its attested identity, its attestation key activated in the handshake), or, where the
+// attestation proves none (TDX, --insecure-skip-attestation), "instance/" + the node name the
+// operator gave, as the joinservice binds such a node's disk.
+func machineIdentity(ev *atls.Evidence, insecure bool, nodeName string) ([]byte, error) {
+	if !insecure && ev != nil && ev.Activated && len(ev.Result.Identity) > 0 {
+		return ev.Result.Identity, nil
+	}
+	if nodeName != "" {
+		return []byte("instance/" + nodeName), nil
+	}
+	if ev == nil {
+		return nil, fmt.Errorf("%w: pass --node-name for a node whose attestation is skipped", ErrNoMachineIdentity)
+	}
+	return nil, fmt.Errorf("%w (variant %s: no hardware identity, or its attestation key was not activated): pass --node-name", ErrNoMachineIdentity, quotePeer(ev.Variant))
 }
 
 // shortID is the first 8 hex digits of a cluster ID.

@@ -141,7 +141,7 @@ func newMasterSecret(t *testing.T, dir, name string, fill byte) (string, *cluste
 // secretsIn lists the forms of the master secret and the disk key found in out.
 func secretsIn(out string, keys *clusterkeys.Keys) []string {
 	var found []string
-	for name, b := range map[string][]byte{"master secret": keys.MasterSecret(), "disk key": keys.DiskKey(testDiskUUID)} {
+	for name, b := range map[string][]byte{"master secret": keys.MasterSecret(), "legacy disk key": keys.LegacyDiskKey(testDiskUUID)} {
 		for _, form := range []string{string(b), hex.EncodeToString(b), base64.StdEncoding.EncodeToString(b), base64.RawStdEncoding.EncodeToString(b)} {
 			if strings.Contains(out, form) {
 				found = append(found, name)
@@ -196,7 +196,11 @@ func TestRecoverAttested(t *testing.T) {
 	strict := writePolicy(t, dir, "strict.yaml", "  0: {expected: "+strings.Repeat("ab", 32)+"}\n  15: {expected: "+zero+"}\n", caPEM)
 	right, keys := newMasterSecret(t, dir, "master-secret.json", 1)
 	wrong, wrongKeys := newMasterSecret(t, dir, "other-master-secret.json", 2)
-	nodeInfo := &recoverproto.InfoResponse{DiskUuid: testDiskUUID, ClusterId: keys.ClusterID()}
+	identity, err := vtpm.NewIssuer(sim.Open, zap.NewNop()).MachineIdentity(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeInfo := &recoverproto.InfoResponse{DiskUuid: testDiskUUID, ClusterId: keys.ClusterID(), DiskBinding: keys.DiskBinding(testDiskUUID, identity)}
 	recoverWith := func(secret, policyPath string) (int, string) {
 		return run("recover", "--endpoint", addr, "--master-secret", secret, "--policy", policyPath, "--connect-timeout", "30s")
 	}
@@ -208,13 +212,43 @@ func TestRecoverAttested(t *testing.T) {
 			t.Fatalf("exit %d\n%s", code, out)
 		}
 		_, sent := fake.sent()
-		if len(sent) != 1 || !bytes.Equal(sent[0], keys.DiskKey(testDiskUUID)) {
-			t.Fatalf("the node got %d keys, want exactly clusterkeys' DiskKey(%s)", len(sent), testDiskUUID)
+		if len(sent) != 1 || !bytes.Equal(sent[0], keys.DiskKey(testDiskUUID, identity)) {
+			t.Fatalf("the node got %d keys, want exactly clusterkeys' DiskKey(%s, its identity)", len(sent), testDiskUUID)
 		}
-		if found := secretsIn(out, keys); len(found) > 0 {
-			t.Fatalf("the output shows the %v", found)
+		if found := secretsIn(out, keys); len(found) > 0 || strings.Contains(out, hex.EncodeToString(keys.DiskKey(testDiskUUID, identity))) {
+			t.Fatalf("the output shows the %v or the disk key", found)
 		}
 	})
+
+	t.Run("a disk bound before keys named the machine gets its legacy key", func(t *testing.T) {
+		fake.set(&recoverproto.InfoResponse{DiskUuid: testDiskUUID, ClusterId: keys.ClusterID(), DiskBinding: keys.LegacyDiskBinding(testDiskUUID, identity)}, nil)
+		if code, out := recoverWith(right, good); code != 0 {
+			t.Fatalf("exit %d\n%s", code, out)
+		}
+		if _, sent := fake.sent(); len(sent) != 1 || !bytes.Equal(sent[0], keys.LegacyDiskKey(testDiskUUID)) {
+			t.Fatal("the node did not get its legacy disk key")
+		}
+	})
+
+	// The attack: a node names another machine's disk (its UUID is public) with that disk's binding,
+	// or with none; the operator's tool must not hand it that disk's key.
+	for name, binding := range map[string][]byte{
+		"another machine's binding":        keys.DiskBinding(testDiskUUID, []byte("EK digest of another machine")),
+		"another machine's legacy binding": keys.LegacyDiskBinding(testDiskUUID, []byte("EK digest of another machine")),
+		"no binding":                       nil,
+		"another cluster's binding":        wrongKeys.DiskBinding(testDiskUUID, identity),
+	} {
+		t.Run("a disk bound to another machine gets nothing: "+name, func(t *testing.T) {
+			fake.set(&recoverproto.InfoResponse{DiskUuid: testDiskUUID, ClusterId: keys.ClusterID(), DiskBinding: binding}, nil)
+			code, out := recoverWith(right, good)
+			if code != exitRejected || !strings.Contains(out, "the state disk is not bound to this machine that attested") || !strings.Contains(out, "nothing was sent") {
+				t.Fatalf("exit %d\n%s", code, out)
+			}
+			if _, sent := fake.sent(); len(sent) != 0 {
+				t.Fatalf("the node got %d keys for a disk bound to another machine", len(sent))
+			}
+		})
+	}
 
 	t.Run("wrong master secret is refused before anything is sent", func(t *testing.T) {
 		fake.set(nodeInfo, nil)
@@ -294,16 +328,28 @@ func TestRecoverInsecure(t *testing.T) {
 	addr := recoveryNode(t, fake, nil)
 	dir := t.TempDir()
 	right, keys := newMasterSecret(t, dir, "master-secret.json", 3)
-	fake.set(&recoverproto.InfoResponse{DiskUuid: testDiskUUID, ClusterId: keys.ClusterID()}, nil)
+	identity := []byte("instance/worker-3")
+	fake.set(&recoverproto.InfoResponse{DiskUuid: testDiskUUID, ClusterId: keys.ClusterID(), DiskBinding: keys.DiskBinding(testDiskUUID, identity)}, nil)
 	code, out := run("recover", "--endpoint", addr, "--master-secret", right, "--insecure-skip-attestation")
+	if code != exitRejected || !strings.Contains(out, "pass --node-name") {
+		t.Fatalf("no node name: exit %d\n%s", code, out)
+	}
+	code, out = run("recover", "--endpoint", addr, "--master-secret", right, "--insecure-skip-attestation", "--node-name", "worker-4")
+	if code != exitRejected || !strings.Contains(out, "not bound to this machine") {
+		t.Fatalf("another node's name: exit %d\n%s", code, out)
+	}
+	if _, sent := fake.sent(); len(sent) != 0 {
+		t.Fatal("a key was sent without the node's name, or for another node's name")
+	}
+	code, out = run("recover", "--endpoint", addr, "--master-secret", right, "--insecure-skip-attestation", "--node-name", "worker-3")
 	if code != 0 || !strings.Contains(out, "WARNING: attestation is skipped") {
 		t.Fatalf("exit %d\n%s", code, out)
 	}
-	if _, sent := fake.sent(); len(sent) != 1 || !bytes.Equal(sent[0], keys.DiskKey(testDiskUUID)) {
+	if _, sent := fake.sent(); len(sent) != 1 || !bytes.Equal(sent[0], keys.DiskKey(testDiskUUID, identity)) {
 		t.Fatal("the node did not get its disk key")
 	}
 	fake.set(&recoverproto.InfoResponse{DiskUuid: testDiskUUID}, nil)
-	code, out = run("recover", "--endpoint", addr, "--master-secret", right, "--insecure-skip-attestation")
+	code, out = run("recover", "--endpoint", addr, "--master-secret", right, "--insecure-skip-attestation", "--node-name", "worker-3")
 	if code == 0 || !strings.Contains(out, "not bound to a cluster") {
 		t.Fatalf("unbound disk: exit %d\n%s", code, out)
 	}

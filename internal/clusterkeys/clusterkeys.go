@@ -4,8 +4,10 @@
 //	key                 info string
 //	cluster ID          "berth/v1/cluster-id"
 //	measurement secret  "berth/v1/measurement-secret"
-//	disk key            "berth/v1/disk-key/" + lower-case disk UUID
-//	disk binding key    "berth/v1/disk-binding/" + lower-case disk UUID
+//	disk key            "berth/v2/disk-key/" + lower-case disk UUID + "/" + hex(SHA-256(identity))
+//	disk binding key    "berth/v2/disk-binding/" + lower-case disk UUID
+//	legacy disk key     "berth/v1/disk-key/" + lower-case disk UUID
+//	legacy binding key  "berth/v1/disk-binding/" + lower-case disk UUID
 //	KMS key             "berth/v1/kms-kek/" + generation (decimal, 1, 2, ...)
 //	AK CA seed          "berth/v1/ak-ca" (the Ed25519 seed of vtpm.ClusterAKCA)
 //
@@ -21,12 +23,22 @@
 // plaintext header, and the joinservice gives a rejoining node its disk key only when the binding
 // verifies for the identity that node attested with. Its own info label keeps it independent of the
 // disk key, so knowing a binding tells nothing about the key.
+//
+// A disk key belongs to one disk on one machine: its label names the disk's UUID and the identity
+// of the machine the disk is bound to (the same identity as the binding's). Disk UUIDs are public
+// (the LUKS header, the recovery server's Info), so a key derived from the UUID alone would go to
+// whoever names it; a machine that names another machine's disk UUID gets the key of a disk that
+// would be its own under that UUID, which opens nothing. Disks bound before keys named the machine
+// carry a legacy binding (the v1 label); BoundDiskKey tells the two apart by the binding and gives
+// such a disk its legacy key, still only to the machine the binding names. Nothing hands out a
+// legacy key or binding for a new disk.
 package clusterkeys
 
 import (
 	"crypto/hkdf"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -79,8 +91,19 @@ func (k *Keys) AKCASeed() []byte { return k.derive("berth/v1/ak-ca") }
 // MeasurementSecret is the secret a node may use to prove cluster membership later.
 func (k *Keys) MeasurementSecret() []byte { return k.derive("berth/v1/measurement-secret") }
 
-// DiskKey is the key for the state disk with the given UUID (case-insensitive).
-func (k *Keys) DiskKey(diskUUID string) []byte {
+// DiskKey is the key for the state disk with the given UUID (case-insensitive) of the machine with
+// the given identity. It returns nil for an empty UUID or identity: those name no disk.
+func (k *Keys) DiskKey(diskUUID string, identity []byte) []byte {
+	if diskUUID == "" || len(identity) == 0 {
+		return nil
+	}
+	id := sha256.Sum256(identity)
+	return k.derive("berth/v2/disk-key/" + strings.ToLower(diskUUID) + "/" + hex.EncodeToString(id[:]))
+}
+
+// LegacyDiskKey is the key of a state disk bound before disk keys named the machine: it depends on
+// the UUID alone. Only BoundDiskKey (a legacy binding that verifies) and tests use it.
+func (k *Keys) LegacyDiskKey(diskUUID string) []byte {
 	return k.derive("berth/v1/disk-key/" + strings.ToLower(diskUUID))
 }
 
@@ -93,17 +116,40 @@ func (k *Keys) KMSKey(generation uint32) []byte {
 // DiskBinding binds the state disk with the given UUID (case-insensitive) to the machine with the
 // given identity. It returns nil for an empty UUID or identity: those bind to nothing.
 func (k *Keys) DiskBinding(diskUUID string, identity []byte) []byte {
+	return k.binding("berth/v2/disk-binding/", diskUUID, identity)
+}
+
+// LegacyDiskBinding is the binding of a disk bound before disk keys named the machine.
+func (k *Keys) LegacyDiskBinding(diskUUID string, identity []byte) []byte {
+	return k.binding("berth/v1/disk-binding/", diskUUID, identity)
+}
+
+func (k *Keys) binding(label, diskUUID string, identity []byte) []byte {
 	if diskUUID == "" || len(identity) == 0 {
 		return nil
 	}
-	mac := hmac.New(sha256.New, k.derive("berth/v1/disk-binding/"+strings.ToLower(diskUUID)))
+	mac := hmac.New(sha256.New, k.derive(label+strings.ToLower(diskUUID)))
 	mac.Write(identity)
 	return mac.Sum(nil)
 }
 
-// VerifyDiskBinding reports whether binding is DiskBinding(diskUUID, identity). The comparison takes
-// the same time wherever the binding differs; an empty UUID, identity or binding never verifies.
+// VerifyDiskBinding reports whether binding is DiskBinding(diskUUID, identity) or its legacy form.
+// The comparison takes the same time wherever the binding differs; an empty UUID, identity or
+// binding never verifies.
 func (k *Keys) VerifyDiskBinding(diskUUID string, identity, binding []byte) bool {
-	want := k.DiskBinding(diskUUID, identity)
-	return want != nil && hmac.Equal(want, binding)
+	_, ok := k.BoundDiskKey(diskUUID, identity, binding)
+	return ok
+}
+
+// BoundDiskKey is the key of the disk diskUUID when binding binds it to the machine with identity:
+// DiskKey for a binding (DiskBinding), LegacyDiskKey for a legacy one (LegacyDiskBinding). It
+// returns false, and no key, when binding verifies as neither.
+func (k *Keys) BoundDiskKey(diskUUID string, identity, binding []byte) ([]byte, bool) {
+	if want := k.DiskBinding(diskUUID, identity); want != nil && hmac.Equal(want, binding) {
+		return k.DiskKey(diskUUID, identity), true
+	}
+	if want := k.LegacyDiskBinding(diskUUID, identity); want != nil && hmac.Equal(want, binding) {
+		return k.LegacyDiskKey(diskUUID), true
+	}
+	return nil, false
 }

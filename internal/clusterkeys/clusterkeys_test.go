@@ -25,17 +25,28 @@ func TestDerivations(t *testing.T) {
 	if bytes.Equal(k.ClusterID(), k.MeasurementSecret()) {
 		t.Error("cluster ID equals measurement secret")
 	}
-	if !bytes.Equal(k.DiskKey("ABC-def"), k.DiskKey("abc-DEF")) {
+	me := []byte("machine A")
+	if !bytes.Equal(k.DiskKey("ABC-def", me), k.DiskKey("abc-DEF", me)) {
 		t.Error("disk key depends on UUID case")
 	}
-	if bytes.Equal(k.DiskKey("a"), k.DiskKey("b")) {
+	if bytes.Equal(k.DiskKey("a", me), k.DiskKey("b", me)) {
 		t.Error("disk keys of two disks are equal")
+	}
+	// The attack this label stops: another machine naming the same UUID gets another key.
+	if bytes.Equal(k.DiskKey("a", me), k.DiskKey("a", []byte("machine B"))) {
+		t.Error("two machines naming the same disk UUID get the same disk key")
+	}
+	if bytes.Equal(k.DiskKey("a", me), k.LegacyDiskKey("a")) {
+		t.Error("the disk key equals the legacy disk key")
+	}
+	if k.DiskKey("a", nil) != nil || k.DiskKey("", me) != nil {
+		t.Error("an empty identity or UUID gets a disk key")
 	}
 	if !bytes.Equal(k.KMSKey(1), k.KMSKey(1)) || len(k.KMSKey(1)) != KeySize {
 		t.Error("KMS key is not a deterministic 32-byte key")
 	}
 	for name, other := range map[string][]byte{
-		"generation 2": k.KMSKey(2), "cluster ID": k.ClusterID(), "disk key of UUID 1": k.DiskKey("1"),
+		"generation 2": k.KMSKey(2), "cluster ID": k.ClusterID(), "disk key of UUID 1": k.DiskKey("1", me),
 		"other salt": k2.KMSKey(1), "measurement secret": k.MeasurementSecret(),
 	} {
 		if bytes.Equal(k.KMSKey(1), other) {
@@ -68,8 +79,24 @@ func TestDiskBinding(t *testing.T) {
 	if !k.VerifyDiskBinding(strings.ToUpper(uuid), me, b) {
 		t.Error("the binding depends on the UUID's case")
 	}
-	if bytes.Equal(b, k.DiskKey(uuid)) {
+	if bytes.Equal(b, k.DiskKey(uuid, me)) {
 		t.Error("the binding equals the disk key")
+	}
+	if key, ok := k.BoundDiskKey(uuid, me, b); !ok || !bytes.Equal(key, k.DiskKey(uuid, me)) {
+		t.Error("BoundDiskKey does not give the machine's disk key for its binding")
+	}
+	legacy := k.LegacyDiskBinding(uuid, me)
+	if bytes.Equal(legacy, b) {
+		t.Error("the legacy binding equals the binding")
+	}
+	if key, ok := k.BoundDiskKey(uuid, me, legacy); !ok || !bytes.Equal(key, k.LegacyDiskKey(uuid)) {
+		t.Error("BoundDiskKey does not give the legacy disk key for a legacy binding")
+	}
+	if key, ok := k.BoundDiskKey(uuid, them, legacy); ok || key != nil {
+		t.Error("BoundDiskKey gives a legacy disk key to another machine")
+	}
+	if key, ok := k.BoundDiskKey(uuid, them, b); ok || key != nil {
+		t.Error("BoundDiskKey gives a disk key to another machine")
 	}
 	k2, _ := New(bytes.Repeat([]byte{9}, 32), bytes.Repeat([]byte{2}, 32))
 	flipped := append([]byte(nil), b...)

@@ -24,6 +24,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+	"github.com/berth-k8s/berth/nodelock"
 )
 
 // ErrAttestationFailed is returned by WaitConnected when the node failed attestation; it wraps the
@@ -146,9 +147,9 @@ func AcceptResumedLock(p *policy.Policy, clusterID []byte) (uint32, bool) {
 	var value []byte
 	switch p.Variant {
 	case vtpm.Variant:
-		idx, value = vtpm.DefaultLockPCR, vtpm.ExpectedLockValue(clusterID)
+		idx, value = vtpm.DefaultLockPCR, vtpm.ExpectedLockValue(nodelock.ControlPlaneLockID(clusterID))
 	case tdx.VariantName:
-		idx, value = tdx.DefaultLockRTMR+1, tdx.ExpectedLockRTMR(clusterID)
+		idx, value = tdx.DefaultLockRTMR+1, tdx.ExpectedLockRTMR(nodelock.ControlPlaneLockID(clusterID))
 	default:
 		return 0, false
 	}

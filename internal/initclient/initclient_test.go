@@ -10,6 +10,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+	"github.com/berth-k8s/berth/nodelock"
 )
 
 // TestAcceptResumedLock: the init policy then accepts a fresh node and one locked for this
@@ -30,9 +31,11 @@ func TestAcceptResumedLock(t *testing.T) {
 		lock []byte
 		pass bool
 	}{
-		"fresh":                {make([]byte, 32), true},
-		"this cluster":         {vtpm.ExpectedLockValue(id), true},
-		"another cluster":      {vtpm.ExpectedLockValue(other), false},
+		"fresh":           {make([]byte, 32), true},
+		"this cluster":    {vtpm.ExpectedLockValue(nodelock.ControlPlaneLockID(id)), true},
+		"another cluster": {vtpm.ExpectedLockValue(nodelock.ControlPlaneLockID(other)), false},
+		// The init node is a control plane: a worker's lock value of the cluster is not the one.
+		"a worker's value":     {vtpm.ExpectedLockValue(id), false},
 		"TDX value of this ID": {tdx.ExpectedLockRTMR(id)[:32], false},
 	} {
 		_, err := p.Evaluate(attestation.Measurements{4: boot, 15: tc.lock})
@@ -51,7 +54,7 @@ func TestAcceptResumedLock(t *testing.T) {
 	if idx, ok := AcceptResumedLock(tdxPolicy, id); !ok || idx != tdx.DefaultLockRTMR+1 {
 		t.Fatalf("TDX: AcceptResumedLock() = %d, %v", idx, ok)
 	}
-	if _, err := tdxPolicy.Evaluate(attestation.Measurements{4: tdx.ExpectedLockRTMR(id)}); err != nil {
+	if _, err := tdxPolicy.Evaluate(attestation.Measurements{4: tdx.ExpectedLockRTMR(nodelock.ControlPlaneLockID(id))}); err != nil {
 		t.Errorf("TDX: the resumed cluster's RTMR3 refused: %v", err)
 	}
 	// A policy without an exact expectation at the lock index is left alone.

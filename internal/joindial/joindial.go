@@ -1,6 +1,7 @@
 // Package joindial is the client side of the join protocol: it dials a joinservice over mutual
 // attested TLS (the node attests, the joinservice must satisfy the node's policy) and accepts a
-// ticket (join or rejoin) only from a joinservice whose lock register holds the ticket's cluster ID.
+// ticket (join or rejoin) only from a joinservice whose lock register holds the ticket's cluster ID,
+// as a control plane's does (ControlPlaneLock: a bootstrapped worker's register holds another value).
 // The bootstrapper's JoinClient joins and rejoins through it, and the joinservice's tests use it as
 // the reference node. A node whose clock refuses the joinservice's session proof as stale retries
 // once over a new connection that asks for a document for its own nonce.
@@ -21,6 +22,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/joinproto"
+	"github.com/berth-k8s/berth/nodelock"
 )
 
 // ReasonNotBound is the rejection reason when the joinservice's lock register does not hold the
@@ -40,6 +42,20 @@ func LockRegisterCheck(index uint32, expected func(clusterID []byte) []byte) Loc
 		}
 		if want := expected(clusterID); !bytes.Equal(got, want) {
 			return fmt.Errorf("lock register %d holds %x, the ticket's cluster needs %x", index, got, want)
+		}
+		return nil
+	}
+}
+
+// ControlPlaneLock is the LockCheck a node applies to every ticket: the joinservice's lock register
+// at index must hold expected(nodelock.ControlPlaneLockID(clusterID)), the value only a control
+// plane of the ticket's cluster has (see nodelock.ControlPlaneLockID). A bootstrapped worker of the
+// same cluster, whose TPM passes any policy that asks only for a set lock register, is refused.
+func ControlPlaneLock(index uint32, expected func(clusterID []byte) []byte) LockCheck {
+	check := LockRegisterCheck(index, func(clusterID []byte) []byte { return expected(nodelock.ControlPlaneLockID(clusterID)) })
+	return func(ev *atls.Evidence, clusterID []byte) error {
+		if err := check(ev, clusterID); err != nil {
+			return fmt.Errorf("not a control plane of the ticket's cluster: %w", err)
 		}
 		return nil
 	}

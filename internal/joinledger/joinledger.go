@@ -138,6 +138,10 @@ type Entry struct {
 	// Identity is the machine identity (package machines' encoding) of an accepted join, of a
 	// refused one that had one, or of the machine a membership event removed or re-admitted.
 	Identity string `json:"identity,omitempty"`
+	// DiskUUID is the state disk UUID a join or rejoin call named (lower-case canonical form), once
+	// it passed the format check; the disk key the call got, if any, is bound to this disk and to
+	// Identity.
+	DiskUUID string `json:"diskUUID,omitempty"`
 	// TicketIssued is, for an RPCControlPlaneJoin event, when the ticket that started the join was
 	// issued: the slot was held from then until Time.
 	TicketIssued time.Time `json:"ticketIssued,omitzero"`
@@ -162,7 +166,7 @@ func Encode(es []Entry) (string, error) {
 }
 
 // aggregateKey identifies the refusals Merge folds into one entry.
-type aggregateKey struct{ kind, peer, rpc, node, reason string }
+type aggregateKey struct{ kind, peer, rpc, node, reason, disk string }
 
 // Aggregate folds the refusals of es with the same kind, peer, RPC, node and reason into one entry
 // (Count attempts; the newest attempt's time, message, evidence, role and replica). Accepted entries
@@ -175,7 +179,7 @@ func Aggregate(es []Entry) []Entry {
 			out = append(out, e)
 			continue
 		}
-		k := aggregateKey{KindOf(e), e.Peer, e.RPC, e.Node, e.Reason}
+		k := aggregateKey{KindOf(e), e.Peer, e.RPC, e.Node, e.Reason, e.DiskUUID}
 		i, ok := at[k]
 		if !ok {
 			at[k] = len(out)

@@ -88,11 +88,12 @@ type fscryptHeader struct {
 	ClusterID []byte  `json:"clusterID,omitempty"`
 	Binding   []byte  `json:"binding,omitempty"`
 	Sealed    []byte  `json:"sealed,omitempty"`
+	MAC       []byte  `json:"mac,omitempty"`
 	Keyslot   keyslot `json:"keyslot"`
 }
 
 func (h fscryptHeader) public() Header {
-	return Header{UUID: h.UUID, ClusterID: h.ClusterID, Binding: h.Binding, Sealed: h.Sealed}
+	return Header{UUID: h.UUID, ClusterID: h.ClusterID, Binding: h.Binding, Sealed: h.Sealed, MAC: h.MAC}
 }
 
 // Root implements Disk: the encrypted directory DataDir under the mount point.
@@ -363,6 +364,11 @@ func (f *Fscrypt) SetBinding(ctx context.Context, clusterID, binding []byte) err
 // SetSealed implements Disk.
 func (f *Fscrypt) SetSealed(ctx context.Context, blob []byte) error {
 	return f.updateHeader(ctx, func(h *fscryptHeader) { h.Sealed = bytes.Clone(blob) })
+}
+
+// SetMAC implements Disk.
+func (f *Fscrypt) SetMAC(ctx context.Context, mac []byte) error {
+	return f.updateHeader(ctx, func(h *fscryptHeader) { h.MAC = bytes.Clone(mac) })
 }
 
 func (f *Fscrypt) updateHeader(ctx context.Context, update func(*fscryptHeader)) error {

@@ -61,6 +61,7 @@ type luksToken struct {
 	ClusterID []byte   `json:"cluster_id,omitempty"`
 	Binding   []byte   `json:"binding,omitempty"`
 	Sealed    []byte   `json:"sealed,omitempty"`
+	MAC       []byte   `json:"mac,omitempty"`
 }
 
 func (l *LUKS) mapperPath() string { return "/dev/mapper/" + l.name }
@@ -76,7 +77,7 @@ func (l *LUKS) Header(ctx context.Context) (Header, error) {
 	if err != nil {
 		return Header{}, err
 	}
-	return Header{UUID: t.UUID, ClusterID: t.ClusterID, Binding: t.Binding, Sealed: t.Sealed}, nil
+	return Header{UUID: t.UUID, ClusterID: t.ClusterID, Binding: t.Binding, Sealed: t.Sealed, MAC: t.MAC}, nil
 }
 
 // Format implements Disk: luksFormat (which also wipes the integrity tags, so it takes as long as
@@ -195,6 +196,11 @@ func (l *LUKS) SetBinding(ctx context.Context, clusterID, binding []byte) error 
 // SetSealed implements Disk.
 func (l *LUKS) SetSealed(ctx context.Context, blob []byte) error {
 	return l.updateToken(ctx, func(t *luksToken) { t.Sealed = bytes.Clone(blob) })
+}
+
+// SetMAC implements Disk.
+func (l *LUKS) SetMAC(ctx context.Context, mac []byte) error {
+	return l.updateToken(ctx, func(t *luksToken) { t.MAC = bytes.Clone(mac) })
 }
 
 func (l *LUKS) updateToken(ctx context.Context, update func(*luksToken)) error {

@@ -29,11 +29,14 @@
 // Header is the plaintext metadata a node needs before it can open its disk: the UUID, the cluster
 // ID and the cluster's disk binding once the disk is bound, and the TPM-sealed key blob. The
 // fscrypt backend keeps it in a JSON file at the root of the image's file system, the LUKS backend
-// in a LUKS2 token of type "berth-state". Nothing in it is a key. It is neither secret nor
-// authenticated: someone who can write the disk can change it, which lets them make the disk
-// fail to open but not read it (the binding is a MAC the joinservice checks, the sealed blob is
-// only usable inside this node's TPM under its policy). A consumer must not trust the cluster ID
-// in it further than the key that opened the disk vouches for it.
+// in a LUKS2 token of type "berth-state". Nothing in it is a key, and it is not secret. Someone who
+// can write the disk can change it, which lets them make the disk fail to open but not read it (the
+// binding is a MAC the joinservice checks, the sealed blob is only usable inside this node's TPM
+// under its policy). The header's MAC (HeaderMAC: HMAC-SHA256 under a key derived from the disk key
+// over the UUID, the cluster ID and the binding) lets whoever opened the disk with its key check
+// that these fields are the ones written with that key; the boot stage refuses a header whose MAC
+// does not verify before it trusts the cluster ID. A consumer must not trust the cluster ID further
+// than the key that opened the disk vouches for it.
 //
 // # What is protected, and what is not
 //
@@ -49,7 +52,11 @@ package statedisk
 import (
 	"bufio"
 	"context"
+	"crypto/hkdf"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -62,12 +69,47 @@ import (
 // KeySize is the length of a slot key in bytes.
 const KeySize = 32
 
+// headerMACLabel is the HKDF info of the header MAC's key, derived from the disk key.
+const headerMACLabel = "berth/v1/state-disk-header-mac"
+
+// HeaderMAC is the MAC of h's UUID (lower-case), cluster ID and binding under a key derived from
+// the disk key (HKDF-SHA256, info headerMACLabel): HMAC-SHA256 over the three, each preceded by its
+// length as 4 bytes big-endian, so no two headers share an input. The sealed blob is not covered:
+// it changes with every reseal, and only this TPM can use it.
+func HeaderMAC(diskKey []byte, h Header) ([]byte, error) {
+	if err := checkKey(diskKey); err != nil {
+		return nil, err
+	}
+	macKey, err := hkdf.Key(sha256.New, diskKey, nil, headerMACLabel, sha256.Size)
+	if err != nil {
+		return nil, fmt.Errorf("deriving the header MAC key: %w", err)
+	}
+	m := hmac.New(sha256.New, macKey)
+	for _, field := range [][]byte{[]byte(strings.ToLower(h.UUID)), h.ClusterID, h.Binding} {
+		var n [4]byte
+		binary.BigEndian.PutUint32(n[:], uint32(len(field)))
+		m.Write(n[:])
+		m.Write(field)
+	}
+	return m.Sum(nil), nil
+}
+
+// VerifyHeaderMAC reports whether h.MAC is HeaderMAC(diskKey, h); a header without a MAC never
+// verifies.
+func VerifyHeaderMAC(diskKey []byte, h Header) bool {
+	want, err := HeaderMAC(diskKey, h)
+	return err == nil && len(h.MAC) > 0 && hmac.Equal(want, h.MAC)
+}
+
 // Header is the plaintext metadata of a state disk: nothing in it is a key.
 type Header struct {
 	UUID      string // the disk UUID (lower-case, canonical 8-4-4-4-12)
 	ClusterID []byte // nil until the disk is bound to a cluster
 	Binding   []byte // the cluster's disk binding MAC; nil until bound
 	Sealed    []byte // opaque blob from the TPM sealer; nil when none
+	// MAC authenticates UUID, ClusterID and Binding under the disk's key (HeaderMAC); nil on a disk
+	// bound before headers were authenticated, or not bound yet.
+	MAC []byte
 }
 
 var (
@@ -93,6 +135,8 @@ type Disk interface {
 	SetBinding(ctx context.Context, clusterID, binding []byte) error
 	// SetSealed records the TPM-sealed key blob in the header, atomically.
 	SetSealed(ctx context.Context, blob []byte) error
+	// SetMAC records the header's MAC (HeaderMAC), atomically.
+	SetMAC(ctx context.Context, mac []byte) error
 	// Opened reports whether the disk is already unlocked and mounted (a daemon restart within
 	// the same boot).
 	Opened(ctx context.Context) (bool, error)

@@ -1,8 +1,9 @@
 // Package ledger is the joinservice's join ledger: every join attempt, accepted or rejected, visible
 // from the cluster.
 //
-// Each attempt becomes an Entry (time, peer address, attested node name if known, claimed role, SHA-256
-// of the peer's attestation document, outcome, reason code and message). A Writer publishes entries in
+// Each attempt becomes an Entry (time, peer address, attested node name if known, claimed role, the
+// state disk UUID a ticket call named, SHA-256 of the peer's attestation document, outcome, reason
+// code and message). A Writer publishes entries in
 // two places in the joinservice's namespace:
 //   - ConfigMap berth-join-ledger, key entries.json: the newest Capacity entries of all joinservice
 //     replicas, oldest first. Replicas write it with optimistic concurrency (get, merge, update with
@@ -24,8 +25,8 @@
 // second). A failed write keeps the batch and retries with backoff.
 //
 // The ledger keeps its evidence (joinledger's kinds and quotas). Refusals are not queued one by one:
-// Record (for a refusal), RecordCounted and RecordRateLimited aggregate them per kind, peer, RPC, node
-// and reason, in tables bounded per kind (an unverified flood cannot crowd out the evidence of
+// Record (for a refusal), RecordCounted and RecordRateLimited aggregate them per kind, peer, RPC, node,
+// reason and disk UUID, in tables bounded per kind (an unverified flood cannot crowd out the evidence of
 // attested peers), and each flush writes one entry per key with Count; the ConfigMap aggregates them
 // further across flushes (joinledger.Merge). What a batch or the ConfigMap cannot keep is chosen by
 // kind (joinledger.Keep): accepted joins and cryptographic failures are never evicted by unverified
@@ -115,7 +116,7 @@ type Writer struct {
 	eventSeq   atomic.Uint64
 }
 
-type countKey struct{ kind, peer, rpc, node, reason string }
+type countKey struct{ kind, peer, rpc, node, reason, disk string }
 
 // NewWriter returns a Writer that writes through client into namespace, as replica.
 func NewWriter(client kubernetes.Interface, namespace, replica string, log *zap.Logger) *Writer {
@@ -130,7 +131,7 @@ func NewWriter(client kubernetes.Interface, namespace, replica string, log *zap.
 }
 
 // Record records e without blocking: an accepted entry is queued (dropped and counted when the queue
-// is full), a refusal is aggregated with the refusals of its kind, peer, RPC, node and reason since
+// is full), a refusal is aggregated with the refusals of its kind, peer, RPC, node, reason and disk since
 // the last flush (dropped and counted when its kind's table is full).
 func (w *Writer) Record(e Entry) {
 	if e.Replica == "" {
@@ -163,7 +164,7 @@ func (w *Writer) RecordCounted(peer, reason string) {
 // count aggregates one refusal.
 func (w *Writer) count(e Entry) {
 	e.Kind = joinledger.KindOf(e)
-	k := countKey{e.Kind, e.Peer, e.RPC, e.Node, e.Reason}
+	k := countKey{e.Kind, e.Peer, e.RPC, e.Node, e.Reason, e.DiskUUID}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	agg, ok := w.counted[k]
@@ -354,6 +355,9 @@ func EventMessage(e Entry) string {
 		if e.Message != "" {
 			fmt.Fprintf(&sb, ": %s", e.Message)
 		}
+	}
+	if e.DiskUUID != "" {
+		fmt.Fprintf(&sb, "; disk %s", e.DiskUUID)
 	}
 	if e.EvidenceSHA256 != "" {
 		fmt.Fprintf(&sb, "; evidence sha256:%s", e.EvidenceSHA256)

@@ -70,7 +70,8 @@ func TestRejoinNeedsTheDiskBinding(t *testing.T) {
 
 	ticketA := join(t, a, testDiskUUID)
 	keys := testKeys()
-	if len(ticketA.GetDiskBinding()) == 0 || !bytes.Equal(ticketA.GetDiskKey(), keys.DiskKey(testDiskUUID)) {
+	idA := []byte("EK digest of machine A")
+	if len(ticketA.GetDiskBinding()) == 0 || !bytes.Equal(ticketA.GetDiskKey(), keys.DiskKey(testDiskUUID, idA)) {
 		t.Fatalf("join ticket has disk key %x and binding %x", ticketA.GetDiskKey(), ticketA.GetDiskBinding())
 	}
 	if !keys.VerifyDiskBinding(testDiskUUID, []byte("EK digest of machine A"), ticketA.GetDiskBinding()) {
@@ -82,7 +83,7 @@ func TestRejoinNeedsTheDiskBinding(t *testing.T) {
 		if err != nil {
 			t.Fatalf("IssueRejoinTicket() = %v", err)
 		}
-		if !bytes.Equal(resp.GetDiskKey(), keys.DiskKey(testDiskUUID)) || !bytes.Equal(resp.GetClusterId(), keys.ClusterID()) {
+		if !bytes.Equal(resp.GetDiskKey(), keys.DiskKey(testDiskUUID, idA)) || !bytes.Equal(resp.GetClusterId(), keys.ClusterID()) {
 			t.Fatal("rejoin ticket carries the wrong disk key or cluster ID")
 		}
 		// The UUID's case does not matter (the disk key ignores it too).
@@ -92,6 +93,33 @@ func TestRejoinNeedsTheDiskBinding(t *testing.T) {
 	})
 	t.Run("another attested machine presenting the binding is refused", func(t *testing.T) {
 		refused(t, b, testDiskUUID, ticketA.GetDiskBinding())
+	})
+	t.Run("another machine naming my disk on the join RPC gets a key that is not mine", func(t *testing.T) {
+		// Disk UUIDs are public; the join RPC has nothing to check one against, so the key it
+		// hands out is that of the disk on the asking machine, and its binding is to that machine.
+		ticketB := join(t, b, testDiskUUID)
+		if bytes.Equal(ticketB.GetDiskKey(), ticketA.GetDiskKey()) || bytes.Equal(ticketB.GetDiskKey(), keys.LegacyDiskKey(testDiskUUID)) {
+			t.Fatal("machine B got machine A's disk key by naming its UUID")
+		}
+		if keys.VerifyDiskBinding(testDiskUUID, idA, ticketB.GetDiskBinding()) {
+			t.Fatal("machine B's binding verifies for machine A")
+		}
+		// Its binding gets it on rejoin only the same key for nothing.
+		resp, err := rejoin(b, testDiskUUID, ticketB.GetDiskBinding())
+		if err != nil || !bytes.Equal(resp.GetDiskKey(), ticketB.GetDiskKey()) {
+			t.Fatalf("IssueRejoinTicket(B's binding) = %v, want B's own key again", err)
+		}
+		if es := j.all(); es[len(es)-1].DiskUUID != testDiskUUID {
+			t.Fatalf("the ledger entry names disk %q, want %s", es[len(es)-1].DiskUUID, testDiskUUID)
+		}
+	})
+	t.Run("a disk bound before keys named the machine gets its legacy key, only for its owner", func(t *testing.T) {
+		legacy := keys.LegacyDiskBinding(testDiskUUID, idA)
+		resp, err := rejoin(a, testDiskUUID, legacy)
+		if err != nil || !bytes.Equal(resp.GetDiskKey(), keys.LegacyDiskKey(testDiskUUID)) {
+			t.Fatalf("IssueRejoinTicket(legacy binding) = %v, want the legacy disk key", err)
+		}
+		refused(t, b, testDiskUUID, legacy)
 	})
 	t.Run("another disk's UUID with my binding is refused", func(t *testing.T) {
 		refused(t, a, otherDiskUUID, ticketA.GetDiskBinding())
@@ -146,7 +174,7 @@ func TestRejoinNeedsTheDiskBinding(t *testing.T) {
 	t.Run("metrics count every refusal", func(t *testing.T) {
 		m.mu.Lock()
 		defer m.mu.Unlock()
-		if m.attempts["rejoin/rejected/"+ReasonDiskNotBound] != 7 || m.inFlight != 0 {
+		if m.attempts["rejoin/rejected/"+ReasonDiskNotBound] != 8 || m.inFlight != 0 {
 			t.Fatalf("metrics %+v, in flight %d", m.attempts, m.inFlight)
 		}
 	})

@@ -18,12 +18,19 @@
 // REVOKED on join and on rejoin, by the same identity its disk binding uses (see below), whatever
 // name or address it has, and every machine admitted is recorded.
 //
-// A ticket carries the disk key of the state disk the node names (disk_uuid, a canonical UUID) and a
-// disk binding (clusterkeys.DiskBinding) of that disk to the attested machine's identity. A rebooted
-// node that cannot open its disk with its sealed key asks IssueRejoinTicket for the disk key with
-// the disk's UUID and that binding; the disk key comes back only when the binding verifies for the
-// identity of the machine asking, after the same attestation and instance checks as a join. So an
-// attested member cannot get another node's disk key by naming its UUID (DISK_NOT_BOUND).
+// A ticket carries the disk key of the state disk the node names (disk_uuid, a canonical UUID) for
+// the attested machine (clusterkeys.DiskKey of that UUID and the machine's identity) and a disk
+// binding (clusterkeys.DiskBinding) of that disk to the same identity. A rebooted node that cannot
+// open its disk with its sealed key asks IssueRejoinTicket for the disk key with the disk's UUID and
+// that binding; the disk key comes back only when the binding verifies for the identity of the
+// machine asking, after the same attestation and instance checks as a join. So an attested member
+// cannot get another node's disk key by naming its UUID: on rejoin it is refused (DISK_NOT_BOUND),
+// and on join, which has nothing to check a UUID against (a fresh node's disk is bound by the
+// ticket), it gets the key that UUID would have on its own machine, which opens nothing of
+// anyone else's, and a binding to itself that the rejoin RPC honours for that key only. A disk bound
+// before disk keys named the machine (a legacy binding) still gets its legacy key on rejoin, from
+// its owner's binding only; the join RPC never hands out a legacy key. The ledger records the UUID
+// each ticket call named.
 //
 // The machine's identity is attestation.Result.Identity when the variant has one and the peer's
 // attestation key was activated in the handshake (TPM: the digest of the endorsement key, which
@@ -405,6 +412,7 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 	if err := checkDiskUUID(req.GetDiskUuid(), log); err != nil {
 		return nil, err
 	}
+	a.entry.DiskUUID = strings.ToLower(req.GetDiskUuid())
 	identity, source := peerIdentity(ctx, inst)
 	a.entry.Identity = recordIdentity(ctx, inst)
 	if err := s.checkRevoked(a.entry.Identity, "join", log); err != nil {
@@ -455,7 +463,7 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 		ControlPlaneFiles:          files,
 		KubernetesVersion:          s.cfg.KubernetesVersion,
 		ClusterId:                  s.keys.ClusterID(),
-		DiskKey:                    s.keys.DiskKey(req.GetDiskUuid()),
+		DiskKey:                    s.keys.DiskKey(req.GetDiskUuid(), identity),
 		MeasurementSalt:            s.salt,
 		DiskBinding:                s.keys.DiskBinding(req.GetDiskUuid(), identity),
 		KmsKeys:                    kmsKeys,
@@ -484,18 +492,20 @@ func (s *Server) IssueRejoinTicket(ctx context.Context, req *joinproto.IssueRejo
 	if err := checkDiskUUID(req.GetDiskUuid(), log); err != nil {
 		return nil, err
 	}
+	a.entry.DiskUUID = strings.ToLower(req.GetDiskUuid())
 	identity, source := peerIdentity(ctx, inst)
 	a.entry.Identity = recordIdentity(ctx, inst)
 	if err := s.checkRevoked(a.entry.Identity, "rejoin", log); err != nil {
 		return nil, err
 	}
-	if !s.keys.VerifyDiskBinding(req.GetDiskUuid(), identity, req.GetDiskBinding()) {
+	diskKey, bound := s.keys.BoundDiskKey(req.GetDiskUuid(), identity, req.GetDiskBinding())
+	if !bound {
 		log.Warn("rejoin rejected", zap.String("reason", ReasonDiskNotBound), zap.String("identitySource", source))
 		return nil, reject(codes.PermissionDenied, ReasonDiskNotBound, "this disk does not belong to the attested machine")
 	}
 	s.obs.Latency("rejoin", "validate", time.Since(a.start))
 	log.Info("rejoin ticket issued", zap.String("identitySource", source))
-	return &joinproto.IssueRejoinTicketResponse{DiskKey: s.keys.DiskKey(req.GetDiskUuid()), ClusterId: s.keys.ClusterID()}, nil
+	return &joinproto.IssueRejoinTicketResponse{DiskKey: diskKey, ClusterId: s.keys.ClusterID()}, nil
 }
 
 // Sources of a peer's identity (see the package documentation), for the logs.

@@ -98,12 +98,13 @@ func newAttestation(cfg *config, log *zap.Logger) (*attestationSetup, error) {
 	return setup, nil
 }
 
-// lockCheck verifies that the joinservice's lock register holds the cluster ID of its ticket.
+// lockCheck verifies that the joinservice's lock register holds the control-plane value of its
+// ticket's cluster (nodelock.ControlPlaneLockID): a bootstrapped worker's TPM is refused.
 func lockCheck(cfg *config) joindial.LockCheck {
 	if cfg.attestation == "tdx" {
-		return joindial.LockRegisterCheck(uint32(1+tdx.DefaultLockRTMR), tdx.ExpectedLockRTMR)
+		return joindial.ControlPlaneLock(uint32(1+tdx.DefaultLockRTMR), tdx.ExpectedLockRTMR)
 	}
-	return joindial.LockRegisterCheck(uint32(cfg.lockPCR), vtpm.ExpectedLockValue)
+	return joindial.ControlPlaneLock(uint32(cfg.lockPCR), vtpm.ExpectedLockValue)
 }
 
 // dialInsecure opens a plaintext joinservice client; only for --attestation=insecure-none.

@@ -91,6 +91,17 @@ func daemon(ctx context.Context, cfg *config) error {
 	if err != nil {
 		return &configError{err}
 	}
+	// A control plane's lock registers hold its role (nodelock.ControlPlaneLockID), the role metadata
+	// gives this instance, as the InitServer and the joinservice use it.
+	for i, m := range att.markers {
+		att.markers[i] = nodelock.ForRole(m, func(ctx context.Context) (bool, error) {
+			self, err := meta.Self(ctx)
+			if err != nil {
+				return false, err
+			}
+			return self.Role == metadata.RoleControlPlane, nil
+		})
+	}
 	// Nothing reads node state or attests before the state disk is open.
 	stage, err := openStateDisk(ctx, cfg, log, meta, att)
 	if err != nil {

@@ -62,14 +62,14 @@ func openStateDisk(ctx context.Context, cfg *config, log *zap.Logger, meta metad
 		Rejoin: func(ctx context.Context, diskUUID string, binding []byte) ([]byte, []byte, error) {
 			return joinclient.Rejoin(ctx, log.Named("rejoin"), meta, att.dialJoin, cfg.joinPort, diskUUID, binding)
 		},
-		Recover: func(ctx context.Context, diskUUID string, clusterID []byte, open func(context.Context, []byte) error) error {
+		Recover: func(ctx context.Context, diskUUID string, clusterID, binding []byte, open func(context.Context, []byte) error) error {
 			var lc net.ListenConfig
 			lis, err := lc.Listen(ctx, "tcp", cfg.recoverListen)
 			if err != nil {
 				return fmt.Errorf("listening for berth recover: %w", err)
 			}
 			srv := recoveryserver.New(log.Named("recovery"), grpc.Creds(att.serverCreds))
-			return srv.Serve(ctx, lis, recoveryserver.Info{DiskUUID: diskUUID, ClusterID: clusterID}, open)
+			return srv.Serve(ctx, lis, recoveryserver.Info{DiskUUID: diskUUID, ClusterID: clusterID, Binding: binding}, open)
 		},
 	}
 	if att.sealer != nil {
