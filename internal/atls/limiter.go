@@ -121,6 +121,21 @@ func (l *Limiter) AllowHandshake(peer string, known bool) bool {
 	return true
 }
 
+// AllowPeer reports whether peer may make one more attempt now, taking a per-peer token if so and
+// charging no other budget: for servers that charge their own budgets once they know what kind of
+// peer is calling (joinservice/server, bootstrapper/initserver).
+func (l *Limiter) AllowPeer(peer string) bool {
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p := l.peer(peer, now)
+	if !available(p.lim, now) {
+		return false
+	}
+	p.lim.AllowN(now, 1)
+	return true
+}
+
 // AllowProbe reports whether peer may have an identity probe answered now, charging a per-peer token
 // and the unauthenticated budget; an admitted probe pays for the peer's next attested handshake.
 func (l *Limiter) AllowProbe(peer string) bool {
