@@ -22,6 +22,7 @@ import (
 	"github.com/berth-k8s/berth/initproto"
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
+	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/joinproto"
@@ -185,7 +186,8 @@ func TestAttestedStrangersLeaveTickets(t *testing.T) {
 	slices.Sort(latencies)
 	t.Logf("strangers: %d join calls in %.1f s (%.0f/s) from %d addresses; answers: %v",
 		calls.Load(), elapsed.Seconds(), float64(calls.Load())/elapsed.Seconds(), connected.Load(), reasons)
-	t.Logf("the joinservice's CPU during the run: %.1f s of %.1f s (%.0f %% of one core)", cpu, elapsed.Seconds(), 100*cpu/elapsed.Seconds())
+	t.Logf("the joinservice's CPU during the run: %.1f s of %.1f s (%.0f %% of one core; its limit: %d core); peak RSS %.0f MiB (limit %d MiB)",
+		cpu, elapsed.Seconds(), 100*cpu/elapsed.Seconds(), berthsystem.JoinServiceCPUs, processPeakRSS(c.js.PID())/(1<<20), berthsystem.JoinServiceMemoryLimitBytes>>20)
 	if len(latencies) > 0 {
 		t.Logf("genuine joins: %d of %d got their ticket on the first call, p50 %s, p99 %s",
 			len(latencies), genuine, percentile(latencies, 50).Round(time.Millisecond), percentile(latencies, 99).Round(time.Millisecond))
