@@ -393,3 +393,26 @@ func TestPeerVariantIsQuoted(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimRefusalsAreCharged: each refusal on claims costs its peer a per-peer token; a peer past
+// its burst gets the rate limit's refusal and its claims are not judged.
+func TestClaimRefusalsAreCharged(t *testing.T) {
+	bad := attestation.Measurements{4: bytes.Repeat([]byte{0x9d}, 32)}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var judged atomic.Int32
+	limiter := atls.NewLimiter(atls.Limits{PerPeer: 0.001, PerPeerBurst: 2, Global: 1000, GlobalBurst: 1000})
+	addr, _ := serveGRPC(t, mustCreds(t, &claimingIssuer{}, atlstest.Validator{}, atls.WithClaimCheck(pcr4Check(&judged)), atls.WithLimiter(limiter)))
+	var d net.Dialer
+	for i := range 2 {
+		if _, err := atls.Dial(ctx, &d, addr, &claimingIssuer{claims: bad}, atlstest.Validator{}); !errors.Is(err, atls.ErrClaimsRejected) {
+			t.Fatalf("attempt %d: %v, want ErrClaimsRejected", i, err)
+		}
+	}
+	if _, err := atls.Dial(ctx, &d, addr, &claimingIssuer{claims: bad}, atlstest.Validator{}); !errors.Is(err, atls.ErrRateLimited) {
+		t.Fatalf("third attempt past the burst of 2: %v, want ErrRateLimited", err)
+	}
+	if n := judged.Load(); n != 2 {
+		t.Fatalf("claims judged %d times, want 2 (not past the peer's limit)", n)
+	}
+}
