@@ -4,8 +4,10 @@ import (
 	"context"
 	crand "crypto/rand"
 	"crypto/x509/pkix"
+	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"strings"
 	"sync"
@@ -394,5 +396,65 @@ func TestGarbageLeavesLedgerEvidence(t *testing.T) {
 		if !found {
 			t.Errorf("the garbage evicted the %s of %s from the ledger", want.reason, want.peer)
 		}
+	}
+}
+
+// TestInitThroughProbeFlood: 500 addresses send identity probes to a fresh node's InitServer as fast
+// as they can while the operator's berth init connects (probing the node's identity, activating its
+// key) and runs. The node has no peers it knows: the operator's probe competes with the flood for
+// the unauthenticated budget, and berth init dials again while it is refused (once a second, as it
+// does); the test prints how many dials and how long it took.
+func TestInitThroughProbeFlood(t *testing.T) {
+	const (
+		addresses = 500
+		maxFlood  = 20 * time.Second
+	)
+	n := startInitNode(t, "control-plane")
+	floodCtx, stop := context.WithTimeout(context.Background(), maxFlood)
+	defer stop()
+	var wg sync.WaitGroup
+	var probes, limited, next atomic.Int64
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for floodCtx.Err() == nil {
+				d := net.Dialer{LocalAddr: &net.TCPAddr{IP: floodIP(int(next.Add(1)) % addresses)}}
+				conn, err := d.DialContext(floodCtx, "tcp", n.addr)
+				if err != nil {
+					continue
+				}
+				_, err = atls.ProbeIdentity(floodCtx, conn, claimsOnly{})
+				probes.Add(1)
+				if errors.Is(err, atls.ErrRateLimited) {
+					limited.Add(1)
+				}
+			}
+		}()
+	}
+	// The operator, once the flood is refused by the budget.
+	if err := wait.PollUntilContextCancel(floodCtx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
+		return limited.Load() > 100, nil
+	}); err != nil {
+		t.Fatalf("the probe flood never reached the node's budget: %d probes, %d rate-limited", probes.Load(), limited.Load())
+	}
+	cpu0 := processCPU(n.proc.PID())
+	start := time.Now()
+	conn := n.ready(t, "127.0.8.201")
+	connected := time.Since(start)
+	if conn == nil {
+		t.Fatal("berth init never connected under the probe flood")
+	}
+	o := runInit(floodCtx, conn, initRequest(n.secret, 1))
+	took := time.Since(start)
+	stop()
+	wg.Wait()
+	cpu := processCPU(n.proc.PID()) - cpu0
+	t.Logf("probe flood: %d probes from %d addresses, %d rate-limited; the bootstrapper's CPU %.1f s over %.1f s",
+		probes.Load(), addresses, limited.Load(), cpu, took.Seconds())
+	t.Logf("berth init under the probe flood: connected after %s, init answered after %s, started: %v (%s %q)",
+		connected.Round(time.Millisecond), took.Round(time.Millisecond), o.started, o.code, o.msg)
+	if !o.started {
+		t.Fatalf("berth init did not start under the probe flood: %+v", o)
 	}
 }

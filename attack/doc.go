@@ -60,6 +60,9 @@
 //	wrong init secrets from 12 addresses     PERMISSION_DENIED or     wrong secrets draw from a budget
 //	  at full speed                            RESOURCE_EXHAUSTED;      of their own: 3 of 3 berth init
 //	  (TestInitThroughWrongSecretFlood)        berth init runs          runs reach init
+//	identity probes from 500 addresses       rate-limited past the    berth init connects (dialing
+//	  (TestInitThroughProbeFlood)              unauthenticated budget   again while refused) and
+//	                                                                    starts init
 //	berth CLI (TestOperatorReadsNoImpostorText)
 //	an impostor's verdict on claims, rate    a reason code, or the    nothing an unauthenticated peer sends reaches
 //	  limit refusal and variant name, made     words quoted and         the operator's terminal verbatim; a client
