@@ -42,7 +42,19 @@
 //	a flood of identity probes with random   refusals; genuine joins  probes cost no TPM work and draw from a budget
 //	  claims from 500 addresses                succeed                  of their own; known addresses have their own
 //	  (TestFloodKeepsGenuineJoins, 8 s;                                 attested budget; the ledger keeps the evidence
-//	  make attack-flood, 30 s)                                          from before the flood
+//	  make attack-flood, 30 s)                                          from before the flood; known
+//	                                                                    peers' probes have their own
+//	                                                                    budget: joins with the image's
+//	                                                                    policy (probe, activation)
+//	                                                                    succeed too
+//	500 attested strangers (trusted EKs,     UNKNOWN_PEER,            only a call that passes every
+//	  any image) at unknown addresses,         MEASUREMENT_MISMATCH,    cheap check spends the tickets
+//	  5 calls/s each, spread out               RATE_LIMITED; 20 of 20   budget; refusals have budgets
+//	  (TestAttestedStrangersLeaveTickets)      genuine joins succeed    of their own
+//	250 addresses sending garbage            NOT_ACTIVATED,           refusals that cost no verified
+//	  certificates or untrusted EKs            UNTRUSTED_ROOT, kept     TPM operation are unverified:
+//	  (TestGarbageLeavesLedgerEvidence)        apart                    the replay and transplant
+//	                                                                    before them stay in the ledger
 //	InitServer (TestInitServerUnderAttack)
 //	1,000 wrong init secrets, one connection PERMISSION_DENIED or     one generic answer that says nothing; at most
 //	                                           RESOURCE_EXHAUSTED       the burst plus one a second reach the check
@@ -61,6 +73,12 @@
 //	a bootstrapped worker's TPM serving the  JOINSERVICE_NOT_BOUND    only a control plane's lock register holds the
 //	  join protocol to a fresh node with                                control plane's value for the cluster; a
 //	  the image's policy (no AK CA)                                     worker's extend cannot reach it
+//	wrong init secrets from 12 addresses     PERMISSION_DENIED or     wrong secrets draw from a budget
+//	  at full speed                            RESOURCE_EXHAUSTED;      of their own: 3 of 3 berth init
+//	  (TestInitThroughWrongSecretFlood)        berth init runs          runs reach init
+//	identity probes from 500 addresses       rate-limited past the    berth init connects (dialing
+//	  (TestInitThroughProbeFlood)              unauthenticated budget   again while refused) and
+//	                                                                    starts init
 //	berth CLI (TestOperatorReadsNoImpostorText)
 //	an impostor's verdict on claims, rate    a reason code, or the    nothing an unauthenticated peer sends reaches
 //	  limit refusal and variant name, made     words quoted and         the operator's terminal verbatim; a client

@@ -30,6 +30,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
+	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/internal/proctest"
@@ -155,8 +156,10 @@ func startJoinCluster(t *testing.T, extraArgs ...string) *joinCluster {
 	}
 	c := &joinCluster{env: env, admin: env.Client(t, apiservertest.AdminUser), addr: proctest.FreeAddr(t), nodeCA: nodeCA, swCA: swCA,
 		joinPolicy: joinPolicy, activating: activating, metricsAddr: proctest.FreeAddr(t)}
+	// As many cores as its DaemonSet's CPU limit gives it (Go sizes GOMAXPROCS to the limit there).
 	c.js = proctest.Start(t, proctest.Cmd{
 		Name: "joinservice", Path: proctest.Build(t, "github.com/berth-k8s/berth/joinservice/cmd/joinservice"), Grace: 20 * time.Second,
+		Env: []string{fmt.Sprintf("GOMAXPROCS=%d", berthsystem.JoinServiceCPUs)},
 		Args: append([]string{"--attestation=tpm", "--tpm=" + serviceTPM.Spec, "--metadata=static",
 			"--metadata-file=" + filepath.Join(dir, "metadata.yaml"), "--kubeconfig=" + kubeconfig, "--listen=" + c.addr,
 			"--metrics-listen=" + c.metricsAddr, "--pki-dir=" + catest.WriteControlPlaneDir(t), "--replica=cp-1"}, extraArgs...),
@@ -233,6 +236,16 @@ func (c *joinCluster) join(t *testing.T, ip string, issuer atls.Issuer, req *joi
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	conn := c.conn(t, ip, issuer)
+	defer conn.Close()
+	return joinproto.NewJoinServiceClient(conn).IssueJoinTicket(ctx, req)
+}
+
+// joinWith is join validating the joinservice with policy p.
+func (c *joinCluster) joinWith(t *testing.T, ip string, issuer atls.Issuer, p *policy.Policy, req *joinproto.IssueJoinTicketRequest) (*joinproto.IssueJoinTicketResponse, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn := c.connWith(t, ip, issuer, p)
 	defer conn.Close()
 	return joinproto.NewJoinServiceClient(conn).IssueJoinTicket(ctx, req)
 }

@@ -78,6 +78,8 @@ type Deps struct {
 	Replica string
 	// Limits rate-limits join tickets; AttestLimits rate-limits attested handshakes.
 	Limits, AttestLimits atls.Limits
+	// RefusalLimits rate-limits the refusals of join calls (server.RefusalLimits).
+	RefusalLimits server.RefusalLimits
 	// Dynamic reaches the API server with the joinservice's identity for the certificate keeper
 	// (package certkeeper); nil leaves the keeper out.
 	Dynamic dynamic.Interface
@@ -222,7 +224,7 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 		KubernetesVersion: cfg.KubernetesVersion,
 		PKIDir:            d.PKIDir,
 	}, log.Named("joinservice"), keys, salt, authority, d.Metadata, check,
-		server.WithJournal(journal), server.WithLimits(d.Limits), server.WithObserver(m),
+		server.WithJournal(journal), server.WithLimits(d.Limits), server.WithRefusalLimits(d.RefusalLimits), server.WithObserver(m),
 		server.WithControlPlaneLock(server.SlotLock{Slot: members.lock}), server.WithMachineRecord(members.record),
 		server.WithKMSSpec(func(ctx context.Context) (kmsstate.Spec, error) {
 			st, err := kmsstate.Read(ctx, d.Client)

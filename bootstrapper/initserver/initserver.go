@@ -15,8 +15,11 @@
 // A caller without the init secret learns nothing: the same status and message for every reason.
 //
 // Before the secret is looked at, a caller is rate-limited per peer address (DefaultLimits: one
-// Init a second with a burst of 5, and 5 a second with a burst of 10 from all peers together): an
-// excess call gets RESOURCE_EXHAUSTED "too many init requests: retry later" and costs a map lookup.
+// Init a second with a burst of 5): an excess call gets RESOURCE_EXHAUSTED "too many init requests:
+// retry later" and costs a map lookup. Wrong secrets are then answered from a budget of their own (5
+// a second with a burst of 10 from all peers together; beyond it, RESOURCE_EXHAUSTED again), which a
+// caller with the right secret never draws from: callers without the secret at any number of
+// addresses cannot keep `berth init` out.
 // A 32-byte init secret cannot be guessed either way; the limit keeps a peer that holds an attested
 // connection from turning the node's log and CPU into its guessing machine (unlimited, one
 // connection carried about 3,600 guesses a second, each logged). Rejections are logged sampled per
@@ -43,6 +46,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
@@ -70,7 +74,8 @@ var errRejected = status.Error(codes.PermissionDenied, "init request rejected")
 // errRateLimited is the answer to a call over the rate limit, before anything is looked at.
 var errRateLimited = status.Error(codes.ResourceExhausted, "too many init requests: retry later")
 
-// DefaultLimits bound Init calls per peer address and overall (see the package documentation).
+// DefaultLimits bound Init calls per peer address (PerPeer) and wrong secrets from all peers together
+// (Global) (see the package documentation).
 var DefaultLimits = atls.Limits{PerPeer: 1, PerPeerBurst: 5, Global: 5, GlobalBurst: 10, MaxPeers: 1024}
 
 // Server implements initproto.InitServiceServer.
@@ -91,8 +96,10 @@ type Server struct {
 	onSuccess func()
 	// disk is the state disk to bind; nil when the node has none.
 	disk diskBinder
-	// limiter bounds Init calls per peer and overall.
+	// limiter bounds Init calls per peer; refused bounds the answers to wrong secrets.
 	limiter *atls.Limiter
+	refused *rate.Limiter
+	limits  atls.Limits
 	// rejects samples the log lines of rejected calls per peer.
 	rejects *rejectLog
 }
@@ -115,20 +122,19 @@ type diskBinder interface {
 }
 
 // WithLimits replaces DefaultLimits.
-func WithLimits(l atls.Limits) Option { return func(s *Server) { s.limiter = atls.NewLimiter(l) } }
+func WithLimits(l atls.Limits) Option { return func(s *Server) { s.limits = l } }
 
 // WithOnSuccess sets a function that runs once after init succeeded.
 func WithOnSuccess(f func()) Option { return func(s *Server) { s.onSuccess = f } }
 
 // New returns a Server.
 func New(log *zap.Logger, lock locker, hashes initSecretHasher, init clusterInitializer, state stateStore, opts ...Option) *Server {
-	s := &Server{log: log, lock: lock, hashes: hashes, init: init, state: state, now: time.Now}
+	s := &Server{log: log, lock: lock, hashes: hashes, init: init, state: state, now: time.Now, limits: DefaultLimits}
 	for _, o := range opts {
 		o(s)
 	}
-	if s.limiter == nil {
-		s.limiter = atls.NewLimiter(DefaultLimits)
-	}
+	s.limiter = atls.NewLimiter(s.limits)
+	s.refused = rate.NewLimiter(s.limits.Global, s.limits.GlobalBurst)
 	s.rejects = newRejectLog(log, s.now)
 	return s
 }
@@ -163,11 +169,15 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 func (s *Server) Init(req *initproto.InitRequest, stream initproto.InitService_InitServer) error {
 	ctx := stream.Context()
 	peerHost := peerIP(ctx)
-	if !s.limiter.Allow(peerHost) {
+	if !s.limiter.AllowPeer(peerHost) {
 		s.rejects.note(peerHost, reasonRateLimited)
 		return errRateLimited
 	}
 	if !s.secretMatches(ctx, req.GetInitSecret()) {
+		if !s.refused.Allow() {
+			s.rejects.note(peerHost, reasonRateLimited)
+			return errRateLimited
+		}
 		s.rejects.note(peerHost, reasonWrongSecret)
 		return errRejected
 	}

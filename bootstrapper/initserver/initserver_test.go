@@ -31,6 +31,7 @@ import (
 
 	"github.com/berth-k8s/berth/bootstrapper/initcluster"
 	"github.com/berth-k8s/berth/initproto"
+	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/nodestate"
 	"github.com/berth-k8s/berth/nodelock"
@@ -595,4 +596,27 @@ func testCAPEM(t *testing.T) string {
 func indent(s, prefix string) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	return prefix + strings.Join(lines, "\n"+prefix) + "\n"
+}
+
+// TestWrongSecretsLeaveTheRightOneIn: wrong secrets use up their own budget (Limits.Global) and
+// nothing the right secret needs: past it they are answered RESOURCE_EXHAUSTED, and init with the
+// right secret still runs.
+func TestWrongSecretsLeaveTheRightOneIn(t *testing.T) {
+	h := newHarness(t, &fakeInit{}, WithLimits(atls.Limits{PerPeer: 1000, PerPeerBurst: 1000, Global: 0.001, GlobalBurst: 2}))
+	seen := map[codes.Code]int{}
+	for i := range 10 {
+		stream, err := h.client.Init(context.Background(), &initproto.InitRequest{InitSecret: []byte(fmt.Sprintf("guess %d", i))})
+		if err == nil {
+			_, err = stream.Recv()
+		}
+		seen[status.Code(err)]++
+	}
+	if seen[codes.PermissionDenied] != 2 || seen[codes.ResourceExhausted] != 8 {
+		t.Fatalf("answers to 10 wrong secrets: %v, want 2 rejected and 8 rate-limited", seen)
+	}
+	got, err := h.transcript(t, request(1))
+	if err != nil {
+		t.Fatalf("init with the right secret after the wrong ones: %v", err)
+	}
+	equal(t, got[len(got)-1:], []string{"SUCCESS"})
 }

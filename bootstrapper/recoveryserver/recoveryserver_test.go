@@ -3,14 +3,20 @@ package recoveryserver
 import (
 	"bytes"
 	"context"
+	"crypto/pbkdf2"
+	"crypto/sha256"
+	"crypto/subtle"
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -87,7 +93,10 @@ func startServer(t *testing.T, ctx context.Context, disk *fakeDisk, dialOpt grpc
 	core, logs := observer.New(zap.DebugLevel)
 	lis := bufconn.Listen(1 << 16)
 	done := make(chan error, 1)
-	go func() { done <- New(zap.New(core), serverOpts...).Serve(ctx, lis, testInfo, disk.open) }()
+	// Every call of these tests comes from one in-process peer: its limits are lifted
+	// (TestRecoverThroughWrongKeyFlood checks them).
+	srv := New(zap.New(core), serverOpts...).WithLimits(Limits{PerPeer: rate.Inf, Waiting: 1 << 20})
+	go func() { done <- srv.Serve(ctx, lis, testInfo, disk.open) }()
 	conn, err := grpc.NewClient("passthrough:///recovery",
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
 		dialOpt)
@@ -288,5 +297,147 @@ func TestServeAttested(t *testing.T) {
 	cancel()
 	if err := <-plain.done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("second Serve after cancel = %v", err)
+	}
+}
+
+// kdfDisk opens with the key whose PBKDF2 digest it holds: each try costs a few milliseconds of CPU,
+// as a state disk's key slot does. It records the order of the keys it was given.
+type kdfDisk struct {
+	want []byte
+
+	mu    sync.Mutex
+	tries []bool // true: the right key
+	first chan struct{}
+}
+
+const kdfRounds = 20000
+
+func newKDFDisk(t *testing.T, key []byte) *kdfDisk {
+	want, err := pbkdf2.Key(sha256.New, string(key), []byte("salt"), kdfRounds, 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &kdfDisk{want: want, first: make(chan struct{})}
+}
+
+func (d *kdfDisk) open(_ context.Context, key []byte) error {
+	got, err := pbkdf2.Key(sha256.New, string(key), []byte("salt"), kdfRounds, 32)
+	if err != nil {
+		return err
+	}
+	right := subtle.ConstantTimeCompare(got, d.want) == 1
+	d.mu.Lock()
+	d.tries = append(d.tries, right)
+	if len(d.tries) == 1 {
+		close(d.first)
+	}
+	d.mu.Unlock()
+	if !right {
+		return errSecretDetail
+	}
+	return nil
+}
+
+func (d *kdfDisk) count() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.tries)
+}
+
+// recoverFrom calls Info and Recover with key from ip over its own connection, as berth recover does;
+// beforeRecover runs between the two.
+func recoverFrom(ctx context.Context, addr, ip string, key []byte, beforeRecover func()) error {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	client := recoverproto.NewRecoveryServiceClient(conn)
+	if _, err := client.Info(ctx, &recoverproto.InfoRequest{}); err != nil {
+		return err
+	}
+	beforeRecover()
+	_, err = client.Recover(ctx, &recoverproto.RecoverRequest{DiskKey: key})
+	return err
+}
+
+// TestRecoverThroughWrongKeyFlood: 2,000 Recover calls with wrong keys, sent at once over 8
+// connections from 8 loopback addresses, are in the node's hands when berth recover sends the right
+// key from another address. Each address has at most one call waiting or running, the rest are
+// refused at once: the operator's key waits for at most one open per flooding address. (Queued one
+// after the other, as they were, the operator's key waited for every wrong key before it.) The time
+// of berth recover alone and under the flood are printed.
+func TestRecoverThroughWrongKeyFlood(t *testing.T) {
+	const addresses, calls = 8, 2000
+	run := func(flood bool) (took time.Duration, ahead, refused int) {
+		ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute) // berth recover's default timeout
+		defer cancel()
+		disk := newKDFDisk(t, rightKey)
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- New(zap.NewNop()).Serve(ctx, lis, testInfo, disk.open) }()
+		addr := lis.Addr().String()
+		var wg sync.WaitGroup
+		var answered, limited atomic.Int64
+		if flood {
+			conns := make([]*grpc.ClientConn, addresses)
+			for i := range conns {
+				d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 30, byte(i+1))}}
+				conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
+					grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) { return d.DialContext(ctx, "tcp", a) }))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer conn.Close()
+				conns[i] = conn
+			}
+			for i := range calls {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_, err := recoverproto.NewRecoveryServiceClient(conns[i%addresses]).Recover(ctx, &recoverproto.RecoverRequest{DiskKey: wrongKey})
+					answered.Add(1)
+					if status.Code(err) == codes.ResourceExhausted {
+						limited.Add(1)
+					}
+				}()
+			}
+			// The flood is in the node's hands once its first key was tried.
+			<-disk.first
+		}
+		var before int
+		start := time.Now()
+		if err := recoverFrom(ctx, addr, "127.0.30.100", rightKey, func() { before = disk.count() }); err != nil {
+			t.Fatalf("berth recover (flood: %v): %v", flood, err)
+		}
+		took = time.Since(start)
+		if err := <-done; err != nil {
+			t.Fatalf("Serve() = %v", err)
+		}
+		cancel()
+		wg.Wait()
+		disk.mu.Lock()
+		defer disk.mu.Unlock()
+		for _, right := range disk.tries[before:] {
+			if right {
+				break
+			}
+			ahead++
+		}
+		return took, ahead, int(limited.Load())
+	}
+	alone, _, _ := run(false)
+	flooded, ahead, refused := run(true)
+	t.Logf("berth recover alone: %s; under %d wrong keys from %d addresses: %s, %d wrong keys tried ahead of it, %d calls refused at once",
+		alone.Round(time.Millisecond), calls, addresses, flooded.Round(time.Millisecond), ahead, refused)
+	// Ahead of the operator's key: the key being tried when it arrived, and at most one waiting per
+	// flooding address.
+	if ahead > addresses+1 {
+		t.Errorf("%d wrong keys were tried ahead of the operator's, want at most one per flooding address and the one being tried (%d)", ahead, addresses+1)
 	}
 }

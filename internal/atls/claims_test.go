@@ -393,3 +393,77 @@ func TestPeerVariantIsQuoted(t *testing.T) {
 		}
 	}
 }
+
+// TestClaimRefusalsAreCharged: each refusal on claims costs its peer a per-peer token; a peer past
+// its burst gets the rate limit's refusal and its claims are not judged.
+func TestClaimRefusalsAreCharged(t *testing.T) {
+	bad := attestation.Measurements{4: bytes.Repeat([]byte{0x9d}, 32)}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var judged atomic.Int32
+	limiter := atls.NewLimiter(atls.Limits{PerPeer: 0.001, PerPeerBurst: 2, Global: 1000, GlobalBurst: 1000})
+	addr, _ := serveGRPC(t, mustCreds(t, &claimingIssuer{}, atlstest.Validator{}, atls.WithClaimCheck(pcr4Check(&judged)), atls.WithLimiter(limiter)))
+	var d net.Dialer
+	for i := range 2 {
+		if _, err := atls.Dial(ctx, &d, addr, &claimingIssuer{claims: bad}, atlstest.Validator{}); !errors.Is(err, atls.ErrClaimsRejected) {
+			t.Fatalf("attempt %d: %v, want ErrClaimsRejected", i, err)
+		}
+	}
+	if _, err := atls.Dial(ctx, &d, addr, &claimingIssuer{claims: bad}, atlstest.Validator{}); !errors.Is(err, atls.ErrRateLimited) {
+		t.Fatalf("third attempt past the burst of 2: %v, want ErrRateLimited", err)
+	}
+	if n := judged.Load(); n != 2 {
+		t.Fatalf("claims judged %d times, want 2 (not past the peer's limit)", n)
+	}
+}
+
+// TestKnownPeersProbeBudget: probes from unknown addresses use up their budget; a probe from an
+// address the server knows as its cluster's instance is still answered.
+func TestKnownPeersProbeBudget(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	limiter := atls.NewLimiter(atls.Limits{PerPeer: 1000, PerPeerBurst: 1000, Global: 1000, GlobalBurst: 1000, Unauthenticated: 0.001, UnauthenticatedBurst: 2})
+	cfg, err := atls.NewServerConfig(&claimingIssuer{}, atlstest.Validator{}, atls.WithLimiter(limiter),
+		atls.WithKnownPeers(func(peer string) bool { return peer == "127.0.0.1" }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsLis := tls.NewListener(lis, cfg)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := tlsLis.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.(*tls.Conn).HandshakeContext(ctx)
+			c.Close()
+		}
+	}()
+	defer func() { lis.Close(); <-done }()
+	probe := func(from string) error {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		conn, err := d.DialContext(ctx, "tcp", lis.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = atls.ProbeIdentity(ctx, conn, &claimingIssuer{})
+		return err
+	}
+	for i, from := range []string{"127.0.40.1", "127.0.40.2"} {
+		if err := probe(from); err != nil {
+			t.Fatalf("unknown probe %d within the burst: %v", i, err)
+		}
+	}
+	if err := probe("127.0.40.3"); !errors.Is(err, atls.ErrRateLimited) {
+		t.Fatalf("a third unknown probe past the burst of 2: %v, want ErrRateLimited", err)
+	}
+	if err := probe("127.0.0.1"); err != nil {
+		t.Fatalf("a known peer's probe after the unknown ones used up their budget: %v", err)
+	}
+}

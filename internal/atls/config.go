@@ -170,9 +170,15 @@ func serverConfig(issuer Issuer, validator Validator, o options, certs *serverCe
 					return nil, err
 				}
 				// Claims are judged before the attested budget is charged: a refusal is a TLS alert sent
-				// before any handshake message of the server's, cheaper than any other answer.
+				// before any handshake message of the server's, cheaper than any other answer. It is
+				// charged to the peer, and a peer over its limit is not judged at all.
 				if validator != nil {
+					if !o.limiter.CanAttempt(peer) {
+						o.log.Debug("refusing attestation: rate limit", zap.String("peer", peer))
+						return refusalConfig(certs), nil
+					}
 					if err := refuseClaims(ctx, o, chi, peer); err != nil {
+						o.limiter.ChargeRefusal(peer)
 						return nil, err
 					}
 				}
@@ -257,9 +263,10 @@ func probeConfig(ctx context.Context, issuer Issuer, validating bool, o options,
 		cfg.Certificates = []tls.Certificate{*certs.plain}
 		return cfg, nil
 	}
-	// A probe is unauthenticated work: charged to the peer and the unauthenticated budget, never to
-	// the attested one; admitted, it pays the peer's attested handshake that follows.
-	if !o.limiter.AllowProbe(peer) {
+	// A probe is unauthenticated work: charged to the peer and the unauthenticated budget (known
+	// peers: their own), never to the attested one; admitted, it pays the peer's attested handshake
+	// that follows.
+	if !o.limiter.AllowProbe(peer, o.known(peer)) {
 		return refusalConfig(certs), nil
 	}
 	if validating {

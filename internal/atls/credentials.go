@@ -142,7 +142,12 @@ func (c *Credentials) ClientHandshake(ctx context.Context, authority string, raw
 		claims, _ := claimProtos(ctx, c.issuer) // read once for both handshakes; optional
 		o.claims, o.claimsRead = claims, true
 		if o.peerIdentity = c.probed.get(authority); o.peerIdentity == nil {
+			// From the connection's own address: the server charges the probe and the handshake it
+			// pays for to one peer, and knows a node of its cluster by that address.
 			var d net.Dialer
+			if local, ok := rawConn.LocalAddr().(*net.TCPAddr); ok {
+				d.LocalAddr = &net.TCPAddr{IP: local.IP, Zone: local.Zone}
+			}
 			probe, err := d.DialContext(ctx, "tcp", authority)
 			if err != nil {
 				return nil, nil, fmt.Errorf("connecting to %s for the identity probe: %w", authority, err)

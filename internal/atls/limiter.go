@@ -16,10 +16,12 @@ import (
 //   - attested handshakes (the TPM's and the validation's work): peers the server knows as its
 //     cluster's instances (WithKnownPeers) draw from Known, every other peer from Global.
 //   - unauthenticated answers (Unauthenticated): identity probes, which cost a plain TLS handshake
-//     and no TPM work, are charged here and never to the attested budgets.
+//     and no TPM work, are charged here and never to the attested budgets. Known peers' probes draw
+//     from a second budget of the same size, so that a probe flood from elsewhere never keeps a
+//     node of the cluster from the probe its join needs.
 //
-// Refusals on claims (claims.go) are charged to no budget: the alert that refuses costs less than
-// any answer a budget could give instead.
+// A refusal on claims (claims.go) is charged to its peer (a per-peer token, or the credit of a
+// probe), and a peer with neither gets the rate-limit refusal before its claims are judged.
 //
 // A peer over a budget gets the pre-made refusal certificate (ErrRateLimited), which costs a plain
 // TLS handshake.
@@ -62,7 +64,9 @@ type Limiter struct {
 	global *rate.Limiter
 	known  *rate.Limiter
 	unauth *rate.Limiter
-	peers  map[string]*peerState
+	// knownUnauth is the probe budget of known peers.
+	knownUnauth *rate.Limiter
+	peers       map[string]*peerState
 }
 
 type peerState struct {
@@ -84,12 +88,13 @@ func newLimiterWithClock(l Limits, now func() time.Time) *Limiter {
 	if l.Known == 0 && l.KnownBurst == 0 {
 		l.Known, l.KnownBurst = l.Global, l.GlobalBurst
 	}
-	unauth := rate.NewLimiter(rate.Inf, 0)
+	unauth, knownUnauth := rate.NewLimiter(rate.Inf, 0), rate.NewLimiter(rate.Inf, 0)
 	if l.Unauthenticated > 0 {
 		unauth = rate.NewLimiter(l.Unauthenticated, l.UnauthenticatedBurst)
+		knownUnauth = rate.NewLimiter(l.Unauthenticated, l.UnauthenticatedBurst)
 	}
 	return &Limiter{limits: l, now: now, global: rate.NewLimiter(l.Global, l.GlobalBurst), known: rate.NewLimiter(l.Known, l.KnownBurst),
-		unauth: unauth, peers: map[string]*peerState{}}
+		unauth: unauth, knownUnauth: knownUnauth, peers: map[string]*peerState{}}
 }
 
 // Allow reports whether peer may have one more attested handshake now, and takes the tokens if so:
@@ -121,20 +126,62 @@ func (l *Limiter) AllowHandshake(peer string, known bool) bool {
 	return true
 }
 
-// AllowProbe reports whether peer may have an identity probe answered now, charging a per-peer token
-// and the unauthenticated budget; an admitted probe pays for the peer's next attested handshake.
-func (l *Limiter) AllowProbe(peer string) bool {
+// AllowPeer reports whether peer may make one more attempt now, taking a per-peer token if so and
+// charging no other budget: for servers that charge their own budgets once they know what kind of
+// peer is calling (joinservice/server, bootstrapper/initserver).
+func (l *Limiter) AllowPeer(peer string) bool {
 	now := l.now()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	p := l.peer(peer, now)
-	if !available(p.lim, now) || !available(l.unauth, now) {
+	if !available(p.lim, now) {
 		return false
 	}
 	p.lim.AllowN(now, 1)
-	l.unauth.AllowN(now, 1)
+	return true
+}
+
+// AllowProbe reports whether peer may have an identity probe answered now, charging a per-peer token
+// and the unauthenticated budget (known: the known peers' one); an admitted probe pays for the
+// peer's next attested handshake.
+func (l *Limiter) AllowProbe(peer string, known bool) bool {
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p := l.peer(peer, now)
+	budget := l.unauth
+	if known {
+		budget = l.knownUnauth
+	}
+	if !available(p.lim, now) || !available(budget, now) {
+		return false
+	}
+	p.lim.AllowN(now, 1)
+	budget.AllowN(now, 1)
 	p.addCredit(now)
 	return true
+}
+
+// CanAttempt reports whether peer has a probe's credit or a per-peer token now, taking nothing.
+func (l *Limiter) CanAttempt(peer string) bool {
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p := l.peer(peer, now)
+	p.dropExpired(now)
+	return len(p.credits) > 0 || available(p.lim, now)
+}
+
+// ChargeRefusal charges a refusal of peer (on its claims): a probe's credit, else a per-peer token,
+// if it has either.
+func (l *Limiter) ChargeRefusal(peer string) {
+	now := l.now()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	p := l.peer(peer, now)
+	if !p.useCredit(now) && available(p.lim, now) {
+		p.lim.AllowN(now, 1)
+	}
 }
 
 // available says whether lim has a token at now (an unlimited one always has).

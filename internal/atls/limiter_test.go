@@ -50,16 +50,16 @@ func TestLimiterBudgets(t *testing.T) {
 		Unauthenticated: 1, UnauthenticatedBurst: 3, MaxPeers: 100}, func() time.Time { return now })
 	// A probe pays for the handshake after it: two probe-and-handshake pairs fit the burst of 2.
 	for i := range 2 {
-		if !l.AllowProbe("nat") || !l.AllowHandshake("nat", false) {
+		if !l.AllowProbe("nat", false) || !l.AllowHandshake("nat", false) {
 			t.Fatalf("pair %d of a peer behind one address refused", i)
 		}
 	}
-	if l.AllowProbe("nat") {
+	if l.AllowProbe("nat", false) {
 		t.Fatal("a third probe within the burst of 2 admitted")
 	}
 	// The unauthenticated budget (burst 3, two used) refuses probes of anyone past it, and those
 	// refusals cost no attested token.
-	if !l.AllowProbe("flood-1") || l.AllowProbe("flood-2") || l.AllowProbe("flood-3") {
+	if !l.AllowProbe("flood-1", false) || l.AllowProbe("flood-2", false) || l.AllowProbe("flood-3", false) {
 		t.Fatal("the unauthenticated budget of 3 admitted more")
 	}
 	// The unknown peers' attested budget (burst 2) is spent by the two handshakes above; a known
@@ -72,7 +72,7 @@ func TestLimiterBudgets(t *testing.T) {
 	}
 	// A probe's credit expires.
 	now = now.Add(time.Minute)
-	if !l.AllowProbe("late") {
+	if !l.AllowProbe("late", false) {
 		t.Fatal("probe refused after a minute")
 	}
 	now = now.Add(probeCreditTTL)
@@ -86,7 +86,7 @@ func TestLimiterBudgets(t *testing.T) {
 	// Unlimited budgets stay unlimited.
 	u := NewLimiter(Limits{PerPeer: rate.Inf, Global: rate.Inf})
 	for range 100 {
-		if !u.AllowProbe("x") || !u.AllowHandshake("x", false) || !u.AllowHandshake("x", true) {
+		if !u.AllowProbe("x", false) || !u.AllowHandshake("x", false) || !u.AllowHandshake("x", true) {
 			t.Fatal("an unlimited limiter refused")
 		}
 	}
@@ -126,4 +126,33 @@ type nopValidator struct{}
 func (nopValidator) Variant() string { return "fake-insecure" }
 func (nopValidator) Validate(context.Context, []byte, []byte) (attestation.Result, error) {
 	return attestation.Result{UserData: []byte("never matches a key hash")}, nil
+}
+
+// TestLimiterProbesOfKnownPeers: a probe flood from unknown peers uses up their probe budget and
+// none of the known peers'; a refusal on claims is charged to its peer, which is then over its limit.
+func TestLimiterProbesOfKnownPeers(t *testing.T) {
+	now := time.Unix(1000, 0)
+	l := newLimiterWithClock(Limits{PerPeer: 1, PerPeerBurst: 2, Global: 1, GlobalBurst: 2,
+		Unauthenticated: 1, UnauthenticatedBurst: 3, MaxPeers: 100}, func() time.Time { return now })
+	for _, peer := range []string{"f1", "f2", "f3"} {
+		if !l.AllowProbe(peer, false) {
+			t.Fatalf("probe of %s refused within the burst", peer)
+		}
+	}
+	if l.AllowProbe("f4", false) {
+		t.Fatal("a fourth unknown peer's probe admitted past the unauthenticated burst of 3")
+	}
+	if !l.AllowProbe("node", true) {
+		t.Fatal("a known peer's probe refused: the unknown peers' flood used up its budget")
+	}
+	// Refusals on claims: charged a token each, the peer is over its limit after its burst of 2.
+	for range 2 {
+		if !l.CanAttempt("liar") {
+			t.Fatal("a peer within its burst may not attempt")
+		}
+		l.ChargeRefusal("liar")
+	}
+	if l.CanAttempt("liar") {
+		t.Fatal("a peer whose refusals used up its burst may still attempt")
+	}
 }

@@ -52,13 +52,20 @@ const (
 )
 
 // The joinservice's resources: it idles at a few MiB and a join costs a few milliseconds of CPU;
-// under a flood of joins its memory stays bounded by its rate limits. No CPU limit: throttling
-// would only slow joins down on a node that has CPU to spare.
+// under a flood of joins its memory stays bounded by its rate limits. Its CPU is limited too
+// (JoinServiceCPUs): it shares the control plane with kube-apiserver and etcd, and a flood from the
+// network must not take their CPU. One core carries its rate limits with room to spare (its load
+// test and the attack suite run it with as many cores; Go sizes GOMAXPROCS to the limit).
 const (
 	joinServiceCPURequest    = "50m"
 	joinServiceMemoryRequest = "64Mi"
-	joinServiceMemoryLimit   = "512Mi"
 )
+
+// JoinServiceCPUs is the joinservice's CPU limit, in cores.
+const JoinServiceCPUs = 1
+
+// JoinServiceMemoryLimitBytes is the joinservice's memory limit (512 MiB).
+const JoinServiceMemoryLimitBytes = 512 << 20
 
 // Config is how the components are deployed.
 type Config struct {
@@ -298,7 +305,10 @@ func JoinServiceDaemonSet(cfg Config, attestationPolicy []byte) (*appsv1ac.Daemo
 				corev1.ResourceCPU:    resource.MustParse(joinServiceCPURequest),
 				corev1.ResourceMemory: resource.MustParse(joinServiceMemoryRequest),
 			}).
-			WithLimits(corev1.ResourceList{corev1.ResourceMemory: resource.MustParse(joinServiceMemoryLimit)})).
+			WithLimits(corev1.ResourceList{
+				corev1.ResourceCPU:    *resource.NewQuantity(JoinServiceCPUs, resource.DecimalSI),
+				corev1.ResourceMemory: *resource.NewQuantity(JoinServiceMemoryLimitBytes, resource.BinarySI),
+			})).
 		WithSecurityContext(joinServiceSecurityContext(privileged))
 	ds := appsv1ac.DaemonSet(joinconfig.JoinServiceName, joinconfig.Namespace).
 		WithLabels(labels).

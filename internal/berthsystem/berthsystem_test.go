@@ -172,8 +172,11 @@ func TestJoinServicePodSecurity(t *testing.T) {
 			if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
 				t.Errorf("resources = %+v, want CPU and memory requests and a memory limit", c.Resources)
 			}
-			if !c.Resources.Limits.Cpu().IsZero() {
-				t.Errorf("CPU limit %v: joins would be throttled", c.Resources.Limits.Cpu())
+			if got := c.Resources.Limits.Cpu(); got.Value() != berthsystem.JoinServiceCPUs || got.MilliValue() != 1000*berthsystem.JoinServiceCPUs {
+				t.Errorf("CPU limit %v, want %d (a flood must not take the control plane's CPU)", got, berthsystem.JoinServiceCPUs)
+			}
+			if got := c.Resources.Limits.Memory().Value(); got != berthsystem.JoinServiceMemoryLimitBytes {
+				t.Errorf("memory limit %d, want %d", got, berthsystem.JoinServiceMemoryLimitBytes)
 			}
 			sc := c.SecurityContext
 			if *sc.Privileged != tc.privileged || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem {

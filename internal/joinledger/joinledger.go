@@ -13,12 +13,13 @@
 //
 //	kind        what                                                         quota
 //	accepted    accepted joins and rejoins                                   128
-//	evidence    refusals that cost the peer real attestation: cryptographic  64
-//	            failures (replay, transplant, untrusted root, bad signature)
-//	            and refusals of a peer whose quote verified (measurement
-//	            mismatch, role, disk binding, ...)
+//	evidence    refusals that cost the peer a verified TPM operation: a      64
+//	            replay or a transplant of a genuine quote, and refusals of a
+//	            peer whose quote verified (measurement mismatch, role, disk
+//	            binding, ...)
 //	unverified  refusals of what a peer sent without proving anything:       64
-//	            claims, rate limits, malformed or missing evidence
+//	            claims, rate limits, malformed or missing evidence, an EK no
+//	            trusted CA vouches for, a bad signature, a key not activated
 //
 // Space a kind leaves unused goes to the newest entries of the other kinds, unverified ones last,
 // so that a flood of unverified refusals (anyone who can reach the port can send them) never evicts

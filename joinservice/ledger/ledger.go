@@ -287,6 +287,9 @@ func (w *Writer) flush(ctx context.Context, batch []Entry) error {
 	if err != nil {
 		return err
 	}
+	if cm == nil { // nothing written (the update gave up without an error)
+		return nil
+	}
 	w.events(ctx, cm, batch)
 	return nil
 }

@@ -35,6 +35,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
+	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/joindial"
 	"github.com/berth-k8s/berth/internal/loadchart"
 	"github.com/berth-k8s/berth/internal/proctest"
@@ -113,8 +114,10 @@ func TestJoinLoadAttested(t *testing.T) {
 	lifted := []string{"--rate-per-peer=1e9", "--rate-per-peer-burst=1000000000", "--rate-global=1e9", "--rate-global-burst=1000000000",
 		"--attest-rate-per-peer=1e9", "--attest-rate-per-peer-burst=1000000000", "--attest-rate-global=1e9", "--attest-rate-global-burst=1000000000",
 		"--attest-rate-known=1e9", "--attest-rate-known-burst=1000000000", "--attest-rate-unauthenticated=0"}
+	// As many cores as its DaemonSet's CPU limit gives it (Go sizes GOMAXPROCS to the limit there).
 	js := proctest.Start(t, proctest.Cmd{
 		Name: "joinservice", Path: proctest.Build(t, "github.com/berth-k8s/berth/joinservice/cmd/joinservice"), Grace: 20 * time.Second,
+		Env: []string{fmt.Sprintf("GOMAXPROCS=%d", berthsystem.JoinServiceCPUs)},
 		Args: append([]string{"--attestation=tpm", "--tpm=" + serviceTPM.Spec, "--metadata=static",
 			"--metadata-file=" + filepath.Join(dir, "metadata.yaml"), "--kubeconfig=" + kubeconfig, "--listen=" + addr,
 			"--metrics-listen=" + metricsAddr, "--pki-dir=" + writePKI(t, "ecdsa"), "--replica=cp-0"}, lifted...),

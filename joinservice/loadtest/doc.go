@@ -24,6 +24,9 @@
 // takes the joinservice's session proof (quoted every 10 s), and the joinservice's TPM does nothing
 // per join; BENCH_JOIN_SESSION=0 is the activation per join described above.
 //
+// The joinservice runs with GOMAXPROCS at its DaemonSet's CPU limit (berthsystem.JoinServiceCPUs),
+// the cores it has in a cluster, so that the rates measured are the rates it can give there.
+//
 // Phases: accepted (genuine PCRs, BENCH_JOIN_DURATION), rejected on claims (PCR 4 deviates; the nodes
 // claim their PCRs in the ClientHello as vtpm.Issuer does, half the duration), rejected after full
 // validation (the same nodes without claims, as a TDX node, half the duration).

@@ -58,10 +58,14 @@ var handshakeReasons = []struct {
 }
 
 // cryptographicReasons are the handshake refusals of evidence that took a TPM to make: a genuine
-// quote from an untrusted or other connection's key, a replay, a bad signature, a failed activation.
-// The ledger keeps them apart from the refusals anyone can cause (joinledger.KindEvidence).
+// quote replayed from another handshake, or made for this handshake's nonce but bound to another
+// connection's key. The ledger keeps them apart from the refusals anyone can cause
+// (joinledger.KindEvidence). An untrusted EK (any software key with a CA of its own), a bad
+// signature and a key that was not activated (a garbage certificate and no TPM at all) cost the peer
+// nothing a TPM verified: counted as evidence, 250 addresses sending them evicted every replay and
+// transplant the share exists to keep.
 var cryptographicReasons = map[string]bool{
-	ReasonUntrustedRoot: true, ReasonNonceMismatch: true, ReasonKeyBinding: true, ReasonBadSignature: true, ReasonNotActivated: true,
+	ReasonNonceMismatch: true, ReasonKeyBinding: true,
 }
 
 // handshakeKind is the ledger kind of a handshake refusal with reason.

@@ -78,11 +78,12 @@ func TestClaimCheck(t *testing.T) {
 }
 
 // TestLedgerKinds: the ledger keeps refusals of evidence that took a TPM to make (and of peers whose
-// attestation verified) apart from what anyone can send.
+// attestation verified) apart from what anyone can send: an untrusted EK, a bad signature and a key
+// not activated cost the peer no verified TPM operation.
 func TestLedgerKinds(t *testing.T) {
 	for reason, want := range map[string]string{
-		ReasonUntrustedRoot: joinledger.KindEvidence, ReasonNonceMismatch: joinledger.KindEvidence, ReasonKeyBinding: joinledger.KindEvidence,
-		ReasonBadSignature: joinledger.KindEvidence, ReasonNotActivated: joinledger.KindEvidence,
+		ReasonNonceMismatch: joinledger.KindEvidence, ReasonKeyBinding: joinledger.KindEvidence,
+		ReasonUntrustedRoot: joinledger.KindUnverified, ReasonBadSignature: joinledger.KindUnverified, ReasonNotActivated: joinledger.KindUnverified,
 		ReasonMalformed: joinledger.KindUnverified, ReasonUnknownVariant: joinledger.KindUnverified, ReasonNoEvidence: joinledger.KindUnverified,
 		ReasonMeasurements: joinledger.KindUnverified, // in the handshake only claims are judged
 	} {

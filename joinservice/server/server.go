@@ -56,10 +56,15 @@
 // tracked. A node needs one ticket per join and its JoinClient retries with a backoff of about a
 // second, so 1/s with burst 5 never slows a genuine node but stops one address from hammering the
 // service over one connection (an attested handshake is paid once per connection, not per call). The
-// global limit bounds what the tickets cost the control plane: a ticket is a CA signature and a ledger
-// entry (written in batches); 100/s lets a 200-node scale-up through in about 2 s. An excess call gets
-// ResourceExhausted with reason RATE_LIMITED before any cryptography, metadata lookup or API call:
-// its cost is one map lookup under a mutex. The limits are flags of the joinservice binary.
+// global limit is the tickets budget and bounds what the tickets cost the control plane: a ticket is a
+// CA signature and a ledger entry (written in batches); 100/s lets a 200-node scale-up through in
+// about 2 s. Only a call that passed every cheap check (the policy on the handshake's verified
+// evidence, metadata, the role, the revocation list, the disk binding) spends it: attested strangers
+// at addresses metadata does not know, or machines of another image, are charged to a refused budget
+// of their own, and calls without evidence to an unverified one (RefusalLimits), so that no number of
+// them leaves a genuine node without its ticket. A call over its peer's limit or the unverified budget
+// gets ResourceExhausted with reason RATE_LIMITED before any cryptography, metadata lookup or API
+// call: its cost is one map lookup under a mutex. The limits are flags of the joinservice binary.
 package server
 
 import (
@@ -152,10 +157,12 @@ type Server struct {
 	cpLock ControlPlaneLock
 	// record knows the machines the cluster admitted and the ones an operator removed; nil: none.
 	record MachineRecord
-	// limiter bounds tickets per peer address and overall.
-	limiter *atls.Limiter
-	journal Journal
-	obs     Observer
+	// limits and refusalLimits configure budgets, the calls' rate limits (budget.go).
+	limits        atls.Limits
+	refusalLimits RefusalLimits
+	budgets       *budgets
+	journal       Journal
+	obs           Observer
 	// kmsSpec tells which KMS key generations a control-plane ticket carries.
 	kmsSpec KMSSpec
 }
@@ -198,7 +205,16 @@ func WithJournal(j Journal) Option { return func(s *Server) { s.journal = j } }
 func WithObserver(o Observer) Option { return func(s *Server) { s.obs = o } }
 
 // WithLimits replaces DefaultLimits.
-func WithLimits(l atls.Limits) Option { return func(s *Server) { s.limiter = atls.NewLimiter(l) } }
+func WithLimits(l atls.Limits) Option { return func(s *Server) { s.limits = l } }
+
+// WithRefusalLimits replaces DefaultRefusalLimits; the zero value keeps them.
+func WithRefusalLimits(l RefusalLimits) Option {
+	return func(s *Server) {
+		if l != (RefusalLimits{}) {
+			s.refusalLimits = l
+		}
+	}
+}
 
 // WithControlPlaneLock replaces the in-process lock that serializes control-plane joins.
 func WithControlPlaneLock(l ControlPlaneLock) Option { return func(s *Server) { s.cpLock = l } }
@@ -209,13 +225,12 @@ func WithKMSSpec(f KMSSpec) Option { return func(s *Server) { s.kmsSpec = f } }
 
 // New returns a Server. attest may be nil only when the service runs without attestation.
 func New(cfg Config, log *zap.Logger, keys *clusterkeys.Keys, salt []byte, authority *ca.Authority, meta peerLister, attest AttestationCheck, opts ...Option) *Server {
-	s := &Server{cfg: cfg, log: log, keys: keys, salt: salt, ca: authority, meta: meta, attest: attest}
+	s := &Server{cfg: cfg, log: log, keys: keys, salt: salt, ca: authority, meta: meta, attest: attest,
+		limits: DefaultLimits, refusalLimits: DefaultRefusalLimits}
 	for _, o := range opts {
 		o(s)
 	}
-	if s.limiter == nil {
-		s.limiter = atls.NewLimiter(DefaultLimits)
-	}
+	s.budgets = newBudgets(s.limits, s.refusalLimits)
 	if s.cpLock == nil {
 		s.cpLock = NewLocalLock()
 	}
@@ -308,34 +323,56 @@ type attempt struct {
 	rpc   string
 	start time.Time
 	entry ledger.Entry
+	// limited: the tickets budget refused the call.
+	limited bool
 }
 
 // begin rate-limits the call and opens its attempt. A non-nil error is the rejection to return: it
-// costs a map lookup, before any cryptography or API call.
+// costs a map lookup, before any cryptography or API call. The call is charged to its peer, and a call
+// without attestation evidence to the unverified budget; the tickets budget is charged later
+// (chargeTicket), once the call passed the cheap checks.
 func (s *Server) begin(ctx context.Context, rpc string, role joinproto.Role) (*attempt, net.IP, error) {
 	ip := peerIP(ctx)
 	peerKey := "unknown"
 	if ip != nil {
 		peerKey = ip.String()
 	}
-	if !s.limiter.Allow(peerKey) {
-		s.journal.RecordRateLimited(peerKey)
-		s.obs.Attempt(rpc, ledger.OutcomeRejected, ReasonRateLimited)
-		return nil, nil, reject(codes.ResourceExhausted, ReasonRateLimited, "too many join attempts: retry later")
+	ev, verified := atls.PeerEvidence(ctx)
+	if !s.budgets.peers.AllowPeer(peerKey) || s.attest != nil && !verified && !s.budgets.unverified.Allow() {
+		return nil, nil, s.rateLimited(rpc, peerKey)
 	}
 	s.obs.InFlight(1)
 	a := &attempt{rpc: rpc, start: time.Now(), entry: ledger.Entry{Peer: peerKey, RPC: rpc}}
 	if rpc == "join" {
 		a.entry.Role = roleName(role)
 	}
-	if ev, ok := atls.PeerEvidence(ctx); ok {
+	if verified {
 		sum := sha256.Sum256(ev.Document)
 		a.entry.EvidenceSHA256 = hex.EncodeToString(sum[:])
 	}
 	return a, ip, nil
 }
 
-// finish records the attempt's outcome.
+// rateLimited counts a call refused by a budget and returns its rejection.
+func (s *Server) rateLimited(rpc, peer string) error {
+	s.journal.RecordRateLimited(peer)
+	s.obs.Attempt(rpc, ledger.OutcomeRejected, ReasonRateLimited)
+	return reject(codes.ResourceExhausted, ReasonRateLimited, "too many join attempts: retry later")
+}
+
+// chargeTicket charges a call that passed every cheap check to the tickets budget; a non-nil error
+// is the rejection to return.
+func (s *Server) chargeTicket(a *attempt) error {
+	if s.budgets.tickets.Allow() {
+		return nil
+	}
+	a.limited = true
+	return reject(codes.ResourceExhausted, ReasonRateLimited, "too many join attempts: retry later")
+}
+
+// finish records the attempt's outcome. A refusal is charged to the refused budget (attested peers)
+// or was charged to the unverified one (begin); one beyond the refused budget is counted as
+// rate-limited instead of recorded as its own entry.
 func (s *Server) finish(a *attempt, err error) {
 	d := time.Since(a.start)
 	s.obs.InFlight(-1)
@@ -355,6 +392,10 @@ func (s *Server) finish(a *attempt, err error) {
 	}
 	a.entry.Kind = entryKind(a.entry)
 	s.obs.Attempt(a.rpc, a.entry.Outcome, reason)
+	if a.limited || err != nil && a.entry.EvidenceSHA256 != "" && !s.budgets.refused.Allow() {
+		s.journal.RecordRateLimited(a.entry.Peer)
+		return
+	}
 	s.journal.Record(a.entry)
 }
 
@@ -416,6 +457,9 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 	identity, source := peerIdentity(ctx, inst)
 	a.entry.Identity = recordIdentity(ctx, inst)
 	if err := s.checkRevoked(a.entry.Identity, "join", log); err != nil {
+		return nil, err
+	}
+	if err := s.chargeTicket(a); err != nil {
 		return nil, err
 	}
 	s.obs.Latency("join", "validate", time.Since(a.start))
@@ -502,6 +546,9 @@ func (s *Server) IssueRejoinTicket(ctx context.Context, req *joinproto.IssueRejo
 	if !bound {
 		log.Warn("rejoin rejected", zap.String("reason", ReasonDiskNotBound), zap.String("identitySource", source))
 		return nil, reject(codes.PermissionDenied, ReasonDiskNotBound, "this disk does not belong to the attested machine")
+	}
+	if err := s.chargeTicket(a); err != nil {
+		return nil, err
 	}
 	s.obs.Latency("rejoin", "validate", time.Since(a.start))
 	log.Info("rejoin ticket issued", zap.String("identitySource", source))

@@ -339,14 +339,20 @@ func TestRateLimitIsCheapAndNamed(t *testing.T) {
 	if len(j.all()) != 3 || j.rateLimited["127.0.0.1"] != 1 {
 		t.Fatalf("ledger %d entries, rate-limited %v", len(j.all()), j.rateLimited)
 	}
-	// The global limit applies across peers.
+	// The tickets budget (the global limit) is spent only by calls that pass every cheap check: any
+	// number of refused calls leave it whole, and it applies across peers.
 	c = start(t, peers{{Name: "w", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}},
 		WithLimits(atls.Limits{PerPeer: 1000, PerPeerBurst: 1000, Global: 0.001, GlobalBurst: 1}))
-	if _, err := c.IssueRejoinTicket(context.Background(), &joinproto.IssueRejoinTicketRequest{}); reason(err) != ReasonBadDiskUUID {
-		t.Fatalf("IssueRejoinTicket() = %v, want %s", err, ReasonBadDiskUUID)
+	for range 5 {
+		if _, err := c.IssueRejoinTicket(context.Background(), &joinproto.IssueRejoinTicketRequest{}); reason(err) != ReasonBadDiskUUID {
+			t.Fatalf("IssueRejoinTicket() = %v, want %s", err, ReasonBadDiskUUID)
+		}
 	}
-	if _, err := c.IssueRejoinTicket(context.Background(), &joinproto.IssueRejoinTicketRequest{}); reason(err) != ReasonRateLimited {
-		t.Fatalf("IssueRejoinTicket() = %v, want %s", err, ReasonRateLimited)
+	if _, err := c.IssueJoinTicket(context.Background(), req); err != nil {
+		t.Fatalf("a join after refused calls: %v, want its ticket", err)
+	}
+	if _, err := c.IssueJoinTicket(context.Background(), req); reason(err) != ReasonRateLimited {
+		t.Fatalf("IssueJoinTicket() = %v, want %s", err, ReasonRateLimited)
 	}
 }
 

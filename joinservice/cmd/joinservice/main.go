@@ -44,6 +44,7 @@ type options struct {
 	replica      string
 	limits       atls.Limits
 	attestLimits atls.Limits
+	refusals     server.RefusalLimits
 	log          logging.Config
 	joinTimeout  time.Duration
 }
@@ -52,7 +53,7 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	o := options{listen: fmt.Sprintf(":%d", joinconfig.JoinPort), metricsAddr: fmt.Sprintf("127.0.0.1:%d", joinconfig.MetricsPort), pkiDir: "/etc/kubernetes/pki",
-		namespace: joinconfig.Namespace, limits: server.DefaultLimits, attestLimits: atls.DefaultLimits,
+		namespace: joinconfig.Namespace, limits: server.DefaultLimits, attestLimits: atls.DefaultLimits, refusals: server.DefaultRefusalLimits,
 		log: logging.Config{Level: envOr(joinconfig.EnvLogLevel, "info"), Format: envOr(joinconfig.EnvLogFormat, logging.FormatJSON), Sample: true}}
 	cmd := &cobra.Command{
 		Use:   "joinservice",
@@ -126,6 +127,10 @@ BERTH_LOG_FORMAT; the bootstrapper passes its own to the DaemonSet.`,
 	f.IntVar(&o.limits.PerPeerBurst, "rate-per-peer-burst", o.limits.PerPeerBurst, "burst of --rate-per-peer")
 	f.Float64Var((*float64)(&o.limits.Global), "rate-global", float64(o.limits.Global), "join tickets per second over all peers")
 	f.IntVar(&o.limits.GlobalBurst, "rate-global-burst", o.limits.GlobalBurst, "burst of --rate-global")
+	f.Float64Var((*float64)(&o.refusals.Refused), "rate-refused", float64(o.refusals.Refused), "refusals per second of attested join calls (policy, metadata, role, revocation), recorded one by one; the tickets budget (--rate-global) is spent only by calls that pass")
+	f.IntVar(&o.refusals.RefusedBurst, "rate-refused-burst", o.refusals.RefusedBurst, "burst of --rate-refused")
+	f.Float64Var((*float64)(&o.refusals.Unverified), "rate-unverified", float64(o.refusals.Unverified), "join calls per second without attestation evidence, over all peers")
+	f.IntVar(&o.refusals.UnverifiedBurst, "rate-unverified-burst", o.refusals.UnverifiedBurst, "burst of --rate-unverified")
 	f.Float64Var((*float64)(&o.attestLimits.PerPeer), "attest-rate-per-peer", float64(o.attestLimits.PerPeer), "attestation attempts per second per peer address (an identity probe and the handshake it precedes are one)")
 	f.IntVar(&o.attestLimits.PerPeerBurst, "attest-rate-per-peer-burst", o.attestLimits.PerPeerBurst, "burst of --attest-rate-per-peer")
 	f.Float64Var((*float64)(&o.attestLimits.Global), "attest-rate-global", float64(o.attestLimits.Global), "attested handshakes per second of peers metadata does not know as the cluster's instances; size it to this node's TPM")
@@ -169,7 +174,7 @@ func deps(ctx context.Context, o options, log *zap.Logger) (joinservice.Deps, er
 	d := joinservice.Deps{
 		Log: log, Listen: &net.ListenConfig{}, Attestation: o.attestation,
 		Address: o.listen, MetricsAddress: o.metricsAddr, Namespace: o.namespace, PKIDir: o.pkiDir, Replica: o.replica,
-		Limits: o.limits, AttestLimits: o.attestLimits, ControlPlaneJoinTimeout: o.joinTimeout,
+		Limits: o.limits, AttestLimits: o.attestLimits, RefusalLimits: o.refusals, ControlPlaneJoinTimeout: o.joinTimeout,
 	}
 	if o.joinTimeout <= 0 {
 		return d, fmt.Errorf("--control-plane-join-timeout %v: want a positive duration", o.joinTimeout)
