@@ -50,6 +50,7 @@ func TestInstallOrder(t *testing.T) {
 		"RuntimeClass berth-host",
 		"ValidatingAdmissionPolicy berth-system-images", "ValidatingAdmissionPolicyBinding berth-system-images",
 		"ValidatingAdmissionPolicy berth-host-runtime", "ValidatingAdmissionPolicyBinding berth-host-runtime",
+		"ValidatingAdmissionPolicy berth-node-revocation", "ValidatingAdmissionPolicyBinding berth-node-revocation",
 		"Secret berth-system/berth-cluster-secrets",
 		"ConfigMap berth-system/berth-join-config",
 		"ConfigMap berth-system/berth-join-ledger",
