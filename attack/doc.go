@@ -21,7 +21,7 @@
 //	  tampered quote)                          on the verified quote
 //	forged CSR (another node's name,         ticket for the attested  the certificate says only what was attested
 //	  system:masters, extra SANs)              name only
-//	CSR with a broken signature              BAD_CSR                  nobody proved to hold the key
+//	CSR that does not parse                  BAD_CSR                  nothing to certify (its signature buys nothing)
 //	no attestation (plaintext, plain TLS)    no ticket                a ticket is bound to an attested machine
 //	another node's role                      ROLE_MISMATCH            the role comes from metadata, not the node
 //	an address metadata does not know        UNKNOWN_PEER             the identity comes from metadata

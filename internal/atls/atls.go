@@ -61,6 +61,7 @@ import (
 	"time"
 
 	"github.com/berth-k8s/berth/internal/attestation"
+	"github.com/berth-k8s/berth/internal/certsign"
 )
 
 // Issuer produces attestation documents (implemented by the variants, e.g. vtpm.Issuer).
@@ -195,7 +196,8 @@ func selfSigned(key *ecdsa.PrivateKey, exts ...pkix.Extension) (*tls.Certificate
 		ExtKeyUsage:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		ExtraExtensions: exts,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	// A fresh key of ours, in memory: signed once, not verified again (internal/certsign).
+	der, err := certsign.Create(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		return nil, fmt.Errorf("creating certificate: %w", err)
 	}

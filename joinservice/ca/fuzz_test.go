@@ -41,7 +41,7 @@ func checkIssued(t *testing.T, a *Authority, pemCert []byte, key any) {
 }
 
 // FuzzSignKubeletClient signs arbitrary CSR bytes, as a joining node sends them: whatever parses and
-// verifies gets a certificate that says only what the joinservice attested.
+// carries a key the CA certifies gets a certificate that says only what the joinservice attested.
 func FuzzSignKubeletClient(f *testing.F) {
 	a, err := New(catest.PEM(f))
 	if err != nil {

@@ -471,7 +471,7 @@ func (s *Server) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTi
 	cert, err := s.ca.SignKubeletClient(req.GetKubeletCsr(), inst.Name, ips, kubeletCertValidity)
 	if err != nil {
 		log.Warn("join rejected", zap.String("reason", ReasonBadCSR), zap.Error(err))
-		return nil, reject(codes.InvalidArgument, ReasonBadCSR, "the kubelet CSR does not parse or its signature does not verify")
+		return nil, reject(codes.InvalidArgument, ReasonBadCSR, "the kubelet CSR does not parse or its key cannot be certified")
 	}
 	var files []*joinproto.File
 	var kmsKeys []*joinproto.KMSKey

@@ -18,6 +18,7 @@ import (
 	"github.com/google/go-tpm/tpm2"
 
 	"github.com/berth-k8s/berth/internal/attestation"
+	"github.com/berth-k8s/berth/internal/certsign"
 )
 
 // Certified attestation keys. Credential activation proves to one verifier that an AK lives with a
@@ -113,7 +114,8 @@ func (ca *AKCA) Certify(akPublic, ekPublic []byte) ([]byte, error) {
 		KeyUsage:        x509.KeyUsageDigitalSignature,
 		ExtraExtensions: []pkix.Extension{{Id: OIDAKEndorsementKey, Value: ekID}},
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, ak.key, ca.key)
+	// The CA key is ours, in memory: signed once, not verified again (internal/certsign).
+	der, err := certsign.Create(rand.Reader, tmpl, ca.Cert, ak.key, ca.key)
 	if err != nil {
 		return nil, fmt.Errorf("certifying attestation key: %w", err)
 	}

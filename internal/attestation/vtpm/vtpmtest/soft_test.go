@@ -3,8 +3,12 @@ package vtpmtest_test
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -593,6 +597,116 @@ func BenchmarkSoftTPMValidate(b *testing.B) {
 	}
 	for b.Loop() {
 		if _, err := v.Validate(ctx, raw, nonce); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// forgedCA is a CA that claims ca's name and key ID (its certificate's Subject and SubjectKeyId)
+// under a key of its own: what an attacker makes to pass for a trusted EK issuer.
+func forgedCA(t testing.TB, ca *vtpmtest.CA) *vtpmtest.CA {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := *ca.Cert
+	tmpl.PublicKey, tmpl.Raw, tmpl.RawSubjectPublicKeyInfo = nil, nil, nil
+	der, err := x509.CreateCertificate(rand.Reader, &tmpl, &tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(cert.RawSubject, ca.Cert.RawSubject) || !bytes.Equal(cert.SubjectKeyId, ca.Cert.SubjectKeyId) {
+		t.Fatal("the forged CA does not claim the trusted CA's name and key ID")
+	}
+	return &vtpmtest.CA{Cert: cert, Key: key}
+}
+
+// TestValidatorRefusesForgedEKIssuer: a validator refuses an EK certificate from another CA and from
+// one that forges the trusted issuer's name and key ID, before and after it verified chains of the
+// genuine issuer for new TPMs.
+func TestValidatorRefusesForgedEKIssuer(t *testing.T) {
+	ctx := context.Background()
+	ca, err := vtpmtest.NewCA("soft EK CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := vtpmtest.NewCA("another EK CA")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nonce := make([]byte, 32)
+	doc := func(ca *vtpmtest.CA) []byte {
+		s, err := vtpmtest.NewSoftTPM(ca, testPCRs())
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, err := s.Issue(ctx, nil, nonce)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return raw
+	}
+	forged, untrusted := doc(forgedCA(t, ca)), doc(other)
+	v := validator(t, ca.PEM(), "")
+	refused := func(when string) {
+		t.Helper()
+		for name, raw := range map[string][]byte{"forged issuer": forged, "untrusted issuer": untrusted} {
+			if _, err := v.Validate(ctx, raw, nonce); !errors.Is(err, attestation.ErrUntrustedRoot) {
+				t.Errorf("%s, %s: %v, want ErrUntrustedRoot", name, when, err)
+			}
+		}
+	}
+	refused("before any chain verified")
+	for i := range 3 {
+		if _, err := v.Validate(ctx, doc(ca), nonce); err != nil {
+			t.Fatalf("TPM %d of the trusted CA: %v", i, err)
+		}
+	}
+	refused("after chains of the genuine issuer verified")
+}
+
+// BenchmarkSoftTPMValidateNewNode is a validator's first contact with a TPM whose EK issuer it has
+// met before: each document comes from a TPM it has never seen, all under one CA. (The EK chain is
+// one signature check; x509's chain building around it measured nothing worth caching.)
+func BenchmarkSoftTPMValidateNewNode(b *testing.B) {
+	ctx := context.Background()
+	ca, err := vtpmtest.NewCA("bench EK CA")
+	if err != nil {
+		b.Fatal(err)
+	}
+	v := validator(b, ca.PEM(), "")
+	nonce := make([]byte, 32)
+	docs := make([][]byte, 0, 64)
+	for range cap(docs) {
+		s, err := vtpmtest.NewSoftTPM(ca, testPCRs())
+		if err != nil {
+			b.Fatal(err)
+		}
+		raw, err := s.Issue(ctx, nil, nonce)
+		if err != nil {
+			b.Fatal(err)
+		}
+		docs = append(docs, raw)
+	}
+	if _, err := v.Validate(ctx, docs[0], nonce); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for i := range b.N {
+		if i > 0 && i%(len(docs)-1) == 0 {
+			b.StopTimer()
+			v = validator(b, ca.PEM(), "") // forget the identities
+			if _, err := v.Validate(ctx, docs[0], nonce); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+		if _, err := v.Validate(ctx, docs[1+i%(len(docs)-1)], nonce); err != nil {
 			b.Fatal(err)
 		}
 	}
