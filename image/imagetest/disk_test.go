@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/berth-k8s/berth/internal/prereq"
@@ -30,8 +31,9 @@ type partition struct {
 	Attrs string `json:"attrs"`
 }
 
-// runDisk runs image/disk.sh on the given inputs and returns the raw disk's bytes and partitions.
-func runDisk(t *testing.T, dir string, uki, data, hash []byte, env ...string) ([]byte, []partition, error) {
+// runDisk runs image/disk.sh on the given inputs and returns the raw disk's bytes and partitions,
+// or disk.sh's error and output.
+func runDisk(t *testing.T, dir string, uki, data, hash []byte, env ...string) ([]byte, []partition, string, error) {
 	t.Helper()
 	files := map[string][]byte{"uki.efi": uki, "root.squashfs": data, "root.verity": hash}
 	for name, b := range files {
@@ -43,7 +45,7 @@ func runDisk(t *testing.T, dir string, uki, data, hash []byte, env ...string) ([
 	cmd := exec.Command("../disk.sh", filepath.Join(dir, "uki.efi"), filepath.Join(dir, "root.squashfs"), filepath.Join(dir, "root.verity"), raw)
 	cmd.Env = append(os.Environ(), env...)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, nil, &exec.ExitError{ProcessState: cmd.ProcessState, Stderr: out}
+		return nil, nil, string(out), err
 	}
 	out, err := exec.Command("sfdisk", "-J", raw).Output()
 	if err != nil {
@@ -65,7 +67,7 @@ func runDisk(t *testing.T, dir string, uki, data, hash []byte, env ...string) ([
 	if err != nil {
 		t.Fatal(err)
 	}
-	return b, table.PartitionTable.Partitions, nil
+	return b, table.PartitionTable.Partitions, "", nil
 }
 
 func random(t *testing.T, n int) []byte {
@@ -83,9 +85,9 @@ func TestDiskLayout(t *testing.T) {
 	diskTools(t)
 	uki, data, hash := random(t, 3<<20), random(t, 5<<20+17), random(t, 70<<10)
 	dir := t.TempDir()
-	disk, parts, err := runDisk(t, dir, uki, data, hash, "IMAGE_STATE_SIZE=8", "IMAGE_ESP_SIZE=40")
+	disk, parts, out, err := runDisk(t, dir, uki, data, hash, "IMAGE_STATE_SIZE=8", "IMAGE_ESP_SIZE=40")
 	if err != nil {
-		t.Fatalf("disk.sh: %v: %s", err, err.(*exec.ExitError).Stderr)
+		t.Fatalf("disk.sh: %v: %s", err, out)
 	}
 	want := []struct {
 		name, typ string
@@ -125,7 +127,7 @@ func TestDiskLayout(t *testing.T) {
 		t.Errorf("BOOTX64.EFI on the ESP is not the UKI (%v, %d bytes)", err, len(got))
 	}
 	// Reproducible.
-	again, _, err := runDisk(t, t.TempDir(), uki, data, hash, "IMAGE_STATE_SIZE=8", "IMAGE_ESP_SIZE=40")
+	again, _, _, err := runDisk(t, t.TempDir(), uki, data, hash, "IMAGE_STATE_SIZE=8", "IMAGE_ESP_SIZE=40")
 	if err != nil || !bytes.Equal(again, disk) {
 		t.Errorf("a second build of the same inputs differs (%v)", err)
 	}
@@ -135,12 +137,12 @@ func TestDiskLayout(t *testing.T) {
 func TestDiskUKITooLarge(t *testing.T) {
 	diskTools(t)
 	dir := t.TempDir()
-	_, _, err := runDisk(t, dir, random(t, 39<<20), random(t, 1<<20), random(t, 4096), "IMAGE_ESP_SIZE=40")
+	_, _, out, err := runDisk(t, dir, random(t, 39<<20), random(t, 1<<20), random(t, 4096), "IMAGE_ESP_SIZE=40")
 	if err == nil {
 		t.Fatal("disk.sh accepted a 39 MiB UKI for a 40 MiB ESP")
 	}
-	if msg := string(err.(*exec.ExitError).Stderr); !bytes.Contains([]byte(msg), []byte("does not fit an EFI system partition")) {
-		t.Errorf("error %q does not name the problem", msg)
+	if !strings.Contains(out, "does not fit an EFI system partition") {
+		t.Errorf("error %q does not name the problem", out)
 	}
 	if _, statErr := os.Stat(filepath.Join(dir, "disk.raw")); !os.IsNotExist(statErr) {
 		t.Error("a disk image was left behind")
