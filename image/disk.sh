@@ -42,9 +42,10 @@ guid() {
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-# The EFI system partition as a file: FAT32 with a fixed volume ID, files stamped with
-# SOURCE_DATE_EPOCH (else 0).
+# The EFI system partition as a file: FAT32 with a fixed volume ID, files and directories stamped
+# with SOURCE_DATE_EPOCH (else 1980-01-01, FAT's earliest date).
 stamp=${SOURCE_DATE_EPOCH:-315532800}
+export SOURCE_DATE_EPOCH=$stamp # mtools stamps directories and files with it
 truncate -s "${esp_mib}M" "$work/esp.img"
 mkfs.vfat -F 32 -n BERTH-ESP -i "${seed:0:8}" --invariant "$work/esp.img" >/dev/null
 cp "$uki" "$work/BOOTX64.EFI"
