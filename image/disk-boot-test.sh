@@ -207,7 +207,8 @@ if [ "$TAMPER" != 0 ]; then
 	cp --reflink=auto "$OUT/berth.raw" "$WORK/tampered.raw"
 	b=$(od -An -tu1 -j "$off" -N1 "$WORK/tampered.raw" | tr -d ' ')
 	printf "$(printf '\\x%02x' $((b ^ 1)))" | dd of="$WORK/tampered.raw" bs=1 seek="$off" conv=notrunc status=none
-	cmp -l "$OUT/berth.raw" "$WORK/tampered.raw" | wc -l | grep -qx 1 || die "the tampered disk differs in more than one byte"
+	ndiff=$( (cmp -l "$OUT/berth.raw" "$WORK/tampered.raw" || true) | wc -l)
+	[ "$ndiff" = 1 ] || die "the tampered disk differs in $ndiff bytes, want 1"
 	say "tampered disk: byte $off (bootstrapper data at $blocks in the root partition) flipped"
 	boot tampered "$WORK/tampered.raw"
 	st=$(cat "$WORK/tampered/status")
