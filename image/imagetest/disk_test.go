@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -147,4 +148,63 @@ func TestDiskUKITooLarge(t *testing.T) {
 	if _, statErr := os.Stat(filepath.Join(dir, "disk.raw")); !os.IsNotExist(statErr) {
 		t.Error("a disk image was left behind")
 	}
+}
+
+// The built root matches the root hash in the UKI's command line, and one byte changed in
+// /usr/bin/bootstrapper's data does not: veritysetup verify (user space, no device-mapper) checks the
+// same hash tree the guest kernel does.
+func TestVerityRoot(t *testing.T) {
+	root := imageRoot(t)
+	for _, tool := range []string{"veritysetup", "rdsquashfs"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			prereq.Missing(t, "%s is not installed (cryptsetup-bin, squashfs-tools-ng)", tool)
+		}
+	}
+	info := buildInfo(t, root)
+	hash := info["IMAGE_ROOTHASH"]
+	if len(hash) != 64 || !strings.Contains(info["IMAGE_CMDLINE"], "berth.verity="+hash) {
+		t.Fatalf("the build's command line %q does not carry its root hash %q", info["IMAGE_CMDLINE"], hash)
+	}
+	out := filepath.Dir(root)
+	data, tree := filepath.Join(out, "berth-root.squashfs"), filepath.Join(out, "berth-root.verity")
+	if b, err := exec.Command("veritysetup", "verify", data, tree, hash).CombinedOutput(); err != nil {
+		t.Fatalf("the built root does not verify against its root hash: %v: %s", err, b)
+	}
+	stat, err := exec.Command("rdsquashfs", "--stat", "/usr/bin/bootstrapper", data).Output()
+	if err != nil {
+		t.Fatalf("rdsquashfs --stat: %v", err)
+	}
+	var start int64
+	for line := range strings.SplitSeq(string(stat), "\n") {
+		if v, ok := strings.CutPrefix(line, "Blocks start:"); ok {
+			if _, err := fmt.Sscan(v, &start); err != nil {
+				t.Fatalf("parsing %q: %v", line, err)
+			}
+		}
+	}
+	if start == 0 {
+		t.Fatalf("no data offset for /usr/bin/bootstrapper in: %s", stat)
+	}
+	tampered := filepath.Join(t.TempDir(), "root.squashfs")
+	if b, err := exec.Command("cp", "--reflink=auto", data, tampered).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, b)
+	}
+	f, err := os.OpenFile(tampered, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = f.Close() }()
+	one := make([]byte, 1)
+	if _, err := f.ReadAt(one, start+100); err != nil {
+		t.Fatal(err)
+	}
+	one[0] ^= 1
+	if _, err := f.WriteAt(one, start+100); err != nil {
+		t.Fatal(err)
+	}
+	b, err := exec.Command("veritysetup", "verify", tampered, tree, hash).CombinedOutput()
+	if err == nil {
+		t.Fatalf("a root with one byte of the bootstrapper changed verified: %s", b)
+	}
+	t.Logf("one byte changed at %d: veritysetup verify refused it: %s", start+100, strings.TrimSpace(string(b)))
 }
