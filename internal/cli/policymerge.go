@@ -23,7 +23,11 @@ will produce when UEFI firmware boots it directly as the first boot option:
 
   PCR 4   the firmware's boot-manager events and the Authenticode digests of the UKI and of the
           kernel the stub starts
+  PCR 9   the kernel's measurement of its load options (the .cmdline section as systemd-stub passes
+          it, UTF-16) and of the initrd
   PCR 11  systemd-stub's measurement of its sections (name, then content, in the stub's order)
+  PCR 12  zero: systemd-stub measures a command line override from the boot option, and
+          credentials, there; a boot with either does not match
 
 Firmware PCRs (0-3, 5-7) depend on the firmware build and the machine and are not predicted. PCR 11
 holds only while nothing measures into it after the stub (the Berth image masks systemd-pcrphase).

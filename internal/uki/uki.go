@@ -11,6 +11,13 @@
 //	PCR 11  systemd-stub's measurement of its own sections, in its fixed order (.linux, .osrel,
 //	        .cmdline, .initrd, .splash, .dtb, .pcrpkey; .pcrsig is never measured): for each present
 //	        section first its name with the terminating NUL, then its content (VirtualSize bytes)
+//	PCR 9   the Linux EFI stub's tagged events (kernel 6.1 and later): first the kernel's load
+//	        options, which systemd-stub sets to the .cmdline section as UTF-16LE with its
+//	        terminating NUL, then the initrd the stub hands over (the .initrd section as it is, when
+//	        no credential or system extension is added to it)
+//	PCR 12  nothing: systemd-stub (252) measures into it only a command line taken from the boot
+//	        option's load options instead of .cmdline, and credentials it picked up from the EFI
+//	        system partition. A UKI booted with neither leaves it at zero; any override changes it.
 //
 // PCR 4 holds only for a UKI the firmware starts as the first boot option, with no boot loader or
 // shim before it; PCR 11 holds as long as nothing measures into it after the stub (systemd-pcrphase
@@ -53,7 +60,11 @@ type Prediction struct {
 	Events []Event
 }
 
-// Predict reads a UKI and predicts its PCR 4 and PCR 11 (SHA-256 bank).
+// Predicted lists the PCRs Predict computes.
+var Predicted = []int{4, 9, 11, 12}
+
+// Predict reads a UKI and predicts its PCRs 4, 9, 11 and 12 (SHA-256 bank) for a boot with no
+// command line override, credentials or add-ons.
 func Predict(image []byte) (*Prediction, error) {
 	sections, err := Sections(image)
 	if err != nil {
@@ -83,11 +94,32 @@ func Predict(image []byte) (*Prediction, error) {
 		add(11, "section name "+name, sha256.Sum256(append([]byte(name), 0)))
 		add(11, "section "+name, sha256.Sum256(data))
 	}
-	p := &Prediction{PCRs: map[int][sha256.Size]byte{}, Events: events}
+	if cmdline, ok := sections[".cmdline"]; ok {
+		add(9, "EV_EVENT_TAG LOADED_IMAGE::LoadOptions (.cmdline as UTF-16LE)", sha256.Sum256(LoadOptions(cmdline)))
+	}
+	if initrd, ok := sections[".initrd"]; ok {
+		add(9, "EV_EVENT_TAG Linux initrd (.initrd)", sha256.Sum256(initrd))
+	}
+	// PCR 12 has no event: its expected value is the reset value.
+	p := &Prediction{PCRs: map[int][sha256.Size]byte{12: {}}, Events: events}
 	for _, e := range events {
 		p.PCRs[e.PCR] = extend(p.PCRs[e.PCR], e.Digest)
 	}
 	return p, nil
+}
+
+// LoadOptions returns the kernel load options systemd-stub sets for a .cmdline section: the text
+// (up to a NUL, if any) as UTF-16LE with a terminating NUL character. Each byte becomes one
+// character, as the stub converts it (the command line is ASCII).
+func LoadOptions(cmdline []byte) []byte {
+	if i := bytes.IndexByte(cmdline, 0); i >= 0 {
+		cmdline = cmdline[:i]
+	}
+	out := make([]byte, 0, 2*len(cmdline)+2)
+	for _, c := range cmdline {
+		out = append(out, c, 0)
+	}
+	return append(out, 0, 0)
 }
 
 func extend(pcr, digest [sha256.Size]byte) [sha256.Size]byte {

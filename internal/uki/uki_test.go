@@ -2,6 +2,7 @@ package uki
 
 import (
 	"bytes"
+	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"testing"
+	"unicode/utf16"
 
 	"github.com/berth-k8s/berth/internal/prereq"
 )
@@ -102,19 +104,54 @@ func TestPCR11MatchesSystemdMeasure(t *testing.T) {
 	}
 }
 
-// A one-byte change of the command line changes both predicted PCRs: the check can fail.
+// A one-byte change of the command line changes the predicted PCRs 4, 9 and 11: the check can fail.
+// PCR 12 is zero for both (no override).
 func TestCmdlineChangesPCRs(t *testing.T) {
 	needTools(t)
 	_, a := build(t, "root=LABEL=berth-root rw console=ttyS0")
 	_, b := build(t, "root=LABEL=berth-root rw console=ttyS1")
 	pa, pb := predict(t, a), predict(t, b)
-	for _, pcr := range []int{4, 11} {
+	for _, pcr := range []int{4, 9, 11} {
 		if pa.PCRs[pcr] == pb.PCRs[pcr] {
 			t.Errorf("PCR %d is the same for two command lines", pcr)
 		}
 	}
-	if len(pa.Events) != 4+2*4 { // 4 firmware events, name and content of 4 sections
-		t.Errorf("%d events, want 12", len(pa.Events))
+	for _, p := range []*Prediction{pa, pb} {
+		if v, ok := p.PCRs[12]; !ok || v != [32]byte{} {
+			t.Errorf("PCR 12 predicted %x (present %v), want zero", v, ok)
+		}
+		if len(p.PCRs) != len(Predicted) {
+			t.Errorf("%d PCRs predicted, want %v", len(p.PCRs), Predicted)
+		}
+	}
+	if len(pa.Events) != 4+2*4+2 { // 4 firmware events, name and content of 4 sections, 2 kernel events
+		t.Errorf("%d events, want 14", len(pa.Events))
+	}
+}
+
+// PCR 9 as the kernel's EFI stub extends it: the UTF-16LE load options with their NUL, then the
+// initrd, each as a plain SHA-256 of the bytes. Computed here independently of Predict's helpers.
+func TestPCR9(t *testing.T) {
+	needTools(t)
+	cmdline := "root=/dev/mapper/berth-root ro berth.verity=00ff console=ttyS0"
+	_, path := build(t, cmdline)
+	p := predict(t, path)
+	u16 := utf16.Encode([]rune(cmdline + "\x00"))
+	opts := make([]byte, 2*len(u16))
+	for i, c := range u16 {
+		binary.LittleEndian.PutUint16(opts[2*i:], c)
+	}
+	var pcr [32]byte
+	for _, data := range [][]byte{opts, bytes.Repeat([]byte("initrd"), 1000)} {
+		d := sha256.Sum256(data)
+		pcr = sha256.Sum256(append(pcr[:], d[:]...))
+	}
+	if p.PCRs[9] != pcr {
+		t.Fatalf("PCR 9 = %x, want %x", p.PCRs[9], pcr)
+	}
+	_, other := build(t, cmdline+" ")
+	if predict(t, other).PCRs[9] == pcr {
+		t.Error("PCR 9 is the same for a command line with one more byte")
 	}
 }
 

@@ -78,7 +78,7 @@ func defaultConfig() *config {
 		stateMount:    "/run/berth/state-disk",
 		etcdDir:       "/var/lib/etcd",
 		recoverListen: ":9001",
-		sealPCRs:      []uint{4, 7, 11},
+		sealPCRs:      []uint{4, 7, 9, 11, 12},
 		kmsSocket:     kmsplugin.DefaultSocket,
 		kmsMetrics:    net.JoinHostPort("127.0.0.1", strconv.Itoa(kmsplugin.MetricsPort)),
 	}
@@ -118,7 +118,7 @@ func (c *config) register(f *pflag.FlagSet) {
 	f.StringVar(&c.stateMount, "state-mount", c.stateMount, "where the opened state disk is mounted; its directories are then mounted over --kubernetes-dir, --kubelet-dir, --etcd-dir and --state-dir")
 	f.StringVar(&c.etcdDir, "etcd-dir", c.etcdDir, "etcd's data directory on control planes (kept on the state disk)")
 	f.StringVar(&c.recoverListen, "recovery-listen", c.recoverListen, "address the recovery server listens on while the state disk waits for 'berth recover'")
-	f.UintSliceVar(&c.sealPCRs, "seal-pcrs", c.sealPCRs, "boot PCRs the state disk key is sealed to (--attestation=tpm); the lock PCR is always required to be zero")
+	f.UintSliceVar(&c.sealPCRs, "seal-pcrs", c.sealPCRs, "boot PCRs the state disk key is sealed to (--attestation=tpm): the UKI (4), Secure Boot state (7), the kernel's command line and initrd (9), the UKI's sections (11), command line overrides and credentials (12); the lock PCR is always required to be zero")
 	f.StringVar(&c.kmsSocket, "kms-socket", c.kmsSocket, "unix socket of the KMS plugin a control plane runs for its API server (Secrets are encrypted at rest through it); kubeadm mounts its directory into the API server's pod")
 	f.StringVar(&c.kmsMetrics, "kms-metrics-listen", c.kmsMetrics, "HOST:PORT where a control plane's KMS plugin serves /metrics (berth_kms_*); empty serves none")
 	c.log.AddFlags(f)

@@ -21,7 +21,9 @@ import (
 func Measurements(p *uki.Prediction, source string) ([]byte, error) {
 	what := map[int]string{
 		4:  "PCR 4: boot-manager events, Authenticode of the UKI and its kernel",
+		9:  "PCR 9: the kernel's measurement of its load options (.cmdline) and the initrd",
 		11: "PCR 11: systemd-stub's measurement of the UKI's sections",
+		12: "PCR 12: zero, no command line override, credentials or add-ons",
 	}
 	meas := &yaml.Node{Kind: yaml.MappingNode}
 	var pcrs []int
