@@ -25,7 +25,8 @@ var podSecretPaths = map[string]string{
 }
 
 // checkPodSecretAtRest passes a Secret holding a random marker to a pod on node, as an environment
-// variable and as a volume, and lets the pod print it (so it is also in the pod's log). Then:
+// variable (of both its containers) and as a volume (of the running one), and lets the pod's init
+// container print it (so it is also in the pod's log). Then, while the pod runs:
 //  1. control: searching the node's files through its own mount namespace finds the marker in
 //     containerd's metadata, the secret volume and the pod log (the search can see plaintext);
 //  2. the marker, raw and base64, is in no file under the cluster directory on the host: state disk
@@ -43,15 +44,21 @@ kind: Pod
 metadata: {name: pod-secret-marker, namespace: default}
 spec:
   nodeName: ` + node + `
-  restartPolicy: Never
   tolerations: [{operator: Exists}]
-  containers:
-  - name: testapp
+  initContainers:
+  - name: echo
     image: berth.local/testapp:v1
     imagePullPolicy: Never
     args: [echo, "secret=$(MARKER)"]
     env: [{name: MARKER, valueFrom: {secretKeyRef: {name: pod-secret-marker, key: value}}}]
+  containers:
+  - name: serve
+    image: berth.local/testapp:v1
+    imagePullPolicy: Never
+    args: [serve]
+    env: [{name: MARKER, valueFrom: {secretKeyRef: {name: pod-secret-marker, key: value}}}]
     volumeMounts: [{name: secret, mountPath: /secret, readOnly: true}]
+    readinessProbe: {httpGet: {path: /, port: 8080}, periodSeconds: 2}
   volumes:
   - {name: secret, secret: {secretName: pod-secret-marker}}
 `
@@ -64,8 +71,9 @@ spec:
 		c.kube("delete", "pod", "pod-secret-marker", "-n", "default", "--wait=false")
 		c.kube("delete", "secret", "pod-secret-marker", "-n", "default")
 	}()
-	c.kube("wait", "--for=jsonpath={.status.phase}=Succeeded", "pod/pod-secret-marker", "--timeout=120s")
-	if logs := c.kube("logs", "pod-secret-marker"); !strings.Contains(logs, "secret="+marker) {
+	// Running (not finished): the kubelet keeps the secret volume mounted only while the pod runs.
+	c.kube("wait", "--for=condition=Ready", "pod/pod-secret-marker", "--timeout=120s")
+	if logs := c.kube("logs", "pod-secret-marker", "-c", "echo"); !strings.Contains(logs, "secret="+marker) {
 		t.Fatalf("the pod did not print the Secret's value: %q", logs)
 	}
 
