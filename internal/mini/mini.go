@@ -19,6 +19,7 @@ import (
 	"strings"
 
 	"github.com/berth-k8s/berth/internal/metadata"
+	"github.com/berth-k8s/berth/internal/statedisk"
 )
 
 // Versions and image references of the mini cluster. kubeadm v1.34.2 names the registry.k8s.io
@@ -70,6 +71,10 @@ const (
 	// NodeStateDir is the bootstrapper's state directory inside a node, as on the OS image; the
 	// bootstrapper binds it from the state disk.
 	NodeStateDir = "/var/lib/berth"
+	// StateDiskRoot is the opened state disk's plaintext tree inside a node (the fscrypt backend's
+	// encrypted directory under StateDiskMount); the bootstrapper binds its directories, and the
+	// node's state-dirs script binds containerd's root, the CNI state and /var/log from it.
+	StateDiskRoot = StateDiskMount + "/" + statedisk.DataDir
 )
 
 // ErrInvalidConfig is returned by Config.Validate.
@@ -297,6 +302,11 @@ func (c Config) TPMCAIntermediate() string { return filepath.Join(c.TPMCADir(), 
 
 // AdminKubeconfig is where up writes the cluster's admin kubeconfig.
 func (c Config) AdminKubeconfig() string { return filepath.Join(c.Dir, "admin.conf") }
+
+// SeedDir holds the cluster's seed containerd root (SeedDir/root): every image of the cluster,
+// imported once on the host. A node whose state disk holds no containerd root yet copies it there
+// (public images only; nothing a node runs or writes is in it).
+func (c Config) SeedDir() string { return filepath.Join(c.Dir, "containerd-seed") }
 
 // ComponentsDir holds the manifests the first control plane applies after kubeadm init.
 func (c Config) ComponentsDir() string { return filepath.Join(c.Dir, "components") }
