@@ -4,6 +4,12 @@
 // switch namespace. The host reaches the nodes through one veth on that bridge and serves them the
 // mini metadata API. Addresses come from a documentation range; no namespace gets a default route.
 //
+// What a node's cluster components write lives on its encrypted state disk, as on a machine: the
+// bootstrapper binds /etc/kubernetes, the kubelet's, etcd's and its own directories from it, and the
+// node's state-dirs script (stateDirsScript) binds containerd's root, the CNI state and /var/log once
+// the disk is open; containerd and the kubelet start only then. Until then those paths are read-only
+// placeholders.
+//
 // Every side effect goes through Runner (commands and detached daemons) or through plain files under
 // the cluster directory and the cgroup and netns roots named in Env, so the logic is unit-testable
 // with a recording Runner and temporary roots. What Up creates is recorded in the cluster's state
