@@ -67,8 +67,10 @@ const (
 	CRISocket = "unix:///run/containerd/containerd.sock"
 	// RecoveryPort is the port of the recovery server a node whose state disk stays locked runs.
 	RecoveryPort = 9001
-	// DefaultStateDiskSize is the size of every node's (sparse) state disk image.
-	DefaultStateDiskSize = 2 << 30
+	// DefaultStateDiskSize is the size of every node's (sparse) state disk image. The disk holds the
+	// node's images too (about 0.7 GiB), and the kubelet evicts pods when its file system has less
+	// than 1 GiB free (kubeletExtraArgsEnv).
+	DefaultStateDiskSize = 8 << 30
 	// StateDiskBackend is the state disk backend the bootstrappers use: the mini's kernel has no
 	// device-mapper, so ext4 native encryption on a loop-mounted image.
 	StateDiskBackend = "fscrypt"

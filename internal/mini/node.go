@@ -400,10 +400,10 @@ func (c *Cluster) bootstrapperEnv(n Node) []string {
 		// Namespace nodes share the host's kernel: kube-proxy must not size nf_conntrack_max.
 		"BERTH_KUBE_PROXY_CONNTRACK_MAX_PER_CORE=0",
 		"BERTH_NEVER_PULL=true",
-		// Namespace nodes share the host's disk, so the kubelet's default thresholds, a share of it
-		// (less than 15 % free: evict pods; more than 85 % used: delete images), measure the host
-		// and not the node: a big host disk 86 % full evicted every test pod. They evict when
-		// less than 1 GiB is left, and never delete images (imported, not pullable).
+		// The kubelet's default thresholds are a share of its file system (less than 15 % free:
+		// evict pods; more than 85 % used: delete images): on a host disk 86 % full they evicted
+		// every test pod. Its file system is the node's state disk now, which is small. They
+		// evict when less than 1 GiB is left, and never delete images (imported, not pullable).
 		kubeletExtraArgsEnv,
 		// Namespace nodes share the host's kernel, swap and hostname rules; kubeadm's checks for a
 		// dedicated machine do not apply.
