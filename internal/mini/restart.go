@@ -153,8 +153,8 @@ func (c *Cluster) Restart(ctx context.Context, opts RestartOptions) (Timings, er
 		{"tpm", func() error { return c.eachNodeParallel(ctx, nodes, c.tpm) }},
 		{"bootstrappers", func() error { return c.eachNode(nodes, c.bootstrapper) }},
 		// containerd starts once the node's bootstrapper opened its state disk, which may wait
-		// for a rejoin ticket or berth recover: Restart does not wait for it.
-		{"containerd", func() error { return c.containerd(ctx, nodes, false) }},
+		// for a rejoin ticket or berth recover: Restart waits for it only without bootstrappers.
+		{"containerd", func() error { return c.containerd(ctx, nodes, c.cfg.Bootstrapper == "") }},
 	}
 	for _, s := range steps {
 		if err := t.run(s.name, opts.Progress, s.f); err != nil {
