@@ -201,6 +201,10 @@ func TestMiniCluster(tt *testing.T) {
 	if got := c.kube("exec", pods["w1"].name, "--", "/testapp", "echo", "exec works"); strings.TrimSpace(got) != "exec works" {
 		t.Errorf("exec = %q", got)
 	}
+	// A Secret passed to a pod is readable on the node and in no host-side backing file.
+	start = time.Now()
+	checkPodSecretAtRest(t, c, "w1")
+	t.Logf("pod Secret checks took %.1fs", time.Since(start).Seconds())
 	// Pod to pod across nodes, and a Service by DNS name (CoreDNS + kube-proxy nftables). The data
 	// path converges after the pods run (endpoints, kube-proxy's rules, CoreDNS), so each check may
 	// take up to a minute to pass; a path that never works fails.

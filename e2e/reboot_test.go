@@ -281,7 +281,9 @@ func checkAtRest(t testing.TB, c *cluster) {
 	control := []byte("berth-at-rest-control-" + hex.EncodeToString(keys.LegacyDiskKey("control"))[:24])
 	ns := "--mount=" + filepath.Join(c.dir, "ns", "w2.mnt")
 	c.must(time.Minute, "nsenter", ns, "--", "sh", "-c", "echo "+string(marker)+" > /var/lib/berth/at-rest-marker && sync -f /var/lib/berth/at-rest-marker")
-	c.must(time.Minute, "nsenter", ns, "--", "sh", "-c", "echo "+string(control)+" > /var/log/at-rest-control && sync -f /var/log/at-rest-control")
+	// The control goes where a node still sees a host directory: its containerd configuration
+	// (everything its cluster components write is on the state disk).
+	c.must(time.Minute, "nsenter", ns, "--", "sh", "-c", "echo "+string(control)+" > /etc/containerd/at-rest-control && sync -f /etc/containerd/at-rest-control")
 	if got := c.must(time.Minute, "nsenter", ns, "--", "cat", "/var/lib/berth/at-rest-marker"); !strings.Contains(got, string(marker)) {
 		t.Fatalf("marker not readable through w2's mounts: %q", got)
 	}

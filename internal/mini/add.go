@@ -69,8 +69,9 @@ func (c Config) NextNodes(controlPlanes, workers int) []Node {
 
 // Add adds nodes to the running cluster: it records them in the state file (so the agent serves
 // them and Down removes them), then builds only the new nodes the way Up does (network,
-// namespaces, cgroups, a blank state disk, TPM, containerd, images) and starts their
-// bootstrappers once the agent serves them; a new node joins through a joinservice by itself.
+// namespaces, cgroups, a blank state disk, TPM; the archive's images go into the seed root) and
+// starts their bootstrappers once the agent serves them, then their containerd on the state disks
+// the bootstrappers opened; a new node joins through a joinservice by itself.
 // The other nodes keep running; their /etc/hosts learns the new names.
 func (c *Cluster) Add(ctx context.Context, opts AddOptions) ([]Node, Timings, error) {
 	var t Timings
@@ -114,11 +115,10 @@ func (c *Cluster) Add(ctx context.Context, opts AddOptions) ([]Node, Timings, er
 		{"cgroups", func() error { return c.eachNode(nodes, c.cgroups) }},
 		{"disks", func() error { return c.eachNode(nodes, c.createStateDisk) }},
 		{"tpm", func() error { return c.eachNodeParallel(ctx, nodes, c.tpm) }},
-		{"seed", func() error { return c.eachNode(nodes, c.seed) }},
-		{"containerd", func() error { return c.containerd(ctx, nodes) }},
-		{"images", func() error { return c.eachNodeParallel(ctx, nodes, c.images) }},
+		{"seed", func() error { return c.seed(ctx, []string{opts.BerthArchive}) }},
 		{"agent", func() error { return c.waitAgentServes(ctx, nodes) }},
 		{"bootstrappers", func() error { return c.eachNode(nodes, c.bootstrapper) }},
+		{"containerd", func() error { return c.containerd(ctx, nodes, true) }},
 	}
 	for _, s := range steps {
 		if err := t.run(s.name, opts.Progress, s.f); err != nil {

@@ -69,7 +69,7 @@ func TestAddBuildsOnlyNewNodes(t *testing.T) {
 	if len(added) != 1 || added[0].Name != "w3" || added[0].IP != netip.MustParseAddr("198.51.100.13") {
 		t.Fatalf("added %v", added)
 	}
-	if len(timings.Phases) != 11 {
+	if len(timings.Phases) != 10 {
 		t.Errorf("phases = %v", timings.Phases)
 	}
 	cmds := since(rec, n)
@@ -83,6 +83,7 @@ func TestAddBuildsOnlyNewNodes(t *testing.T) {
 		pcrExtend(false),
 		"images import /tmp/berth-images/images-berth.tar",
 		"start nsenter --net=" + filepath.Join(env.NetnsRoot, "berth-t-w3") + " --mount=" + cfg.MountNS("w3") + " --uts=" + cfg.UTSNS("w3") + " -- /bin/bootstrapper",
+		"start nsenter --net=" + filepath.Join(env.NetnsRoot, "berth-t-w3") + " --mount=" + cfg.MountNS("w3") + " --uts=" + cfg.UTSNS("w3") + " -- " + filepath.Join(cfg.NodeDir("w3"), "bin", "containerd"),
 	} {
 		if !strings.Contains(cmds, want) {
 			t.Errorf("add lacks %q:\n%s", want, cmds)

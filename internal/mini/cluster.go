@@ -142,8 +142,10 @@ var ErrNameInUse = errors.New("another mini cluster uses this name (choose anoth
 // ErrExists is returned by Up when the directory already holds a cluster.
 var ErrExists = errors.New("a mini cluster already exists in this directory (run berth mini down first)")
 
-// Up creates the nodes: network, namespaces, cgroups, blank state disks, TPMs, containerd with every image imported,
-// the host agent (metadata API and CNI configs) and, when configured, each node's bootstrapper.
+// Up creates the nodes: network, namespaces, cgroups, blank state disks, TPMs, the cluster's seed
+// containerd root with every image imported, the host agent (metadata API and CNI configs), when
+// configured each node's bootstrapper (which opens the node's state disk), and containerd, which
+// runs on the state disk: Up returns once every node's containerd answers.
 // On error the partly built cluster stays recorded; Down removes it.
 func (c *Cluster) Up(ctx context.Context, opts UpOptions) (Timings, error) {
 	var t Timings
@@ -185,11 +187,10 @@ func (c *Cluster) Up(ctx context.Context, opts UpOptions) (Timings, error) {
 		{"cgroups", func() error { return c.eachNode(nodes, c.cgroups) }},
 		{"disks", func() error { return c.eachNode(nodes, c.createStateDisk) }},
 		{"tpm", func() error { return c.eachNodeParallel(ctx, nodes, c.tpm) }},
-		{"seed", func() error { return c.eachNode(nodes, c.seed) }},
-		{"containerd", func() error { return c.containerd(ctx, nodes) }},
-		{"images", func() error { return c.eachNodeParallel(ctx, nodes, c.images) }},
+		{"seed", func() error { return c.seed(ctx, []string{c.cfg.BerthArchive}) }},
 		{"agent", func() error { return c.agent(ctx) }},
 		{"bootstrappers", func() error { return c.eachNode(nodes, c.bootstrapper) }},
+		{"containerd", func() error { return c.containerd(ctx, nodes, true) }},
 	}
 	for _, s := range steps {
 		if err := t.run(s.name, opts.Progress, s.f); err != nil {
@@ -367,23 +368,26 @@ type nodeMount struct {
 	src   string // name under the node's fs directory
 	file  bool   // a single file, bind-mounted
 	tmpfs bool   // a fresh tmpfs (volatile, like a machine's /run)
-	// placeholder is an empty read-only tmpfs: the node's bootstrapper binds its opened state disk
-	// over it, so a node whose disk is not open fails to write instead of writing unencrypted state.
+	// placeholder is an empty read-only tmpfs: the node's bootstrapper (or, for diskDirs, the
+	// node's state-dirs script) binds a directory of its opened state disk over it, so a node whose
+	// disk is not open fails to write instead of writing unencrypted state.
 	placeholder bool
 }
 
-// nodeMounts are applied in order inside each node's mount namespace.
+// nodeMounts are applied in order inside each node's mount namespace. Everything the node's
+// cluster components write is a placeholder, later on the state disk; what stays a host directory
+// is written by the host (containerd's and the CNI's configuration, /etc/hosts) or read-only.
 var nodeMounts = []nodeMount{
 	{dst: "/run", tmpfs: true},
 	{dst: "/etc/kubernetes", placeholder: true},
 	{dst: "/etc/containerd", src: "etc-containerd"},
 	{dst: "/etc/cni/net.d", src: "etc-cni-net.d"},
 	{dst: "/var/lib/kubelet", placeholder: true},
-	{dst: "/var/lib/containerd", src: "var-lib-containerd"},
-	{dst: "/var/lib/cni", src: "var-lib-cni"},
+	{dst: "/var/lib/containerd", placeholder: true},
+	{dst: "/var/lib/cni", placeholder: true},
 	{dst: "/var/lib/etcd", placeholder: true},
 	{dst: NodeStateDir, placeholder: true},
-	{dst: "/var/log", src: "var-log"},
+	{dst: "/var/log", placeholder: true},
 	{dst: "/usr/lib/modules", src: "lib-modules"},
 	{dst: "/etc/hosts", src: "hosts", file: true},
 	{dst: "/etc/resolv.conf", src: "resolv.conf", file: true},

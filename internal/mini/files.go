@@ -122,13 +122,78 @@ func resolvConf(host netip.Addr) []byte {
 	return []byte(fmt.Sprintf("# Written by berth mini: no outside DNS for mini nodes.\nnameserver %s\noptions timeout:1 attempts:1\n", host))
 }
 
-// kubeletWrapper is the script a node's bootstrapper runs as kubelet: it adds the node's cgroup
-// root and the host facts (cgroupfs, swap) to whatever kubeadm's flags say.
-func kubeletWrapper(kubelet, cgroupRoot string) []byte {
+// diskDirs are the node's directories that the node's state-dirs script binds from its state disk
+// (the bootstrapper's boot stage binds the others: /etc/kubernetes, the kubelet's, etcd's and its
+// own state directory): containerd's root (images, containers and their environment, writable
+// layers), the CNI plugins' state (address leases) and /var/log (pod logs). containerd's state
+// (/run/containerd: task bundles, sockets) lives on the node's /run, a tmpfs like a machine's.
+var diskDirs = []struct{ name, dst string }{
+	{"var-lib-containerd", "/var/lib/containerd"},
+	{"var-lib-cni", "/var/lib/cni"},
+	{"var-log", "/var/log"},
+}
+
+// stateDirsScript is the script the containerd and kubelet wrappers of a node run first. With a
+// bootstrapper (waitDisk), it waits until the bootstrapper has opened the node's state disk (its
+// last bind, the node state directory, is no longer the read-only placeholder), then binds
+// diskDirs from root (the disk's plaintext tree, as the node sees it) over their placeholders,
+// once per boot (a lock on the node's /run serializes the two wrappers). A disk without a
+// containerd root gets a copy of the cluster's seed root (seed, read-only on the host): copied
+// under another name and renamed when complete, so that a power cut during the copy leaves none.
+func stateDirsScript(root, seed string, waitDisk bool) []byte {
+	var b strings.Builder
+	fmt.Fprintf(&b, `#!/bin/sh
+# Written by berth mini: mounts the node's containerd root, CNI state and /var/log from its state
+# disk once the bootstrapper opened it; run by the node's containerd and kubelet wrappers.
+set -eu
+exec 9>/run/berth-mini-state-dirs.lock
+flock 9
+root=%s
+seed=%s
+`, shellQuote(root), shellQuote(seed))
+	if waitDisk {
+		fmt.Fprintf(&b, "until [ \"$(stat -f -c %%T %s)\" != tmpfs ]; do sleep 0.2; done\n", shellQuote(NodeStateDir))
+	}
+	b.WriteString(`if [ ! -d "$root/var-lib-containerd" ]; then
+	rm -rf "$root/var-lib-containerd.seeding"
+	mkdir -p "$root/var-lib-containerd.seeding"
+	if [ -d "$seed/root" ]; then
+		flock -s "$seed/.lock" cp -a "$seed/root/." "$root/var-lib-containerd.seeding/"
+	fi
+	sync -f "$root/var-lib-containerd.seeding"
+	mv "$root/var-lib-containerd.seeding" "$root/var-lib-containerd"
+fi
+`)
+	for _, d := range diskDirs {
+		fmt.Fprintf(&b, `mkdir -p "$root/%s"
+if [ "$(stat -f -c %%T %s)" = tmpfs ]; then mount --bind "$root/%s" %s; fi
+`, d.name, shellQuote(d.dst), d.name, shellQuote(d.dst))
+	}
+	return []byte(b.String())
+}
+
+// containerdWrapper is the script that runs a node's containerd: its directories first, then
+// containerd itself (exec: the recorded process is containerd's).
+func containerdWrapper(stateDirs string) []byte {
+	return []byte(fmt.Sprintf(`#!/bin/sh
+# Written by berth mini: containerd for one namespace node, on its state disk.
+set -e
+%s
+exec containerd --config /etc/containerd/config.toml
+`, shellQuote(stateDirs)))
+}
+
+// kubeletWrapper is the script a node's bootstrapper runs as kubelet: it makes sure the node's
+// directories are on its state disk and containerd answers, then adds the node's cgroup root and
+// the host facts (cgroupfs, swap) to whatever kubeadm's flags say.
+func kubeletWrapper(kubelet, cgroupRoot, stateDirs string) []byte {
 	return []byte(fmt.Sprintf(`#!/bin/sh
 # Written by berth mini: kubelet for one namespace node (own cgroup root; the host has no systemd).
+set -e
+%s
+until ctr --address /run/containerd/containerd.sock version >/dev/null 2>&1; do sleep 0.2; done
 exec %s "$@" --cgroup-root=%s --cgroup-driver=cgroupfs --fail-swap-on=false
-`, shellQuote(kubelet), shellQuote(cgroupRoot)))
+`, shellQuote(stateDirs), shellQuote(kubelet), shellQuote(cgroupRoot)))
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }

@@ -60,12 +60,24 @@ func EnsureGoldenRoot(ctx context.Context, run Runner, cacheDir, archive string)
 	if err := os.RemoveAll(dir); err != nil {
 		return "", fmt.Errorf("removing partial golden root: %w", err)
 	}
-	if err := writeFile(filepath.Join(dir, "config.toml"), []byte(goldenConfig(dir)), 0o644); err != nil {
+	if err := importImages(ctx, run, dir, []string{archive}); err != nil {
 		return "", err
+	}
+	if err := writeFile(filepath.Join(dir, "stamp"), []byte(archive+"\n"), 0o644); err != nil {
+		return "", err
+	}
+	return root, nil
+}
+
+// importImages imports archives into the containerd root dir/root (namespace k8s.io, unpacked for
+// the overlayfs snapshotter) with a short-lived containerd whose state and socket are under dir.
+func importImages(ctx context.Context, run Runner, dir string, archives []string) error {
+	if err := writeFile(filepath.Join(dir, "config.toml"), []byte(goldenConfig(dir)), 0o644); err != nil {
+		return err
 	}
 	p, err := run.Start(Cmd{Path: "containerd", Args: []string{"--config", filepath.Join(dir, "config.toml")}, Log: filepath.Join(dir, "containerd.log")})
 	if err != nil {
-		return "", fmt.Errorf("starting containerd for the golden root: %w", err)
+		return fmt.Errorf("starting containerd to import images: %w", err)
 	}
 	stop := func() error {
 		if err := run.Signal(p, syscall.SIGTERM); err != nil {
@@ -77,7 +89,7 @@ func EnsureGoldenRoot(ctx context.Context, run Runner, cacheDir, archive string)
 			return !run.Alive(p), nil
 		}); err != nil {
 			_ = run.Signal(p, syscall.SIGKILL)
-			return fmt.Errorf("stopping golden containerd: %w", err)
+			return fmt.Errorf("stopping the importing containerd: %w", err)
 		}
 		return nil
 	}
@@ -90,19 +102,17 @@ func EnsureGoldenRoot(ctx context.Context, run Runner, cacheDir, archive string)
 		_, err := run.Run(ctx, ctr("version"))
 		return err == nil, nil
 	}); err != nil {
-		return "", errors.Join(fmt.Errorf("waiting for golden containerd: %w", err), stop())
+		return errors.Join(fmt.Errorf("waiting for the importing containerd: %w", err), stop())
 	}
-	if _, err := run.Run(ctx, ctr("images", "import", archive)); err != nil {
-		return "", errors.Join(fmt.Errorf("importing images into the golden root: %w", err), stop())
+	for _, a := range archives {
+		if _, err := run.Run(ctx, ctr("images", "import", a)); err != nil {
+			return errors.Join(fmt.Errorf("importing images: %w", err), stop())
+		}
 	}
 	if err := stop(); err != nil {
-		return "", err
+		return err
 	}
-	_ = os.RemoveAll(filepath.Join(dir, "state"))
-	if err := writeFile(filepath.Join(dir, "stamp"), []byte(archive+"\n"), 0o644); err != nil {
-		return "", err
-	}
-	return root, nil
+	return os.RemoveAll(filepath.Join(dir, "state"))
 }
 
 // SeedContainerdRoot fills dst (an empty node containerd root) from golden: immutable files (blobs,

@@ -4,6 +4,12 @@
 // switch namespace. The host reaches the nodes through one veth on that bridge and serves them the
 // mini metadata API. Addresses come from a documentation range; no namespace gets a default route.
 //
+// What a node's cluster components write lives on its encrypted state disk, as on a machine: the
+// bootstrapper binds /etc/kubernetes, the kubelet's, etcd's and its own directories from it, and the
+// node's state-dirs script (stateDirsScript) binds containerd's root, the CNI state and /var/log once
+// the disk is open; containerd and the kubelet start only then. Until then those paths are read-only
+// placeholders.
+//
 // Every side effect goes through Runner (commands and detached daemons) or through plain files under
 // the cluster directory and the cgroup and netns roots named in Env, so the logic is unit-testable
 // with a recording Runner and temporary roots. What Up creates is recorded in the cluster's state
@@ -19,6 +25,7 @@ import (
 	"strings"
 
 	"github.com/berth-k8s/berth/internal/metadata"
+	"github.com/berth-k8s/berth/internal/statedisk"
 )
 
 // Versions and image references of the mini cluster. kubeadm v1.34.2 names the registry.k8s.io
@@ -60,8 +67,10 @@ const (
 	CRISocket = "unix:///run/containerd/containerd.sock"
 	// RecoveryPort is the port of the recovery server a node whose state disk stays locked runs.
 	RecoveryPort = 9001
-	// DefaultStateDiskSize is the size of every node's (sparse) state disk image.
-	DefaultStateDiskSize = 2 << 30
+	// DefaultStateDiskSize is the size of every node's (sparse) state disk image. The disk holds the
+	// node's images too (about 0.7 GiB), and the kubelet evicts pods when its file system has less
+	// than 1 GiB free (kubeletExtraArgsEnv).
+	DefaultStateDiskSize = 8 << 30
 	// StateDiskBackend is the state disk backend the bootstrappers use: the mini's kernel has no
 	// device-mapper, so ext4 native encryption on a loop-mounted image.
 	StateDiskBackend = "fscrypt"
@@ -70,6 +79,10 @@ const (
 	// NodeStateDir is the bootstrapper's state directory inside a node, as on the OS image; the
 	// bootstrapper binds it from the state disk.
 	NodeStateDir = "/var/lib/berth"
+	// StateDiskRoot is the opened state disk's plaintext tree inside a node (the fscrypt backend's
+	// encrypted directory under StateDiskMount); the bootstrapper binds its directories, and the
+	// node's state-dirs script binds containerd's root, the CNI state and /var/log from it.
+	StateDiskRoot = StateDiskMount + "/" + statedisk.DataDir
 )
 
 // ErrInvalidConfig is returned by Config.Validate.
@@ -297,6 +310,11 @@ func (c Config) TPMCAIntermediate() string { return filepath.Join(c.TPMCADir(), 
 
 // AdminKubeconfig is where up writes the cluster's admin kubeconfig.
 func (c Config) AdminKubeconfig() string { return filepath.Join(c.Dir, "admin.conf") }
+
+// SeedDir holds the cluster's seed containerd root (SeedDir/root): every image of the cluster,
+// imported once on the host. A node whose state disk holds no containerd root yet copies it there
+// (public images only; nothing a node runs or writes is in it).
+func (c Config) SeedDir() string { return filepath.Join(c.Dir, "containerd-seed") }
 
 // ComponentsDir holds the manifests the first control plane applies after kubeadm init.
 func (c Config) ComponentsDir() string { return filepath.Join(c.Dir, "components") }

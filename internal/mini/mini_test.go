@@ -162,9 +162,19 @@ func TestHostsAndWrapper(t *testing.T) {
 			t.Errorf("hosts file lacks %q:\n%s", want, h)
 		}
 	}
-	w := string(kubeletWrapper("/c/bin/kubelet", "/berth/t/w1"))
-	if !strings.Contains(w, `exec '/c/bin/kubelet' "$@" --cgroup-root='/berth/t/w1' --cgroup-driver=cgroupfs`) {
-		t.Errorf("wrapper = %s", w)
+	w := string(kubeletWrapper("/c/bin/kubelet", "/berth/t/w1", "/c/nodes/w1/bin/state-dirs"))
+	for _, want := range []string{
+		"\n'/c/nodes/w1/bin/state-dirs'\n",
+		"until ctr --address /run/containerd/containerd.sock version",
+		`exec '/c/bin/kubelet' "$@" --cgroup-root='/berth/t/w1' --cgroup-driver=cgroupfs`,
+	} {
+		if !strings.Contains(w, want) {
+			t.Errorf("kubelet wrapper lacks %q:\n%s", want, w)
+		}
+	}
+	w = string(containerdWrapper("/c/nodes/w1/bin/state-dirs"))
+	if !strings.Contains(w, "\n'/c/nodes/w1/bin/state-dirs'\nexec containerd --config /etc/containerd/config.toml\n") {
+		t.Errorf("containerd wrapper = %s", w)
 	}
 	if got := shellQuote("a'b"); got != `'a'\''b'` {
 		t.Errorf("shellQuote = %s", got)
@@ -207,6 +217,8 @@ type recorder struct {
 	nextID  int
 	alive   map[int]bool
 	killed  []int
+	// importers are the short-lived containerds that import images (no nsenter): SIGTERM ends them.
+	importers map[int]bool
 }
 
 func (r *recorder) Run(_ context.Context, cmd Cmd) ([]byte, error) {
@@ -229,6 +241,12 @@ func (r *recorder) Start(cmd Cmd) (Proc, error) {
 	}
 	pid := 100000 + r.nextID
 	r.alive[pid] = true
+	if cmd.Path == "containerd" {
+		if r.importers == nil {
+			r.importers = map[int]bool{}
+		}
+		r.importers[pid] = true
+	}
 	for _, f := range cmd.Cgroups { // as the real Start's shell does before exec
 		if err := os.WriteFile(f, []byte(strconv.Itoa(pid)), 0o644); err != nil {
 			return Proc{}, err
@@ -246,6 +264,10 @@ func (r *recorder) Alive(p Proc) bool {
 func (r *recorder) Signal(p Proc, sig syscall.Signal) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if sig == syscall.SIGTERM && r.importers[p.PID] {
+		delete(r.alive, p.PID)
+		return nil
+	}
 	if sig != syscall.SIGKILL {
 		return nil
 	}
@@ -320,7 +342,7 @@ func TestUpCommandsAndDownFromState(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Up: %v", err)
 	}
-	if len(timings.Phases) != 11 {
+	if len(timings.Phases) != 10 {
 		t.Errorf("phases = %v", timings.Phases)
 	}
 	cmds := rec.all()
@@ -333,18 +355,23 @@ func TestUpCommandsAndDownFromState(t *testing.T) {
 		"ip -n berth-t-w2 addr add 198.51.100.12/24 dev eth0",
 		"unshare --mount=" + cfg.MountNS("cp1") + " --uts=" + cfg.UTSNS("cp1") + " --propagation private true",
 		"mount -t tmpfs -o mode=0755,size=256m tmpfs /run",
-		"mount --bind " + filepath.Join(cfg.NodeDir("w1"), "fs", "var-lib-containerd") + " /var/lib/containerd",
-		// The state directories are read-only placeholders until the bootstrapper binds the disk.
+		// The state directories are read-only placeholders until the bootstrapper (or the node's
+		// state-dirs script) binds the disk.
+		"mount -t tmpfs -o ro,mode=0700,size=4k berth-no-state-disk /var/lib/containerd",
+		"mount -t tmpfs -o ro,mode=0700,size=4k berth-no-state-disk /var/lib/cni",
+		"mount -t tmpfs -o ro,mode=0700,size=4k berth-no-state-disk /var/log",
 		"mount -t tmpfs -o ro,mode=0700,size=4k berth-no-state-disk /var/lib/kubelet",
 		"mount -t tmpfs -o ro,mode=0700,size=4k berth-no-state-disk /var/lib/etcd",
 		"mount -t tmpfs -o ro,mode=0700,size=4k berth-no-state-disk /etc/kubernetes",
 		"mount -t tmpfs -o ro,mode=0700,size=4k berth-no-state-disk /var/lib/berth",
 		"swtpm_setup --tpm2 --tpmstate " + filepath.Join(cfg.NodeDir("w1"), "tpm"),
 		"start nsenter --net=" + filepath.Join(env.NetnsRoot, "berth-t-cp1") + " -- swtpm socket",
-		"containerd --config /etc/containerd/config.toml",
-		"ctr --address /run/containerd/containerd.sock --namespace k8s.io images import /cache/images.tar",
+		// The images go into the cluster's seed root, once, on the host.
+		"start containerd --config " + filepath.Join(cfg.SeedDir(), "config.toml"),
+		"ctr --address " + filepath.Join(cfg.SeedDir(), "c.sock") + " --namespace k8s.io images import /cache/images.tar",
 		"start /usr/bin/berth mini agent --dir " + cfg.Dir,
 		"-- /bin/bootstrapper",
+		"-- " + filepath.Join(cfg.NodeDir("w1"), "bin", "containerd"),
 	} {
 		if !strings.Contains(cmds, want) {
 			t.Errorf("commands lack %q", want)
@@ -353,7 +380,7 @@ func TestUpCommandsAndDownFromState(t *testing.T) {
 	if strings.Contains(cmds, "default") {
 		t.Errorf("a command mentions a default route:\n%s", cmds)
 	}
-	for _, gone := range []string{"var-lib-kubelet", "var-lib-etcd", "etc-kubernetes"} {
+	for _, gone := range []string{"var-lib-kubelet", "var-lib-etcd", "etc-kubernetes", "var-lib-containerd", "var-lib-cni", "var-log"} {
 		if strings.Contains(cmds, gone) {
 			t.Errorf("node state is still bound from the host's %s:\n%s", gone, cmds)
 		}

@@ -10,9 +10,10 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
-	"k8s.io/apimachinery/pkg/util/wait"
+	kwait "k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 )
@@ -195,25 +196,60 @@ func (c *Cluster) ctr(n string, args ...string) Cmd {
 		"--address", "/run/containerd/containerd.sock", "--namespace", "k8s.io"}, args...)}
 }
 
-// containerd starts every node's containerd and waits until each answers.
-func (c *Cluster) containerd(ctx context.Context, nodes []Node) error {
+// stateDirs writes node n's state-dirs script (stateDirsScript) and returns its host path. Without
+// a bootstrapper nothing opens a state disk: the node's directories are then the host's, under its
+// fs directory (development only), and its containerd root is seeded here, with hard links.
+func (c *Cluster) stateDirs(n string) (string, error) {
+	path := filepath.Join(c.cfg.NodeDir(n), "bin", "state-dirs")
+	root, wait := StateDiskRoot, true
+	if c.cfg.Bootstrapper == "" {
+		root, wait = c.fsDir(n), false
+		dst := filepath.Join(root, "var-lib-containerd")
+		if _, err := os.Stat(dst); errors.Is(err, os.ErrNotExist) {
+			if err := SeedContainerdRoot(filepath.Join(c.cfg.SeedDir(), "root"), dst); err != nil {
+				return "", fmt.Errorf("seeding containerd root: %w", err)
+			}
+		}
+	}
+	if err := writeFile(path, stateDirsScript(root, c.cfg.SeedDir(), wait), 0o755); err != nil {
+		return "", err
+	}
+	return path, nil
+}
+
+// containerd starts every node's containerd through its wrapper, which first waits for the node's
+// state disk and binds containerd's root, the CNI state and /var/log from it. With wait, it then
+// waits until each answers (fresh nodes, whose bootstrappers open their blank disks at once); a
+// restarted node's disk may wait for a rejoin or berth recover, and its kubelet waits for it.
+func (c *Cluster) containerd(ctx context.Context, nodes []Node, wait bool) error {
 	for _, n := range nodes {
 		if err := os.MkdirAll(c.logDir(n.Name), 0o755); err != nil {
 			return fmt.Errorf("creating log directory: %w", err)
 		}
+		stateDirs, err := c.stateDirs(n.Name)
+		if err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
+		wrapper := filepath.Join(c.cfg.NodeDir(n.Name), "bin", "containerd")
+		if err := writeFile(wrapper, containerdWrapper(stateDirs), 0o755); err != nil {
+			return fmt.Errorf("node %s: %w", n.Name, err)
+		}
 		if _, err := c.startDaemon(n.Name, "containerd", Cmd{
 			Path: "nsenter",
-			Args: append(c.nsenter(n.Name), "containerd", "--config", "/etc/containerd/config.toml"),
+			Args: append(c.nsenter(n.Name), wrapper),
 			Log:  filepath.Join(c.logDir(n.Name), "containerd.log"),
 		}); err != nil {
 			return fmt.Errorf("node %s: starting containerd: %w", n.Name, err)
 		}
 	}
-	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	if !wait {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, containerdTimeout)
 	defer cancel()
 	for _, n := range nodes {
 		var last error
-		err := wait.PollUntilContextCancel(wctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		err := kwait.PollUntilContextCancel(wctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 			_, last = c.run.Run(ctx, c.ctr(n.Name, "version"))
 			return last == nil, nil
 		})
@@ -224,38 +260,46 @@ func (c *Cluster) containerd(ctx context.Context, nodes []Node) error {
 	return nil
 }
 
-// images imports the cluster's image archive into node n's containerd (namespace k8s.io, where the
-// kubelet looks), unpacked for the overlayfs snapshotter.
-func (c *Cluster) images(ctx context.Context, n Node) error {
-	archives := []string{c.cfg.BerthArchive}
-	if c.cfg.GoldenRoot == "" {
-		archives = append(archives, c.cfg.ImageArchive)
-	}
-	for _, a := range archives {
-		if a == "" {
-			continue
-		}
-		if _, err := c.run.Run(ctx, c.ctr(n.Name, "images", "import", a)); err != nil {
-			return fmt.Errorf("importing images: %w", err)
-		}
-	}
-	return nil
-}
+// containerdTimeout bounds the wait for fresh nodes' containerd: the bootstrapper formats the
+// state disk, then the seed root is copied onto it.
+const containerdTimeout = 5 * time.Minute
 
-// seed fills node n's containerd root from the golden root, unless it holds data already (a
-// restarted node keeps its images, as a machine keeps its disk).
-func (c *Cluster) seed(n Node) error {
-	if c.cfg.GoldenRoot == "" {
-		return nil
+// seed imports archives (and, the first time, the golden root's images) into the cluster's seed
+// containerd root on the host, from which every node's state disk gets its containerd root. The
+// exclusive lock keeps nodes from copying it half-written.
+func (c *Cluster) seed(ctx context.Context, archives []string) error {
+	dir := c.cfg.SeedDir()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("creating seed directory: %w", err)
 	}
-	dst := filepath.Join(c.fsDir(n.Name), "var-lib-containerd")
-	if entries, err := os.ReadDir(dst); err == nil && len(entries) > 0 {
-		return nil
+	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return fmt.Errorf("opening seed lock: %w", err)
 	}
-	if err := SeedContainerdRoot(c.cfg.GoldenRoot, dst); err != nil {
-		return fmt.Errorf("seeding containerd root: %w", err)
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("locking seed root: %w", err)
 	}
-	return nil
+	root := filepath.Join(dir, "root")
+	if _, err := os.Stat(root); errors.Is(err, os.ErrNotExist) {
+		if c.cfg.GoldenRoot != "" {
+			if err := SeedContainerdRoot(c.cfg.GoldenRoot, root); err != nil {
+				return fmt.Errorf("seeding containerd root: %w", err)
+			}
+		} else {
+			archives = append([]string{c.cfg.ImageArchive}, archives...)
+		}
+	}
+	var todo []string
+	for _, a := range archives {
+		if a != "" {
+			todo = append(todo, a)
+		}
+	}
+	if len(todo) == 0 {
+		return os.MkdirAll(root, 0o755)
+	}
+	return importImages(ctx, c.run, dir, todo)
 }
 
 // agent starts the host daemon (metadata API, CNI configs) and waits until it listens.
@@ -274,7 +318,7 @@ func (c *Cluster) agent(ctx context.Context) error {
 	addr := netip.AddrPortFrom(c.cfg.HostAddr(), MetadataPort).String()
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
-	if err := wait.PollUntilContextCancel(wctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+	if err := kwait.PollUntilContextCancel(wctx, 50*time.Millisecond, true, func(ctx context.Context) (bool, error) {
 		return c.dial(ctx, addr) == nil, nil
 	}); err != nil {
 		return fmt.Errorf("waiting for agent on %s: %w", addr, err)
@@ -301,7 +345,11 @@ func (c *Cluster) dial(ctx context.Context, addr string) error {
 func (c *Cluster) bootstrapper(n Node) error {
 	nodeDir := c.cfg.NodeDir(n.Name)
 	kubelet := filepath.Join(nodeDir, "bin", "kubelet")
-	if err := writeFile(kubelet, kubeletWrapper(filepath.Join(c.cfg.Bins.K8s, "kubelet"), c.cfg.CgroupPath(n.Name)), 0o755); err != nil {
+	stateDirs, err := c.stateDirs(n.Name)
+	if err != nil {
+		return err
+	}
+	if err := writeFile(kubelet, kubeletWrapper(filepath.Join(c.cfg.Bins.K8s, "kubelet"), c.cfg.CgroupPath(n.Name), stateDirs), 0o755); err != nil {
 		return err
 	}
 	if c.cfg.Bootstrapper == "" {
@@ -352,10 +400,10 @@ func (c *Cluster) bootstrapperEnv(n Node) []string {
 		// Namespace nodes share the host's kernel: kube-proxy must not size nf_conntrack_max.
 		"BERTH_KUBE_PROXY_CONNTRACK_MAX_PER_CORE=0",
 		"BERTH_NEVER_PULL=true",
-		// Namespace nodes share the host's disk, so the kubelet's default thresholds, a share of it
-		// (less than 15 % free: evict pods; more than 85 % used: delete images), measure the host
-		// and not the node: a big host disk 86 % full evicted every test pod. They evict when
-		// less than 1 GiB is left, and never delete images (imported, not pullable).
+		// The kubelet's default thresholds are a share of its file system (less than 15 % free:
+		// evict pods; more than 85 % used: delete images): on a host disk 86 % full they evicted
+		// every test pod. Its file system is the node's state disk now, which is small. They
+		// evict when less than 1 GiB is left, and never delete images (imported, not pullable).
 		kubeletExtraArgsEnv,
 		// Namespace nodes share the host's kernel, swap and hostname rules; kubeadm's checks for a
 		// dedicated machine do not apply.

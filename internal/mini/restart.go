@@ -151,8 +151,10 @@ func (c *Cluster) Restart(ctx context.Context, opts RestartOptions) (Timings, er
 		}},
 		{"cgroups", func() error { return c.eachNode(nodes, c.cgroups) }},
 		{"tpm", func() error { return c.eachNodeParallel(ctx, nodes, c.tpm) }},
-		{"containerd", func() error { return c.containerd(ctx, nodes) }},
 		{"bootstrappers", func() error { return c.eachNode(nodes, c.bootstrapper) }},
+		// containerd starts once the node's bootstrapper opened its state disk, which may wait
+		// for a rejoin ticket or berth recover: Restart waits for it only without bootstrappers.
+		{"containerd", func() error { return c.containerd(ctx, nodes, c.cfg.Bootstrapper == "") }},
 	}
 	for _, s := range steps {
 		if err := t.run(s.name, opts.Progress, s.f); err != nil {
@@ -188,13 +190,11 @@ func (c *Cluster) wipeStateDisks(names []string) error {
 		}
 		// A reinstalled machine has no pod network configuration either: its next Node object may get
 		// another pod range, and a pod started with the old conflist (before the agent writes the new
-		// one from flannel's lease) would get an address no other node routes to it.
+		// one from flannel's lease) would get an address no other node routes to it. (Its CNI
+		// address leases, like its containerd root, were on the state disk and went with it.)
 		fsDir := filepath.Join(c.cfg.NodeDir(name), "fs")
 		if err := os.Remove(filepath.Join(fsDir, "etc-cni-net.d", cniConfName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("removing the CNI configuration of %s: %w", name, err)
-		}
-		if err := removeContents(filepath.Join(fsDir, "var-lib-cni")); err != nil {
-			return fmt.Errorf("removing the CNI address leases of %s: %w", name, err)
 		}
 		c.log.Info("wiped the node's state disk and pod network configuration: it boots as a fresh node", zap.String("node", name))
 	}
@@ -279,24 +279,6 @@ func (c *Cluster) RestartBootstrappers(ctx context.Context, names []string) erro
 		}
 		if err := c.bootstrapper(n); err != nil {
 			return fmt.Errorf("node %s: %w", n.Name, err)
-		}
-	}
-	return nil
-}
-
-// removeContents removes everything in dir but dir itself (a mount source of the node); a missing
-// dir is empty.
-func removeContents(dir string) error {
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		if err := os.RemoveAll(filepath.Join(dir, e.Name())); err != nil {
-			return err
 		}
 	}
 	return nil
