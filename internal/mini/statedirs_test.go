@@ -37,6 +37,9 @@ func TestStateDirsScript(t *testing.T) {
 	node := strings.Join([]string{
 		"set -e",
 		"mount -t tmpfs tmpfs /run",
+		// The host need not have these directories: a private /var/lib holds the mount points.
+		"mount -t tmpfs tmpfs /var/lib",
+		"mkdir -p /var/lib/containerd /var/lib/cni " + NodeStateDir,
 		placeholder + " /var/lib/containerd",
 		placeholder + " /var/lib/cni",
 		placeholder + " /var/log",
