@@ -12,25 +12,19 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/apiservertest"
-	"github.com/berth-k8s/berth/internal/attestation/choose"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 	"github.com/berth-k8s/berth/internal/attestation/tdx/tdxtest"
 	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/joinconfig"
-	"github.com/berth-k8s/berth/internal/joindial"
 	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/internal/proctest"
-	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ca/catest"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 )
@@ -221,50 +215,7 @@ func TestAttestedBinaryTDXFromInstaller(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	joinAs := func(td *tdxtest.TD) (*joinproto.IssueJoinTicketResponse, error) {
-		validator, err := choose.NewValidator(joinPolicy, zap.NewNop())
-		if err != nil {
-			t.Fatal(err)
-		}
-		dial, err := joindial.New(tdx.NewIssuer(td.Open, nil), validator, joindial.LockRegisterCheck(1+tdx.DefaultLockRTMR, tdx.ExpectedLockRTMR))
-		if err != nil {
-			t.Fatal(err)
-		}
-		client, closer, err := dial(ctx, addr)
-		if err != nil {
-			return nil, err
-		}
-		defer closer.Close()
-		return client.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_WORKER, DiskUuid: "5d0c3e5a-8f7b-4c2d-9e1a-6b3f2a7c9d11"})
-	}
-	genuine := platform.NewTD()
-	var resp *joinproto.IssueJoinTicketResponse
-	if err := proctest.WaitReady(ctx, 200*time.Millisecond, 30*time.Second, func(context.Context) error {
-		if resp, err = joinAs(genuine); status.Code(err) == codes.Unavailable {
-			return err
-		}
-		return nil
-	}, js); err != nil {
-		t.Fatalf("waiting for the joinservice: %v", err)
-	}
-	if err != nil || resp.GetNodeName() != "worker-9" {
-		t.Fatalf("join of a node whose measurements match: %v", err)
-	}
-	t.Logf("accepted: ticket for %s", resp.GetNodeName())
-
-	tampered := platform.NewTD()
-	dev, err := tampered.Open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dev.ExtendRTMR(ctx, 2, []byte("init=/bin/sh")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := joinAs(tampered); err == nil {
-		t.Fatal("a node whose RTMR2 differs got a ticket")
-	} else {
-		t.Logf("refused: %v", err)
-	}
+	checkTDXJoins(ctx, t, js, addr, joinPolicy, platform, "5d0c3e5a-8f7b-4c2d-9e1a-6b3f2a7c9d11")
 
 	admin := env.Client(t, apiservertest.AdminUser)
 	var mine []ledger.Entry

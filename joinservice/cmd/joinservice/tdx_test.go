@@ -81,50 +81,7 @@ func TestAttestedBinaryTDX(t *testing.T) {
 	js, addr := startJoinService(t, env, "self: {name: cp-0, role: control-plane, ips: [198.51.100.10]}\npeers:\n  - {name: worker-9, role: worker, ips: [127.0.0.1]}\n",
 		nil, "--attestation=tdx", "--tdx-root="+root, "--metrics-listen=")
 
-	joinAs := func(td *tdxtest.TD) (*joinproto.IssueJoinTicketResponse, error) {
-		validator, err := choose.NewValidator(joinPolicy, zap.NewNop())
-		if err != nil {
-			t.Fatal(err)
-		}
-		dial, err := joindial.New(tdx.NewIssuer(td.Open, nil), validator, joindial.LockRegisterCheck(1+tdx.DefaultLockRTMR, tdx.ExpectedLockRTMR))
-		if err != nil {
-			t.Fatal(err)
-		}
-		client, closer, err := dial(ctx, addr)
-		if err != nil {
-			return nil, err
-		}
-		defer closer.Close()
-		return client.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_WORKER, DiskUuid: "5d0c3e5a-8f7b-4c2d-9e1a-6b3f2a7c9d10"})
-	}
-	genuine := platform.NewTD()
-	var resp *joinproto.IssueJoinTicketResponse
-	if err := proctest.WaitReady(ctx, 200*time.Millisecond, 30*time.Second, func(context.Context) error {
-		if resp, err = joinAs(genuine); status.Code(err) == codes.Unavailable {
-			return err
-		}
-		return nil
-	}, js); err != nil {
-		t.Fatalf("waiting for the joinservice: %v", err)
-	}
-	if err != nil || resp.GetNodeName() != "worker-9" {
-		t.Fatalf("join of a node whose measurements match: %v", err)
-	}
-	t.Logf("accepted: ticket for %s", resp.GetNodeName())
-
-	tampered := platform.NewTD()
-	dev, err := tampered.Open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dev.ExtendRTMR(ctx, 2, []byte("init=/bin/sh")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := joinAs(tampered); err == nil {
-		t.Fatal("a node whose RTMR2 differs got a ticket")
-	} else {
-		t.Logf("refused: %v", err)
-	}
+	joinAs, genuine := checkTDXJoins(ctx, t, js, addr, joinPolicy, platform, "5d0c3e5a-8f7b-4c2d-9e1a-6b3f2a7c9d10")
 
 	// Collateral from a PCS that does not answer (a closed port on loopback), nothing cached: the
 	// genuine node is refused from the moment the joinservice has the new policy.
@@ -189,4 +146,57 @@ func TestAttestedBinaryTDX(t *testing.T) {
 	if e := mine[len(mine)-1]; e.RPC != "handshake" || e.Reason != "UNTRUSTED_ROOT" || !strings.Contains(e.Message, "tdx collateral unavailable") {
 		t.Errorf("last entry %+v, want the genuine node refused for unavailable collateral", e)
 	}
+}
+
+// checkTDXJoins joins a software TD of platform whose measurements match joinPolicy through the
+// joinservice js at addr (waiting until it serves), then one whose RTMR2 was extended afterwards,
+// which must be refused. It returns the join and the genuine TD for more joins.
+func checkTDXJoins(ctx context.Context, t *testing.T, js *proctest.Process, addr string, joinPolicy *policy.Policy, platform *tdxtest.Platform, diskUUID string) (join func(*tdxtest.TD) (*joinproto.IssueJoinTicketResponse, error), genuine *tdxtest.TD) {
+	t.Helper()
+	joinAs := func(td *tdxtest.TD) (*joinproto.IssueJoinTicketResponse, error) {
+		validator, err := choose.NewValidator(joinPolicy, zap.NewNop())
+		if err != nil {
+			t.Fatal(err)
+		}
+		dial, err := joindial.New(tdx.NewIssuer(td.Open, nil), validator, joindial.LockRegisterCheck(1+tdx.DefaultLockRTMR, tdx.ExpectedLockRTMR))
+		if err != nil {
+			t.Fatal(err)
+		}
+		client, closer, err := dial(ctx, addr)
+		if err != nil {
+			return nil, err
+		}
+		defer closer.Close()
+		return client.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t), Role: joinproto.Role_ROLE_WORKER, DiskUuid: diskUUID})
+	}
+	genuine = platform.NewTD()
+	var resp *joinproto.IssueJoinTicketResponse
+	var err error
+	if err := proctest.WaitReady(ctx, 200*time.Millisecond, 30*time.Second, func(context.Context) error {
+		if resp, err = joinAs(genuine); status.Code(err) == codes.Unavailable {
+			return err
+		}
+		return nil
+	}, js); err != nil {
+		t.Fatalf("waiting for the joinservice: %v", err)
+	}
+	if err != nil || resp.GetNodeName() != "worker-9" {
+		t.Fatalf("join of a node whose measurements match: %v", err)
+	}
+	t.Logf("accepted: ticket for %s", resp.GetNodeName())
+
+	tampered := platform.NewTD()
+	dev, err := tampered.Open()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dev.ExtendRTMR(ctx, 2, []byte("init=/bin/sh")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := joinAs(tampered); err == nil {
+		t.Fatal("a node whose RTMR2 differs got a ticket")
+	} else {
+		t.Logf("refused: %v", err)
+	}
+	return joinAs, genuine
 }
