@@ -178,24 +178,7 @@ func TestProbeCarriesClaims(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsLis := tls.NewListener(lis, cfg)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := tlsLis.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.(*tls.Conn).HandshakeContext(ctx)
-			c.Close()
-		}
-	}()
-	defer func() { lis.Close(); <-done }()
+	lis := serveHandshakes(ctx, t, cfg)
 
 	probe := func(claims attestation.Measurements) ([]byte, error) {
 		conn, err := net.Dial("tcp", lis.Addr().String())
@@ -428,24 +411,7 @@ func TestKnownPeersProbeBudget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	tlsLis := tls.NewListener(lis, cfg)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			c, err := tlsLis.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.(*tls.Conn).HandshakeContext(ctx)
-			c.Close()
-		}
-	}()
-	defer func() { lis.Close(); <-done }()
+	lis := serveHandshakes(ctx, t, cfg)
 	probe := func(from string) error {
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
 		conn, err := d.DialContext(ctx, "tcp", lis.Addr().String())
@@ -466,4 +432,29 @@ func TestKnownPeersProbeBudget(t *testing.T) {
 	if err := probe("127.0.0.1"); err != nil {
 		t.Fatalf("a known peer's probe after the unknown ones used up their budget: %v", err)
 	}
+}
+
+// serveHandshakes accepts connections on a loopback listener and runs the server side of each TLS
+// handshake with cfg, until the test ends; the listener's address is lis.Addr().
+func serveHandshakes(ctx context.Context, t *testing.T, cfg *tls.Config) net.Listener {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tlsLis := tls.NewListener(lis, cfg)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := tlsLis.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.(*tls.Conn).HandshakeContext(ctx)
+			c.Close()
+		}
+	}()
+	t.Cleanup(func() { lis.Close(); <-done })
+	return lis
 }
