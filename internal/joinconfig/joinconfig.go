@@ -44,6 +44,10 @@ const (
 	// KMSConfigName is the ConfigMap with the control planes' KMS key spec (internal/kmsstate), which
 	// control-plane join tickets carry.
 	KMSConfigName = "berth-kms"
+	// BackupName is the Lease that elects the joinservice replica taking the scheduled etcd
+	// snapshots, and the ConfigMap of their status and of `berth backup now`'s requests
+	// (internal/backup).
+	BackupName = "berth-backup"
 )
 
 // Labels on Berth's objects (Kubernetes' recommended labels). Objects two writers apply, such as the
