@@ -134,8 +134,8 @@ func TestNames(t *testing.T) {
 // base64 (a Secret's data in JSON), and in the protobuf etcd stores when nothing encrypts it.
 func canaryEncodings(value string) map[string][]byte {
 	return map[string][]byte{
-		"plain":  []byte(value),
-		"base64": []byte(base64.StdEncoding.EncodeToString([]byte(value))),
+		"plain":            []byte(value),
+		"base64":           []byte(base64.StdEncoding.EncodeToString([]byte(value))),
 		"base64 (raw URL)": []byte(base64.RawURLEncoding.EncodeToString([]byte(value))),
 	}
 }
