@@ -75,4 +75,6 @@ func (m *Metrics) leading(on bool) {
 }
 
 // Snapshots returns the counter of snapshots with result (ok, failed), for tests.
-func (m *Metrics) Snapshots(result string) prometheus.Counter { return m.snapshots.WithLabelValues(result) }
+func (m *Metrics) Snapshots(result string) prometheus.Counter {
+	return m.snapshots.WithLabelValues(result)
+}
