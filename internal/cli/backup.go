@@ -162,7 +162,7 @@ is authenticated: a changed or cut file fails) and prints what it carries: the c
 was taken, the KMS key generations (not the keys) and the size of etcd's data. A snapshot of another
 cluster, or the wrong master secret, fails with "does not open with this master secret".`,
 		Example: `  berth backup verify --master-secret my-cluster/master-secret.json etcd-20300101T000000.000Z.berth-snapshot`,
-		Args: cobra.ExactArgs(1),
+		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if masterSecret == "" {
 				return usageErr("verify needs --master-secret")
