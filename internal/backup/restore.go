@@ -54,7 +54,7 @@ func Restore(r io.Reader, keys *clusterkeys.Keys, m Member, dataDir string, log 
 	if err != nil {
 		return Manifest{}, fmt.Errorf("restoring etcd: %w", err)
 	}
-	defer os.Remove(tmp.Name())
+	defer func() { _ = os.Remove(tmp.Name()) }()
 	if _, err := io.Copy(tmp, data); err != nil {
 		tmp.Close()
 		return Manifest{}, err // ErrCorrupt, named by Open's reader
@@ -71,7 +71,7 @@ func Restore(r io.Reader, keys *clusterkeys.Keys, m Member, dataDir string, log 
 		RevisionBump: RevisionBump, MarkCompacted: true,
 	})
 	if err != nil {
-		os.RemoveAll(dataDir)
+		_ = os.RemoveAll(dataDir)
 		return Manifest{}, fmt.Errorf("restoring etcd into %s: %w", dataDir, err)
 	}
 	return man, nil

@@ -235,7 +235,7 @@ func (s *Schedule) take(ctx context.Context, now time.Time) (Object, error) {
 	if err != nil {
 		return Object{}, err
 	}
-	defer os.Remove(taken.Path)
+	defer func() { _ = os.Remove(taken.Path) }()
 	var errs []error
 	for _, store := range s.Stores {
 		if err := PutFile(ctx, store, taken); err != nil {

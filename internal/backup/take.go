@@ -45,7 +45,7 @@ func Take(ctx context.Context, etcd Snapshotter, keys *clusterkeys.Keys, kms KMS
 	}
 	fail := func(err error) (Taken, error) {
 		f.Close()
-		os.Remove(f.Name())
+		_ = os.Remove(f.Name())
 		return Taken{}, err
 	}
 	n, err := Seal(f, keys, m, resp.Snapshot)
@@ -60,7 +60,7 @@ func Take(ctx context.Context, etcd Snapshotter, keys *clusterkeys.Keys, kms KMS
 		return fail(fmt.Errorf("writing the snapshot's file: %w", err))
 	}
 	if err := f.Close(); err != nil {
-		os.Remove(f.Name())
+		_ = os.Remove(f.Name())
 		return Taken{}, fmt.Errorf("writing the snapshot's file: %w", err)
 	}
 	return Taken{Object: Object{Name: Name(now), Taken: now.UTC().Truncate(time.Millisecond), Size: size}, Path: f.Name(), EtcdSize: n}, nil
