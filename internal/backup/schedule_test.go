@@ -23,6 +23,7 @@ import (
 	"github.com/berth-k8s/berth/internal/backup"
 	"github.com/berth-k8s/berth/internal/backup/s3test"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/joinconfig"
 )
 
 var nsSeq atomic.Int32
@@ -203,5 +204,36 @@ func TestScheduleRefusesBadSettings(t *testing.T) {
 		if err := s.Run(context.Background()); err == nil {
 			t.Errorf("%s: Run = nil", name)
 		}
+	}
+}
+
+// TestScheduleAsJoinService runs the schedule with the joinservice's own identity and RBAC, as
+// berth init installs them in berth-system: the Lease, the status and the requests need nothing
+// the Role does not grant, and nothing else in berth-system is writable to it.
+func TestScheduleAsJoinService(t *testing.T) {
+	env := apiservertest.Shared(t)
+	ctx := context.Background()
+	if err := env.InstallBerth(ctx, "variant: insecure-none\n"); err != nil {
+		t.Fatal(err)
+	}
+	js := env.Client(t, apiservertest.JoinServiceUser)
+	admin := env.Client(t, apiservertest.AdminUser)
+	runSchedule(t, &backup.Schedule{
+		Log: zaptest.NewLogger(t), Client: js, Namespace: joinconfig.Namespace, Identity: "cp-1", Etcd: etcdOf(env), Keys: keysOf(t),
+		KMS:    func(context.Context) ([]uint32, uint32, error) { return []uint32{1}, 1, nil },
+		Stores: []backup.Store{backup.NewDir(t.TempDir())}, Staging: t.TempDir(), Poll: 20 * time.Millisecond,
+	})
+	st := waitStatus(t, admin, joinconfig.Namespace, func(st backup.Status) bool { return st.LastSuccess != nil })
+	req, err := backup.Request(ctx, admin, joinconfig.Namespace, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st = waitStatus(t, admin, joinconfig.Namespace, func(st backup.Status) bool { return !st.LastAttempt.Before(req) })
+	if st.LastError != "" {
+		t.Fatalf("the requested snapshot failed as the joinservice: %s", st.LastError)
+	}
+	// The joinservice may write the backup status, not other ConfigMaps by the same means.
+	if err := backup.WriteStatus(ctx, js, "default", st); err == nil {
+		t.Error("the joinservice wrote a backup status outside berth-system")
 	}
 }
