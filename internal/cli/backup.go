@@ -35,7 +35,7 @@ cluster, without it it tells nothing. berth status shows the last snapshot's age
 		Args: cobra.NoArgs,
 		RunE: groupHelp,
 	}
-	cmd.AddCommand(newBackupNowCmd(), newBackupListCmd(), newBackupVerifyCmd())
+	cmd.AddCommand(newBackupNowCmd(), newBackupListCmd(), newBackupVerifyCmd(), newBackupRestoreEtcdCmd())
 	return cmd
 }
 
@@ -195,6 +195,55 @@ cluster, or the wrong master secret, fails with "does not open with this master 
 		},
 	}
 	cmd.Flags().StringVar(&masterSecret, "master-secret", "", "the cluster's master-secret.json, as berth init wrote it (required)")
+	return cmd
+}
+
+func newBackupRestoreEtcdCmd() *cobra.Command {
+	var masterSecret, dataDir string
+	var member backup.Member
+	cmd := &cobra.Command{
+		Use:   "restore-etcd --master-secret FILE --data-dir DIR --name NAME --peer-url URL SNAPSHOT",
+		Short: "Restore a snapshot's etcd data into a new data directory (the manual restore path)",
+		Long: `berth backup restore-etcd opens a snapshot with master-secret.json, reads it to its end (a damaged
+file writes nothing) and restores etcd's data into --data-dir, which must not exist, as a one-member
+cluster: --name and --peer-url are the member's, as kubeadm names them on the control plane that runs
+it (the node name, https://ADDRESS:2380). etcd's revision moves a billion past the snapshot's and the
+snapshot's is marked compacted, so no watch takes the old data for new. It prints the KMS key
+generations the restored Secrets are encrypted under; they derive from the same master secret.
+
+This is the manual part of a restore: kubeadm init on the first new control plane with this
+directory as its etcd data directory (--ignore-preflight-errors=DirAvailable--var-lib-etcd). berth
+restore, which does it on fresh machines end to end, is not built yet (internal/backup/README.md).`,
+		Example: `  berth backup restore-etcd --master-secret my-cluster/master-secret.json --data-dir /var/lib/etcd \
+    --name cp1 --peer-url https://198.51.100.10:2380 etcd-20300101T000000.000Z.berth-snapshot`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if masterSecret == "" || dataDir == "" || member.Name == "" || member.PeerURL == "" {
+				return usageErr("restore-etcd needs --master-secret, --data-dir, --name and --peer-url")
+			}
+			keys, err := readMasterSecret(masterSecret)
+			if err != nil {
+				return err
+			}
+			f, err := os.Open(args[0])
+			if err != nil {
+				return usageErr("%w", err)
+			}
+			defer f.Close()
+			m, err := backup.Restore(f, keys, member, dataDir, nil)
+			if err != nil {
+				return fmt.Errorf("%s: %w", args[0], err)
+			}
+			_, _ = fmt.Fprintf(cmd.OutOrStdout(), "etcd data of cluster %s (taken %s) restored into %s as member %s (%s); Secrets are under KMS generation %d.\n",
+				m.ClusterID, m.Taken.Format(time.RFC3339), dataDir, printable(member.Name), printable(member.PeerURL), m.KMS.Active)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&masterSecret, "master-secret", "", "the cluster's master-secret.json, as berth init wrote it (required)")
+	f.StringVar(&dataDir, "data-dir", "", "etcd data directory to create (required; must not exist)")
+	f.StringVar(&member.Name, "name", "", "the restored member's name (required; kubeadm: the node name)")
+	f.StringVar(&member.PeerURL, "peer-url", "", "the restored member's peer URL (required; kubeadm: https://ADDRESS:2380)")
 	return cmd
 }
 

@@ -114,6 +114,32 @@ func TestBackupNow(t *testing.T) {
 		t.Fatalf("verify with another master secret = %v, want ErrWrongSecret", err)
 	}
 
+	// berth backup restore-etcd: another master secret writes nothing; the right one restores.
+	dataDir := filepath.Join(t.TempDir(), "etcd")
+	restoreArgs := func(secret string) []string {
+		return []string{"backup", "restore-etcd", "--master-secret", secret, "--data-dir", dataDir,
+			"--name", "cp1", "--peer-url", "https://127.0.0.1:2380", snap}
+	}
+	cmd = NewRootCmd()
+	cmd.SetOut(io.Discard)
+	cmd.SetArgs(restoreArgs(bad))
+	if err := cmd.ExecuteContext(ctx); !errors.Is(err, backup.ErrWrongSecret) {
+		t.Fatalf("restore-etcd with another master secret = %v, want ErrWrongSecret", err)
+	}
+	if _, err := os.Stat(dataDir); !os.IsNotExist(err) {
+		t.Fatalf("a refused restore-etcd left %s: %v", dataDir, err)
+	}
+	cmd = NewRootCmd()
+	out.Reset()
+	cmd.SetOut(&out)
+	cmd.SetArgs(restoreArgs(good))
+	if err := cmd.ExecuteContext(ctx); err != nil || !strings.Contains(out.String(), "restored into") {
+		t.Fatalf("restore-etcd = %v:\n%s", err, out.String())
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, "member", "snap", "db")); err != nil {
+		t.Errorf("restore-etcd made no etcd database: %v", err)
+	}
+
 	// A store that fails makes the command fail with the schedule's error.
 	// (The store's directory becomes a file: not even root writes into it.)
 	if err := os.RemoveAll(dir); err != nil {
