@@ -191,6 +191,21 @@ func TestTakeFromRealEtcd(t *testing.T) {
 	if int64(len(raw)) != taken.EtcdSize || m.ClusterID != hex.EncodeToString(keys.ClusterID()) {
 		t.Errorf("manifest of cluster %s, %d etcd bytes (took %d)", m.ClusterID, len(raw), taken.EtcdSize)
 	}
+	// The value as etcd stores it (here the Secret's protobuf; under KMS, the envelope): no 32 bytes
+	// of it are in the sealed file.
+	stored, err := etcd.Get(ctx, "/registry/secrets/"+ns+"/canary")
+	if err != nil || len(stored.Kvs) != 1 {
+		t.Fatalf("reading the canary from etcd: %v", err)
+	}
+	value := stored.Kvs[0].Value
+	if !bytes.Contains(raw, value) {
+		t.Fatal("etcd's own snapshot lacks the canary as etcd stores it")
+	}
+	for i := 0; i+32 <= len(value); i += 16 {
+		if bytes.Contains(sealed, value[i:i+32]) {
+			t.Fatalf("the sealed snapshot contains bytes %d..%d of the canary as etcd stores it", i, i+32)
+		}
+	}
 	for enc, b := range canaryEncodings(canary) {
 		if enc == "plain" && !bytes.Contains(raw, b) {
 			t.Fatalf("etcd's own snapshot has no plain canary: the check below could not see one")
