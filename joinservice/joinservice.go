@@ -4,7 +4,8 @@
 //   - at start, it reads the cluster secrets (patiently: right after init the API server may not be
 //     reachable yet), the join configuration and the cluster CA, and builds the ticket server with
 //     its attestation policy;
-//   - then one errgroup runs the gRPC server, the metrics server, the join ledger's writer and, with
+//   - then one errgroup runs the gRPC server, the metrics server, the join ledger's writer, the etcd
+//     backup schedule (internal/backup; it snapshots on the replica holding Lease berth-backup) and, with
 //     attestation, the watcher that hot-reloads the policy (and, while this replica's attestation key
 //     has no certificate from the cluster's AK CA, the attempts to get one), until ctx ends.
 //
@@ -89,6 +90,8 @@ type Deps struct {
 	// ControlPlaneJoinTimeout bounds how long a joining control plane holds the control-plane slot;
 	// zero means cpslot.DefaultJoinTimeout.
 	ControlPlaneJoinTimeout time.Duration
+	// Backup is the etcd snapshot schedule (internal/backup); an empty Dir leaves it out.
+	Backup BackupConfig
 }
 
 // Readiness conditions of /readyz (package health), in the order they are met at start.
@@ -250,6 +253,15 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 		return err
 	})
 	members.run(ctx, g, d, probes)
+	if d.Backup.Dir != "" {
+		sched := backupSchedule(ctx, d, keys, m)
+		backupEnded := probes.Started("backup")
+		g.Go(func() error {
+			err := sched.Run(ctx)
+			backupEnded(err)
+			return err
+		})
+	}
 	if holder != nil {
 		w := policywatch.NewWatcher(d.Client, d.Namespace, joinconfig.JoinConfigName, d.Replica, holder, m, log.Named("policy"))
 		watchEnded := probes.Started("policy-watch")

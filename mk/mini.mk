@@ -10,8 +10,9 @@ mini: mini-deps mini-up ## on a fresh machine: install packages, build everythin
 mini-deps: ## install the Debian packages the mini cluster needs (idempotent)
 	./scripts/install-deps.sh
 
-mini-build: ## build Kubernetes, etcd, CoreDNS, flannel and the pod binaries (cached by version)
+mini-build: ## build Kubernetes, etcd, CoreDNS, flannel, the pod binaries and the backup tests' object store (cached by version)
 	./scripts/build-k8s.sh >/dev/null
+	./scripts/build-k8s.sh versitygw >/dev/null
 
 mini-up: build mini-build ## start a mini cluster in MINI_DIR (root)
 	$(BIN)/berth mini up --dir $(MINI_DIR) $(MINI_FLAGS)

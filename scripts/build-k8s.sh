@@ -10,6 +10,7 @@
 #   coredns    v1.12.1   coredns   (minimal: only the plugins kubeadm's Corefile uses)
 #   flannel    v0.28.4   flanneld  (CGO, static)
 #   podbin     1         pause testapp  (Berth's own pod sandbox and e2e workload, static)
+#   versitygw  v1.8.0    versitygw (an S3-compatible server; only for the backup tests, not in the default list)
 #
 # Output contract (stable; other scripts rely on it):
 #   - stdout: exactly one line per requested component, in the order requested: the absolute path of
@@ -52,6 +53,7 @@ recipe() {
     coredns) printf '%s\t%s\n' v1.12.1 "cgo=0 ldflags=-s -w pkg=. out=coredns" ;;
     flannel) printf '%s\t%s\n' v0.28.4 "cgo=1 static tags=netgo,osusergo version=v0.28.4" ;;
     podbin) printf '%s\t%s\n' 1 "cgo=0 ldflags=-s -w pkgs=pause testapp" ;;
+    versitygw) printf '%s\t%s\n' v1.8.0 "cgo=0 ldflags=-s -w tool=github.com/versity/versitygw/cmd/versitygw" ;;
     *) return 1 ;;
   esac
 }
@@ -159,6 +161,7 @@ build_one() {
         -ldflags '-s -w -X github.com/flannel-io/flannel/pkg/version.Version=v0.28.4 -extldflags "-static"' \
         github.com/flannel-io/flannel && mv "$out/flannel" "$out/flanneld" ;;
     podbin) CGO_ENABLED=0 gobuild "$src" "$out" -ldflags '-s -w' ./pause ./testapp ;;
+    versitygw) CGO_ENABLED=0 gobuild "$src" "$out" -ldflags '-s -w' github.com/versity/versitygw/cmd/versitygw ;;
   esac
 }
 

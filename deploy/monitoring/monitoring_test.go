@@ -28,6 +28,7 @@ import (
 	"go.uber.org/zap"
 	"go.yaml.in/yaml/v3"
 
+	"github.com/berth-k8s/berth/internal/backup"
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/webhook"
 	"github.com/berth-k8s/berth/internal/webhook/install"
@@ -96,9 +97,14 @@ func exported(t *testing.T) map[string]bool {
 	kms.Keys(kmsplugin.KeySet{Active: 1, Keys: []kmsplugin.Key{{Generation: 1, KEK: make([]byte, kmsplugin.KeySize)}}})
 	gather(kms.Registry())
 
+	// The backup schedule's, in the joinservice's registry (internal/backup).
+	breg := prometheus.NewRegistry()
+	backup.NewMetrics(breg)
+	gather(breg)
+
 	for _, n := range []string{"berth_joinservice_attempts_total", "berth_webhook_decisions_total", "berth_webhook_decision_seconds_bucket", "berth_build_info",
 		"berth_cert_expiry_timestamp_seconds", "berth_certkeeper_leader", "berth_webhook_config_ok", "berth_certkeeper_csr_decisions_total",
-		"berth_kms_healthy", "berth_kms_generations"} {
+		"berth_kms_healthy", "berth_kms_generations", backup.LastSuccessMetric} {
 		if !names[n] {
 			t.Fatalf("%s is not among the exported names: the registries were not gathered as expected", n)
 		}

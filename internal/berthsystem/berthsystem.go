@@ -157,6 +157,8 @@ func joinService(ds *appsv1ac.DaemonSetApplyConfiguration) []any {
 		corev1ac.ConfigMap(joinconfig.MachinesName, ns).WithLabels(joinServiceLabels),
 		coordinationv1ac.Lease(joinconfig.ControlPlaneSlotLease, ns).WithLabels(joinServiceLabels),
 		coordinationv1ac.Lease(joinconfig.CertKeeperLease, ns).WithLabels(joinServiceLabels),
+		corev1ac.ConfigMap(joinconfig.BackupName, ns).WithLabels(joinServiceLabels),
+		coordinationv1ac.Lease(joinconfig.BackupName, ns).WithLabels(joinServiceLabels),
 		corev1ac.ServiceAccount(joinconfig.ServiceAccountName, ns),
 		// Everything the joinservice touches is in berth-system: a Role, not a ClusterRole, and in it
 		// only the objects it reads or writes, by name. Creating cannot be limited to a name, so the
@@ -165,6 +167,12 @@ func joinService(ds *appsv1ac.DaemonSetApplyConfiguration) []any {
 		rbacv1ac.Role(joinServiceRole, ns).WithRules(
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("secrets").
 				WithResourceNames(joinconfig.SecretName).WithVerbs("get"),
+			// The object store of the etcd snapshots, when the operator named one (internal/backup).
+			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("secrets").
+				WithResourceNames(joinconfig.BackupStoreSecretName).WithVerbs("get"),
+			// The backup schedule's status, and the requests of berth backup now in it.
+			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
+				WithResourceNames(joinconfig.BackupName).WithVerbs("get", "patch"),
 			// The policy watcher lists and watches the join ConfigMap by name (a metadata.name field
 			// selector, which RBAC checks against resourceNames).
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
@@ -185,6 +193,8 @@ func joinService(ds *appsv1ac.DaemonSetApplyConfiguration) []any {
 				WithResourceNames(joinconfig.ControlPlaneSlotLease).WithVerbs("get", "list", "watch", "update"),
 			rbacv1ac.PolicyRule().WithAPIGroups("coordination.k8s.io").WithResources("leases").
 				WithResourceNames(joinconfig.CertKeeperLease).WithVerbs("get", "update"),
+			rbacv1ac.PolicyRule().WithAPIGroups("coordination.k8s.io").WithResources("leases").
+				WithResourceNames(joinconfig.BackupName).WithVerbs("get", "update"),
 			// It keeps the webhook's replicas on different nodes (joinservice/spread): it reads the
 			// Deployment and its pods and evicts one (the webhook's disruption budget decides).
 			rbacv1ac.PolicyRule().WithAPIGroups("apps").WithResources("deployments").
@@ -256,9 +266,12 @@ func JoinServiceDaemonSet(cfg Config, attestationPolicy []byte) (*appsv1ac.Daemo
 	labels := map[string]string{joinconfig.NameLabel: joinconfig.JoinServiceName, joinconfig.PartOfLabel: joinconfig.PartOf}
 	mounts := []*corev1ac.VolumeMountApplyConfiguration{
 		corev1ac.VolumeMount().WithName("pki").WithMountPath(pkiDir).WithReadOnly(true),
+		// The etcd snapshots the backup schedule keeps on the node's state disk.
+		corev1ac.VolumeMount().WithName("backups").WithMountPath(joinconfig.BackupDir),
 	}
 	volumes := []*corev1ac.VolumeApplyConfiguration{
 		corev1ac.Volume().WithName("pki").WithHostPath(corev1ac.HostPathVolumeSource().WithPath(pkiDir).WithType(corev1.HostPathDirectory)),
+		corev1ac.Volume().WithName("backups").WithHostPath(corev1ac.HostPathVolumeSource().WithPath(joinconfig.BackupDir).WithType(corev1.HostPathDirectoryOrCreate)),
 	}
 	privileged := false
 	hostPaths := cfg.JoinServiceHostPaths
@@ -285,6 +298,8 @@ func JoinServiceDaemonSet(cfg Config, attestationPolicy []byte) (*appsv1ac.Daemo
 		WithArgs(
 			fmt.Sprintf("--listen=:%d", joinconfig.JoinPort),
 			"--pki-dir="+pkiDir,
+			// The backup schedule is on in every cluster (internal/backup).
+			"--backup-dir="+joinconfig.BackupDir,
 			// Metrics and probes on the node's own address, not every interface.
 			fmt.Sprintf("--metrics-listen=$(%s):%d", envHostIP, joinconfig.MetricsPort),
 		).

@@ -70,7 +70,8 @@ func TestObjectsOrder(t *testing.T) {
 		"ValidatingAdmissionPolicy/berth-host-runtime", "ValidatingAdmissionPolicyBinding/berth-host-runtime",
 		"ValidatingAdmissionPolicy/berth-node-revocation", "ValidatingAdmissionPolicyBinding/berth-node-revocation",
 		"Secret/berth-cluster-secrets", "ConfigMap/berth-join-config", "ConfigMap/berth-join-ledger",
-		"ConfigMap/berth-machines", "Lease/berth-control-plane-slot", "Lease/berth-cert-keeper", "ServiceAccount/berth-joinservice", "Role/berth:joinservice",
+		"ConfigMap/berth-machines", "Lease/berth-control-plane-slot", "Lease/berth-cert-keeper",
+		"ConfigMap/berth-backup", "Lease/berth-backup", "ServiceAccount/berth-joinservice", "Role/berth:joinservice",
 		"RoleBinding/berth:joinservice", "ClusterRole/berth:joinservice:kubelet-serving-approver",
 		"ClusterRoleBinding/berth:joinservice:kubelet-serving-approver",
 		"ClusterRole/berth:joinservice:webhook-spread", "ClusterRoleBinding/berth:joinservice:webhook-spread",
@@ -133,9 +134,9 @@ func TestJoinServiceRoleNarrow(t *testing.T) {
 		}
 	}
 	want := map[string][]string{
-		"secrets":     {joinconfig.SecretName},
-		"configmaps":  {joinconfig.JoinConfigName, joinconfig.JoinLedgerName, joinconfig.MachinesName, kmsstate.ConfigMapName},
-		"leases":      {joinconfig.ControlPlaneSlotLease, joinconfig.CertKeeperLease},
+		"secrets":     {joinconfig.SecretName, joinconfig.BackupStoreSecretName},
+		"configmaps":  {joinconfig.JoinConfigName, joinconfig.JoinLedgerName, joinconfig.MachinesName, kmsstate.ConfigMapName, joinconfig.BackupName},
+		"leases":      {joinconfig.ControlPlaneSlotLease, joinconfig.CertKeeperLease, joinconfig.BackupName},
 		"deployments": {"berth-webhook"},
 	}
 	for res, names := range want {

@@ -67,11 +67,11 @@ func TestAddTDXGuest(t *testing.T) {
 	testCases := map[berthsystem.TDXGuestInterface]tdxView{
 		berthsystem.TDXConfigfsTSM: {
 			hostPath: "/sys/kernel/config", hostType: "Directory", mountPath: "/run/berth/tdx/sys/kernel/config",
-			root: "/run/berth/tdx", volumes: 2, mounts: 2, env: 4,
+			root: "/run/berth/tdx", volumes: 3, mounts: 3, env: 4,
 		},
 		berthsystem.TDXLegacyDevice: {
 			hostPath: "/dev/tdx-guest", hostType: "CharDevice", mountPath: "/run/berth/tdx/dev/tdx-guest",
-			root: "/run/berth/tdx", privileged: true, volumes: 2, mounts: 2, env: 4,
+			root: "/run/berth/tdx", privileged: true, volumes: 3, mounts: 3, env: 4,
 		},
 	}
 	for iface, want := range testCases {
@@ -135,11 +135,11 @@ func TestAddTDXGuestOnAPIServer(t *testing.T) {
 				vol = &pod.Volumes[i]
 			}
 		}
-		if vol == nil || vol.HostPath == nil || *vol.HostPath.Type != *ds.Spec.Template.Spec.Volumes[1].HostPath.Type {
+		if vol == nil || vol.HostPath == nil || *vol.HostPath.Type != *ds.Spec.Template.Spec.Volumes[2].HostPath.Type {
 			t.Fatalf("%s: the API server holds volumes %+v", iface, pod.Volumes)
 		}
 		c := pod.Containers[0]
-		if len(c.VolumeMounts) != 2 || !strings.HasPrefix(c.VolumeMounts[1].MountPath, berthsystem.TDXRoot+"/") {
+		if len(c.VolumeMounts) != 3 || !strings.HasPrefix(c.VolumeMounts[2].MountPath, berthsystem.TDXRoot+"/") {
 			t.Fatalf("%s: the API server holds mounts %+v", iface, c.VolumeMounts)
 		}
 		if privileged := *c.SecurityContext.Privileged; privileged != (iface == berthsystem.TDXLegacyDevice) {

@@ -123,8 +123,8 @@ func TestJoinServiceForVariant(t *testing.T) {
 				if v.priv != tc.privileged {
 					t.Errorf("privileged = %t, want %t", v.priv, tc.privileged)
 				}
-				if len(pod.Volumes) != 3 || len(pod.Containers[0].VolumeMounts) != 3 {
-					t.Errorf("volumes %+v, want the PKI, the TD guest interface and the collateral", pod.Volumes)
+				if len(pod.Volumes) != 4 || len(pod.Containers[0].VolumeMounts) != 4 {
+					t.Errorf("volumes %+v, want the PKI, the backups, the TD guest interface and the collateral", pod.Volumes)
 				}
 			}
 		})

@@ -50,7 +50,7 @@ warnings and errors go to stderr.
 		newInitCmd(), newRecoverCmd(),
 		newMiniCmd(),
 		newVerifyCmd(), newPolicyCmd(),
-		newStatusCmd(), newNodeCmd(), newMetadataCmd(), newSecretsCmd(),
+		newStatusCmd(), newNodeCmd(), newMetadataCmd(), newSecretsCmd(), newBackupCmd(),
 		newManifestsCmd(),
 		newVersionCmd(),
 	)

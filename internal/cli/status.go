@@ -46,6 +46,9 @@ by that control plane itself, which records their earliest expiry on its Node).
 Then the encryption at rest of Secrets: the API server's kms-providers check and every control
 plane's KMS plugin (berth secrets status prints the same section).
 
+Then the backups: the last etcd snapshot the schedule stored, its age and size, and a warning when
+it is older than two intervals, when none succeeded, or when the last attempt failed (berth backup).
+
 The cluster is found as kubectl finds it: --kubeconfig, else the files in KUBECONFIG, else
 ~/.kube/config; --context picks another context. With -o json or -o yaml the same report comes
 as one document (its field names are stable; certificates are under "certificates"); --limit
@@ -105,6 +108,8 @@ type statusReport struct {
 	OmittedMembership int            `json:"omittedMembership"`
 	// RemovedMachines are the machines an operator removed and did not re-admit, newest first.
 	RemovedMachines []removedMachine `json:"removedMachines"`
+	// Backups is the etcd snapshot schedule's health (backup.go); absent when it cannot be read.
+	Backups *backupReport `json:"backups,omitempty"`
 }
 
 // ledgerRecord is one ledger entry in statusReport.
@@ -136,12 +141,16 @@ func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, 
 	entries, membership := splitMembership(entries)
 	certs := readCertificates(ctx, client, namespace)
 	enc, encErr := encryptionSection(ctx, client)
+	backups, backupErr := readBackupSection(ctx, client, namespace, time.Now())
 	if output.structured() {
 		r := newStatusReport(namespace, found, entries, limit)
 		r.Certificates = certs
 		r.Encryption = enc
 		r.Membership, r.OmittedMembership = membershipRecords(membership, limit)
 		r.RemovedMachines = removed
+		if backupErr == nil {
+			r.Backups = &backups
+		}
 		return output.encode(out, r)
 	}
 	if !found {
@@ -152,6 +161,7 @@ func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, 
 	}
 	printCertificates(out, certs, time.Now())
 	printEncryptionSection(out, enc, encErr)
+	printBackupSection(out, backups, backupErr)
 	return nil
 }
 

@@ -83,6 +83,8 @@ func TestStatusStructured(t *testing.T) {
 		Encryption: &encryptionReport{Provider: "KMS v2 plugin berth", Resources: []string{"secrets"}, APIServerCheck: "unknown (no REST client)",
 			Generations: []uint32{1}, Active: 1, ControlPlanes: []encryptionNode{}},
 		Membership: []ledgerRecord{}, RemovedMachines: []removedMachine{},
+		// No joinservice reported a snapshot: stale.
+		Backups: &backupReport{Stale: true},
 	}
 	for _, format := range []outputFormat{outputJSON, outputYAML} {
 		var out bytes.Buffer

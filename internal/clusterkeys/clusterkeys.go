@@ -10,6 +10,7 @@
 //	legacy binding key  "berth/v1/disk-binding/" + lower-case disk UUID
 //	KMS key             "berth/v1/kms-kek/" + generation (decimal, 1, 2, ...)
 //	AK CA seed          "berth/v1/ak-ca" (the Ed25519 seed of vtpm.ClusterAKCA)
+//	backup key          "berth/v1/backup-key" (wraps the file key of every etcd snapshot, internal/backup)
 //
 // A KMS key is the key-encryption key of the KMS v2 plugin every control plane runs (etcd encryption
 // at rest, internal/kmsplugin): it encrypts the API servers' data-encryption keys. Each generation
@@ -112,6 +113,10 @@ func (k *Keys) LegacyDiskKey(diskUUID string) []byte {
 func (k *Keys) KMSKey(generation uint32) []byte {
 	return k.derive("berth/v1/kms-kek/" + strconv.FormatUint(uint64(generation), 10))
 }
+
+// BackupKey wraps the key of every etcd snapshot the cluster takes (internal/backup): whoever holds
+// the master secret and salt opens the cluster's snapshots, nobody else does.
+func (k *Keys) BackupKey() []byte { return k.derive("berth/v1/backup-key") }
 
 // DiskBinding binds the state disk with the given UUID (case-insensitive) to the machine with the
 // given identity. It returns nil for an empty UUID or identity: those bind to nothing.

@@ -47,11 +47,14 @@ func TestDerivations(t *testing.T) {
 	}
 	for name, other := range map[string][]byte{
 		"generation 2": k.KMSKey(2), "cluster ID": k.ClusterID(), "disk key of UUID 1": k.DiskKey("1", me),
-		"other salt": k2.KMSKey(1), "measurement secret": k.MeasurementSecret(),
+		"other salt": k2.KMSKey(1), "measurement secret": k.MeasurementSecret(), "backup key": k.BackupKey(),
 	} {
 		if bytes.Equal(k.KMSKey(1), other) {
 			t.Errorf("KMS key of generation 1 equals the %s", name)
 		}
+	}
+	if bytes.Equal(k.BackupKey(), k2.BackupKey()) || len(k.BackupKey()) != KeySize {
+		t.Error("the backup key is not a 32-byte key of its salt")
 	}
 	if len(k.ClusterID()) != KeySize {
 		t.Errorf("len(ClusterID()) = %d", len(k.ClusterID()))

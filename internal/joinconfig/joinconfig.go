@@ -44,6 +44,27 @@ const (
 	// KMSConfigName is the ConfigMap with the control planes' KMS key spec (internal/kmsstate), which
 	// control-plane join tickets carry.
 	KMSConfigName = "berth-kms"
+	// BackupName is the Lease that elects the joinservice replica taking the scheduled etcd
+	// snapshots, and the ConfigMap of their status and of `berth backup now`'s requests
+	// (internal/backup).
+	BackupName = "berth-backup"
+	// BackupStoreSecretName is the optional Secret naming the S3-compatible object store the etcd
+	// snapshots go to besides the control plane's state disk (keys BackupStore*).
+	BackupStoreSecretName = "berth-backup-store"
+	// BackupDir is where a control plane keeps its etcd snapshots, on its state disk.
+	BackupDir = "/var/lib/berth/backups"
+)
+
+// Keys of Secret BackupStoreSecretName.
+const (
+	BackupStoreEndpoint  = "endpoint"
+	BackupStoreRegion    = "region"
+	BackupStoreBucket    = "bucket"
+	BackupStorePrefix    = "prefix"
+	BackupStoreAccessKey = "accessKey"
+	BackupStoreSecretKey = "secretKey"
+	// BackupStorePathStyle is "true" for a store that addresses buckets in the path.
+	BackupStorePathStyle = "pathStyle"
 )
 
 // Labels on Berth's objects (Kubernetes' recommended labels). Objects two writers apply, such as the

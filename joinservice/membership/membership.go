@@ -183,6 +183,10 @@ func (e *Etcd) client() (*clientv3.Client, error) {
 	return c, nil
 }
 
+// Client connects to this control plane's etcd with a short-lived client certificate signed by the
+// etcd CA (the backup schedule's snapshots); the caller closes it.
+func (e *Etcd) Client() (*clientv3.Client, error) { return e.client() }
+
 // Members lists etcd's members with their health.
 func (e *Etcd) Members(ctx context.Context) ([]Member, error) {
 	c, err := e.client()

@@ -19,6 +19,7 @@ import (
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
+	"github.com/berth-k8s/berth/internal/backup"
 	"github.com/berth-k8s/berth/internal/cpslot"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/kubeclient"
@@ -47,13 +48,14 @@ type options struct {
 	refusals     server.RefusalLimits
 	log          logging.Config
 	joinTimeout  time.Duration
+	backup       joinservice.BackupConfig
 }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	o := options{listen: fmt.Sprintf(":%d", joinconfig.JoinPort), metricsAddr: fmt.Sprintf("127.0.0.1:%d", joinconfig.MetricsPort), pkiDir: "/etc/kubernetes/pki",
-		namespace: joinconfig.Namespace, limits: server.DefaultLimits, attestLimits: atls.DefaultLimits, refusals: server.DefaultRefusalLimits,
+		namespace: joinconfig.Namespace, backup: joinservice.BackupConfig{Interval: backup.DefaultInterval, Keep: backup.DefaultKeep}, limits: server.DefaultLimits, attestLimits: atls.DefaultLimits, refusals: server.DefaultRefusalLimits,
 		log: logging.Config{Level: envOr(joinconfig.EnvLogLevel, "info"), Format: envOr(joinconfig.EnvLogFormat, logging.FormatJSON), Sample: true}}
 	cmd := &cobra.Command{
 		Use:   "joinservice",
@@ -80,6 +82,11 @@ The joinservice on every control plane also runs the certificate keeper (package
 the replica that holds Lease berth-cert-keeper renews the image-policy webhook's certificates,
 rotates its CA, repairs its caBundle and approves kubelet serving certificates for the nodes that
 ask for them, and every replica reports its node's control-plane certificate expiry in /metrics.
+
+The replica that holds Lease berth-backup takes an etcd snapshot every --backup-interval (and on
+berth backup now), sealed under a key derived from the master secret with the KMS keys inside, into
+--backup-dir and, when Secret berth-backup-store names one, an S3-compatible object store; each store
+keeps the newest --backup-keep. ConfigMap berth-backup and berth_backup_* metrics report it.
 
 Every attempt goes to the join ledger (ConfigMap berth-join-ledger and Events on it; berth status
 prints it). Calls are rate-limited per peer address and overall (--rate-*), and so are attested
@@ -140,6 +147,9 @@ BERTH_LOG_FORMAT; the bootstrapper passes its own to the DaemonSet.`,
 	f.Float64Var((*float64)(&o.attestLimits.Unauthenticated), "attest-rate-unauthenticated", float64(o.attestLimits.Unauthenticated), "identity probes and claim refusals per second over all peers (no TPM work; 0: unlimited)")
 	f.IntVar(&o.attestLimits.UnauthenticatedBurst, "attest-rate-unauthenticated-burst", o.attestLimits.UnauthenticatedBurst, "burst of --attest-rate-unauthenticated")
 	f.DurationVar(&o.joinTimeout, "control-plane-join-timeout", cpslot.DefaultJoinTimeout, "how long a control plane's join holds the control-plane slot at most, from its ticket until its etcd member votes and its API server is ready")
+	f.StringVar(&o.backup.Dir, "backup-dir", o.backup.Dir, "directory of the etcd snapshots on this control plane's state disk (the DaemonSet passes "+joinconfig.BackupDir+"); empty turns the backup schedule off")
+	f.DurationVar(&o.backup.Interval, "backup-interval", o.backup.Interval, "time between two scheduled etcd snapshots (at most 6h)")
+	f.IntVar(&o.backup.Keep, "backup-keep", o.backup.Keep, "etcd snapshots kept in every store (at least 5)")
 	o.log.AddFlags(f)
 	cmd.SetArgs(os.Args[1:])
 	if err := cmd.ExecuteContext(ctx); err != nil {
@@ -176,6 +186,10 @@ func deps(ctx context.Context, o options, log *zap.Logger) (joinservice.Deps, er
 		Address: o.listen, MetricsAddress: o.metricsAddr, Namespace: o.namespace, PKIDir: o.pkiDir, Replica: o.replica,
 		Limits: o.limits, AttestLimits: o.attestLimits, RefusalLimits: o.refusals, ControlPlaneJoinTimeout: o.joinTimeout,
 	}
+	if o.backup.Interval <= 0 || o.backup.Interval > backup.DefaultInterval || o.backup.Keep < backup.DefaultKeep {
+		return d, fmt.Errorf("--backup-interval %v, --backup-keep %d: want at most %v and at least %d", o.backup.Interval, o.backup.Keep, backup.DefaultInterval, backup.DefaultKeep)
+	}
+	d.Backup = o.backup
 	if o.joinTimeout <= 0 {
 		return d, fmt.Errorf("--control-plane-join-timeout %v: want a positive duration", o.joinTimeout)
 	}

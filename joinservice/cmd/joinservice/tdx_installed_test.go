@@ -58,6 +58,11 @@ func runFromDaemonSet(t *testing.T, ds *appsv1.DaemonSet, hostRoot, containerRoo
 			t.Fatalf("mount %s of volume %+v: only host paths are laid out", m.MountPath, v)
 		}
 		host := filepath.Join(hostRoot, v.HostPath.Path)
+		if v.HostPath.Type != nil && *v.HostPath.Type == corev1.HostPathDirectoryOrCreate {
+			if err := os.MkdirAll(host, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
 		if _, err := os.Stat(host); err != nil {
 			t.Fatalf("volume %s: the host has no %s: %v", m.Name, v.HostPath.Path, err)
 		}
