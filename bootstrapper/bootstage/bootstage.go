@@ -605,6 +605,24 @@ func (s *Stage) BindWithKeys(ctx context.Context, keys *clusterkeys.Keys) error 
 	return s.Bind(ctx, key, keys.ClusterID(), keys.DiskBinding(uuid, id))
 }
 
+// Lock locks a node whose machine the cluster answered REVOKED: the key sealed to the TPM is
+// destroyed (the header's sealed blob cleared; the MAC does not cover it), so no later boot opens
+// the state disk unattended: it asks the cluster, which refuses a removed machine, or waits for berth
+// recover. In this boot the lock register already holds the cluster ID (Open), so the TPM would not
+// unseal the key again anyway. The disk stays open: the kubelet's and the node's own files on it
+// may be in use, and a re-admitted node (berth node readmit) runs on without a reboot; its next
+// boot rejoins and seals the key again.
+func (s *Stage) Lock(ctx context.Context) error {
+	if err := s.cfg.Disk.SetSealed(ctx, nil); err != nil {
+		return fmt.Errorf("destroying the sealed disk key: %w", err)
+	}
+	s.mu.Lock()
+	s.header.Sealed = nil
+	s.mu.Unlock()
+	s.log.Warn("sealed disk key destroyed: the next boot opens the state disk only with a key from the cluster or berth recover")
+	return nil
+}
+
 // InstanceIdentity is the disk binding's identity of a machine whose attestation variant has no
 // hardware identity (the joinservice's fallback).
 func InstanceIdentity(name string) []byte { return []byte("instance/" + name) }
