@@ -10,22 +10,10 @@
 //	yes     init, not done         InitServer only (resumes the init with the same secrets)
 //	yes     init, done             InitServer only (answers "already initialized"), kubelet, and
 //	                               Reconcile: the cluster's components are checked again
-//	yes     join, done             the check-in, and the kubelet once it admits the node
+//	yes     join, done             kubelet only
 //	yes     join, not done         nothing: ErrIncompleteJoin (only without a state disk: the boot
 //	                               stage wipes the state disk of such a node and it starts fresh)
 //	yes     none                   nothing: ErrInconsistentState
-//
-// A joined node checks in with the cluster (CheckIn: joinclient.CheckIn, mutual attested TLS) on
-// every start. A worker checks in before its kubelet starts; when no joinservice answers within
-// about twenty seconds (a power cut of the whole cluster, a partition) it starts its kubelet and
-// keeps checking in beside it. A control plane starts its kubelet first and checks in beside it: its
-// kubelet runs the joinservice, so holding it back would leave a cluster whose control planes all
-// restart with no joinservice ever. A REVOKED answer (an operator ran berth node remove) stops the
-// kubelet or keeps it from starting, locks the node (Locker: its sealed disk key is destroyed, so no
-// later boot opens the state disk without the cluster or berth recover; in this boot the lock
-// register already holds the cluster ID, which keeps the TPM from unsealing the key again), and the
-// node keeps checking in: berth node readmit starts its kubelet again. The API server refuses a
-// removed node's writes on its own (the revocation policy); the check-in keeps the node from trying.
 //
 // Before Run, the command runs the boot stage (package bootstage): the state above lives on the
 // node's encrypted state disk, which is open, bound over the node's paths and has re-extended the
@@ -78,18 +66,8 @@ type Deps struct {
 	}
 	Kubelet interface {
 		Start(ctx context.Context) error
-		Stop(ctx context.Context) error
 		Run(ctx context.Context) error
 	}
-	// CheckIn is a joined node's check-in with the cluster (joinclient.CheckIn; see the package
-	// documentation). Nil: the node starts its kubelet without one (no attestation, no join policy).
-	CheckIn CheckInFunc
-	// Locker locks the node when the check-in answers REVOKED (bootstage.Stage); nil: nothing to lock.
-	Locker Locker
-	// ControlPlane reports whether this node is a control plane, whose kubelet starts before its
-	// check-in; an error counts as a control plane (a kubelet held back on a control plane can
-	// deadlock the cluster's restart, one held back on a worker only delays it).
-	ControlPlane func(ctx context.Context) (bool, error)
 	// KMS is the control plane's KMS key keeper (kmskeeper.Keeper) and KMSPlugin the plugin process
 	// it drives (kmsplugin.Supervisor); both run for the daemon's whole life and do nothing on a node
 	// without KMS keys (a worker). Restore loads the keys a control plane saved at init or join, so
@@ -114,9 +92,6 @@ type Deps struct {
 	}
 	// Notify tells the service manager the daemon is ready; nil means sd_notify.
 	Notify func() error
-
-	// checkInTiming is the check-in's timing; zero means defaultCheckInTiming (tests shorten it).
-	checkInTiming checkInTiming
 }
 
 type mode int
@@ -200,32 +175,11 @@ func Run(ctx context.Context, d Deps) error {
 			})
 		}
 	case modeJoined:
+		log.Info("node joined a cluster before: starting kubelet", zap.String("nodeName", st.NodeName))
 		d.InitListener.Close()
-		if d.CheckIn == nil {
-			log.Info("node joined a cluster before: starting kubelet", zap.String("nodeName", st.NodeName))
-			if err := d.Kubelet.Start(gctx); err != nil {
-				log.Error("starting kubelet", zap.Error(err))
-			}
-			break
+		if err := d.Kubelet.Start(gctx); err != nil {
+			log.Error("starting kubelet", zap.Error(err))
 		}
-		controlPlane := true
-		if d.ControlPlane != nil {
-			cp, err := d.ControlPlane(gctx)
-			if err != nil {
-				log.Warn("cannot tell this node's role: starting its kubelet before the check-in, as a control plane's", zap.Error(err))
-			}
-			controlPlane = cp || err != nil
-		}
-		log.Info("node joined a cluster before: checking in with the cluster", zap.String("nodeName", st.NodeName),
-			zap.Bool("kubeletFirst", controlPlane))
-		timing := d.checkInTiming
-		if timing == (checkInTiming{}) {
-			timing = defaultCheckInTiming
-		}
-		g.Go(func() error {
-			checkIn(gctx, log, d.CheckIn, d.Kubelet, d.Locker, !controlPlane, timing)
-			return nil
-		})
 	}
 	notify := d.Notify
 	if notify == nil {

@@ -42,18 +42,12 @@ func (noPhases) Phases() []initcluster.Phase {
 	}}}
 }
 
-// kubelet records starts and stops and runs until its context ends.
-type kubelet struct{ started, stopped chan struct{} }
+// kubelet records starts and runs until its context ends.
+type kubelet struct{ started chan struct{} }
 
-func newKubelet() *kubelet {
-	return &kubelet{started: make(chan struct{}, 10), stopped: make(chan struct{}, 10)}
-}
+func newKubelet() *kubelet { return &kubelet{started: make(chan struct{}, 10)} }
 func (k *kubelet) Start(context.Context) error {
 	k.started <- struct{}{}
-	return nil
-}
-func (k *kubelet) Stop(context.Context) error {
-	k.stopped <- struct{}{}
 	return nil
 }
 func (k *kubelet) Run(ctx context.Context) error { <-ctx.Done(); return nil }

@@ -122,6 +122,12 @@ type Config struct {
 	Mounter Mounter
 	// RefusedBackoff is the wait after a round of refused rejoins (default 10 s, jittered).
 	RefusedBackoff time.Duration
+	// CheckIn asks the cluster whether this machine may run (joinclient.CheckIn), after its sealed
+	// key opened the disk and before the lock register is extended: the cluster's policy admits
+	// only a node whose lock register is still zero, as for a rejoin. revoked: the cluster answered
+	// REVOKED; an error: no joinservice answered within the function's bound, and the boot goes on
+	// with the sealed key. Nil: no check-in.
+	CheckIn func(ctx context.Context, diskUUID string, clusterID []byte) (revoked bool, err error)
 }
 
 // Mounter bind-mounts directories.
@@ -205,6 +211,11 @@ func (s *Stage) Open(ctx context.Context) (Result, error) {
 	res, err := s.open(ctx)
 	if err != nil {
 		return res, err
+	}
+	if res.Source == SourceSealed && s.cfg.CheckIn != nil {
+		if res, err = s.checkIn(ctx, res); err != nil {
+			return res, err
+		}
 	}
 	if res.ClusterID != nil {
 		if err := s.extendLocks(ctx, res.ClusterID); err != nil {
@@ -605,14 +616,45 @@ func (s *Stage) BindWithKeys(ctx context.Context, keys *clusterkeys.Keys) error 
 	return s.Bind(ctx, key, keys.ClusterID(), keys.DiskBinding(uuid, id))
 }
 
-// Lock locks a node whose machine the cluster answered REVOKED: the key sealed to the TPM is
-// destroyed (the header's sealed blob cleared; the MAC does not cover it), so no later boot opens
-// the state disk unattended: it asks the cluster, which refuses a removed machine, or waits for berth
-// recover. In this boot the lock register already holds the cluster ID (Open), so the TPM would not
-// unseal the key again anyway. The disk stays open: the kubelet's and the node's own files on it
-// may be in use, and a re-admitted node (berth node readmit) runs on without a reboot; its next
-// boot rejoins and seals the key again.
-func (s *Stage) Lock(ctx context.Context) error {
+// checkIn asks the cluster whether the machine whose sealed key opened the disk may run. REVOKED
+// locks the node (lock) and closes the disk again, then the stage waits for a key from the cluster
+// as after a refused unseal: a rejoin ticket, refused REVOKED until berth node readmit, or berth
+// recover. No answer within the check-in's bound: the boot goes on with the sealed key.
+func (s *Stage) checkIn(ctx context.Context, res Result) (Result, error) {
+	revoked, err := s.cfg.CheckIn(ctx, res.UUID, res.ClusterID)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return res, fmt.Errorf("checking in: %w", err)
+	case err != nil:
+		s.log.Warn("no joinservice answered the check-in: booting on the sealed key", zap.Error(err))
+		return res, nil
+	case !revoked:
+		return res, nil
+	}
+	s.log.Error("this machine was removed from the cluster: locking the node (sealed key destroyed, state disk closed); it waits for berth node readmit or berth recover",
+		zap.String("diskUUID", res.UUID))
+	if err := s.lock(ctx); err != nil {
+		return res, err
+	}
+	if err := s.release(ctx); err != nil {
+		return res, err
+	}
+	s.mu.Lock()
+	h := s.header
+	s.mu.Unlock()
+	src, key, err := s.waitForKey(ctx, h)
+	if err != nil {
+		return res, err
+	}
+	res.Source = src
+	return s.afterOpen(ctx, res, key)
+}
+
+// lock destroys the key sealed to the TPM (the header's sealed blob cleared; the MAC does not cover
+// it), so no later boot opens the state disk unattended: it asks the cluster, which refuses a
+// removed machine, or waits for berth recover. A key the cluster gives again (a rejoin after berth
+// node readmit) is sealed anew (afterOpen).
+func (s *Stage) lock(ctx context.Context) error {
 	if err := s.cfg.Disk.SetSealed(ctx, nil); err != nil {
 		return fmt.Errorf("destroying the sealed disk key: %w", err)
 	}

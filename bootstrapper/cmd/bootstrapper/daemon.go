@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/hex"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -16,7 +14,6 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/bootstrapper"
 	"github.com/berth-k8s/berth/bootstrapper/certrenew"
@@ -41,9 +38,6 @@ import (
 	"github.com/berth-k8s/berth/internal/webhook/install"
 	"github.com/berth-k8s/berth/nodelock"
 )
-
-// errNoNodeState: a joined node's state file disappeared between the daemon's start and its check-in.
-var errNoNodeState = errors.New("no node state")
 
 // metadataProvider is everything the daemon asks the platform.
 type metadataProvider interface {
@@ -210,25 +204,6 @@ func daemon(ctx context.Context, cfg *config) error {
 	deps := bootstrapper.Deps{
 		Log: log, Lock: lock, State: state, InitListener: lis, InitServer: initSrv, JoinClient: joinClient, Kubelet: kube,
 		KMS: keeper, KMSPlugin: plugin,
-	}
-	// A joined node checks in before its kubelet starts (bootstrapper's package documentation).
-	deps.CheckIn = func(ctx context.Context, backoff wait.Backoff) error {
-		st, err := state.Load()
-		if err != nil || st == nil {
-			return fmt.Errorf("reading the node state for the check-in: %w", errors.Join(err, errNoNodeState))
-		}
-		clusterID, err := hex.DecodeString(st.ClusterID)
-		if err != nil {
-			return fmt.Errorf("reading the node state for the check-in: cluster ID: %w", err)
-		}
-		return joinclient.CheckIn(ctx, log.Named("checkin"), meta, att.dialJoin, cfg.joinPort, diskUUID, clusterID, backoff)
-	}
-	deps.ControlPlane = func(ctx context.Context) (bool, error) {
-		self, err := meta.Self(ctx)
-		return self.Role == metadata.RoleControlPlane, err
-	}
-	if stage != nil {
-		deps.Locker = stage
 	}
 	if cfg.kubelet == "process" {
 		// Where the daemon supervises the kubelet it is the node's supervisor and renews the
