@@ -13,6 +13,11 @@
 //	                               (mutual aTLS, disk binding checked)       first key that opens the
 //	                             or `berth recover` (recovery server)        disk wins
 //
+// After the sealed key opened the disk, and before the lock register is extended, the node checks in
+// with the cluster (Config.CheckIn): a REVOKED answer destroys the sealed key, closes the disk and
+// waits for a key from the cluster as in the last row (refused while the machine is removed); no
+// answer within the check-in's bound lets the boot go on with the sealed key.
+//
 // A disk whose node state says "join, not done" is wiped and the node starts fresh (a join that
 // failed after the lock was taken can never finish). A key that came from a rejoin ticket or from
 // recovery is sealed again to the boot as measured now. Then the cluster ID recorded in the disk
