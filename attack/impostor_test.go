@@ -8,8 +8,11 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 
 	"github.com/berth-k8s/berth/internal/apiservertest"
 	"github.com/berth-k8s/berth/internal/atls"
@@ -17,6 +20,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
 	"github.com/berth-k8s/berth/internal/joindial"
+	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/joinproto"
 )
 
@@ -32,12 +36,24 @@ func (i impostor) IssueJoinTicket(context.Context, *joinproto.IssueJoinTicketReq
 		DiskBinding: bytes.Repeat([]byte{7}, 32)}, nil
 }
 
+// CheckIn answers every joined node REVOKED: a node that believed it would lock itself (its kubelet
+// off, its sealed disk key destroyed).
+func (impostor) CheckIn(context.Context, *joinproto.CheckInRequest) (*joinproto.CheckInResponse, error) {
+	st, err := status.New(codes.PermissionDenied, "this machine was removed from the cluster").
+		WithDetails(&errdetails.ErrorInfo{Reason: joinledger.ReasonRevoked, Domain: "berth.joinservice"})
+	if err != nil {
+		return nil, err
+	}
+	return nil, st.Err()
+}
+
 // TestWorkerPosingAsJoinService: a privileged pod on a joined worker serves the join protocol over
 // attested TLS with the worker's own TPM: same image, lock register set to the cluster's ID, so it
 // passes the image's join policy (which has no cluster-specific attestation-key CA). A fresh node
 // must not take its ticket (or the disk key in it): only a control plane's lock register holds the
 // control plane's value for the cluster (nodelock.ControlPlaneLockID), and an extend cannot turn a
-// worker's value into it.
+// worker's value into it. Nor may a joined node take its REVOKED answer to a check-in, which would
+// lock a genuine node: the same check applies to the check-in's answer, admission or refusal.
 func TestWorkerPosingAsJoinService(t *testing.T) {
 	c := startJoinCluster(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
@@ -89,6 +105,11 @@ func TestWorkerPosingAsJoinService(t *testing.T) {
 	}
 	t.Logf("a worker's TPM posing as the joinservice, against a fresh node with the image's policy: refused %s: %s",
 		reasonOf(err), err)
+	_, err = client.CheckIn(ctx, &joinproto.CheckInRequest{DiskUuid: diskA, ClusterId: apiservertest.ClusterID()})
+	if reasonOf(err) != joindial.ReasonNotBound {
+		t.Fatalf("the impostor's REVOKED answer to a check-in: %v, want %s", err, joindial.ReasonNotBound)
+	}
+	t.Logf("the impostor's REVOKED answer to a joined node's check-in: refused %s", reasonOf(err))
 
 	// The check can pass: the real joinservice, whose TPM holds the control plane's value, passes it
 	// for its own ticket under the same policy.
@@ -105,5 +126,13 @@ func TestWorkerPosingAsJoinService(t *testing.T) {
 	if err := check(info.Evidence, real.GetClusterId()); err != nil {
 		t.Fatalf("the real joinservice fails the check: %v", err)
 	}
-	t.Logf("the real joinservice (a control plane) passes the same check for its ticket")
+	var pc peer.Peer
+	admitted, err := joinproto.NewJoinServiceClient(conn).CheckIn(ctx, &joinproto.CheckInRequest{DiskUuid: diskB, ClusterId: real.GetClusterId()}, grpc.Peer(&pc))
+	if err != nil {
+		t.Fatalf("the real joinservice's check-in of the node it just admitted: %v", err)
+	}
+	if info, ok := pc.AuthInfo.(atls.AuthInfo); !ok || info.Evidence == nil || check(info.Evidence, real.GetClusterId()) != nil {
+		t.Fatal("the real joinservice's check-in answer fails the check")
+	}
+	t.Logf("the real joinservice (a control plane) passes the same check for its ticket and its check-in (admitted as %s)", admitted.GetNodeName())
 }

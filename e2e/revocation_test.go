@@ -22,7 +22,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/berth-k8s/berth/internal/berthsystem"
-	"github.com/berth-k8s/berth/internal/mini"
+	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/joinledger"
 )
 
 // revocationWithin is how soon after berth node remove a removed node's kubelet must be refused.
@@ -35,8 +36,10 @@ const quietAfterRestart = 2 * time.Minute
 // cluster, then a power cut of w2 that keeps its TPM and state disk (its kubelet client certificate
 // is still valid). Within a minute of the removal the API server refuses a write made with the
 // kubelet's own credentials (kubelet.conf from w2's state disk), and for two minutes after the
-// restart no Node w2 appears (a watch: any ADDED w2 fails); berth status and the ledger show the
-// removal. berth node readmit brings w2 back Ready by itself.
+// restart no Node w2 appears (a watch: any ADDED w2 fails). The restarted w2 checks in before its
+// kubelet starts, is told REVOKED, never starts its kubelet and destroys its sealed disk key; the
+// ledger and berth status show the removal and the REVOKED check-in (node, machine, time). berth
+// node readmit brings w2 back Ready by itself: its next check-in admits it.
 func checkRevocationHolds(t testing.TB, c *cluster) {
 	t.Helper()
 	kubeconfig := filepath.Join(c.dir, "admin.conf")
@@ -76,6 +79,8 @@ func checkRevocationHolds(t testing.TB, c *cluster) {
 	defer stopWatch()
 	appeared := make(chan error, 1)
 	go func() { appeared <- watchNoNode(watchCtx, client, "w2", nodes.ResourceVersion) }()
+	logW2 := filepath.Join(c.dir, "nodes", "w2", "logs", "bootstrapper.log")
+	mark := logSize(t, logW2)
 	out = c.must(5*time.Minute, c.berth, "mini", "restart", "--dir", c.dir, "w2", "--no-wait")
 	t.Logf("w2 power-cycled, TPM and state disk kept:\n%s", out)
 	restarted := time.Now()
@@ -89,19 +94,48 @@ func checkRevocationHolds(t testing.TB, c *cluster) {
 		t.Fatalf("watching Node w2: %v", err)
 	}
 	t.Logf("no Node w2 for %.0fs after its restart (watched)", time.Since(restarted).Seconds())
-	// The kubelet logs into the bootstrapper's state directory, on w2's state disk.
-	last := c.must(time.Minute, "nsenter", "--mount="+filepath.Join(c.dir, "ns", "w2.mnt"), "--", "sh", "-c",
-		"grep -F "+berthsystem.RevocationName+" "+mini.NodeStateDir+"/kubelet.log | tail -n 1")
-	if strings.TrimSpace(last) == "" {
-		t.Errorf("w2's kubelet log shows no refusal by %s", berthsystem.RevocationName)
+	// The restarted w2 checked in before its kubelet started, was told REVOKED and never started it.
+	waitLog(t, logW2, mark, "the cluster answered the check-in with REVOKED", time.Minute)
+	tail := logSince(t, logW2, mark)
+	t.Logf("w2's check-in after the restart:\n%s", grepLines(tail, `"logger":"checkin"`))
+	if strings.Contains(tail, `"msg":"starting kubelet"`) {
+		t.Errorf("the revoked w2 started its kubelet after the restart:\n%s", grepLines(tail, "kubelet"))
+	}
+	if !strings.Contains(tail, "sealed disk key destroyed") {
+		t.Errorf("the revoked w2 did not destroy its sealed disk key:\n%s", grepLines(tail, `"level":"error"`))
+	}
+	var checkIn joinledger.Entry
+	es, err := joinledger.Read(ctx, client, joinconfig.Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range es {
+		if e.RPC == "checkin" && e.Node == "w2" && e.Reason == joinledger.ReasonRevoked && e.Time.After(restarted.Add(-time.Second)) {
+			checkIn = e
+		}
+	}
+	if checkIn.Node == "" || !strings.Contains(checkIn.Message, "machine ") {
+		t.Errorf("the ledger shows no REVOKED check-in of w2 naming its machine after the restart")
 	} else {
-		t.Logf("the restarted kubelet's own last refused write:\n%s", last)
+		t.Logf("the ledger's REVOKED check-in: %s %s %s machine %s: %s", checkIn.Time.Format(time.RFC3339), checkIn.Node, checkIn.Reason,
+			checkIn.Identity, checkIn.Message)
 	}
 	status := c.must(time.Minute, c.berth, "status", "--kubeconfig", kubeconfig)
 	t.Logf("berth status:\n%s", status)
 	_, removed, _ := strings.Cut(status, "REMOVED MACHINES")
 	if !strings.Contains(removed, " w2 ") || !strings.Contains(status, "kubelet refused by the API server") {
 		t.Errorf("berth status shows no removed w2 with its kubelet refused")
+	}
+	statusCheckIn := ""
+	for _, line := range strings.Split(status, "\n") {
+		if strings.Contains(line, " w2 ") && strings.Contains(line, " checkin ") && strings.Contains(line, joinledger.ReasonRevoked) {
+			statusCheckIn = line
+		}
+	}
+	if statusCheckIn == "" {
+		t.Errorf("berth status shows no REVOKED check-in of w2")
+	} else {
+		t.Logf("berth status's REVOKED check-in: %s", strings.TrimSpace(statusCheckIn))
 	}
 
 	start = time.Now()

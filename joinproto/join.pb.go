@@ -550,6 +550,109 @@ func (x *IssueRejoinTicketResponse) GetClusterId() []byte {
 	return nil
 }
 
+// CheckInRequest is a joined node's check-in before its kubelet starts.
+type CheckInRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// disk_uuid identifies the node's state disk (canonical 8-4-4-4-12 UUID), for the ledger.
+	DiskUuid string `protobuf:"bytes,1,opt,name=disk_uuid,json=diskUuid,proto3" json:"disk_uuid,omitempty"`
+	// cluster_id is the cluster the node joined (its join ticket's cluster_id). The joinservice
+	// refuses another cluster's node (WRONG_CLUSTER); the node accepts an answer, admission or
+	// refusal, only from a joinservice whose lock register holds this cluster's control-plane value.
+	ClusterId     []byte `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckInRequest) Reset() {
+	*x = CheckInRequest{}
+	mi := &file_join_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckInRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckInRequest) ProtoMessage() {}
+
+func (x *CheckInRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_join_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckInRequest.ProtoReflect.Descriptor instead.
+func (*CheckInRequest) Descriptor() ([]byte, []int) {
+	return file_join_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *CheckInRequest) GetDiskUuid() string {
+	if x != nil {
+		return x.DiskUuid
+	}
+	return ""
+}
+
+func (x *CheckInRequest) GetClusterId() []byte {
+	if x != nil {
+		return x.ClusterId
+	}
+	return nil
+}
+
+// CheckInResponse admits a joined node.
+type CheckInResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node_name is the attested instance name the joinservice knows the node by.
+	NodeName      string `protobuf:"bytes,1,opt,name=node_name,json=nodeName,proto3" json:"node_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckInResponse) Reset() {
+	*x = CheckInResponse{}
+	mi := &file_join_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckInResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckInResponse) ProtoMessage() {}
+
+func (x *CheckInResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_join_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckInResponse.ProtoReflect.Descriptor instead.
+func (*CheckInResponse) Descriptor() ([]byte, []int) {
+	return file_join_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *CheckInResponse) GetNodeName() string {
+	if x != nil {
+		return x.NodeName
+	}
+	return ""
+}
+
 var File_join_proto protoreflect.FileDescriptor
 
 const file_join_proto_rawDesc = "" +
@@ -594,14 +697,21 @@ const file_join_proto_rawDesc = "" +
 	"\x19IssueRejoinTicketResponse\x12\x19\n" +
 	"\bdisk_key\x18\x01 \x01(\fR\adiskKey\x12\x1d\n" +
 	"\n" +
-	"cluster_id\x18\x02 \x01(\fR\tclusterId*E\n" +
+	"cluster_id\x18\x02 \x01(\fR\tclusterId\"L\n" +
+	"\x0eCheckInRequest\x12\x1b\n" +
+	"\tdisk_uuid\x18\x01 \x01(\tR\bdiskUuid\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\fR\tclusterId\".\n" +
+	"\x0fCheckInResponse\x12\x1b\n" +
+	"\tnode_name\x18\x01 \x01(\tR\bnodeName*E\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vROLE_WORKER\x10\x01\x12\x16\n" +
-	"\x12ROLE_CONTROL_PLANE\x10\x022\xd7\x01\n" +
+	"\x12ROLE_CONTROL_PLANE\x10\x022\xa1\x02\n" +
 	"\vJoinService\x12`\n" +
 	"\x0fIssueJoinTicket\x12%.berth.join.v1.IssueJoinTicketRequest\x1a&.berth.join.v1.IssueJoinTicketResponse\x12f\n" +
-	"\x11IssueRejoinTicket\x12'.berth.join.v1.IssueRejoinTicketRequest\x1a(.berth.join.v1.IssueRejoinTicketResponseB0Z.github.com/berth-k8s/berth/joinproto;joinprotob\x06proto3"
+	"\x11IssueRejoinTicket\x12'.berth.join.v1.IssueRejoinTicketRequest\x1a(.berth.join.v1.IssueRejoinTicketResponse\x12H\n" +
+	"\aCheckIn\x12\x1d.berth.join.v1.CheckInRequest\x1a\x1e.berth.join.v1.CheckInResponseB0Z.github.com/berth-k8s/berth/joinproto;joinprotob\x06proto3"
 
 var (
 	file_join_proto_rawDescOnce sync.Once
@@ -616,7 +726,7 @@ func file_join_proto_rawDescGZIP() []byte {
 }
 
 var file_join_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_join_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_join_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_join_proto_goTypes = []any{
 	(Role)(0),                         // 0: berth.join.v1.Role
 	(*IssueJoinTicketRequest)(nil),    // 1: berth.join.v1.IssueJoinTicketRequest
@@ -625,19 +735,23 @@ var file_join_proto_goTypes = []any{
 	(*KMSKey)(nil),                    // 4: berth.join.v1.KMSKey
 	(*IssueRejoinTicketRequest)(nil),  // 5: berth.join.v1.IssueRejoinTicketRequest
 	(*IssueRejoinTicketResponse)(nil), // 6: berth.join.v1.IssueRejoinTicketResponse
-	(*timestamppb.Timestamp)(nil),     // 7: google.protobuf.Timestamp
+	(*CheckInRequest)(nil),            // 7: berth.join.v1.CheckInRequest
+	(*CheckInResponse)(nil),           // 8: berth.join.v1.CheckInResponse
+	(*timestamppb.Timestamp)(nil),     // 9: google.protobuf.Timestamp
 }
 var file_join_proto_depIdxs = []int32{
 	0, // 0: berth.join.v1.IssueJoinTicketRequest.role:type_name -> berth.join.v1.Role
-	7, // 1: berth.join.v1.IssueJoinTicketResponse.bootstrap_token_expiry:type_name -> google.protobuf.Timestamp
+	9, // 1: berth.join.v1.IssueJoinTicketResponse.bootstrap_token_expiry:type_name -> google.protobuf.Timestamp
 	2, // 2: berth.join.v1.IssueJoinTicketResponse.control_plane_files:type_name -> berth.join.v1.File
 	4, // 3: berth.join.v1.IssueJoinTicketResponse.kms_keys:type_name -> berth.join.v1.KMSKey
 	1, // 4: berth.join.v1.JoinService.IssueJoinTicket:input_type -> berth.join.v1.IssueJoinTicketRequest
 	5, // 5: berth.join.v1.JoinService.IssueRejoinTicket:input_type -> berth.join.v1.IssueRejoinTicketRequest
-	3, // 6: berth.join.v1.JoinService.IssueJoinTicket:output_type -> berth.join.v1.IssueJoinTicketResponse
-	6, // 7: berth.join.v1.JoinService.IssueRejoinTicket:output_type -> berth.join.v1.IssueRejoinTicketResponse
-	6, // [6:8] is the sub-list for method output_type
-	4, // [4:6] is the sub-list for method input_type
+	7, // 6: berth.join.v1.JoinService.CheckIn:input_type -> berth.join.v1.CheckInRequest
+	3, // 7: berth.join.v1.JoinService.IssueJoinTicket:output_type -> berth.join.v1.IssueJoinTicketResponse
+	6, // 8: berth.join.v1.JoinService.IssueRejoinTicket:output_type -> berth.join.v1.IssueRejoinTicketResponse
+	8, // 9: berth.join.v1.JoinService.CheckIn:output_type -> berth.join.v1.CheckInResponse
+	7, // [7:10] is the sub-list for method output_type
+	4, // [4:7] is the sub-list for method input_type
 	4, // [4:4] is the sub-list for extension type_name
 	4, // [4:4] is the sub-list for extension extendee
 	0, // [0:4] is the sub-list for field type_name
@@ -654,7 +768,7 @@ func file_join_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_join_proto_rawDesc), len(file_join_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,6 +23,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	JoinService_IssueJoinTicket_FullMethodName   = "/berth.join.v1.JoinService/IssueJoinTicket"
 	JoinService_IssueRejoinTicket_FullMethodName = "/berth.join.v1.JoinService/IssueRejoinTicket"
+	JoinService_CheckIn_FullMethodName           = "/berth.join.v1.JoinService/CheckIn"
 )
 
 // JoinServiceClient is the client API for JoinService service.
@@ -36,6 +37,10 @@ type JoinServiceClient interface {
 	IssueJoinTicket(ctx context.Context, in *IssueJoinTicketRequest, opts ...grpc.CallOption) (*IssueJoinTicketResponse, error)
 	// IssueRejoinTicket gives an attested, already joined node that rebooted its disk key again.
 	IssueRejoinTicket(ctx context.Context, in *IssueRejoinTicketRequest, opts ...grpc.CallOption) (*IssueRejoinTicketResponse, error)
+	// CheckIn asks whether an attested, already joined node that opened its state disk with its own
+	// sealed key may run: it answers, or refuses with reason REVOKED when an operator removed the
+	// machine. It hands out nothing.
+	CheckIn(ctx context.Context, in *CheckInRequest, opts ...grpc.CallOption) (*CheckInResponse, error)
 }
 
 type joinServiceClient struct {
@@ -66,6 +71,16 @@ func (c *joinServiceClient) IssueRejoinTicket(ctx context.Context, in *IssueRejo
 	return out, nil
 }
 
+func (c *joinServiceClient) CheckIn(ctx context.Context, in *CheckInRequest, opts ...grpc.CallOption) (*CheckInResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckInResponse)
+	err := c.cc.Invoke(ctx, JoinService_CheckIn_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // JoinServiceServer is the server API for JoinService service.
 // All implementations must embed UnimplementedJoinServiceServer
 // for forward compatibility.
@@ -77,6 +92,10 @@ type JoinServiceServer interface {
 	IssueJoinTicket(context.Context, *IssueJoinTicketRequest) (*IssueJoinTicketResponse, error)
 	// IssueRejoinTicket gives an attested, already joined node that rebooted its disk key again.
 	IssueRejoinTicket(context.Context, *IssueRejoinTicketRequest) (*IssueRejoinTicketResponse, error)
+	// CheckIn asks whether an attested, already joined node that opened its state disk with its own
+	// sealed key may run: it answers, or refuses with reason REVOKED when an operator removed the
+	// machine. It hands out nothing.
+	CheckIn(context.Context, *CheckInRequest) (*CheckInResponse, error)
 	mustEmbedUnimplementedJoinServiceServer()
 }
 
@@ -92,6 +111,9 @@ func (UnimplementedJoinServiceServer) IssueJoinTicket(context.Context, *IssueJoi
 }
 func (UnimplementedJoinServiceServer) IssueRejoinTicket(context.Context, *IssueRejoinTicketRequest) (*IssueRejoinTicketResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method IssueRejoinTicket not implemented")
+}
+func (UnimplementedJoinServiceServer) CheckIn(context.Context, *CheckInRequest) (*CheckInResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CheckIn not implemented")
 }
 func (UnimplementedJoinServiceServer) mustEmbedUnimplementedJoinServiceServer() {}
 func (UnimplementedJoinServiceServer) testEmbeddedByValue()                     {}
@@ -150,6 +172,24 @@ func _JoinService_IssueRejoinTicket_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _JoinService_CheckIn_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckInRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(JoinServiceServer).CheckIn(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: JoinService_CheckIn_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(JoinServiceServer).CheckIn(ctx, req.(*CheckInRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // JoinService_ServiceDesc is the grpc.ServiceDesc for JoinService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -164,6 +204,10 @@ var JoinService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "IssueRejoinTicket",
 			Handler:    _JoinService_IssueRejoinTicket_Handler,
+		},
+		{
+			MethodName: "CheckIn",
+			Handler:    _JoinService_CheckIn_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -13,6 +13,11 @@
 //	                               (mutual aTLS, disk binding checked)       first key that opens the
 //	                             or `berth recover` (recovery server)        disk wins
 //
+// After the sealed key opened the disk, and before the lock register is extended, the node checks in
+// with the cluster (Config.CheckIn): a REVOKED answer destroys the sealed key, closes the disk and
+// waits for a key from the cluster as in the last row (refused while the machine is removed); no
+// answer within the check-in's bound lets the boot go on with the sealed key.
+//
 // A disk whose node state says "join, not done" is wiped and the node starts fresh (a join that
 // failed after the lock was taken can never finish). A key that came from a rejoin ticket or from
 // recovery is sealed again to the boot as measured now. Then the cluster ID recorded in the disk
@@ -122,6 +127,12 @@ type Config struct {
 	Mounter Mounter
 	// RefusedBackoff is the wait after a round of refused rejoins (default 10 s, jittered).
 	RefusedBackoff time.Duration
+	// CheckIn asks the cluster whether this machine may run (joinclient.CheckIn), after its sealed
+	// key opened the disk and before the lock register is extended: the cluster's policy admits
+	// only a node whose lock register is still zero, as for a rejoin. revoked: the cluster answered
+	// REVOKED; an error: no joinservice answered within the function's bound, and the boot goes on
+	// with the sealed key. Nil: no check-in.
+	CheckIn func(ctx context.Context, diskUUID string, clusterID []byte) (revoked bool, err error)
 }
 
 // Mounter bind-mounts directories.
@@ -205,6 +216,11 @@ func (s *Stage) Open(ctx context.Context) (Result, error) {
 	res, err := s.open(ctx)
 	if err != nil {
 		return res, err
+	}
+	if res.Source == SourceSealed && s.cfg.CheckIn != nil {
+		if res, err = s.checkIn(ctx, res); err != nil {
+			return res, err
+		}
 	}
 	if res.ClusterID != nil {
 		if err := s.extendLocks(ctx, res.ClusterID); err != nil {
@@ -603,6 +619,55 @@ func (s *Stage) BindWithKeys(ctx context.Context, keys *clusterkeys.Keys) error 
 	key := keys.DiskKey(uuid, id)
 	defer clear(key)
 	return s.Bind(ctx, key, keys.ClusterID(), keys.DiskBinding(uuid, id))
+}
+
+// checkIn asks the cluster whether the machine whose sealed key opened the disk may run. REVOKED
+// locks the node (lock) and closes the disk again, then the stage waits for a key from the cluster
+// as after a refused unseal: a rejoin ticket, refused REVOKED until berth node readmit, or berth
+// recover. No answer within the check-in's bound: the boot goes on with the sealed key.
+func (s *Stage) checkIn(ctx context.Context, res Result) (Result, error) {
+	revoked, err := s.cfg.CheckIn(ctx, res.UUID, res.ClusterID)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return res, fmt.Errorf("checking in: %w", err)
+	case err != nil:
+		s.log.Warn("no joinservice answered the check-in: booting on the sealed key", zap.Error(err))
+		return res, nil
+	case !revoked:
+		return res, nil
+	}
+	s.log.Error("this machine was removed from the cluster: locking the node (sealed key destroyed, state disk closed); it waits for berth node readmit or berth recover",
+		zap.String("diskUUID", res.UUID))
+	if err := s.lock(ctx); err != nil {
+		return res, err
+	}
+	if err := s.release(ctx); err != nil {
+		return res, err
+	}
+	s.mu.Lock()
+	h := s.header
+	s.mu.Unlock()
+	src, key, err := s.waitForKey(ctx, h)
+	if err != nil {
+		return res, err
+	}
+	res.Source = src
+	return s.afterOpen(ctx, res, key)
+}
+
+// lock destroys the key sealed to the TPM (the header's sealed blob cleared; the MAC does not cover
+// it), so no later boot opens the state disk unattended: it asks the cluster, which refuses a
+// removed machine, or waits for berth recover. A key the cluster gives again (a rejoin after berth
+// node readmit) is sealed anew (afterOpen).
+func (s *Stage) lock(ctx context.Context) error {
+	if err := s.cfg.Disk.SetSealed(ctx, nil); err != nil {
+		return fmt.Errorf("destroying the sealed disk key: %w", err)
+	}
+	s.mu.Lock()
+	s.header.Sealed = nil
+	s.mu.Unlock()
+	s.log.Warn("sealed disk key destroyed: the next boot opens the state disk only with a key from the cluster or berth recover")
+	return nil
 }
 
 // InstanceIdentity is the disk binding's identity of a machine whose attestation variant has no

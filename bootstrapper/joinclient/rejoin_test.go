@@ -35,8 +35,8 @@ var (
 	rejoinCluster = bytes.Repeat([]byte{9}, 32)
 )
 
-// rejoinService answers IssueRejoinTicket with its scripted errors, one per call, then with a ticket
-// (or with the last error forever when always is set).
+// rejoinService answers IssueRejoinTicket (and CheckIn) with its scripted errors, one per call, then
+// with a ticket (or with the last error forever when always is set).
 type rejoinService struct {
 	joinproto.UnimplementedJoinServiceServer
 	mu     sync.Mutex
@@ -61,6 +61,21 @@ func (s *rejoinService) IssueRejoinTicket(_ context.Context, req *joinproto.Issu
 		return s.resp, nil
 	}
 	return &joinproto.IssueRejoinTicketResponse{DiskKey: rejoinKey, ClusterId: rejoinCluster}, nil
+}
+
+// CheckIn answers like IssueRejoinTicket: the scripted errors, then an admission.
+func (s *rejoinService) CheckIn(_ context.Context, req *joinproto.CheckInRequest) (*joinproto.CheckInResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reqs = append(s.reqs, &joinproto.IssueRejoinTicketRequest{DiskUuid: req.GetDiskUuid()})
+	if len(s.errs) > 0 {
+		err := s.errs[0]
+		if !s.always || len(s.errs) > 1 {
+			s.errs = s.errs[1:]
+		}
+		return nil, err
+	}
+	return &joinproto.CheckInResponse{NodeName: "cp-2"}, nil
 }
 
 func (s *rejoinService) calls() int {

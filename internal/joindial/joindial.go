@@ -1,7 +1,7 @@
 // Package joindial is the client side of the join protocol: it dials a joinservice over mutual
 // attested TLS (the node attests, the joinservice must satisfy the node's policy) and accepts a
-// ticket (join or rejoin) only from a joinservice whose lock register holds the ticket's cluster ID,
-// as a control plane's does (ControlPlaneLock: a bootstrapped worker's register holds another value).
+// ticket (join or rejoin), or a check-in's answer, only from a joinservice whose lock register holds
+// the ticket's (the node's) cluster ID, as a control plane's does (ControlPlaneLock: a bootstrapped worker's register holds another value).
 // The bootstrapper's JoinClient joins and rejoins through it, and the joinservice's tests use it as
 // the reference node. A node whose clock refuses the joinservice's session proof as stale retries
 // once over a new connection that asks for a document for its own nonce.
@@ -139,6 +139,24 @@ func (c *boundClient) IssueRejoinTicket(ctx context.Context, req *joinproto.Issu
 		return nil, err
 	}
 	return resp, nil
+}
+
+// CheckIn checks in, and accepts the joinservice's answer, an admission or a refusal it made after
+// the handshake, only when the joinservice is locked to the cluster the request names: a REVOKED
+// from a worker's TPM posing as the joinservice would lock a genuine node.
+func (c *boundClient) CheckIn(ctx context.Context, req *joinproto.CheckInRequest, opts ...grpc.CallOption) (*joinproto.CheckInResponse, error) {
+	var p peer.Peer
+	var resp *joinproto.CheckInResponse
+	err := c.retryFresh(func(client joinproto.JoinServiceClient) (err error) {
+		resp, err = client.CheckIn(ctx, req, append(opts, grpc.Peer(&p))...)
+		return err
+	})
+	if _, attested := p.AuthInfo.(atls.AuthInfo); err == nil || attested {
+		if err := c.checkBound(&p, req.GetClusterId()); err != nil {
+			return nil, err
+		}
+	}
+	return resp, err
 }
 
 // checkBound checks that the joinservice behind p is locked to clusterID.

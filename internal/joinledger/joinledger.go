@@ -98,7 +98,7 @@ const Capacity = 256
 var Quotas = map[string]int{KindAccepted: 128, KindEvidence: 64, KindUnverified: 64}
 
 // KindOf is e's kind: the one its writer recorded, else accepted for an accepted attempt, unverified
-// for a refused join, rejoin or handshake, and evidence for any other record (a writer's own
+// for a refused join, rejoin, check-in or handshake, and evidence for any other record (a writer's own
 // records, such as membership changes, are kept apart from floods too).
 func KindOf(e Entry) string {
 	switch {
@@ -106,7 +106,7 @@ func KindOf(e Entry) string {
 		return e.Kind
 	case e.Outcome == OutcomeAccepted:
 		return KindAccepted
-	case e.RPC == "" || e.RPC == "join" || e.RPC == "rejoin" || e.RPC == "handshake":
+	case e.RPC == "" || e.RPC == "join" || e.RPC == "rejoin" || e.RPC == "checkin" || e.RPC == "handshake":
 		return KindUnverified
 	default:
 		return KindEvidence
@@ -122,7 +122,8 @@ type Entry struct {
 	Node string `json:"node,omitempty"`
 	// Role is the role the node claimed.
 	Role string `json:"role,omitempty"`
-	// RPC is the method: join or rejoin.
+	// RPC is the method: join, rejoin, checkin (a joined node asking whether it may run before its
+	// kubelet starts), handshake, or a membership event's.
 	RPC string `json:"rpc,omitempty"`
 	// EvidenceSHA256 is the hex SHA-256 of the peer's attestation document; empty without attestation.
 	EvidenceSHA256 string `json:"evidenceSHA256,omitempty"`

@@ -15,6 +15,12 @@ import (
 // ReasonRevoked is the reason code of a join or rejoin of a machine an operator removed.
 const ReasonRevoked = joinledger.ReasonRevoked
 
+// RPCCheckIn is the ledger's RPC name of a joined node's check-in (CheckIn).
+const RPCCheckIn = "checkin"
+
+// ReasonWrongCluster is the reason code of a check-in of a node that names another cluster.
+const ReasonWrongCluster = "WRONG_CLUSTER"
+
 // ReasonRecordUnavailable is the reason code of a join or rejoin refused because this replica has
 // not read the machine record yet, so it cannot tell whether the machine was removed.
 const ReasonRecordUnavailable = "MACHINE_RECORD_UNAVAILABLE"
@@ -46,8 +52,8 @@ func (s *Server) checkRevoked(identity, rpc string, log *callLog) error {
 	if ok && m.Revoked() {
 		log.Warn(rpc+" rejected", zap.String("reason", ReasonRevoked), zap.String("removedNode", m.Node))
 		return reject(codes.PermissionDenied, ReasonRevoked,
-			"this machine was removed from the cluster (as node "+m.Node+" at "+m.Removal.Time.UTC().Format(time.RFC3339)+
-				"): it may not join or rejoin until an operator re-admits it with berth node readmit")
+			"machine "+machines.Short(identity)+" was removed from the cluster (as node "+m.Node+" at "+m.Removal.Time.UTC().Format(time.RFC3339)+
+				"): it may not join, rejoin or run until an operator re-admits it with berth node readmit")
 	}
 	return nil
 }

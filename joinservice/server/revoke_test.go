@@ -43,8 +43,8 @@ func (r *fakeRecord) Admit(m machines.Machine) {
 	r.admitted = append(r.admitted, m)
 }
 
-// TestRevokedMachineIsRefused: a machine an operator removed is refused on join and on rejoin with
-// REVOKED, by its attested identity (the EK digest), whatever it presents; another machine at the
+// TestRevokedMachineIsRefused: a machine an operator removed is refused on join, on rejoin and on
+// its check-in with REVOKED, by its attested identity (the EK digest), whatever it presents; another machine at the
 // same address is not; every admitted machine is recorded with its identity; a replica that has not
 // read the record refuses rather than admit a removed machine.
 func TestRevokedMachineIsRefused(t *testing.T) {
@@ -70,6 +70,21 @@ func TestRevokedMachineIsRefused(t *testing.T) {
 		t.Fatalf("ledger entry of the join: %+v, want identity %s", es[len(es)-1], idA)
 	}
 
+	checkIn := func(ev *atls.Evidence, clusterID []byte) (*joinproto.CheckInResponse, error) {
+		return s.CheckIn(peerCtx(ev), &joinproto.CheckInRequest{DiskUuid: testDiskUUID, ClusterId: clusterID})
+	}
+	// A joined node checks in: admitted with its instance name, recorded, nothing handed out.
+	if resp, err := checkIn(a, s.keys.ClusterID()); err != nil || resp.GetNodeName() != "worker-0" {
+		t.Fatalf("check-in of A = %v, %v; want admitted as worker-0", resp, err)
+	}
+	if es := j.all(); es[len(es)-1].RPC != RPCCheckIn || es[len(es)-1].Outcome != ledger.OutcomeAccepted || es[len(es)-1].Identity != idA {
+		t.Fatalf("ledger entry of the check-in: %+v, want A's accepted check-in", es[len(es)-1])
+	}
+	// A node of another cluster is told so, not admitted.
+	if _, err := checkIn(a, []byte("another cluster's ID")); status.Code(err) != codes.PermissionDenied || reason(err) != ReasonWrongCluster {
+		t.Fatalf("check-in naming another cluster = %v, want PermissionDenied %s", err, ReasonWrongCluster)
+	}
+
 	// The operator removes worker-0: machine A is revoked.
 	rec.mu.Lock()
 	rec.byID[idA] = machines.Machine{Identity: idA, Node: "worker-0", Removal: &machines.Removal{Time: time.Date(2026, 11, 25, 6, 0, 0, 0, time.UTC)}}
@@ -80,14 +95,16 @@ func TestRevokedMachineIsRefused(t *testing.T) {
 			_, err := s.IssueRejoinTicket(peerCtx(a), &joinproto.IssueRejoinTicketRequest{DiskUuid: testDiskUUID, DiskBinding: ticket.GetDiskBinding()})
 			return err
 		},
+		RPCCheckIn: func() error { _, err := checkIn(a, s.keys.ClusterID()); return err },
 	} {
 		err := call()
 		if status.Code(err) != codes.PermissionDenied || reason(err) != ReasonRevoked || !strings.Contains(status.Convert(err).Message(), "berth node readmit") {
 			t.Fatalf("%s of the removed machine = %v, want PermissionDenied %s", name, err, ReasonRevoked)
 		}
 		es := j.all()
-		if last := es[len(es)-1]; last.RPC != name || last.Outcome != ledger.OutcomeRejected || last.Reason != ReasonRevoked || last.Identity != idA {
-			t.Fatalf("ledger entry %+v, want the refused %s of A with %s", last, name, ReasonRevoked)
+		if last := es[len(es)-1]; last.RPC != name || last.Outcome != ledger.OutcomeRejected || last.Reason != ReasonRevoked || last.Identity != idA ||
+			last.Node != "worker-0" || last.Time.IsZero() || !strings.Contains(last.Message, machines.Short(idA)) {
+			t.Fatalf("ledger entry %+v, want the refused %s of A (worker-0, its identity in the message) with %s", last, name, ReasonRevoked)
 		}
 	}
 	if len(rec.admitted) != 1 {

@@ -68,6 +68,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -553,6 +554,44 @@ func (s *Server) IssueRejoinTicket(ctx context.Context, req *joinproto.IssueRejo
 	s.obs.Latency("rejoin", "validate", time.Since(a.start))
 	log.Info("rejoin ticket issued", zap.String("identitySource", source))
 	return &joinproto.IssueRejoinTicketResponse{DiskKey: diskKey, ClusterId: s.keys.ClusterID()}, nil
+}
+
+// CheckIn implements the RPC: a joined node that opened its state disk with its own sealed key asks
+// whether it may run before its kubelet starts. It is admitted (its attested instance name in the
+// answer) unless an operator removed the machine (REVOKED, in the ledger with the machine's identity,
+// node and disk). It hands out nothing, so it charges no tickets budget; refusals are charged like
+// every other call's (begin, finish).
+func (s *Server) CheckIn(ctx context.Context, req *joinproto.CheckInRequest) (resp *joinproto.CheckInResponse, err error) {
+	a, peerIP, err := s.begin(ctx, RPCCheckIn, joinproto.Role_ROLE_UNSPECIFIED)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { s.finish(a, err) }()
+	log := &callLog{log: s.log, fields: []zap.Field{zap.String("peer", a.entry.Peer)}}
+	if err := s.checkAttestation(ctx, log); err != nil {
+		return nil, err
+	}
+	inst, err := s.instanceFor(ctx, peerIP)
+	if err != nil {
+		log.Warn("check-in rejected", zap.String("reason", ReasonUnknownPeer), zap.Error(err))
+		return nil, reject(codes.PermissionDenied, ReasonUnknownPeer, "this address belongs to no instance of the cluster")
+	}
+	a.entry.Node = inst.Name
+	log.with(zap.String("node", inst.Name))
+	if err := checkDiskUUID(req.GetDiskUuid(), log); err != nil {
+		return nil, err
+	}
+	a.entry.DiskUUID = strings.ToLower(req.GetDiskUuid())
+	if !bytes.Equal(req.GetClusterId(), s.keys.ClusterID()) {
+		log.Warn("check-in rejected", zap.String("reason", ReasonWrongCluster))
+		return nil, reject(codes.PermissionDenied, ReasonWrongCluster, "this node joined another cluster")
+	}
+	a.entry.Identity = recordIdentity(ctx, inst)
+	if err := s.checkRevoked(a.entry.Identity, "check-in", log); err != nil {
+		return nil, err
+	}
+	log.Info("node checked in")
+	return &joinproto.CheckInResponse{NodeName: inst.Name}, nil
 }
 
 // Sources of a peer's identity (see the package documentation), for the logs.

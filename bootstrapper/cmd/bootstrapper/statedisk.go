@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"net"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/berth-k8s/berth/bootstrapper/bootstage"
 	"github.com/berth-k8s/berth/bootstrapper/joinclient"
 	"github.com/berth-k8s/berth/bootstrapper/recoveryserver"
+	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/internal/statedisk"
 )
 
@@ -71,6 +73,22 @@ func openStateDisk(ctx context.Context, cfg *config, log *zap.Logger, meta metad
 			srv := recoveryserver.New(log.Named("recovery"), grpc.Creds(att.serverCreds))
 			return srv.Serve(ctx, lis, recoveryserver.Info{DiskUUID: diskUUID, ClusterID: clusterID, Binding: binding}, open)
 		},
+	}
+	if cfg.joinPolicy != "" || cfg.attestation == "insecure-none" {
+		// The check-in of a node whose sealed key opened its disk (bootstage.Config.CheckIn): a
+		// worker asks for about 20 s, a control plane one round (its peers may all be restarting
+		// with it, and none would answer before its own kubelet runs).
+		sc.CheckIn = func(ctx context.Context, diskUUID string, clusterID []byte) (bool, error) {
+			backoff := joinclient.CheckInBackoff
+			if self, err := meta.Self(ctx); err != nil || self.Role == metadata.RoleControlPlane {
+				backoff.Steps = 1
+			}
+			err := joinclient.CheckIn(ctx, log.Named("checkin"), meta, att.dialJoin, cfg.joinPort, diskUUID, clusterID, backoff)
+			if errors.Is(err, joinclient.ErrRevoked) {
+				return true, nil
+			}
+			return false, err
+		}
 	}
 	if att.sealer != nil {
 		sc.Sealer = att.sealer

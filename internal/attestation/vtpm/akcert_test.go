@@ -83,6 +83,10 @@ func TestCertifiedAK(t *testing.T) {
 	if _, err := v.ValidateCertified(ctx, certified, []byte("other nonce")); !errors.Is(err, attestation.ErrNonceMismatch) {
 		t.Fatalf("certified AK, replayed: got %v, want ErrNonceMismatch", err)
 	}
+	// An uncertified AK's quote for another nonce is no replay of a certified key: refused as untrusted.
+	if _, err := v.ValidateCertified(ctx, uncertified, []byte("other nonce")); !errors.Is(err, attestation.ErrUntrustedRoot) || errors.Is(err, attestation.ErrNonceMismatch) {
+		t.Fatalf("uncertified AK, another nonce: got %v, want ErrUntrustedRoot alone", err)
+	}
 
 	// b's AK in a document of b's, certified as if it lived with a's EK.
 	rawB, err := issB.Issue(ctx, nil, nonce)

@@ -143,9 +143,11 @@ func (v *Validator) Validate(_ context.Context, raw, nonce []byte) (attestation.
 	return res, err
 }
 
-// validate checks a parsed document, cheapest checks first, and returns the verified identity with
-// the result (nil when the identity did not verify). certified: the caller accepts only a certified
-// AK (ValidateCertified), so a valid AK certificate establishes the identity (verifyIdentity).
+// validate checks a parsed document and returns the verified identity with the result (nil when the
+// identity did not verify): the quote's signature and the signer's identity before the nonce, so
+// that ErrNonceMismatch always means a quote signed by a key whose identity verified. certified: the
+// caller accepts only a certified AK (ValidateCertified), so a valid AK certificate establishes the
+// identity (verifyIdentity).
 func (v *Validator) validate(doc *Document, nonce []byte, certified bool) (attestation.Result, *verifiedIdentity, error) {
 	quote, err := decodeAttest(doc.Quote)
 	if err != nil {
@@ -153,9 +155,6 @@ func (v *Validator) validate(doc *Document, nonce []byte, certified bool) (attes
 	}
 	if quote.typ != tpm2.TPMSTAttestQuote {
 		return attestation.Result{}, nil, fmt.Errorf("%w: quote has type %#x", attestation.ErrMalformed, quote.typ)
-	}
-	if !quoteBinds(doc, quote.extraData, extraData(doc.UserData, nonce)) {
-		return attestation.Result{}, nil, fmt.Errorf("%w: the quote was made for another nonce or other user data", attestation.ErrNonceMismatch)
 	}
 	key := identityKey(doc)
 	known := v.knownIdentity(key)
@@ -186,6 +185,12 @@ func (v *Validator) validate(doc *Document, nonce []byte, certified bool) (attes
 			return attestation.Result{}, nil, err
 		}
 		v.rememberIdentity(key, known)
+	}
+	// Only now, with the signature verified under an AK whose identity verified, is a quote for
+	// another nonce evidence that a TPM once made it (a replay). Checked before the signature, a
+	// forged quote for another nonce cost its sender nothing and still counted as a replay.
+	if !quoteBinds(doc, quote.extraData, extraData(doc.UserData, nonce)) {
+		return attestation.Result{}, known, fmt.Errorf("%w: the quote was made for another nonce or other user data", attestation.ErrNonceMismatch)
 	}
 	measurements := attestation.Measurements(doc.PCRs)
 	if len(doc.EventLog) > 0 {

@@ -147,6 +147,13 @@ func roundTrip(t *testing.T, open vtpm.OpenFunc, roots, untrusted [][]byte) {
 		},
 		"replayed with another nonce": {doc: raw, nonce: []byte("a fresh nonce"), wantErr: attestation.ErrNonceMismatch},
 		"user data swapped":           {doc: mutate(func(d *vtpm.Document) { d.UserData = []byte("other key") }), nonce: nonce, wantErr: attestation.ErrNonceMismatch},
+		// A quote for another nonce counts as a replay only when the AK signed it and the EK is
+		// trusted: otherwise anyone could make "replays" without a TPM.
+		"forged quote for another nonce": {
+			doc:   mutate(func(d *vtpm.Document) { d.QuoteSignature[len(d.QuoteSignature)-1] ^= 1 }),
+			nonce: []byte("a fresh nonce"), wantErr: attestation.ErrBadSignature,
+		},
+		"untrusted EK, another nonce": {policy: policyFor(t, untrusted, ""), doc: raw, nonce: []byte("a fresh nonce"), wantErr: attestation.ErrUntrustedRoot},
 		"EK CA not trusted":           {policy: policyFor(t, untrusted, ""), doc: raw, nonce: nonce, wantErr: attestation.ErrUntrustedRoot},
 		"EK certificate removed":      {doc: mutate(func(d *vtpm.Document) { d.EKCert = nil }), nonce: nonce, wantErr: attestation.ErrUntrustedRoot},
 		"AK creation record forged": {
