@@ -55,6 +55,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/berth-k8s/berth/internal/atomicfile"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/nodestate"
 	"github.com/berth-k8s/berth/internal/statedisk"
@@ -122,6 +123,13 @@ type Config struct {
 	Mounter Mounter
 	// RefusedBackoff is the wait after a round of refused rejoins (default 10 s, jittered).
 	RefusedBackoff time.Duration
+	// SealFresh seals the random key of a freshly formatted disk to the TPM as well, so that a node
+	// rebooted before init or join unseals its disk unattended instead of wiping it (see the package
+	// documentation). Needs Sealer.
+	SealFresh bool
+	// BootID names this boot (the kernel's random boot_id). When set, Open records it on the open
+	// disk and logs the boot ID recorded there by the boot that opened the disk before.
+	BootID string
 }
 
 // Mounter bind-mounts directories.
@@ -214,6 +222,9 @@ func (s *Stage) Open(ctx context.Context) (Result, error) {
 	if err := s.bindAll(); err != nil {
 		return res, err
 	}
+	if err := s.recordBoot(); err != nil {
+		return res, err
+	}
 	res.Took = time.Since(start)
 	s.log.Info("state disk open", zap.String("source", res.Source), zap.String("diskUUID", res.UUID),
 		zap.String("clusterID", hex.EncodeToString(res.ClusterID)), zap.Duration("took", res.Took))
@@ -250,8 +261,7 @@ func (s *Stage) open(ctx context.Context) (Result, error) {
 	case err != nil:
 		return Result{}, fmt.Errorf("reading the state disk header: %w", err)
 	case h.ClusterID == nil:
-		s.log.Warn("state disk was never bound to a cluster (an init or join did not get that far before the reboot): wiping it")
-		return s.fresh(ctx, "never bound to a cluster")
+		return s.openUnbound(ctx, h)
 	}
 	s.setHeader(h)
 	res := Result{UUID: h.UUID, ClusterID: h.ClusterID}
@@ -476,7 +486,36 @@ func (s *Stage) seal(ctx context.Context, key []byte) {
 	s.log.Info("disk key sealed to this TPM's boot measurements", zap.Duration("took", time.Since(start)))
 }
 
-// fresh formats the disk with a random key kept in memory until Bind.
+// openUnbound opens a disk formatted by an earlier boot that was never bound to a cluster: with its
+// sealed fresh key when SealFresh is set and nothing of an init or join was written to it, else it
+// is wiped.
+func (s *Stage) openUnbound(ctx context.Context, h statedisk.Header) (Result, error) {
+	if !s.cfg.SealFresh || len(h.Sealed) == 0 {
+		s.log.Warn("state disk was never bound to a cluster (an init or join did not get that far before the reboot): wiping it")
+		return s.fresh(ctx, "never bound to a cluster")
+	}
+	key, ok := s.unseal(ctx, h)
+	if !ok {
+		s.log.Warn("the sealed key of the never bound state disk does not open it: wiping it")
+		return s.fresh(ctx, "never bound to a cluster, sealed key refused")
+	}
+	st, err := s.nodeState()
+	if err != nil || st != nil {
+		clear(key)
+		s.log.Warn("an init or join started on the never bound state disk before this boot: wiping it", zap.Error(err))
+		if err := s.release(ctx); err != nil {
+			return Result{}, err
+		}
+		return s.fresh(ctx, "never bound to a cluster, an init or join had started")
+	}
+	s.mu.Lock()
+	s.header, s.freshKey = h, key
+	s.mu.Unlock()
+	return Result{Source: SourceSealed, UUID: h.UUID}, nil
+}
+
+// fresh formats the disk with a random key kept in memory until Bind (and sealed to the TPM with
+// SealFresh).
 func (s *Stage) fresh(ctx context.Context, wiped string) (Result, error) {
 	key := make([]byte, statedisk.KeySize)
 	if _, err := rand.Read(key); err != nil {
@@ -491,7 +530,36 @@ func (s *Stage) fresh(ctx context.Context, wiped string) (Result, error) {
 	s.header, s.freshKey = h, key
 	s.mu.Unlock()
 	s.log.Info("state disk formatted with a random key: fresh node", zap.String("diskUUID", h.UUID))
+	if s.cfg.SealFresh && s.cfg.Sealer != nil {
+		// The header's MAC first: a boot that finds a sealed key checks it before trusting the header.
+		s.writeMAC(ctx, key)
+		s.seal(ctx, key)
+	}
 	return Result{Source: SourceFresh, UUID: h.UUID, Wiped: wiped}, nil
+}
+
+// bootRecord is the file on the disk's root naming the boot that opened the disk last.
+const bootRecord = "last-boot"
+
+// recordBoot logs the boot ID the disk recorded before and records this boot's (with BootID).
+func (s *Stage) recordBoot() error {
+	if s.cfg.BootID == "" {
+		return nil
+	}
+	path := filepath.Join(s.cfg.Disk.Root(), bootRecord)
+	prev, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		prev = nil
+	case err != nil:
+		return fmt.Errorf("reading the state disk's boot record: %w", err)
+	}
+	s.log.Info("state disk boot record", zap.String("bootID", s.cfg.BootID),
+		zap.String("previousBootID", strings.TrimSpace(string(prev))))
+	if err := atomicfile.Write(afero.NewOsFs(), path, []byte(s.cfg.BootID+"\n"), 0o600); err != nil {
+		return fmt.Errorf("writing the state disk's boot record: %w", err)
+	}
+	return nil
 }
 
 // release unmounts the binds and closes the disk.

@@ -54,6 +54,7 @@ type config struct {
 	etcdDir       string
 	recoverListen string
 	sealPCRs      []uint
+	sealFresh     bool
 	kmsSocket     string
 	kmsMetrics    string
 }
@@ -119,6 +120,7 @@ func (c *config) register(f *pflag.FlagSet) {
 	f.StringVar(&c.etcdDir, "etcd-dir", c.etcdDir, "etcd's data directory on control planes (kept on the state disk)")
 	f.StringVar(&c.recoverListen, "recovery-listen", c.recoverListen, "address the recovery server listens on while the state disk waits for 'berth recover'")
 	f.UintSliceVar(&c.sealPCRs, "seal-pcrs", c.sealPCRs, "boot PCRs the state disk key is sealed to (--attestation=tpm): the UKI (4), Secure Boot state (7), the kernel's command line and initrd (9), the UKI's sections (11), command line overrides and credentials (12); the lock PCR is always required to be zero")
+	f.BoolVar(&c.sealFresh, "seal-fresh-disk", c.sealFresh, "also seal the random key of a freshly formatted state disk to the TPM (--attestation=tpm): a node rebooted before init or join opens its disk unattended instead of wiping it")
 	f.StringVar(&c.kmsSocket, "kms-socket", c.kmsSocket, "unix socket of the KMS plugin a control plane runs for its API server (Secrets are encrypted at rest through it); kubeadm mounts its directory into the API server's pod")
 	f.StringVar(&c.kmsMetrics, "kms-metrics-listen", c.kmsMetrics, "HOST:PORT where a control plane's KMS plugin serves /metrics (berth_kms_*); empty serves none")
 	c.log.AddFlags(f)

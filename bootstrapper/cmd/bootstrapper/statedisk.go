@@ -5,6 +5,8 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net"
+	"os"
+	"strings"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -74,6 +76,10 @@ func openStateDisk(ctx context.Context, cfg *config, log *zap.Logger, meta metad
 	}
 	if att.sealer != nil {
 		sc.Sealer = att.sealer
+		sc.SealFresh = cfg.sealFresh
+	}
+	if id, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+		sc.BootID = strings.TrimSpace(string(id))
 	}
 	for _, m := range att.markers {
 		sc.Locks = append(sc.Locks, m)
