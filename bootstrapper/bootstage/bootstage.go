@@ -87,6 +87,12 @@ type LockRegister interface {
 	Bootstrapped(ctx context.Context) (bool, error)
 }
 
+// BootPhase marks in a measured register that the state disk is open (vtpm.BootPhase): a key
+// sealed with that register unseals no more in this boot.
+type BootPhase interface {
+	MarkStateDiskOpen(ctx context.Context) error
+}
+
 // RejoinFunc asks the cluster's joinservices for the disk key (joinclient.Rejoin).
 type RejoinFunc func(ctx context.Context, diskUUID string, binding []byte) (diskKey, clusterID []byte, err error)
 
@@ -109,7 +115,10 @@ type Config struct {
 	// Sealer is nil where sealing is not available (TDX): every later boot then rejoins or recovers.
 	Sealer Sealer
 	// Locks are the lock registers re-extended with the disk's cluster ID.
-	Locks   []LockRegister
+	Locks []LockRegister
+	// Phase, when set, is marked once the disk is open and mounted, before Open returns: it closes
+	// the unlock window (the sealed key cannot be unsealed a second time in this boot).
+	Phase   BootPhase
 	Rejoin  RejoinFunc
 	Recover RecoverFunc
 	// Identity returns this machine's identity as the joinservice sees it (the disk binding's
@@ -224,6 +233,12 @@ func (s *Stage) Open(ctx context.Context) (Result, error) {
 	}
 	if err := s.recordBoot(); err != nil {
 		return res, err
+	}
+	if s.cfg.Phase != nil {
+		if err := s.cfg.Phase.MarkStateDiskOpen(ctx); err != nil {
+			return res, fmt.Errorf("marking the state disk phase: %w", err)
+		}
+		s.log.Info("boot phase marked: state disk open, its sealed key unseals no more in this boot")
 	}
 	res.Took = time.Since(start)
 	s.log.Info("state disk open", zap.String("source", res.Source), zap.String("diskUUID", res.UUID),

@@ -2,9 +2,11 @@ package bootstage
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"go.uber.org/zap"
@@ -170,4 +172,54 @@ func TestOpenRecordsBoot(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(f.disk.Root(), bootRecord)); string(b) != "second-boot-id\n" {
 		t.Errorf("boot record after the second boot = %q", b)
 	}
+}
+
+// fakePhase is a boot phase register.
+type fakePhase struct {
+	rec *recorder
+	err error
+}
+
+func (p *fakePhase) MarkStateDiskOpen(context.Context) error {
+	p.rec.add("phase.Mark")
+	return p.err
+}
+
+func TestOpenMarksPhaseLast(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup func(t *testing.T, f *fixture)
+		calls []string
+	}{
+		{name: "fresh disk", setup: func(*testing.T, *fixture) {}, calls: []string{"disk.Format"}},
+		{
+			name: "sealed key",
+			setup: func(t *testing.T, f *fixture) {
+				key, cluster := randomBytes(t, 32), randomBytes(t, 32)
+				f.boundDisk(key, cluster)
+				f.sealer.key, f.sealer.unsealErr = key, nil
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFixture(t)
+			tc.setup(t, f)
+			phase := &fakePhase{rec: f.rec}
+			f.cfg.Phase = phase
+			if _, err := New(f.cfg).Open(testCtx(t)); err != nil {
+				t.Fatal(err)
+			}
+			calls := f.rec.list()
+			if n := f.rec.count("phase.Mark"); n != 1 || calls[len(calls)-1] != "phase.Mark" {
+				t.Errorf("calls %q; want the phase marked once, after everything else", calls)
+			}
+		})
+	}
+	t.Run("marking fails", func(t *testing.T) {
+		f := newFixture(t)
+		f.cfg.Phase = &fakePhase{rec: f.rec, err: errors.New("TPM gone")}
+		if _, err := New(f.cfg).Open(testCtx(t)); err == nil || !strings.Contains(err.Error(), "TPM gone") {
+			t.Errorf("Open = %v; want the phase error", err)
+		}
+	})
 }

@@ -78,6 +78,9 @@ func openStateDisk(ctx context.Context, cfg *config, log *zap.Logger, meta metad
 		sc.Sealer = att.sealer
 		sc.SealFresh = cfg.sealFresh
 	}
+	if att.phase != nil {
+		sc.Phase = att.phase
+	}
 	if id, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
 		sc.BootID = strings.TrimSpace(string(id))
 	}
