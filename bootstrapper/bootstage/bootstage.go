@@ -6,7 +6,10 @@
 //
 //	disk                         key                                       then
 //	missing, unformatted, or     a random key, in memory only              fresh node: init or join
-//	  never bound to a cluster     (the disk is formatted anew)              re-keys it (Bind)
+//	  never bound to a cluster     (the disk is formatted anew; sealed       re-keys it (Bind)
+//	                               to the TPM too with SealFresh)
+//	never bound, key sealed      the sealed fresh key (SealFresh; nothing  still a fresh node
+//	                               of an init or join on it, else wiped)
 //	bound                        the key sealed to this node's TPM         unattended reboot
 //	                               (boot PCRs as sealed, lock PCR zero)
 //	bound, unseal refused        a rejoin ticket from any joinservice      both wait side by side; the
@@ -29,6 +32,10 @@
 // binding for this machine; berth recover checked both against the master secret. A disk bound by
 // an earlier version has no MAC: its first boot after the upgrade takes that path too (a rejoin,
 // unattended whenever a joinservice answers), and the MAC is written then, with the key resealed.
+//
+// With Phase set, the stage's last step marks a boot phase in a measured register that the sealed
+// keys require to be zero: the key unseals at most once per boot, before anything but this stage
+// ran.
 //
 // What the MAC does not cover: someone who can create objects in this node's TPM under the boot
 // policy (code running on the machine outside the genuine boot) can seal a key of their own, format
