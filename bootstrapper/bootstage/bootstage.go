@@ -242,7 +242,7 @@ func (s *Stage) Open(ctx context.Context) (Result, error) {
 		return res, err
 	}
 	if s.cfg.Phase != nil {
-		if err := s.cfg.Phase.MarkStateDiskOpen(ctx); err != nil {
+		if err := s.markPhase(ctx); err != nil {
 			return res, fmt.Errorf("marking the state disk phase: %w", err)
 		}
 		s.log.Info("boot phase marked: state disk open, its sealed key unseals no more in this boot")
@@ -558,6 +558,29 @@ func (s *Stage) fresh(ctx context.Context, wiped string) (Result, error) {
 		s.seal(ctx, key)
 	}
 	return Result{Source: SourceFresh, UUID: h.UUID, Wiped: wiped}, nil
+}
+
+// phaseAttempts bounds how often the stage tries to mark the boot phase. Marking is idempotent;
+// under load a software TPM's connection was seen to drop once (EOF), and a daemon that exits
+// instead loses a never bound disk (its key died with the process).
+const phaseAttempts = 3
+
+// markPhase marks the state disk phase, retrying a failed attempt after a second.
+func (s *Stage) markPhase(ctx context.Context) error {
+	var err error
+	for attempt := 1; ; attempt++ {
+		if err = s.cfg.Phase.MarkStateDiskOpen(ctx); err == nil || attempt == phaseAttempts {
+			return err
+		}
+		s.log.Warn("marking the boot phase failed; trying again", zap.Error(err), zap.Int("attempt", attempt))
+		t := time.NewTimer(time.Second)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Join(err, ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // bootRecord is the file on the disk's root naming the boot that opened the disk last.

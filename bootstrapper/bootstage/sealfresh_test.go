@@ -7,7 +7,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
 
 	"go.uber.org/zap"
 
@@ -174,15 +176,25 @@ func TestOpenRecordsBoot(t *testing.T) {
 	}
 }
 
-// fakePhase is a boot phase register.
+// fakePhase is a boot phase register; its first fails calls fail with err.
 type fakePhase struct {
-	rec *recorder
-	err error
+	rec   *recorder
+	err   error
+	fails int
+
+	mu    sync.Mutex
+	calls int
 }
 
 func (p *fakePhase) MarkStateDiskOpen(context.Context) error {
 	p.rec.add("phase.Mark")
-	return p.err
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls++
+	if p.calls <= p.fails {
+		return p.err
+	}
+	return nil
 }
 
 func TestOpenMarksPhaseLast(t *testing.T) {
@@ -216,10 +228,27 @@ func TestOpenMarksPhaseLast(t *testing.T) {
 		})
 	}
 	t.Run("marking fails", func(t *testing.T) {
-		f := newFixture(t)
-		f.cfg.Phase = &fakePhase{rec: f.rec, err: errors.New("TPM gone")}
-		if _, err := New(f.cfg).Open(testCtx(t)); err == nil || !strings.Contains(err.Error(), "TPM gone") {
-			t.Errorf("Open = %v; want the phase error", err)
-		}
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture(t)
+			f.cfg.Phase = &fakePhase{rec: f.rec, err: errors.New("TPM gone"), fails: phaseAttempts}
+			if _, err := New(f.cfg).Open(testCtx(t)); err == nil || !strings.Contains(err.Error(), "TPM gone") {
+				t.Errorf("Open = %v; want the phase error", err)
+			}
+			if n := f.rec.count("phase.Mark"); n != phaseAttempts {
+				t.Errorf("marked %d times; want %d attempts", n, phaseAttempts)
+			}
+		})
+	})
+	t.Run("marking fails once", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture(t)
+			f.cfg.Phase = &fakePhase{rec: f.rec, err: errors.New("reading TPM response: EOF"), fails: 1}
+			if _, err := New(f.cfg).Open(testCtx(t)); err != nil {
+				t.Errorf("Open = %v; want the second attempt to mark the phase", err)
+			}
+			if n := f.rec.count("phase.Mark"); n != 2 {
+				t.Errorf("marked %d times; want 2", n)
+			}
+		})
 	})
 }
