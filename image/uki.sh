@@ -56,7 +56,9 @@ mv -f "$out.tmp" "$out"
 if [ -n "$measurements" ]; then
 	[ -x "$cli" ] || die "no berth binary at $cli (make build)"
 	sum=$(sha256sum "$out" | cut -c1-16)
-	"$cli" policy measure --uki "$out" --source "$(basename "$out") (kernel $kver, sha256 $sum...)" >"$measurements.tmp"
+	# The boot phase PCR the tree's bootstrapper marks once its state disk is open (0: none).
+	phase=$(sed -n 's/^BERTH_PHASE_PCR=//p' "$root/usr/lib/berth/bootstrapper.env" 2>/dev/null | tail -n1)
+	"$cli" policy measure --uki "$out" --phase-pcr "${phase:-0}" --source "$(basename "$out") (kernel $kver, sha256 $sum...)" >"$measurements.tmp"
 	mv -f "$measurements.tmp" "$measurements"
 fi
 echo "image/uki.sh: $out (kernel $kver, $(du -h "$out" | cut -f1))${measurements:+, measurements in $measurements}" >&2

@@ -6,7 +6,10 @@
 //
 //	disk                         key                                       then
 //	missing, unformatted, or     a random key, in memory only              fresh node: init or join
-//	  never bound to a cluster     (the disk is formatted anew)              re-keys it (Bind)
+//	  never bound to a cluster     (the disk is formatted anew; sealed       re-keys it (Bind)
+//	                               to the TPM too with SealFresh)
+//	never bound, key sealed      the sealed fresh key (SealFresh; nothing  still a fresh node
+//	                               of an init or join on it, else wiped)
 //	bound                        the key sealed to this node's TPM         unattended reboot
 //	                               (boot PCRs as sealed, lock PCR zero)
 //	bound, unseal refused        a rejoin ticket from any joinservice      both wait side by side; the
@@ -35,6 +38,10 @@
 // an earlier version has no MAC: its first boot after the upgrade takes that path too (a rejoin,
 // unattended whenever a joinservice answers), and the MAC is written then, with the key resealed.
 //
+// With Phase set, the stage's last step marks a boot phase in a measured register that the sealed
+// keys require to be zero: the key unseals at most once per boot, before anything but this stage
+// ran.
+//
 // What the MAC does not cover: someone who can create objects in this node's TPM under the boot
 // policy (code running on the machine outside the genuine boot) can seal a key of their own, format
 // a disk with it and write a valid MAC; and a disk this machine bound earlier (to this or another
@@ -60,6 +67,7 @@ import (
 	"golang.org/x/sync/errgroup"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/berth-k8s/berth/internal/atomicfile"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/nodestate"
 	"github.com/berth-k8s/berth/internal/statedisk"
@@ -91,6 +99,12 @@ type LockRegister interface {
 	Bootstrapped(ctx context.Context) (bool, error)
 }
 
+// BootPhase marks in a measured register that the state disk is open (vtpm.BootPhase): a key
+// sealed with that register unseals no more in this boot.
+type BootPhase interface {
+	MarkStateDiskOpen(ctx context.Context) error
+}
+
 // RejoinFunc asks the cluster's joinservices for the disk key (joinclient.Rejoin).
 type RejoinFunc func(ctx context.Context, diskUUID string, binding []byte) (diskKey, clusterID []byte, err error)
 
@@ -113,7 +127,10 @@ type Config struct {
 	// Sealer is nil where sealing is not available (TDX): every later boot then rejoins or recovers.
 	Sealer Sealer
 	// Locks are the lock registers re-extended with the disk's cluster ID.
-	Locks   []LockRegister
+	Locks []LockRegister
+	// Phase, when set, is marked once the disk is open and mounted, before Open returns: it closes
+	// the unlock window (the sealed key cannot be unsealed a second time in this boot).
+	Phase   BootPhase
 	Rejoin  RejoinFunc
 	Recover RecoverFunc
 	// Identity returns this machine's identity as the joinservice sees it (the disk binding's
@@ -133,6 +150,13 @@ type Config struct {
 	// REVOKED; an error: no joinservice answered within the function's bound, and the boot goes on
 	// with the sealed key. Nil: no check-in.
 	CheckIn func(ctx context.Context, diskUUID string, clusterID []byte) (revoked bool, err error)
+	// SealFresh seals the random key of a freshly formatted disk to the TPM as well, so that a node
+	// rebooted before init or join unseals its disk unattended instead of wiping it (see the package
+	// documentation). Needs Sealer.
+	SealFresh bool
+	// BootID names this boot (the kernel's random boot_id). When set, Open records it on the open
+	// disk and logs the boot ID recorded there by the boot that opened the disk before.
+	BootID string
 }
 
 // Mounter bind-mounts directories.
@@ -230,6 +254,15 @@ func (s *Stage) Open(ctx context.Context) (Result, error) {
 	if err := s.bindAll(); err != nil {
 		return res, err
 	}
+	if err := s.recordBoot(); err != nil {
+		return res, err
+	}
+	if s.cfg.Phase != nil {
+		if err := s.markPhase(ctx); err != nil {
+			return res, fmt.Errorf("marking the state disk phase: %w", err)
+		}
+		s.log.Info("boot phase marked: state disk open, its sealed key unseals no more in this boot")
+	}
 	res.Took = time.Since(start)
 	s.log.Info("state disk open", zap.String("source", res.Source), zap.String("diskUUID", res.UUID),
 		zap.String("clusterID", hex.EncodeToString(res.ClusterID)), zap.Duration("took", res.Took))
@@ -266,8 +299,7 @@ func (s *Stage) open(ctx context.Context) (Result, error) {
 	case err != nil:
 		return Result{}, fmt.Errorf("reading the state disk header: %w", err)
 	case h.ClusterID == nil:
-		s.log.Warn("state disk was never bound to a cluster (an init or join did not get that far before the reboot): wiping it")
-		return s.fresh(ctx, "never bound to a cluster")
+		return s.openUnbound(ctx, h)
 	}
 	s.setHeader(h)
 	res := Result{UUID: h.UUID, ClusterID: h.ClusterID}
@@ -492,7 +524,36 @@ func (s *Stage) seal(ctx context.Context, key []byte) {
 	s.log.Info("disk key sealed to this TPM's boot measurements", zap.Duration("took", time.Since(start)))
 }
 
-// fresh formats the disk with a random key kept in memory until Bind.
+// openUnbound opens a disk formatted by an earlier boot that was never bound to a cluster: with its
+// sealed fresh key when SealFresh is set and nothing of an init or join was written to it, else it
+// is wiped.
+func (s *Stage) openUnbound(ctx context.Context, h statedisk.Header) (Result, error) {
+	if !s.cfg.SealFresh || len(h.Sealed) == 0 {
+		s.log.Warn("state disk was never bound to a cluster (an init or join did not get that far before the reboot): wiping it")
+		return s.fresh(ctx, "never bound to a cluster")
+	}
+	key, ok := s.unseal(ctx, h)
+	if !ok {
+		s.log.Warn("the sealed key of the never bound state disk does not open it: wiping it")
+		return s.fresh(ctx, "never bound to a cluster, sealed key refused")
+	}
+	st, err := s.nodeState()
+	if err != nil || st != nil {
+		clear(key)
+		s.log.Warn("an init or join started on the never bound state disk before this boot: wiping it", zap.Error(err))
+		if err := s.release(ctx); err != nil {
+			return Result{}, err
+		}
+		return s.fresh(ctx, "never bound to a cluster, an init or join had started")
+	}
+	s.mu.Lock()
+	s.header, s.freshKey = h, key
+	s.mu.Unlock()
+	return Result{Source: SourceSealed, UUID: h.UUID}, nil
+}
+
+// fresh formats the disk with a random key kept in memory until Bind (and sealed to the TPM with
+// SealFresh).
 func (s *Stage) fresh(ctx context.Context, wiped string) (Result, error) {
 	key := make([]byte, statedisk.KeySize)
 	if _, err := rand.Read(key); err != nil {
@@ -507,7 +568,59 @@ func (s *Stage) fresh(ctx context.Context, wiped string) (Result, error) {
 	s.header, s.freshKey = h, key
 	s.mu.Unlock()
 	s.log.Info("state disk formatted with a random key: fresh node", zap.String("diskUUID", h.UUID))
+	if s.cfg.SealFresh && s.cfg.Sealer != nil {
+		// The header's MAC first: a boot that finds a sealed key checks it before trusting the header.
+		s.writeMAC(ctx, key)
+		s.seal(ctx, key)
+	}
 	return Result{Source: SourceFresh, UUID: h.UUID, Wiped: wiped}, nil
+}
+
+// phaseAttempts bounds how often the stage tries to mark the boot phase. Marking is idempotent;
+// under load a software TPM's connection was seen to drop once (EOF), and a daemon that exits
+// instead loses a never bound disk (its key died with the process).
+const phaseAttempts = 3
+
+// markPhase marks the state disk phase, retrying a failed attempt after a second.
+func (s *Stage) markPhase(ctx context.Context) error {
+	var err error
+	for attempt := 1; ; attempt++ {
+		if err = s.cfg.Phase.MarkStateDiskOpen(ctx); err == nil || attempt == phaseAttempts {
+			return err
+		}
+		s.log.Warn("marking the boot phase failed; trying again", zap.Error(err), zap.Int("attempt", attempt))
+		t := time.NewTimer(time.Second)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Join(err, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+// bootRecord is the file on the disk's root naming the boot that opened the disk last.
+const bootRecord = "last-boot"
+
+// recordBoot logs the boot ID the disk recorded before and records this boot's (with BootID).
+func (s *Stage) recordBoot() error {
+	if s.cfg.BootID == "" {
+		return nil
+	}
+	path := filepath.Join(s.cfg.Disk.Root(), bootRecord)
+	prev, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		prev = nil
+	case err != nil:
+		return fmt.Errorf("reading the state disk's boot record: %w", err)
+	}
+	s.log.Info("state disk boot record", zap.String("bootID", s.cfg.BootID),
+		zap.String("previousBootID", strings.TrimSpace(string(prev))))
+	if err := atomicfile.Write(afero.NewOsFs(), path, []byte(s.cfg.BootID+"\n"), 0o600); err != nil {
+		return fmt.Errorf("writing the state disk's boot record: %w", err)
+	}
+	return nil
 }
 
 // release unmounts the binds and closes the disk.

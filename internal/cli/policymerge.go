@@ -4,16 +4,19 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 
 	"github.com/spf13/cobra"
 
 	"github.com/berth-k8s/berth/internal/attestation/policy/policyedit"
+	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/uki"
 )
 
 func newPolicyMeasureCmd() *cobra.Command {
 	var ukiPath, source string
 	var events bool
+	var phasePCR uint
 	cmd := &cobra.Command{
 		Use:   "measure --uki FILE",
 		Short: "Compute the PCR values a unified kernel image will produce, as a policy",
@@ -32,7 +35,8 @@ will produce when UEFI firmware boots it directly as the first boot option:
 Firmware PCRs (0-3, 5-7) depend on the firmware build and the machine and are not predicted. PCR 11
 holds only while nothing measures into it after the stub (the Berth image masks systemd-pcrphase).
 'make image' writes this file next to the image; 'berth policy merge' puts it into a cluster policy.
-With --events the predicted events are listed on stderr.`,
+With --events the predicted events are listed on stderr. With --phase-pcr the boot phase register
+the image's bootstrapper marks once its state disk is open is added: zero or that phase's value.`,
 		Example: `  berth policy measure --uki image/mkosi.output/berth.efi > berth.measurements.yaml
   berth policy merge --policy cluster-policy.yaml --measurements berth.measurements.yaml > next-policy.yaml`,
 		Args: cobra.NoArgs,
@@ -56,7 +60,14 @@ With --events the predicted events are listed on stderr.`,
 			if source == "" {
 				source = filepath.Base(ukiPath)
 			}
-			out, err := policyedit.Measurements(p, source)
+			var phase *policyedit.Phase
+			if phasePCR != 0 {
+				if phasePCR > 23 || slices.Contains(uki.Predicted, int(phasePCR)) {
+					return usageErr("--phase-pcr %d: not a PCR free for the boot phase (1-23, none of %v)", phasePCR, uki.Predicted)
+				}
+				phase = &policyedit.Phase{PCR: int(phasePCR), Open: vtpm.ExpectedPhaseValue(vtpm.StateDiskOpenEvent)}
+			}
+			out, err := policyedit.Measurements(p, source, phase)
 			if err != nil {
 				return err
 			}
@@ -68,6 +79,7 @@ With --events the predicted events are listed on stderr.`,
 	f.StringVar(&ukiPath, "uki", "", "unified kernel image (EFI binary)")
 	f.StringVar(&source, "source", "", "where the values come from, written into each expectation's source (default: the file's name)")
 	f.BoolVar(&events, "events", false, "list the predicted events on stderr")
+	f.UintVar(&phasePCR, "phase-pcr", 0, "the nodes' boot phase PCR (the bootstrapper's --phase-pcr): expected zero before the state disk is open, the phase's value after; 0 leaves it out")
 	return cmd
 }
 

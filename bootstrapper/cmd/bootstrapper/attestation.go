@@ -34,6 +34,8 @@ type attestationSetup struct {
 	identity func(ctx context.Context) ([]byte, error)
 	// sealer seals the state disk key to the TPM; nil where sealing is not available.
 	sealer *vtpm.Sealer
+	// phase marks the state disk open (--phase-pcr); nil marks nothing.
+	phase *vtpm.BootPhase
 }
 
 // errNoJoinPolicy: an attesting node without --join-policy cannot check the joinservice, so it
@@ -45,6 +47,7 @@ func newAttestation(cfg *config, log *zap.Logger) (*attestationSetup, error) {
 	var markers []nodelock.Marker
 	var identity func(ctx context.Context) ([]byte, error)
 	var sealer *vtpm.Sealer
+	var phase *vtpm.BootPhase
 	switch cfg.attestation {
 	case "insecure-none":
 		log.Warn("attestation is disabled: secrets travel over plaintext gRPC; use this only for development")
@@ -58,7 +61,12 @@ func newAttestation(cfg *config, log *zap.Logger) (*attestationSetup, error) {
 		issuer = tpmIssuer
 		markers = append(markers, vtpm.NewLockRegister(open, cfg.lockPCR))
 		identity = tpmIssuer.MachineIdentity
-		sealer = vtpm.NewSealer(open, cfg.sealPCRs, cfg.lockPCR)
+		if cfg.phasePCR != 0 {
+			sealer = vtpm.NewSealer(open, cfg.sealPCRs, cfg.lockPCR, cfg.phasePCR)
+			phase = vtpm.NewBootPhase(open, cfg.phasePCR)
+		} else {
+			sealer = vtpm.NewSealer(open, cfg.sealPCRs, cfg.lockPCR)
+		}
 	case "tdx":
 		open := tdx.OpenAuto()
 		issuer = tdx.NewIssuer(open, log.Named("tdx"))
@@ -72,7 +80,7 @@ func newAttestation(cfg *config, log *zap.Logger) (*attestationSetup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("creating attested TLS credentials: %w", err)
 	}
-	setup := &attestationSetup{markers: markers, serverCreds: creds, identity: identity, sealer: sealer}
+	setup := &attestationSetup{markers: markers, serverCreds: creds, identity: identity, sealer: sealer, phase: phase}
 	if cfg.joinPolicy == "" {
 		log.Warn("no --join-policy: this node can be initialized but will not join a cluster")
 		setup.dialJoin = func(context.Context, string) (joinproto.JoinServiceClient, io.Closer, error) {

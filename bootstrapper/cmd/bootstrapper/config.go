@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -54,6 +55,8 @@ type config struct {
 	etcdDir       string
 	recoverListen string
 	sealPCRs      []uint
+	sealFresh     bool
+	phasePCR      uint
 	kmsSocket     string
 	kmsMetrics    string
 }
@@ -119,6 +122,8 @@ func (c *config) register(f *pflag.FlagSet) {
 	f.StringVar(&c.etcdDir, "etcd-dir", c.etcdDir, "etcd's data directory on control planes (kept on the state disk)")
 	f.StringVar(&c.recoverListen, "recovery-listen", c.recoverListen, "address the recovery server listens on while the state disk waits for 'berth recover'")
 	f.UintSliceVar(&c.sealPCRs, "seal-pcrs", c.sealPCRs, "boot PCRs the state disk key is sealed to (--attestation=tpm): the UKI (4), Secure Boot state (7), the kernel's command line and initrd (9), the UKI's sections (11), command line overrides and credentials (12); the lock PCR is always required to be zero")
+	f.BoolVar(&c.sealFresh, "seal-fresh-disk", c.sealFresh, "also seal the random key of a freshly formatted state disk to the TPM (--attestation=tpm): a node rebooted before init or join opens its disk unattended instead of wiping it")
+	f.UintVar(&c.phasePCR, "phase-pcr", c.phasePCR, "PCR (--attestation=tpm) the boot stage extends once the state disk is open; the state disk key is sealed to it being zero, so it unseals only once per boot, and a quote tells before the disk was opened (zero) from after; 0 marks nothing")
 	f.StringVar(&c.kmsSocket, "kms-socket", c.kmsSocket, "unix socket of the KMS plugin a control plane runs for its API server (Secrets are encrypted at rest through it); kubeadm mounts its directory into the API server's pod")
 	f.StringVar(&c.kmsMetrics, "kms-metrics-listen", c.kmsMetrics, "HOST:PORT where a control plane's KMS plugin serves /metrics (berth_kms_*); empty serves none")
 	c.log.AddFlags(f)
@@ -198,6 +203,9 @@ func (c *config) validate() error {
 		if p > 23 || (c.attestation == "tpm" && p == c.lockPCR) {
 			errs = append(errs, fmt.Errorf("--seal-pcrs: %d is not a boot PCR (0-23, not the lock PCR)", p))
 		}
+	}
+	if c.phasePCR != 0 && (c.phasePCR > 23 || c.phasePCR == c.lockPCR || slices.Contains(c.sealPCRs, c.phasePCR)) {
+		errs = append(errs, fmt.Errorf("--phase-pcr: %d is not free for the boot phase (1-23, neither the lock PCR nor a --seal-pcrs PCR)", c.phasePCR))
 	}
 	if !filepath.IsAbs(c.kmsSocket) {
 		errs = append(errs, fmt.Errorf("--kms-socket %q must be absolute", c.kmsSocket))

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"strings"
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
@@ -92,6 +94,13 @@ func openStateDisk(ctx context.Context, cfg *config, log *zap.Logger, meta metad
 	}
 	if att.sealer != nil {
 		sc.Sealer = att.sealer
+		sc.SealFresh = cfg.sealFresh
+	}
+	if att.phase != nil {
+		sc.Phase = att.phase
+	}
+	if id, err := os.ReadFile("/proc/sys/kernel/random/boot_id"); err == nil {
+		sc.BootID = strings.TrimSpace(string(id))
 	}
 	for _, m := range att.markers {
 		sc.Locks = append(sc.Locks, m)

@@ -47,18 +47,28 @@ var (
 	ErrSealedKeyUnusable = errors.New("sealed key unusable in this TPM")
 )
 
-// Sealer seals secrets to the TPM behind open under a policy on pcrs (SHA-256 bank) and a zero lock
-// PCR. It holds no TPM state between calls and is safe for concurrent use.
+// Sealer seals secrets to the TPM behind open under a policy on pcrs (SHA-256 bank) and zero lock
+// and phase PCRs. It holds no TPM state between calls and is safe for concurrent use.
 type Sealer struct {
-	open    OpenFunc
-	pcrs    []uint // the boot PCRs, sorted, without lockPCR
-	lockPCR uint
+	open OpenFunc
+	pcrs []uint // the boot PCRs, sorted, without the zero PCRs
+	zero []uint // the lock register and the boot phase registers, sorted: zero when unsealing
 }
 
-// NewSealer returns a Sealer for the boot PCRs pcrs and the lock register lockPCR (use
-// DefaultLockPCR). A lockPCR listed in pcrs counts as the lock register only.
-func NewSealer(open OpenFunc, pcrs []uint, lockPCR uint) *Sealer {
+// NewSealer returns a Sealer for the boot PCRs pcrs, the lock register lockPCR (use
+// DefaultLockPCR) and the boot phase registers phasePCRs (BootPhase). The lock and phase PCRs must
+// be zero to unseal, whatever they hold when sealing: a secret sealed in one boot unseals in a
+// later one only before the lock is taken and before the phase is marked. A PCR listed in pcrs and
+// as lock or phase register counts as the latter only.
+func NewSealer(open OpenFunc, pcrs []uint, lockPCR uint, phasePCRs ...uint) *Sealer {
 	seen := map[uint]bool{lockPCR: true}
+	zero := []uint{lockPCR}
+	for _, p := range phasePCRs {
+		if !seen[p] {
+			seen[p] = true
+			zero = append(zero, p)
+		}
+	}
 	var boot []uint
 	for _, p := range pcrs {
 		if !seen[p] {
@@ -67,7 +77,8 @@ func NewSealer(open OpenFunc, pcrs []uint, lockPCR uint) *Sealer {
 		}
 	}
 	sort.Slice(boot, func(a, b int) bool { return boot[a] < boot[b] })
-	return &Sealer{open: open, pcrs: boot, lockPCR: lockPCR}
+	sort.Slice(zero, func(a, b int) bool { return zero[a] < zero[b] })
+	return &Sealer{open: open, pcrs: boot, zero: zero}
 }
 
 // sealTemplate is a sealed data object that only a policy session can use: no auth value, no
@@ -89,7 +100,7 @@ func sealTemplate(policy []byte) tpm2.TPMTPublic {
 	}
 }
 
-// Seal seals secret (1 to 128 bytes) to the current values of the boot PCRs and a zero lock PCR and
+// Seal seals secret (1 to 128 bytes) to the current values of the boot PCRs and zero lock and phase PCRs and
 // returns the blob Unseal takes. The blob holds no secret in the clear; only this TPM, before its
 // owner hierarchy is cleared, can load it.
 func (s *Sealer) Seal(ctx context.Context, secret []byte) ([]byte, error) {
@@ -107,7 +118,7 @@ func (s *Sealer) Seal(ctx context.Context, secret []byte) ([]byte, error) {
 	}
 	defer flush(c, srk.ObjectHandle)
 
-	all := append(append([]uint(nil), s.pcrs...), s.lockPCR)
+	all := append(append([]uint(nil), s.pcrs...), s.zero...)
 	sort.Slice(all, func(a, b int) bool { return all[a] < all[b] })
 	sel := sha256Selection(all)
 	for attempt := 0; ; attempt++ {
@@ -116,7 +127,9 @@ func (s *Sealer) Seal(ctx context.Context, secret []byte) ([]byte, error) {
 			return nil, err
 		}
 		bootDigest := pcrDigest(values, s.pcrs)
-		values[uint32(s.lockPCR)] = make([]byte, 32)
+		for _, z := range s.zero {
+			values[uint32(z)] = make([]byte, 32)
+		}
 		policy, err := pcrPolicy(sel, pcrDigest(values, all))
 		if err != nil {
 			return nil, err

@@ -433,3 +433,70 @@ func BenchmarkSRK(b *testing.B) {
 		})
 	}
 }
+
+func TestSealBootPhaseSimulator(t *testing.T) { sealBootPhase(t, simulatorTPM(t)) }
+
+func TestSealBootPhaseSwtpm(t *testing.T) { sealBootPhase(t, swtpmTPM(t)) }
+
+// sealBootPhase: a key sealed with a phase PCR unseals once per boot, before the boot stage marks
+// the state disk open; after the mark the same boot cannot unseal it again, the next boot can.
+func sealBootPhase(t *testing.T, tpm testTPM) {
+	ctx := context.Background()
+	const phasePCR = 13
+	sealer := vtpm.NewSealer(tpm.open, bootPCRs, vtpm.DefaultLockPCR, phasePCR)
+	phase := vtpm.NewBootPhase(tpm.open, phasePCR)
+	secret := bytes.Repeat([]byte{0xa5}, 32)
+
+	boot(t, tpm, "image v1")
+	if err := phase.MarkStateDiskOpen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Sealed after the phase was marked (as Bind does): the policy still wants the phase PCR zero.
+	blob, err := sealer.Seal(ctx, secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sealer.Unseal(ctx, blob); !errors.Is(err, vtpm.ErrSealPolicy) {
+		t.Fatalf("Unseal after the phase in the sealing boot = %v; want ErrSealPolicy", err)
+	}
+
+	reboot(t, tpm, "image v1")
+	got, err := sealer.Unseal(ctx, blob)
+	if err != nil || !bytes.Equal(got, secret) {
+		t.Fatalf("first Unseal of the next boot = %v; want the secret", err)
+	}
+	if err := phase.MarkStateDiskOpen(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = sealer.Unseal(ctx, blob)
+	t.Logf("second Unseal in the same boot: %v", err)
+	if !errors.Is(err, vtpm.ErrSealPolicy) {
+		t.Fatalf("second Unseal in the same boot = %v; want ErrSealPolicy", err)
+	}
+	// A restarted daemon marks again: nothing changes.
+	if err := phase.MarkStateDiskOpen(ctx); err != nil {
+		t.Fatalf("marking the phase twice = %v; want nil", err)
+	}
+	withTPM(t, tpm.open, func(c transport.TPM) error {
+		rsp, err := tpm2.PCRRead{PCRSelectionIn: tpm2.TPMLPCRSelection{PCRSelections: []tpm2.TPMSPCRSelection{{
+			Hash: tpm2.TPMAlgSHA256, PCRSelect: tpm2.PCClientCompatible.PCRs(phasePCR),
+		}}}}.Execute(c)
+		if err != nil {
+			return err
+		}
+		if got := rsp.PCRValues.Digests[0].Buffer; !bytes.Equal(got, vtpm.ExpectedPhaseValue(vtpm.StateDiskOpenEvent)) {
+			t.Errorf("phase PCR = %x; want %x", got, vtpm.ExpectedPhaseValue(vtpm.StateDiskOpenEvent))
+		}
+		return nil
+	})
+
+	// Anything else measured into the phase PCR: the mark refuses, the key does not unseal.
+	reboot(t, tpm, "image v1")
+	extend(t, tpm.open, phasePCR, "a system extension")
+	if err := phase.MarkStateDiskOpen(ctx); !errors.Is(err, vtpm.ErrPhaseUnexpected) {
+		t.Errorf("MarkStateDiskOpen over a foreign value = %v; want ErrPhaseUnexpected", err)
+	}
+	if _, err := sealer.Unseal(ctx, blob); !errors.Is(err, vtpm.ErrSealPolicy) {
+		t.Errorf("Unseal with a foreign value in the phase PCR = %v; want ErrSealPolicy", err)
+	}
+}

@@ -18,7 +18,7 @@ import (
 // Measurements renders a unified kernel image's predicted PCR values as a tpm policy with one
 // expectation per PCR; source says where the values come from (each expectation's source starts
 // with it).
-func Measurements(p *uki.Prediction, source string) ([]byte, error) {
+func Measurements(p *uki.Prediction, source string, phase *Phase) ([]byte, error) {
 	what := map[int]string{
 		4:  "PCR 4: boot-manager events, Authenticode of the UKI and its kernel",
 		9:  "PCR 9: the kernel's measurement of its load options (.cmdline) and the initrd",
@@ -38,10 +38,26 @@ func Measurements(p *uki.Prediction, source string) ([]byte, error) {
 			scalar("source"), scalar(source + ", " + what[pcr]),
 		}})
 	}
+	if phase != nil {
+		seq := &yaml.Node{Kind: yaml.SequenceNode, Content: []*yaml.Node{
+			scalar(hex.EncodeToString(make([]byte, len(phase.Open)))), scalar(hex.EncodeToString(phase.Open)),
+		}}
+		meas.Content = append(meas.Content, scalar(strconv.Itoa(phase.PCR)), &yaml.Node{Kind: yaml.MappingNode, Content: []*yaml.Node{
+			scalar("anyOf"), seq,
+			scalar("source"), scalar(fmt.Sprintf("PCR %d: the node's boot phase, zero before its state disk is open (rejoin, recovery), the second value after (init, join, workloads)", phase.PCR)),
+		}})
+	}
 	doc := &yaml.Node{Kind: yaml.MappingNode, Content: []*yaml.Node{scalar("variant"), scalar("tpm"), scalar("measurements"), meas}}
 	doc.HeadComment = "Expected measurements of a unified kernel image, computed by berth policy measure.\n" +
 		"Merge them into a cluster policy with berth policy merge; firmware PCRs are not covered."
 	return encode(&yaml.Node{Kind: yaml.DocumentNode, Content: []*yaml.Node{doc}})
+}
+
+// Phase is the boot phase register of the image's nodes: PCR is zero until the boot stage opened the
+// state disk and holds Open after (vtpm.ExpectedPhaseValue).
+type Phase struct {
+	PCR  int
+	Open []byte
 }
 
 // Merge returns the policy at policyPath with the expectations of the policy at measurementsPath in

@@ -89,7 +89,7 @@ func TestMeasurements(t *testing.T) {
 	var p4, p11 [32]byte
 	copy(p4[:], mustHex(t, newPCR4))
 	copy(p11[:], mustHex(t, pcr11))
-	out, err := Measurements(&uki.Prediction{PCRs: map[int][32]byte{11: p11, 4: p4}}, "berth.efi")
+	out, err := Measurements(&uki.Prediction{PCRs: map[int][32]byte{11: p11, 4: p4}}, "berth.efi", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,6 +118,31 @@ func TestMeasurements(t *testing.T) {
 	})
 	if _, err := Merge(filepath.Join(dir, "cluster.yaml"), filepath.Join(dir, "image.yaml"), false); err != nil {
 		t.Errorf("merging the rendered measurements: %v", err)
+	}
+}
+
+// With a boot phase register the measurements accept it at zero (before the state disk is open) or
+// at the phase's value (after), and nothing else.
+func TestMeasurementsPhase(t *testing.T) {
+	var p4 [32]byte
+	copy(p4[:], mustHex(t, newPCR4))
+	open := mustHex(t, pcr11)
+	out, err := Measurements(&uki.Prediction{PCRs: map[int][32]byte{4: p4}}, "berth.efi", &Phase{PCR: 13, Open: open})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := policy.Parse(out, "measured", nil)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	var phase *policy.Expectation
+	for i := range p.Expectations {
+		if p.Expectations[i].Index == 13 {
+			phase = &p.Expectations[i]
+		}
+	}
+	if phase == nil || len(phase.AnyOf) != 2 || !bytes.Equal(phase.AnyOf[0], make([]byte, 32)) || !bytes.Equal(phase.AnyOf[1], open) {
+		t.Fatalf("PCR 13 expectation = %+v; want zero or the phase value\n%s", phase, out)
 	}
 }
 
