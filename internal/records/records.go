@@ -245,3 +245,7 @@ func joinRecordCRD() *apiextensionsv1.CustomResourceDefinition {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// ClassLabel is the label of a JoinRecord that carries its class, so that a writer counts a class's
+// records with a label selector.
+const ClassLabel = Group + "/class"
