@@ -28,3 +28,16 @@ test-records: ## the record API against a real kube-apiserver: CRDs, typed clien
 	BINS=$$(./scripts/build-k8s.sh k8s etcd) && \
 	BERTH_KUBE_BIN=$$(echo "$$BINS" | sed -n 1p) BERTH_ETCD_BIN=$$(echo "$$BINS" | sed -n 2p) \
 		$(GO) test $(GOTEST_FLAGS) ./internal/records/... ./joinservice/recordwriter/
+
+# Load harness of the records (joinservice/loadtest TestRecordsLoad): BENCH_RECORDS_MACHINES distinct
+# machines admitted through a real kube-apiserver into the record API, then into the machine record
+# ConfigMap, with admissions per second and API requests per admission per chunk, heap, and the
+# latency of berth status.
+BENCH_RECORDS_MACHINES ?= 10000
+
+.PHONY: bench-records
+bench-records: ## records load harness: distinct machines admitted into the record API and into the machine record ConfigMap, through a real API server
+	BINS=$$(./scripts/build-k8s.sh k8s etcd) && \
+	BERTH_KUBE_BIN=$$(echo "$$BINS" | sed -n 1p) BERTH_ETCD_BIN=$$(echo "$$BINS" | sed -n 2p) BERTH_BENCH_RECORDS=1 \
+	BENCH_RECORDS_MACHINES=$(BENCH_RECORDS_MACHINES) \
+		$(GO) test -count=1 -timeout 60m -run '^TestRecordsLoad$$' -v ./joinservice/loadtest/
