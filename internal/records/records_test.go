@@ -53,7 +53,8 @@ func TestRecordNameSeparatesKeys(t *testing.T) {
 		}
 		seen[n] = what
 	}
-	if records.RecordName(base) != records.RecordName(base) {
+	again := base
+	if records.RecordName(base) != records.RecordName(again) {
 		t.Error("RecordName is not deterministic")
 	}
 }
