@@ -256,3 +256,26 @@ func TestRunEmitsEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestJoinAfterReadmissionClearsRemoval: a machine whose Machine still says Removed joins again
+// (it was re-admitted): its Machine is Admitted again, without a removal time.
+func TestJoinAfterReadmissionClearsRemoval(t *testing.T) {
+	rc, kc := setup(t)
+	ctx := t.Context()
+	w := recordwriter.New(rc, kc, ns, "cp1", nil)
+	at := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
+	w.SyncRemovals([]machines.Machine{{Identity: identity(8), Node: "w8", Role: machines.RoleWorker, Admitted: at, Removal: &machines.Removal{Time: at}}})
+	w.Flush(ctx, nil)
+	w.Admit(recordwriter.Admission{Time: time.Now(), Identity: identity(8), Node: "w8", Role: "worker", RPC: "join", Peer: "198.51.100.8"})
+	w.Flush(ctx, nil)
+	m, err := rc.RecordsV1alpha1().Machines(ns).Get(ctx, records.NameFor(identity(8)), metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Status.State != v1alpha1.StateAdmitted || m.Status.Removed != nil || m.Status.LastJoin == nil {
+		t.Errorf("status = %+v, want Admitted with the join and no removal", m.Status)
+	}
+	if w.Dropped() != 0 {
+		t.Errorf("dropped %d", w.Dropped())
+	}
+}
