@@ -35,9 +35,9 @@ tools: ## build pinned tools (buf, protoc plugins; golangci-lint in its own modu
 generate: tools ## regenerate protobuf code with buf
 	PATH=$(TOOLS_BIN):$$PATH buf generate
 
-check-generate: generate ## fail if generated code is out of date
-	@git diff --exit-code -- initproto joinproto recoverproto || { echo "generated code is stale: run make generate and commit"; exit 1; }
-	@test -z "$$(git status --porcelain -- initproto joinproto recoverproto)" || { git status --porcelain -- initproto joinproto recoverproto; echo "untracked generated files"; exit 1; }
+check-generate: generate generate-records ## fail if generated code is out of date
+	@git diff --exit-code -- initproto joinproto recoverproto internal/records || { echo "generated code is stale: run make generate generate-records and commit"; exit 1; }
+	@test -z "$$(git status --porcelain -- initproto joinproto recoverproto internal/records)" || { git status --porcelain -- initproto joinproto recoverproto internal/records; echo "untracked generated files"; exit 1; }
 
 # buf breaking compares the protocols with those on this branch: main (BUF_AGAINST overrides it).
 BUF_AGAINST ?= .git\#branch=main

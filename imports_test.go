@@ -54,6 +54,15 @@ var contractFloor = []string{
 	"joinproto",              // the Join protocol
 	"initproto",              // the Init protocol
 	"recoverproto",           // the Recovery protocol
+	// The record API (records.berth.dev): its CRDs, types, generated typed client and apply configurations.
+	"internal/records",
+	"internal/records/v1alpha1",
+	"internal/records/clientset",
+	"internal/records/clientset/scheme",
+	"internal/records/clientset/typed/records/v1alpha1",
+	"internal/records/applyconfiguration",
+	"internal/records/applyconfiguration/internal",
+	"internal/records/applyconfiguration/records/v1alpha1",
 }
 
 // floorLibraries are the packages of this module the floor may import besides itself: mechanisms

@@ -183,6 +183,7 @@ func TestMiniCluster(tt *testing.T) {
 		t.Errorf("berth init wrote no cluster join policy with the attestation-key CA: %v\n%s", err, b)
 	}
 	checkInClusterConventions(t, c)
+	checkRecordAPI(t, c)
 
 	applyTestApp(t, c)
 	c.kube("rollout", "status", "daemonset/testapp", "--timeout=120s")

@@ -32,6 +32,7 @@ import (
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/kmsstate"
 	"github.com/berth-k8s/berth/internal/metadata"
+	"github.com/berth-k8s/berth/internal/records/clientset"
 	"github.com/berth-k8s/berth/internal/serve"
 	"github.com/berth-k8s/berth/internal/version"
 	"github.com/berth-k8s/berth/internal/webhook/install"
@@ -42,6 +43,7 @@ import (
 	"github.com/berth-k8s/berth/joinservice/ledger"
 	"github.com/berth-k8s/berth/joinservice/metrics"
 	"github.com/berth-k8s/berth/joinservice/policywatch"
+	"github.com/berth-k8s/berth/joinservice/recordwriter"
 	"github.com/berth-k8s/berth/joinservice/server"
 )
 
@@ -81,6 +83,9 @@ type Deps struct {
 	Limits, AttestLimits atls.Limits
 	// RefusalLimits rate-limits the refusals of join calls (server.RefusalLimits).
 	RefusalLimits server.RefusalLimits
+	// Records reaches the record API (internal/records) with the joinservice's identity; nil writes
+	// no Machines or JoinRecords.
+	Records clientset.Interface
 	// Dynamic reaches the API server with the joinservice's identity for the certificate keeper
 	// (package certkeeper); nil leaves the keeper out.
 	Dynamic dynamic.Interface
@@ -203,7 +208,17 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 	if err := known.Refresh(ctx); err != nil {
 		log.Warn("listing the cluster's instances for the known peers' budget", zap.Error(err))
 	}
-	creds, holder, err := transportCredentials(d, string(cfg.AttestationPolicy), journal, m, session, known.Known)
+	// The record API gets what the ledger gets (refusals) and the admissions with their evidence.
+	var journalTo interface {
+		server.Journal
+		server.HandshakeJournal
+	} = journal
+	var records *recordwriter.Writer
+	if d.Records != nil {
+		records = recordwriter.New(d.Records, d.Client, d.Namespace, d.Replica, log.Named("records"))
+		journalTo = teeJournal{journal, records}
+	}
+	creds, holder, err := transportCredentials(d, string(cfg.AttestationPolicy), journalTo, m, session, known.Known)
 	probes.Set(condJoinConfig, err)
 	if err != nil {
 		return err
@@ -219,20 +234,25 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 			})
 		}
 		check = holder.Check
-		creds = server.RecordHandshakes(creds, journal, m)
+		creds = server.RecordHandshakes(creds, journalTo, m)
 	}
 	members := newMembership(d, journal)
+	opts := []server.Option{server.WithJournal(journalTo)}
+	if records != nil {
+		members.record.OnChange(records.SyncRemovals)
+		opts = append(opts, server.WithAdmissions(records))
+	}
 	srv := server.New(server.Config{
 		APIServerEndpoint: cfg.APIServerEndpoint,
 		KubernetesVersion: cfg.KubernetesVersion,
 		PKIDir:            d.PKIDir,
 	}, log.Named("joinservice"), keys, salt, authority, d.Metadata, check,
-		server.WithJournal(journal), server.WithLimits(d.Limits), server.WithRefusalLimits(d.RefusalLimits), server.WithObserver(m),
-		server.WithControlPlaneLock(server.SlotLock{Slot: members.lock}), server.WithMachineRecord(members.record),
-		server.WithKMSSpec(func(ctx context.Context) (kmsstate.Spec, error) {
-			st, err := kmsstate.Read(ctx, d.Client)
-			return st.Spec, err
-		}))
+		append(opts, server.WithLimits(d.Limits), server.WithRefusalLimits(d.RefusalLimits), server.WithObserver(m),
+			server.WithControlPlaneLock(server.SlotLock{Slot: members.lock}), server.WithMachineRecord(members.record),
+			server.WithKMSSpec(func(ctx context.Context) (kmsstate.Spec, error) {
+				st, err := kmsstate.Read(ctx, d.Client)
+				return st.Spec, err
+			}))...)
 
 	lis, err := d.Listen.Listen(ctx, "tcp", d.Address)
 	if err != nil {
@@ -252,6 +272,14 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 		ledgerEnded(err)
 		return err
 	})
+	if records != nil {
+		recordsEnded := probes.Started("records")
+		g.Go(func() error {
+			err := records.Run(ledgerCtx)
+			recordsEnded(err)
+			return err
+		})
+	}
 	members.run(ctx, g, d, probes)
 	if d.Backup.Dir != "" {
 		sched := backupSchedule(ctx, d, keys, m)
@@ -309,4 +337,20 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 	})
 	log.Info("joinservice serving", zap.String("address", lis.Addr().String()), zap.String("version", version.Version))
 	return nil
+}
+
+// teeJournal hands every join attempt to the ledger and to the record API's writer.
+type teeJournal struct {
+	ledger  *ledger.Writer
+	records *recordwriter.Writer
+}
+
+func (t teeJournal) Record(e ledger.Entry) {
+	t.ledger.Record(e)
+	t.records.Record(e)
+}
+
+func (t teeJournal) RecordRateLimited(peer string) {
+	t.ledger.RecordRateLimited(peer)
+	t.records.RecordRateLimited(peer)
 }

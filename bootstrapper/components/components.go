@@ -2,7 +2,8 @@
 //
 //  1. extra manifests from a directory (the pod network, for example), applied in file-name order;
 //  2. the objects of berth-system (internal/berthsystem): the namespace and its image guard, the
-//     cluster Secret, the join ConfigMap, and the joinservice with its RBAC and DaemonSet.
+//     cluster Secret, the join ConfigMap, the record API's CustomResourceDefinitions (internal/records),
+//     and the joinservice with its RBAC and DaemonSet.
 //
 // Every object is server-side applied with one field manager, so a re-run is a no-op. The image-policy
 // webhook is installed last by its own installer once its backend serves.

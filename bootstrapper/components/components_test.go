@@ -53,6 +53,7 @@ func TestInstallOrder(t *testing.T) {
 		"ValidatingAdmissionPolicy berth-node-revocation", "ValidatingAdmissionPolicyBinding berth-node-revocation",
 		"Secret berth-system/berth-cluster-secrets",
 		"ConfigMap berth-system/berth-join-config",
+		"CustomResourceDefinition machines.records.berth.dev", "CustomResourceDefinition joinrecords.records.berth.dev",
 		"ConfigMap berth-system/berth-join-ledger",
 		"ConfigMap berth-system/berth-machines",
 		"Lease berth-system/berth-control-plane-slot",

@@ -30,6 +30,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/apply"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/records"
 	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
@@ -97,7 +98,8 @@ type Cluster struct {
 
 // Objects returns every object Berth keeps in berth-system, in the order they must be applied: the
 // namespace with its Pod Security labels, the RuntimeClass of the joinservice's pods, the image guard,
-// the RuntimeClass guard and the revocation policy of removed nodes, the cluster Secret, the join ConfigMap, the join ledger and the
+// the RuntimeClass guard and the revocation policy of removed nodes, the cluster Secret, the join
+// ConfigMap, the CustomResourceDefinitions of the record API (internal/records), the join ledger and the
 // control-plane slot's Lease (created here, so that the joinservice needs no right to create
 // ConfigMaps or Leases), then the joinservice. It fails when the control plane's attestation variant
 // and the attestation policy's differ (ErrMixedVariants) or the DaemonSet cannot be built for the variant.
@@ -114,6 +116,9 @@ func Objects(cfg Config, c Cluster) ([]*unstructured.Unstructured, error) {
 	revocation, revocationBinding := Revocation()
 	typed := []any{Namespace(c.Join.KubernetesVersion), RuntimeClass(), policy, binding, hostPolicy, hostBinding, revocation, revocationBinding}
 	typed = append(typed, clusterData(c)...)
+	for _, crd := range records.CRDs() {
+		typed = append(typed, crd)
+	}
 	typed = append(typed, joinService(ds)...)
 	out := make([]*unstructured.Unstructured, len(typed))
 	for n, ac := range typed {
@@ -121,6 +126,10 @@ func Objects(cfg Config, c Cluster) ([]*unstructured.Unstructured, error) {
 		if err != nil {
 			return nil, fmt.Errorf("building berth-system's objects: %w", err)
 		}
+		// A CustomResourceDefinition built as a typed object carries an empty status, which is the
+		// API server's to write.
+		unstructured.RemoveNestedField(obj.Object, "status")
+		unstructured.RemoveNestedField(obj.Object, "metadata", "creationTimestamp")
 		out[n] = obj
 	}
 	return out, nil
@@ -163,7 +172,7 @@ func joinService(ds *appsv1ac.DaemonSetApplyConfiguration) []any {
 		// Everything the joinservice touches is in berth-system: a Role, not a ClusterRole, and in it
 		// only the objects it reads or writes, by name. Creating cannot be limited to a name, so the
 		// ledger and the Lease are created with the joinservice (above), and the joinservice creates
-		// nothing but Events.
+		// nothing but Events and the record API's objects.
 		rbacv1ac.Role(joinServiceRole, ns).WithRules(
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("secrets").
 				WithResourceNames(joinconfig.SecretName).WithVerbs("get"),
@@ -187,6 +196,12 @@ func joinService(ds *appsv1ac.DaemonSetApplyConfiguration) []any {
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
 				WithResourceNames(joinconfig.KMSConfigName).WithVerbs("get"),
 			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("events").WithVerbs("create", "patch"),
+			rbacv1ac.PolicyRule().WithAPIGroups("events.k8s.io").WithResources("events").WithVerbs("create", "patch"),
+			// The record API: one Machine per admitted machine and one JoinRecord per refused machine or
+			// peer and reason, so the joinservice creates them (records.ClassQuota bounds the
+			// JoinRecords) and deletes the ones past their retention.
+			rbacv1ac.PolicyRule().WithAPIGroups(records.Group).WithResources(records.MachinePlural, records.JoinRecordPlural).
+				WithVerbs("get", "list", "watch", "create", "update", "patch", "delete"),
 			// The control-plane slot (internal/cpslot), which every replica watches for joins to end,
 			// and the certificate keeper's leader election.
 			rbacv1ac.PolicyRule().WithAPIGroups("coordination.k8s.io").WithResources("leases").

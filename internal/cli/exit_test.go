@@ -29,7 +29,7 @@ func TestCobraErrorsAreUsageErrors(t *testing.T) {
 		{[]string{"status", "-x"}, "unknown shorthand flag: 'x'"},
 		{[]string{"status", "--limit", "many"}, `invalid argument "many" for "--limit"`},
 		{[]string{"status", "--timeout"}, "flag needs an argument"},
-		{[]string{"status", "extra"}, `unknown command "extra" for "berth status"`},
+		{[]string{"status", "w1", "w2"}, "accepts at most 1 arg(s), received 2"},
 		{[]string{"mini", "frobnicate"}, `unknown command "frobnicate" for "berth mini"`},
 		{[]string{"policy", "frobnicate"}, `unknown command "frobnicate" for "berth policy"`},
 		{[]string{"mini", "down", "extra"}, `unknown command "extra" for "berth mini down"`},

@@ -16,11 +16,12 @@ func newPolicyCmd() *cobra.Command {
 		Example: `  berth policy check --policy policy.yaml --evidence node.evidence
   berth policy measure --uki berth.efi > berth.measurements.yaml
   berth policy merge --policy policy.yaml --measurements berth.measurements.yaml > next-policy.yaml
-  berth policy join --policy image-join-policy.yaml --workspace ./my-cluster > join-policy.yaml`,
+  berth policy join --policy image-join-policy.yaml --workspace ./my-cluster > join-policy.yaml
+  berth policy diff current-policy.yaml next-policy.yaml`,
 		Args: cobra.NoArgs,
 		RunE: groupHelp,
 	}
-	cmd.AddCommand(newPolicyCheckCmd(), newPolicyMeasureCmd(), newPolicyMergeCmd(), newPolicyJoinCmd())
+	cmd.AddCommand(newPolicyCheckCmd(), newPolicyMeasureCmd(), newPolicyMergeCmd(), newPolicyJoinCmd(), newPolicyDiffCmd())
 	return cmd
 }
 

@@ -17,6 +17,8 @@ import (
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/joinledger"
+	"github.com/berth-k8s/berth/internal/kubeclient"
+	"github.com/berth-k8s/berth/internal/records/clientset"
 )
 
 func newStatusCmd() *cobra.Command {
@@ -26,7 +28,7 @@ func newStatusCmd() *cobra.Command {
 	var limit int
 	var timeout time.Duration
 	cmd := &cobra.Command{
-		Use:   "status",
+		Use:   "status [NODE]",
 		Short: "Show the cluster's join ledger (rejected nodes, accepted joins, membership changes), certificates and encryption at rest",
 		Long: `berth status reads the join ledger the joinservice keeps in the cluster (ConfigMap
 berth-join-ledger in berth-system: the latest join attempts of every joinservice replica) and
@@ -37,6 +39,11 @@ accepted ones. The same attempts are Events on that ConfigMap:
 Then the membership events (control-plane joins that finished or whose slot a timeout freed, nodes
 removed and re-admitted with berth node) and the removed machines the joinservice refuses with
 REVOKED (ConfigMap berth-machines), whose nodes' credentials the API server refuses every write.
+
+Then the record API (kubectl get machines, kubectl get joinrecords): the Machines by state and the
+refused joins aggregated per machine or peer and reason, latest first. berth status NODE prints
+only what the record API holds about one node: its machine, state, latest join, the evidence of
+its latest attestation with its measurements, and its refused joins.
 
 Then it prints the certificates Berth renews, the earliest expiry first: the image-policy webhook's
 serving certificate and CA bundle (renewed by the certificate keeper, the joinservice replica that
@@ -56,19 +63,32 @@ applies to both.`,
 		Example: `  export KUBECONFIG=/var/lib/berth-mini/admin.conf
   berth status
   berth status --kubeconfig admin.conf --context berth-admin@berth
-  berth status -o json | jq -r '.rejected[] | [.peer, .reason] | @tsv'`,
-		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+  berth status -o json | jq -r '.rejected[] | [.peer, .reason] | @tsv'
+  berth status w1`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
 			if limit < 0 {
 				return usageErr("--limit %d: want 0 (all) or more", limit)
 			}
-			client, err := kube.client()
+			cfg, err := kube.restConfig()
 			if err != nil {
 				return err
 			}
+			client, err := kubeclient.Clientset(cfg)
+			if err != nil {
+				return err
+			}
+			rc, err := clientset.NewForConfig(cfg)
+			if err != nil {
+				return fmt.Errorf("creating the record API's client: %w", err)
+			}
+			node := ""
+			if len(args) == 1 {
+				node = args[0]
+			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			return runStatus(ctx, cmd.OutOrStdout(), client, namespace, limit, output)
+			return runStatusRecords(ctx, cmd.OutOrStdout(), client, rc, namespace, node, limit, output)
 		},
 	}
 	f := cmd.Flags()
@@ -110,6 +130,8 @@ type statusReport struct {
 	RemovedMachines []removedMachine `json:"removedMachines"`
 	// Backups is the etcd snapshot schedule's health (backup.go); absent when it cannot be read.
 	Backups *backupReport `json:"backups,omitempty"`
+	// RecordAPI is the record API's section (status_records.go); absent when not read.
+	RecordAPI *recordsReport `json:"recordAPI,omitempty"`
 }
 
 // ledgerRecord is one ledger entry in statusReport.
@@ -129,6 +151,26 @@ type ledgerRecord struct {
 }
 
 func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, namespace string, limit int, output outputFormat) error {
+	return runStatusRecords(ctx, out, client, nil, namespace, "", limit, output)
+}
+
+// runStatusRecords is runStatus with the record API's client (nil: the section is left out) and,
+// for berth status NODE, the node.
+func runStatusRecords(ctx context.Context, out io.Writer, client kubernetes.Interface, rc clientset.Interface, namespace, node string, limit int, output outputFormat) error {
+	var recs *recordsReport
+	if rc != nil {
+		var err error
+		if recs, err = readRecords(ctx, rc, namespace, node, limit); err != nil {
+			return err
+		}
+	}
+	if node != "" {
+		if output.structured() {
+			return output.encode(out, recs)
+		}
+		printNode(out, recs)
+		return nil
+	}
 	entries, err := joinledger.Read(ctx, client, namespace)
 	found := !errors.Is(err, joinledger.ErrNoLedger)
 	if err != nil && found {
@@ -151,6 +193,7 @@ func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, 
 		if backupErr == nil {
 			r.Backups = &backups
 		}
+		r.RecordAPI = recs
 		return output.encode(out, r)
 	}
 	if !found {
@@ -159,6 +202,7 @@ func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, 
 		printLedger(out, entries, limit)
 		printMembership(out, membership, removed, limit)
 	}
+	printRecords(out, recs)
 	printCertificates(out, certs, time.Now())
 	printEncryptionSection(out, enc, encErr)
 	printBackupSection(out, backups, backupErr)

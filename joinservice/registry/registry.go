@@ -63,7 +63,14 @@ type Registry struct {
 	qmu     sync.Mutex
 	queue   map[string]machines.Machine
 	dropped atomic.Uint64
+
+	// onChange, if set, gets every record the watch reads (OnChange).
+	onChange func([]machines.Machine)
 }
+
+// OnChange makes the registry hand every record the watch reads to f (the record writer copies
+// removals onto the record API's Machines). f must return at once; call OnChange before Run.
+func (r *Registry) OnChange(f func([]machines.Machine)) { r.onChange = f }
 
 // New returns a Registry of the record in namespace.
 func New(client kubernetes.Interface, namespace string, log *zap.Logger) *Registry {
@@ -206,8 +213,11 @@ func (r *Registry) set(ms []machines.Machine) {
 		by[m.Identity] = m
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.byIdentity, r.order = by, order
+	r.mu.Unlock()
+	if r.onChange != nil {
+		r.onChange(ms)
+	}
 }
 
 // retryBackoff is the wait before each retry of a failed write: retryInitial, doubling up to retryCap.

@@ -157,3 +157,31 @@ func TestUnreadableRecordKeepsTheCache(t *testing.T) {
 		t.Fatalf("after an unreadable record: %+v %v %v", m, ok, err)
 	}
 }
+
+// TestOnChangeSeesWrites: the change hook gets the record after the registry's own writes (the
+// record writer copies removals from it).
+func TestOnChangeSeesWrites(t *testing.T) {
+	_, js := installed(t)
+	r := New(js, joinconfig.Namespace, zaptest.NewLogger(t))
+	seen := make(chan []machines.Machine, 16)
+	r.OnChange(func(ms []machines.Machine) {
+		select {
+		case seen <- ms:
+		default:
+		}
+	})
+	run(t, r)
+	id := "instance/onchange-" + time.Now().Format("150405.000000")
+	r.Admit(machines.Machine{Identity: id, Node: "w-onchange", Role: machines.RoleWorker, Admitted: time.Now().UTC().Truncate(time.Second)})
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case ms := <-seen:
+			if machines.Index(ms, id) >= 0 {
+				return
+			}
+		case <-timeout:
+			t.Fatal("the change hook never saw the admitted machine")
+		}
+	}
+}

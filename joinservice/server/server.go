@@ -164,6 +164,7 @@ type Server struct {
 	budgets       *budgets
 	journal       Journal
 	obs           Observer
+	admissions    Admissions
 	// kmsSpec tells which KMS key generations a control-plane ticket carries.
 	kmsSpec KMSSpec
 }
@@ -326,6 +327,8 @@ type attempt struct {
 	entry ledger.Entry
 	// limited: the tickets budget refused the call.
 	limited bool
+	// evidence is the peer's verified attestation; nil without.
+	evidence *atls.Evidence
 }
 
 // begin rate-limits the call and opens its attempt. A non-nil error is the rejection to return: it
@@ -343,7 +346,7 @@ func (s *Server) begin(ctx context.Context, rpc string, role joinproto.Role) (*a
 		return nil, nil, s.rateLimited(rpc, peerKey)
 	}
 	s.obs.InFlight(1)
-	a := &attempt{rpc: rpc, start: time.Now(), entry: ledger.Entry{Peer: peerKey, RPC: rpc}}
+	a := &attempt{rpc: rpc, start: time.Now(), entry: ledger.Entry{Peer: peerKey, RPC: rpc}, evidence: evidenceOf(ev, verified)}
 	if rpc == "join" {
 		a.entry.Role = roleName(role)
 	}
@@ -398,6 +401,9 @@ func (s *Server) finish(a *attempt, err error) {
 		return
 	}
 	s.journal.Record(a.entry)
+	if err == nil {
+		s.recordAdmission(a)
+	}
 }
 
 // entryKind is the ledger kind of a finished call: a refusal of a peer whose attestation verified

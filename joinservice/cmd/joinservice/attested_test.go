@@ -27,6 +27,9 @@ import (
 	"github.com/berth-k8s/berth/internal/joindial"
 	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/internal/proctest"
+	"github.com/berth-k8s/berth/internal/records"
+	recordsclient "github.com/berth-k8s/berth/internal/records/clientset"
+	recordsv1alpha1 "github.com/berth-k8s/berth/internal/records/v1alpha1"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 )
@@ -255,6 +258,38 @@ func TestAttestedBinaryPolicyHotReload(t *testing.T) {
 	if mine[0].EvidenceSHA256 == mine[1].EvidenceSHA256 {
 		t.Fatal("two handshakes share an evidence digest: evidence is not fresh per connection")
 	}
+	checkRecords(t, env, mine[3].Identity, mine[3].EvidenceSHA256, zero)
+}
+
+// checkRecords: the record API holds the node's Machine with the evidence of its latest join (PCR 4
+// as the image's policy expects it) and the refusals on claims as one unverified JoinRecord.
+func checkRecords(t *testing.T, env *apiservertest.Env, identity, digest, pcr4 string) {
+	t.Helper()
+	rc, err := recordsclient.NewForConfig(env.Config(apiservertest.AdminUser))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m *recordsv1alpha1.Machine
+	if err := wait.PollUntilContextTimeout(t.Context(), 100*time.Millisecond, 20*time.Second, true, func(ctx context.Context) (bool, error) {
+		m, err = rc.RecordsV1alpha1().Machines(joinconfig.Namespace).Get(ctx, records.NameFor(identity), metav1.GetOptions{})
+		return err == nil && m.Status.Evidence != nil && m.Status.Evidence.SHA256 == digest, nil
+	}); err != nil {
+		t.Fatalf("no Machine of %s with the evidence of its latest join (%+v): %v", identity, m, err)
+	}
+	if m.Spec.Node != "worker-9" || m.Status.State != recordsv1alpha1.StateAdmitted || m.Status.Evidence.Measurements["4"] != pcr4 ||
+		len(m.Status.Evidence.Measurements["15"]) != 64 {
+		t.Errorf("machine = %+v %+v, want worker-9 admitted with PCR 4 %s and PCR 15", m.Spec, m.Status.Evidence, pcr4)
+	}
+	list, err := rc.RecordsV1alpha1().JoinRecords(joinconfig.Namespace).List(t.Context(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, jr := range list.Items {
+		if jr.Spec.Peer == "127.0.0.1" && jr.Spec.Reason == "MEASUREMENT_MISMATCH" && jr.Status.Count >= 2 {
+			return
+		}
+	}
+	t.Errorf("no JoinRecord of the refusals on claims among %d records", len(list.Items))
 }
 
 // replayingIssuer answers every handshake after its first with the first one's document.

@@ -25,6 +25,7 @@ import (
 	"github.com/berth-k8s/berth/internal/kubeclient"
 	"github.com/berth-k8s/berth/internal/logging"
 	metachoose "github.com/berth-k8s/berth/internal/metadata/choose"
+	"github.com/berth-k8s/berth/internal/records/clientset"
 	"github.com/berth-k8s/berth/joinservice"
 	"github.com/berth-k8s/berth/joinservice/server"
 )
@@ -227,6 +228,9 @@ func deps(ctx context.Context, o options, log *zap.Logger) (joinservice.Deps, er
 	}
 	if d.Dynamic, err = dynamic.NewForConfig(restCfg); err != nil {
 		return d, fmt.Errorf("creating Kubernetes client: %w", err)
+	}
+	if d.Records, err = clientset.NewForConfig(restCfg); err != nil {
+		return d, fmt.Errorf("creating the record API's client: %w", err)
 	}
 	if d.Replica == "" {
 		if d.Replica, err = os.Hostname(); err != nil {

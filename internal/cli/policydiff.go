@@ -1,0 +1,199 @@
+package cli
+
+import (
+	"context"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/berth-k8s/berth/internal/attestation"
+	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/machines"
+	"github.com/berth-k8s/berth/internal/records/clientset"
+	"github.com/berth-k8s/berth/internal/records/v1alpha1"
+)
+
+func newPolicyDiffCmd() *cobra.Command {
+	var kube kubeOptions
+	var output outputFormat
+	var namespace string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "diff OLD NEW",
+		Short: "Name the admitted machines a new policy would refuse, judged on their recorded evidence",
+		Long: `berth policy diff reads the cluster's Machines (kubectl get machines: the measurements of
+each admitted machine's latest verified attestation) and judges those measurements against the
+policy files OLD and NEW, offline: no machine is contacted. It prints the admitted machines NEW
+refuses and OLD accepted, with the measurements that differ, then the ones NEW accepts and OLD
+refused, and the machines it could not judge (no recorded evidence, or of another variant).
+
+It judges measurements only: signatures, trust roots and key activation were checked when the
+evidence was recorded.`,
+		Example: `  berth policy diff current-policy.yaml next-policy.yaml
+  berth policy diff current-policy.yaml next-policy.yaml -o json`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			oldPolicy, err := policy.Load(args[0])
+			if err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			newPolicy, err := policy.Load(args[1])
+			if err != nil {
+				return &exitError{code: exitUsage, err: err}
+			}
+			cfg, err := kube.restConfig()
+			if err != nil {
+				return err
+			}
+			rc, err := clientset.NewForConfig(cfg)
+			if err != nil {
+				return fmt.Errorf("creating the record API's client: %w", err)
+			}
+			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
+			defer cancel()
+			ms, err := listMachines(ctx, rc, namespace)
+			if err != nil {
+				return err
+			}
+			d := diffPolicies(oldPolicy, newPolicy, ms)
+			if output.structured() {
+				return output.encode(cmd.OutOrStdout(), d)
+			}
+			printPolicyDiff(cmd.OutOrStdout(), d)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	kube.addFlags(f)
+	addOutputFlag(f, &output)
+	f.StringVarP(&namespace, "namespace", "n", joinconfig.Namespace, "namespace of Berth's components")
+	f.DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for the API server")
+	return cmd
+}
+
+// listMachines lists every Machine in namespace, in pages.
+func listMachines(ctx context.Context, rc clientset.Interface, namespace string) ([]v1alpha1.Machine, error) {
+	var out []v1alpha1.Machine
+	opts := metav1.ListOptions{Limit: recordsPage}
+	for {
+		list, err := rc.RecordsV1alpha1().Machines(namespace).List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("listing machines: %w", err)
+		}
+		out = append(out, list.Items...)
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			return out, nil
+		}
+	}
+}
+
+// policyDiff is what berth policy diff reports. Its field names are stable.
+type policyDiff struct {
+	// Judged counts the admitted machines with recorded evidence of the policies' variant.
+	Judged int `json:"judged"`
+	// NewlyRefused are the machines NEW refuses and OLD accepts; NewlyAccepted the other way round.
+	NewlyRefused  []machineVerdict `json:"newlyRefused"`
+	NewlyAccepted []machineVerdict `json:"newlyAccepted"`
+	// Unjudged are the admitted machines without recorded evidence of the variant.
+	Unjudged []machineVerdict `json:"unjudged"`
+}
+
+// machineVerdict is one machine in policyDiff.
+type machineVerdict struct {
+	Node     string `json:"node"`
+	Identity string `json:"identity"`
+	Role     string `json:"role"`
+	// Evidence is the digest of the judged attestation.
+	Evidence string `json:"evidence,omitempty"`
+	// Reason is the refusing policy's mismatch, or why the machine was not judged.
+	Reason string `json:"reason"`
+}
+
+// diffPolicies judges the recorded measurements of the admitted machines in ms against both
+// policies.
+func diffPolicies(oldPolicy, newPolicy *policy.Policy, ms []v1alpha1.Machine) policyDiff {
+	d := policyDiff{NewlyRefused: []machineVerdict{}, NewlyAccepted: []machineVerdict{}, Unjudged: []machineVerdict{}}
+	for _, m := range ms {
+		if m.Status.State != v1alpha1.StateAdmitted {
+			continue
+		}
+		v := machineVerdict{Node: m.Spec.Node, Identity: m.Spec.Identity, Role: m.Spec.Role}
+		ev := m.Status.Evidence
+		switch {
+		case ev == nil:
+			v.Reason = "no recorded evidence"
+			d.Unjudged = append(d.Unjudged, v)
+			continue
+		case ev.Variant != newPolicy.Variant:
+			v.Reason = "evidence of variant " + ev.Variant + ", the new policy's is " + newPolicy.Variant
+			d.Unjudged = append(d.Unjudged, v)
+			continue
+		}
+		measured, err := decodeMeasurements(ev.Measurements)
+		if err != nil {
+			v.Reason = err.Error()
+			d.Unjudged = append(d.Unjudged, v)
+			continue
+		}
+		d.Judged++
+		v.Evidence = ev.SHA256
+		_, oldErr := oldPolicy.Evaluate(measured)
+		_, newErr := newPolicy.Evaluate(measured)
+		switch {
+		case oldErr == nil && newErr != nil:
+			v.Reason = newErr.Error()
+			d.NewlyRefused = append(d.NewlyRefused, v)
+		case oldErr != nil && newErr == nil:
+			v.Reason = oldErr.Error()
+			d.NewlyAccepted = append(d.NewlyAccepted, v)
+		}
+	}
+	for _, l := range [][]machineVerdict{d.NewlyRefused, d.NewlyAccepted, d.Unjudged} {
+		sort.Slice(l, func(i, j int) bool { return l[i].Node < l[j].Node })
+	}
+	return d
+}
+
+// decodeMeasurements turns a Machine's recorded measurements back into attestation's form.
+func decodeMeasurements(in map[string]string) (attestation.Measurements, error) {
+	out := make(attestation.Measurements, len(in))
+	for k, v := range in {
+		i, err := strconv.ParseUint(k, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("recorded measurement index %q: %w", k, err)
+		}
+		b, err := hex.DecodeString(v)
+		if err != nil {
+			return nil, fmt.Errorf("recorded measurement %d: %w", i, err)
+		}
+		out[uint32(i)] = b
+	}
+	return out, nil
+}
+
+func printPolicyDiff(out io.Writer, d policyDiff) {
+	_, _ = fmt.Fprintf(out, "Judged the recorded evidence of %d admitted machines.\n", d.Judged)
+	section := func(title string, l []machineVerdict) {
+		_, _ = fmt.Fprintf(out, "\n%s: %d\n", title, len(l))
+		if len(l) == 0 {
+			return
+		}
+		tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+		_, _ = fmt.Fprintln(tw, "  NODE\tMACHINE\tROLE\tWHY")
+		for _, v := range l {
+			_, _ = fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\n", printable(v.Node), machines.Short(v.Identity), v.Role, printable(oneLine(v.Reason)))
+		}
+		_ = tw.Flush()
+	}
+	section("REFUSED BY THE NEW POLICY (admitted under the old one)", d.NewlyRefused)
+	section("ACCEPTED BY THE NEW POLICY (refused by the old one)", d.NewlyAccepted)
+	section("NOT JUDGED", d.Unjudged)
+}
