@@ -17,10 +17,10 @@ var typesSource []byte
 // external are the types of other projects the configuration embeds: documented by name, not
 // field by field, and left open in the schema.
 var external = map[string]string{
-	"k8s.io/kubelet/config/v1beta1.KubeletConfiguration":            "the kubelet's own `kubelet.config.k8s.io/v1beta1` KubeletConfiguration",
-	"k8s.io/kube-proxy/config/v1alpha1.KubeProxyConfiguration":      "kube-proxy's own `kubeproxy.config.k8s.io/v1alpha1` KubeProxyConfiguration",
-	"k8s.io/apiserver/pkg/apis/audit/v1.Policy":                     "the API server's `audit.k8s.io/v1` Policy",
-	"k8s.io/apimachinery/pkg/runtime.RawExtension":                  "the plugin's configuration object",
+	"k8s.io/kubelet/config/v1beta1.KubeletConfiguration":       "the kubelet's own `kubelet.config.k8s.io/v1beta1` KubeletConfiguration",
+	"k8s.io/kube-proxy/config/v1alpha1.KubeProxyConfiguration": "kube-proxy's own `kubeproxy.config.k8s.io/v1alpha1` KubeProxyConfiguration",
+	"k8s.io/apiserver/pkg/apis/audit/v1.Policy":                "the API server's `audit.k8s.io/v1` Policy",
+	"k8s.io/apimachinery/pkg/runtime.RawExtension":             "the plugin's configuration object",
 }
 
 // doc is one documented struct type of the configuration.
