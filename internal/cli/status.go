@@ -105,6 +105,9 @@ type statusReport struct {
 	OmittedMembership int            `json:"omittedMembership"`
 	// RemovedMachines are the machines an operator removed and did not re-admit, newest first.
 	RemovedMachines []removedMachine `json:"removedMachines"`
+	// ClusterConfig is the configuration the cluster keeps (status_config.go); absent when it
+	// keeps none.
+	ClusterConfig *clusterConfigReport `json:"clusterConfig,omitempty"`
 }
 
 // ledgerRecord is one ledger entry in statusReport.
@@ -136,12 +139,14 @@ func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, 
 	entries, membership := splitMembership(entries)
 	certs := readCertificates(ctx, client, namespace)
 	enc, encErr := encryptionSection(ctx, client)
+	clusterCfg, clusterCfgErr := readClusterConfigVersion(ctx, client)
 	if output.structured() {
 		r := newStatusReport(namespace, found, entries, limit)
 		r.Certificates = certs
 		r.Encryption = enc
 		r.Membership, r.OmittedMembership = membershipRecords(membership, limit)
 		r.RemovedMachines = removed
+		r.ClusterConfig = clusterCfg
 		return output.encode(out, r)
 	}
 	if !found {
@@ -152,6 +157,7 @@ func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, 
 	}
 	printCertificates(out, certs, time.Now())
 	printEncryptionSection(out, enc, encErr)
+	printClusterConfig(out, clusterCfg, clusterCfgErr)
 	return nil
 }
 
