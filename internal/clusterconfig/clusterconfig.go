@@ -10,10 +10,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"regexp"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 	kubeproxyv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	sigsjson "sigs.k8s.io/json"
@@ -200,69 +202,99 @@ func Parse(data []byte) (ClusterConfiguration, []string, error) {
 }
 
 // Marshal returns c as a YAML document that Decode reads back. The embedded kubelet, kube-proxy
-// and audit configurations lose their apiVersion and kind and every zero value (their own
-// decoding defaults them).
+// and audit configurations lose their apiVersion and kind and the fields left unset
+// (CompactYAML).
 func Marshal(c ClusterConfiguration) ([]byte, error) {
 	c.APIVersion, c.Kind = APIVersion, Kind
-	js, err := json.Marshal(c)
+	doc, err := toTree(c)
 	if err != nil {
-		return nil, fmt.Errorf("encoding the cluster configuration: %w", err)
+		return nil, err
 	}
-	var doc map[string]any
-	if err := json.Unmarshal(js, &doc); err != nil {
-		return nil, fmt.Errorf("encoding the cluster configuration: %w", err)
-	}
-	for _, key := range []string{"kubelet", "kubeProxy"} {
-		if sub, ok := doc[key].(map[string]any); ok {
-			delete(sub, "apiVersion")
-			delete(sub, "kind")
-			doc[key] = compact(sub)
-			if doc[key] == nil {
-				doc[key] = map[string]any{}
-			}
+	m := doc.(map[string]any)
+	subtree := func(parent map[string]any, key string, zero any) error {
+		sub, ok := parent[key].(map[string]any)
+		if !ok {
+			return nil
 		}
+		z, err := toTree(zero)
+		if err != nil {
+			return err
+		}
+		delete(sub, "apiVersion")
+		delete(sub, "kind")
+		if parent[key] = compact(sub, z); parent[key] == nil {
+			parent[key] = map[string]any{}
+		}
+		return nil
 	}
-	if api, ok := doc["apiServer"].(map[string]any); ok {
+	if err := subtree(m, "kubelet", kubeletv1beta1.KubeletConfiguration{}); err != nil {
+		return nil, err
+	}
+	if err := subtree(m, "kubeProxy", kubeproxyv1alpha1.KubeProxyConfiguration{}); err != nil {
+		return nil, err
+	}
+	if api, ok := m["apiServer"].(map[string]any); ok {
 		if audit, ok := api["audit"].(map[string]any); ok {
-			if pol, ok := audit["policy"].(map[string]any); ok {
-				delete(pol, "apiVersion")
-				delete(pol, "kind")
-				audit["policy"] = compact(pol)
+			if err := subtree(audit, "policy", auditv1.Policy{}); err != nil {
+				return nil, err
 			}
 		}
 	}
-	data, err := yaml.Marshal(doc)
+	data, err := yaml.Marshal(m)
 	if err != nil {
 		return nil, fmt.Errorf("encoding the cluster configuration: %w", err)
 	}
 	return data, nil
 }
 
-// CompactYAML encodes v as YAML without its zero values (empty strings, false, zero numbers and
-// durations, nulls, empty lists and objects): a component configuration, whose decoding defaults
-// every zero value, as its operator wrote it.
+// CompactYAML encodes v, a struct or a pointer to one, as YAML without the fields left unset: a
+// field whose value is its type's zero value and not a pointer. A pointer's value stays when set,
+// even to a zero value (kube-proxy's conntrack.maxPerCore: 0 means "leave the host's alone").
+// Component configurations, whose decoding defaults every unset field, read the same.
 func CompactYAML(v any) ([]byte, error) {
+	t := reflect.TypeOf(v)
+	if t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	a, err := toTree(v)
+	if err != nil {
+		return nil, err
+	}
+	z, err := toTree(reflect.Zero(t).Interface())
+	if err != nil {
+		return nil, err
+	}
+	data, err := yaml.Marshal(compact(a, z))
+	if err != nil {
+		return nil, fmt.Errorf("encoding %T: %w", v, err)
+	}
+	return data, nil
+}
+
+// toTree returns v as decoded JSON.
+func toTree(v any) (any, error) {
 	js, err := json.Marshal(v)
 	if err != nil {
 		return nil, fmt.Errorf("encoding %T: %w", v, err)
 	}
-	var doc any
-	if err := json.Unmarshal(js, &doc); err != nil {
+	var t any
+	if err := json.Unmarshal(js, &t); err != nil {
 		return nil, fmt.Errorf("encoding %T: %w", v, err)
 	}
-	data, err := yaml.Marshal(compact(doc))
-	if err != nil {
-		return nil, fmt.Errorf("encoding %T: %w", v, err)
-	}
-	return data, nil
+	return t, nil
 }
 
-// compact drops the zero values of a decoded JSON value; nil when nothing is left.
-func compact(v any) any {
-	switch t := v.(type) {
+// compact drops from the decoded JSON a what equals the zero value's encoding z at the same place
+// (and nulls and empty objects); nil when nothing is left. Where z has null (a nil pointer) or
+// nothing, a's value stays.
+func compact(a, z any) any {
+	switch t := a.(type) {
+	case nil:
+		return nil
 	case map[string]any:
+		zm, _ := z.(map[string]any)
 		for k, e := range t {
-			if c := compact(e); c == nil {
+			if c := compact(e, zm[k]); c == nil {
 				delete(t, k)
 			} else {
 				t[k] = c
@@ -272,25 +304,11 @@ func compact(v any) any {
 			return nil
 		}
 		return t
-	case []any:
-		if len(t) == 0 {
-			return nil
-		}
-		return t
-	case string:
-		if t == "" || t == "0s" || t == "0" {
-			return nil
-		}
-	case bool:
-		if !t {
-			return nil
-		}
-	case float64:
-		if t == 0 {
-			return nil
-		}
 	}
-	return v
+	if z != nil && reflect.DeepEqual(a, z) {
+		return nil
+	}
+	return a
 }
 
 // KubeletConfiguration returns the kubelet configuration Berth gives every node: the operator's,
