@@ -23,6 +23,7 @@ import (
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/initclient"
 	"github.com/berth-k8s/berth/internal/initconfig"
+	"github.com/berth-k8s/berth/internal/webhook"
 	"github.com/berth-k8s/berth/internal/workspace"
 )
 
@@ -219,6 +220,9 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 		if err != nil {
 			return usageErr("attestation policy: %w", err)
 		}
+		for _, w := range p.Warnings {
+			_, _ = fmt.Fprintf(errOut, "warning: %s\n", w)
+		}
 		if resumed != nil {
 			if idx, ok := initclient.AcceptResumedLock(p, resumed.ClusterID()); ok {
 				_, _ = fmt.Fprintf(errOut, "Resuming the unfinished init in %s (cluster ID %x): the node may be fresh or hold this cluster's ID in its lock register (index %d)\n",
@@ -232,6 +236,13 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 	imagePolicy, err := readConfigFile(cfg.Policies.ImagePolicyFile)
 	if err != nil {
 		return err
+	}
+	if len(imagePolicy) > 0 {
+		p, err := webhook.ParsePolicy(imagePolicy)
+		if err != nil {
+			return usageErr("%s: %w", cfg.Policies.ImagePolicyFile, err)
+		}
+		printWarnings(errOut, cfg.Policies.ImagePolicyFile, p.Warnings)
 	}
 	conn, verdict, err := dialNode(ctx, errOut, o.endpoint, validator, o.connectTimeout)
 	if err != nil {
