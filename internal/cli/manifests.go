@@ -71,7 +71,7 @@ or one JSON List (-o json); both are what kubectl apply -f and kubectl diff -f r
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.configPath, "config", "", "berth init's config file (kubernetesVersion, attestationPolicyFile, components.imagePolicyFile)")
+	f.StringVar(&o.configPath, "config", "", "berth init's config file (kubernetesVersion, policies.attestationPolicyFile, policies.imagePolicyFile)")
 	f.StringVar(&o.joinImage, "joinservice-image", o.joinImage, "container image of the joinservice DaemonSet")
 	f.StringVar(&o.webhookImage, "webhook-image", o.webhookImage, `container image of the image-policy webhook; "" leaves the webhook out`)
 	f.StringVar(&o.imagePullPolicy, "image-pull-policy", o.imagePullPolicy, "pull policy of Berth's images: IfNotPresent, Never or Always")
