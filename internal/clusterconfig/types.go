@@ -35,8 +35,9 @@ type ClusterConfiguration struct {
 	// featureGates are Kubernetes feature gates (name: enabled), given to the API server,
 	// controller manager, scheduler, every kubelet and kube-proxy.
 	FeatureGates map[string]bool `json:"featureGates,omitempty"`
-	// patches are kubeadm patches applied to the control plane's static pod manifests and the
-	// kubelet configuration after Berth generated them.
+	// patches are kubeadm patches applied to the first control plane's static pod manifests and
+	// kubelet configuration after Berth generated them; control planes that join later do not get
+	// them yet.
 	Patches []Patch `json:"patches,omitempty"`
 	// kubelet is every node's kubelet configuration, in the kubelet's own
 	// kubelet.config.k8s.io/v1beta1 KubeletConfiguration (without apiVersion and kind). Berth sets
@@ -111,7 +112,9 @@ type APIServer struct {
 	Admission Admission `json:"admission,omitempty"`
 }
 
-// Audit is the API server's audit log, written to a file on the control plane.
+// Audit is the API server's audit log, written to a file on the control plane. The first control
+// plane writes the policy file; control planes that join later do not get it yet, so a cluster
+// with an audit policy keeps one control plane for now.
 type Audit struct {
 	// policy is the audit policy, an audit.k8s.io/v1 Policy (without apiVersion and kind).
 	Policy auditv1.Policy `json:"policy"`
@@ -156,7 +159,8 @@ type Admission struct {
 	// disablePlugins are default admission plugins turned off; Berth's own are refused.
 	DisablePlugins []string `json:"disablePlugins,omitempty"`
 	// plugins are admission plugins' configurations, merged into Berth's admission
-	// configuration file; PodSecurity's is Berth's and refused here.
+	// configuration file on the first control plane (control planes that join later get Berth's
+	// alone, for now); PodSecurity's is Berth's and refused here.
 	Plugins []AdmissionPlugin `json:"plugins,omitempty"`
 }
 
