@@ -66,17 +66,25 @@ func TestInitRefusesBadConfigBeforeContact(t *testing.T) {
 		"wrong type":    {configHead + "kubelet: {maxPods: lots}\n", "kubelet.maxPods: wrong type: got string, want int32"},
 		"PodSecurity":   {configHead + "apiServer: {admission: {plugins: [{name: PodSecurity, configuration: {defaults: {enforce: privileged}}}]}}\n", "apiServer.admission.plugins[0].name: Forbidden"},
 		"unversioned":   {"clusterName: c\ninitSecretFile: secret\nkubelet: {maxPods: 3}\n", `unknown field "kubelet"`},
+		"image policy":  {configHead + "policies: {imagePolicyFile: bad-images.yaml}\n", `invalid image policy: apiVersion "config.berth.dev/v9"`},
 	} {
 		t.Run(name, func(t *testing.T) {
 			dir := t.TempDir()
 			path := writeConfig(t, dir, "bad.yaml", tc.text)
+			if err := os.WriteFile(filepath.Join(dir, "bad-images.yaml"), []byte("apiVersion: config.berth.dev/v9\nkind: ImagePolicy\nrules: []\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
 			endpoint, contacts := countingListener(t)
 			ws := filepath.Join(dir, "ws")
 			var out, errOut bytes.Buffer
 			code := Execute(context.Background(), []string{"init", "--endpoint", endpoint, "--config", path, "--workspace", ws,
 				"--insecure-skip-attestation", "--connect-timeout", "2s"}, &out, &errOut)
-			if code != exitUsage || !strings.Contains(errOut.String(), tc.want) || !strings.Contains(errOut.String(), path) {
-				t.Errorf("exit %d, stderr %q; want exit %d naming %s and %q", code, errOut.String(), exitUsage, path, tc.want)
+			named := path // the file at fault: the config, or the image policy it names
+			if name == "image policy" {
+				named = filepath.Join(dir, "bad-images.yaml")
+			}
+			if code != exitUsage || !strings.Contains(errOut.String(), tc.want) || !strings.Contains(errOut.String(), named) {
+				t.Errorf("exit %d, stderr %q; want exit %d naming %s and %q", code, errOut.String(), exitUsage, named, tc.want)
 			}
 			if _, err := os.Stat(filepath.Join(ws, workspace.MasterSecret)); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("a master secret was written: %v", err)
