@@ -122,8 +122,9 @@ func (c *cluster) kubeEventually(timeout time.Duration, want string, args ...str
 	return out, true
 }
 
-// TestMiniCluster brings up 1 control plane and 2 workers with berth mini up (berth init on the
-// first node, the workers join through the joinservice by themselves), runs a pod on every node,
+// TestMiniCluster brings up 1 control plane and 2 workers with berth mini up --config (berth init on
+// the first node with an operator's cluster configuration, checkClusterConfigInForce; the workers
+// join through the joinservice by themselves), runs a pod on every node,
 // checks logs, exec, Service DNS and pod-to-pod traffic across nodes, removes w2 and checks that its
 // restart does not bring it back (checkRevocationHolds), power-cycles all nodes, and checks that
 // berth mini down leaves nothing behind.
@@ -143,8 +144,9 @@ func TestMiniCluster(tt *testing.T) {
 	c.kubectl = filepath.Join(kbin, "kubectl")
 
 	start := time.Now()
+	clusterConfig := writeSharedClusterConfig(t)
 	out, err := c.run(30*time.Minute, c.berth, "mini", "up", "--dir", c.dir, "--name", clusterName, "--subnet", subnet,
-		"--control-planes", "1", "--workers", "2")
+		"--control-planes", "1", "--workers", "2", "--config", clusterConfig)
 	t.Logf("berth mini up (%.1fs):\n%s", time.Since(start).Seconds(), out)
 	var procs []mini.Proc
 	defer func() {
@@ -184,6 +186,9 @@ func TestMiniCluster(tt *testing.T) {
 	}
 	checkInClusterConventions(t, c)
 	checkRecordAPI(t, c)
+	start = time.Now()
+	checkClusterConfigInForce(t, c, clusterConfig)
+	t.Logf("cluster configuration checks took %.1fs", time.Since(start).Seconds())
 
 	applyTestApp(t, c)
 	c.kube("rollout", "status", "daemonset/testapp", "--timeout=120s")

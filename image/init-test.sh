@@ -116,11 +116,12 @@ EOF
 chmod 0755 "$WORK/files/berth-import-images"
 
 cat >"$WORK/workspace/init.yaml" <<EOF
+apiVersion: config.berth.dev/v1alpha1
+kind: ClusterConfiguration
 clusterName: init-test
 kubernetesVersion: v1.34.2
-serviceCIDR: 10.96.0.0/12
-podCIDR: 10.244.0.0/16
-apiServerCertSANs: [$NODE_IP, 127.0.0.1]
+networking: {serviceSubnet: 10.96.0.0/12, podSubnet: 10.244.0.0/16}
+apiServer: {certSANs: [$NODE_IP, 127.0.0.1]}
 initSecretFile: $WORK/workspace/init-secret
 EOF
 

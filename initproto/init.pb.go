@@ -177,7 +177,13 @@ type InitRequest struct {
 	// attestation_policy is the cluster's attestation policy (YAML) that the joinservice enforces on joining nodes.
 	AttestationPolicy []byte `protobuf:"bytes,9,opt,name=attestation_policy,json=attestationPolicy,proto3" json:"attestation_policy,omitempty"`
 	// components selects optional cluster components.
-	Components    *Components `protobuf:"bytes,10,opt,name=components,proto3" json:"components,omitempty"`
+	Components *Components `protobuf:"bytes,10,opt,name=components,proto3" json:"components,omitempty"`
+	// cluster_config is the operator's cluster configuration, a config.berth.dev/v1alpha1
+	// ClusterConfiguration (YAML) without the paths and secrets only the operator's machine knows. The
+	// node renders kubeadm's configuration from it and keeps it in the ConfigMap
+	// kube-system/berth-cluster-config. Its name, version and networks equal the fields above. Empty
+	// from an older CLI: the fields above alone.
+	ClusterConfig []byte `protobuf:"bytes,11,opt,name=cluster_config,json=clusterConfig,proto3" json:"cluster_config,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -278,6 +284,13 @@ func (x *InitRequest) GetAttestationPolicy() []byte {
 func (x *InitRequest) GetComponents() *Components {
 	if x != nil {
 		return x.Components
+	}
+	return nil
+}
+
+func (x *InitRequest) GetClusterConfig() []byte {
+	if x != nil {
+		return x.ClusterConfig
 	}
 	return nil
 }
@@ -726,7 +739,7 @@ var File_init_proto protoreflect.FileDescriptor
 const file_init_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"init.proto\x12\rberth.init.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x91\x03\n" +
+	"init.proto\x12\rberth.init.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x03\n" +
 	"\vInitRequest\x12\x1f\n" +
 	"\vinit_secret\x18\x01 \x01(\fR\n" +
 	"initSecret\x12#\n" +
@@ -741,7 +754,8 @@ const file_init_proto_rawDesc = "" +
 	"\n" +
 	"components\x18\n" +
 	" \x01(\v2\x19.berth.init.v1.ComponentsR\n" +
-	"components\"z\n" +
+	"components\x12%\n" +
+	"\x0ecluster_config\x18\v \x01(\fR\rclusterConfig\"z\n" +
 	"\n" +
 	"Components\x12&\n" +
 	"\x0fskip_kube_proxy\x18\x01 \x01(\bR\rskipKubeProxy\x12!\n" +

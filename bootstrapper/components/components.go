@@ -17,10 +17,12 @@ import (
 
 	"github.com/spf13/afero"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/berth-k8s/berth/bootstrapper/initcluster"
 	"github.com/berth-k8s/berth/internal/apply"
 	"github.com/berth-k8s/berth/internal/berthsystem"
+	"github.com/berth-k8s/berth/internal/clusterconfig"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 )
 
@@ -124,7 +126,16 @@ func (i *Installer) objects(job *initcluster.Job) ([]*unstructured.Unstructured,
 	if i.cfg.WebhookImage != "" {
 		guard = append(guard, i.cfg.WebhookImage)
 	}
-	return berthsystem.Objects(berthsystem.Config{
+	// The configuration in force, first: later changes and upgrades read it.
+	cm, err := clusterconfig.ConfigMap(job.Req.Cluster)
+	if err != nil {
+		return nil, err
+	}
+	stored, err := runtime.DefaultUnstructuredConverter.ToUnstructured(cm)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the cluster configuration's ConfigMap: %w", err)
+	}
+	objs, err := berthsystem.Objects(berthsystem.Config{
 		JoinServiceImage:     i.cfg.JoinServiceImage,
 		ImagePullPolicy:      i.cfg.ImagePullPolicy,
 		JoinServiceEnv:       i.cfg.JoinServiceEnv,
@@ -140,6 +151,10 @@ func (i *Installer) objects(job *initcluster.Job) ([]*unstructured.Unstructured,
 			APIServerEndpoint: job.ControlPlaneEndpoint,
 		},
 	})
+	if err != nil {
+		return nil, err
+	}
+	return append([]*unstructured.Unstructured{{Object: stored}}, objs...), nil
 }
 
 // applier applies objects.

@@ -8,9 +8,12 @@ import (
 	"testing"
 
 	"github.com/spf13/afero"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/berth-k8s/berth/bootstrapper/initcluster"
+	"github.com/berth-k8s/berth/internal/clusterconfig"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 )
 
@@ -46,6 +49,7 @@ func TestInstallOrder(t *testing.T) {
 	want := strings.Join([]string{
 		"ServiceAccount kube-system/flannel",
 		"ConfigMap kube-system/dns",
+		"ConfigMap kube-system/berth-cluster-config",
 		"Namespace berth-system",
 		"RuntimeClass berth-host",
 		"ValidatingAdmissionPolicy berth-system-images", "ValidatingAdmissionPolicyBinding berth-system-images",
@@ -58,6 +62,7 @@ func TestInstallOrder(t *testing.T) {
 		"ConfigMap berth-system/berth-machines",
 		"Lease berth-system/berth-control-plane-slot",
 		"Lease berth-system/berth-cert-keeper",
+		"ConfigMap berth-system/berth-backup", "Lease berth-system/berth-backup",
 		"ServiceAccount berth-system/berth-joinservice",
 		"Role berth-system/berth:joinservice",
 		"RoleBinding berth-system/berth:joinservice",
@@ -88,5 +93,28 @@ func TestBadManifestIsNamed(t *testing.T) {
 	err := i.Install(context.Background(), "/admin.conf", job(t))
 	if err == nil || !strings.Contains(err.Error(), "bad.yaml") {
 		t.Fatalf("Install() = %v, want an error naming bad.yaml", err)
+	}
+}
+
+// TestInstallStoresClusterConfig: the first object is the ConfigMap keeping the request's cluster
+// configuration, which reads back as that configuration.
+func TestInstallStoresClusterConfig(t *testing.T) {
+	j := job(t)
+	c, _, err := clusterconfig.Parse([]byte("apiVersion: config.berth.dev/v1alpha1\nkind: ClusterConfiguration\nkubelet: {maxPods: 42}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.Req.Cluster = c
+	objs, err := New(Config{JoinServiceImage: "berth.local/joinservice:test"}, afero.NewMemMapFs()).objects(j)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cm corev1.ConfigMap
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(objs[0].Object, &cm); err != nil {
+		t.Fatal(err)
+	}
+	stored, err := clusterconfig.FromConfigMap(&cm)
+	if err != nil || cm.Namespace != "kube-system" || cm.Name != "berth-cluster-config" || stored.Kubelet == nil || stored.Kubelet.MaxPods != 42 {
+		t.Errorf("stored %s/%s = %+v, %v", cm.Namespace, cm.Name, stored, err)
 	}
 }

@@ -29,8 +29,12 @@ import (
 	"time"
 
 	"github.com/spf13/afero"
+	"k8s.io/apimachinery/pkg/runtime"
+	apiserverv1 "k8s.io/apiserver/pkg/apis/apiserver/v1"
+	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 
 	"github.com/berth-k8s/berth/internal/berthsystem"
+	"github.com/berth-k8s/berth/internal/clusterconfig"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeadm"
@@ -51,6 +55,9 @@ const (
 
 // Request is a validated init request.
 type Request struct {
+	// Cluster is the operator's cluster configuration (validated); its name, version, networks,
+	// SANs and components are the fields below.
+	Cluster           clusterconfig.ClusterConfiguration
 	ClusterName       string
 	KubernetesVersion string
 	ServiceCIDR       string
@@ -204,8 +211,56 @@ func (i *Initializer) preflight(ctx context.Context, job *Job) error {
 	return nil
 }
 
+// AuditPolicyFile is where a control plane keeps the API server's audit policy, relative to
+// kubeadm's directory: beside the admission configuration, in the directory already mounted into
+// the API server's pod.
+const AuditPolicyFile = "berth/audit-policy.yaml"
+
+func (i *Initializer) patchesDir() string { return filepath.Join(i.cfg.StateDir, "kubeadm-patches") }
+
+// writeOperatorFiles writes the files the operator's configuration needs on the control plane: its
+// admission plugins' configuration merged into Berth's, its audit policy, its kubeadm patches.
+func (i *Initializer) writeOperatorFiles(c *clusterconfig.ClusterConfiguration) (admission, audit string, err error) {
+	extra := make([]apiserverv1.AdmissionPluginConfiguration, 0, len(c.APIServer.Admission.Plugins))
+	for _, p := range c.APIServer.Admission.Plugins {
+		extra = append(extra, apiserverv1.AdmissionPluginConfiguration{
+			Name: p.Name, Configuration: &runtime.Unknown{Raw: p.Configuration.Raw, ContentType: runtime.ContentTypeJSON},
+		})
+	}
+	if admission, err = berthsystem.WriteAdmissionConfiguration(i.fs, i.cfg.KubernetesDir, extra...); err != nil {
+		return "", "", err
+	}
+	if a := c.APIServer.Audit; a != nil {
+		pol := a.Policy
+		pol.APIVersion, pol.Kind = auditv1.SchemeGroupVersion.String(), "Policy"
+		data, err := clusterconfig.CompactYAML(pol)
+		if err != nil {
+			return "", "", err
+		}
+		audit = filepath.Join(i.cfg.KubernetesDir, AuditPolicyFile)
+		if err := afero.WriteFile(i.fs, audit, data, 0o600); err != nil {
+			return "", "", fmt.Errorf("writing the audit policy: %w", err)
+		}
+	}
+	if err := i.fs.RemoveAll(i.patchesDir()); err != nil {
+		return "", "", fmt.Errorf("writing kubeadm patches: %w", err)
+	}
+	if len(c.Patches) > 0 {
+		if err := i.fs.MkdirAll(i.patchesDir(), 0o700); err != nil {
+			return "", "", fmt.Errorf("writing kubeadm patches: %w", err)
+		}
+		for name, data := range kubeadm.PatchFiles(c.Patches) {
+			if err := afero.WriteFile(i.fs, filepath.Join(i.patchesDir(), name), data, 0o600); err != nil {
+				return "", "", fmt.Errorf("writing kubeadm patches: %w", err)
+			}
+		}
+	}
+	return admission, audit, nil
+}
+
 func (i *Initializer) writeConfig(_ context.Context, job *Job) error {
-	admission, err := berthsystem.WriteAdmissionConfiguration(i.fs, i.cfg.KubernetesDir)
+	cluster := job.Req.Cluster
+	admission, audit, err := i.writeOperatorFiles(&cluster)
 	if err != nil {
 		return err
 	}
@@ -225,6 +280,9 @@ func (i *Initializer) writeConfig(_ context.Context, job *Job) error {
 		KubeProxyConntrackMaxPerCore: i.cfg.KubeProxyConntrackMaxPerCore,
 		Encryption:                   i.encryption,
 		AdmissionConfigFile:          admission,
+		Cluster:                      &cluster,
+		AuditPolicyFile:              audit,
+		PatchesDir:                   i.patchesDir(),
 	})
 	if err != nil {
 		return fmt.Errorf("rendering kubeadm config: %w", err)

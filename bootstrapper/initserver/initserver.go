@@ -41,6 +41,7 @@ import (
 	"io"
 	"net"
 	"regexp"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -58,6 +59,7 @@ import (
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/choose"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/clusterconfig"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/nodestate"
 	"github.com/berth-k8s/berth/internal/serve"
@@ -342,7 +344,12 @@ func parseRequest(req *initproto.InitRequest) (initcluster.Request, error) {
 			return initcluster.Request{}, fmt.Errorf("components.image_policy: %w", err)
 		}
 	}
+	cluster, err := requestClusterConfig(req)
+	if err != nil {
+		return initcluster.Request{}, err
+	}
 	return initcluster.Request{
+		Cluster:           cluster,
 		ClusterName:       req.GetClusterName(),
 		KubernetesVersion: req.GetKubernetesVersion(),
 		ServiceCIDR:       req.GetServiceCidr(),
@@ -355,6 +362,41 @@ func parseRequest(req *initproto.InitRequest) (initcluster.Request, error) {
 		SkipCoreDNS:       req.GetComponents().GetSkipCoredns(),
 		ImagePolicy:       req.GetComponents().GetImagePolicy(),
 	}, nil
+}
+
+// requestClusterConfig returns the request's cluster configuration: cluster_config, strictly
+// decoded and validated, whose name, version and networks must be the request's; from an older
+// CLI without it, the request's fields over the defaults.
+func requestClusterConfig(req *initproto.InitRequest) (clusterconfig.ClusterConfiguration, error) {
+	if len(req.GetClusterConfig()) == 0 {
+		c := clusterconfig.Default()
+		c.ClusterName, c.KubernetesVersion = req.GetClusterName(), req.GetKubernetesVersion()
+		c.Networking = clusterconfig.Networking{ServiceSubnet: req.GetServiceCidr(), PodSubnet: req.GetPodCidr()}
+		c.APIServer.CertSANs = req.GetApiserverCertSans()
+		c.Components = clusterconfig.Components{SkipKubeProxy: req.GetComponents().GetSkipKubeProxy(), SkipCoreDNS: req.GetComponents().GetSkipCoredns()}
+		return c, nil
+	}
+	c, _, err := clusterconfig.Parse(req.GetClusterConfig())
+	if err != nil {
+		return c, fmt.Errorf("cluster_config: %w", err)
+	}
+	for _, f := range []struct{ field, config, request string }{
+		{"clusterName", c.ClusterName, req.GetClusterName()},
+		{"kubernetesVersion", c.KubernetesVersion, req.GetKubernetesVersion()},
+		{"networking.serviceSubnet", c.Networking.ServiceSubnet, req.GetServiceCidr()},
+		{"networking.podSubnet", c.Networking.PodSubnet, req.GetPodCidr()},
+	} {
+		if f.config != f.request {
+			return c, fmt.Errorf("cluster_config: %s %q is not the request's %q", f.field, f.config, f.request)
+		}
+	}
+	if !slices.Equal(c.APIServer.CertSANs, req.GetApiserverCertSans()) {
+		return c, fmt.Errorf("cluster_config: apiServer.certSANs are not the request's apiserver_cert_sans")
+	}
+	if c.Components.SkipKubeProxy != req.GetComponents().GetSkipKubeProxy() || c.Components.SkipCoreDNS != req.GetComponents().GetSkipCoredns() {
+		return c, fmt.Errorf("cluster_config: components are not the request's")
+	}
+	return c, nil
 }
 
 // maxSANs bounds the API server certificate's extra names.

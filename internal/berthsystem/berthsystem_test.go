@@ -13,6 +13,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	apiserverv1 "k8s.io/apiserver/pkg/apis/apiserver/v1"
 	"k8s.io/pod-security-admission/admission/api/load"
 	psaapi "k8s.io/pod-security-admission/api"
 	"sigs.k8s.io/yaml"
@@ -244,5 +245,35 @@ func TestAdmissionConfiguration(t *testing.T) {
 	}
 	if strings.Contains(string(data), "berth-system") {
 		t.Errorf("the namespace itself is exempt:\n%s", data)
+	}
+}
+
+// TestAdmissionConfigurationMerges: the operator's plugin configurations follow Berth's PodSecurity,
+// which stays first and unchanged; a second PodSecurity configuration is refused.
+func TestAdmissionConfigurationMerges(t *testing.T) {
+	limit := apiserverv1.AdmissionPluginConfiguration{Name: "EventRateLimit", Configuration: &runtime.Unknown{
+		Raw: []byte(`{"apiVersion":"eventratelimit.admission.k8s.io/v1alpha1","kind":"Configuration","limits":[{"type":"Server","qps":5,"burst":10}]}`), ContentType: runtime.ContentTypeJSON}}
+	data, err := berthsystem.AdmissionConfiguration(limit)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, err := berthsystem.AdmissionConfiguration()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg, baseCfg apiserverv1.AdmissionConfiguration
+	if err := yaml.Unmarshal(data, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(base, &baseCfg); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.Plugins) != 2 || cfg.Plugins[0].Name != "PodSecurity" || cfg.Plugins[1].Name != "EventRateLimit" ||
+		!bytes.Equal(cfg.Plugins[0].Configuration.Raw, baseCfg.Plugins[0].Configuration.Raw) || !strings.Contains(string(cfg.Plugins[1].Configuration.Raw), `"qps":5`) {
+		t.Errorf("merged admission configuration:\n%s", data)
+	}
+	override := apiserverv1.AdmissionPluginConfiguration{Name: "PodSecurity", Configuration: &runtime.Unknown{Raw: []byte(`{}`)}}
+	if _, err := berthsystem.AdmissionConfiguration(limit, override); !errors.Is(err, berthsystem.ErrPodSecurityOverride) {
+		t.Errorf("AdmissionConfiguration with a PodSecurity override = %v", err)
 	}
 }

@@ -2,6 +2,7 @@ package berthsystem
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"strconv"
@@ -124,10 +125,20 @@ func HostRuntimeGuard(joinServiceImage string) (*admissionv1ac.ValidatingAdmissi
 	return policy, binding
 }
 
+// ErrPodSecurityOverride refuses an extra admission plugin configuration for PodSecurity: Berth's
+// own exempts HostRuntimeClass, and a second would replace it.
+var ErrPodSecurityOverride = errors.New("the PodSecurity admission configuration is Berth's own and cannot be overridden")
+
 // AdmissionConfiguration returns the API server's admission configuration (its
 // --admission-control-config-file): PodSecurity with Kubernetes' own defaults (privileged, so
-// namespaces without labels behave as in any cluster) and HostRuntimeClass exempt.
-func AdmissionConfiguration() ([]byte, error) {
+// namespaces without labels behave as in any cluster) and HostRuntimeClass exempt, then the
+// operator's extra plugin configurations (never PodSecurity's: ErrPodSecurityOverride).
+func AdmissionConfiguration(extra ...apiserverv1.AdmissionPluginConfiguration) ([]byte, error) {
+	for _, p := range extra {
+		if p.Name == "PodSecurity" {
+			return nil, ErrPodSecurityOverride
+		}
+	}
 	psa, err := json.Marshal(psaconfigv1.PodSecurityConfiguration{
 		TypeMeta: metav1.TypeMeta{APIVersion: psaconfigv1.SchemeGroupVersion.String(), Kind: "PodSecurityConfiguration"},
 		Defaults: psaconfigv1.PodSecurityDefaults{
@@ -142,10 +153,10 @@ func AdmissionConfiguration() ([]byte, error) {
 	}
 	data, err := yaml.Marshal(apiserverv1.AdmissionConfiguration{
 		TypeMeta: metav1.TypeMeta{APIVersion: apiserverv1.SchemeGroupVersion.String(), Kind: "AdmissionConfiguration"},
-		Plugins: []apiserverv1.AdmissionPluginConfiguration{{
+		Plugins: append([]apiserverv1.AdmissionPluginConfiguration{{
 			Name:          "PodSecurity",
 			Configuration: &runtime.Unknown{Raw: psa, ContentType: runtime.ContentTypeJSON},
-		}},
+		}}, extra...),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("encoding the admission configuration: %w", err)
@@ -153,11 +164,11 @@ func AdmissionConfiguration() ([]byte, error) {
 	return data, nil
 }
 
-// WriteAdmissionConfiguration writes AdmissionConfiguration to AdmissionConfigFile below kubeadm's
-// directory kubernetesDir on fsys and returns the file's path. Every control plane writes it before
-// kubeadm starts its API server.
-func WriteAdmissionConfiguration(fsys afero.Fs, kubernetesDir string) (string, error) {
-	data, err := AdmissionConfiguration()
+// WriteAdmissionConfiguration writes AdmissionConfiguration (with the operator's extra plugin
+// configurations) to AdmissionConfigFile below kubeadm's directory kubernetesDir on fsys and
+// returns the file's path. Every control plane writes it before kubeadm starts its API server.
+func WriteAdmissionConfiguration(fsys afero.Fs, kubernetesDir string, extra ...apiserverv1.AdmissionPluginConfiguration) (string, error) {
+	data, err := AdmissionConfiguration(extra...)
 	if err != nil {
 		return "", err
 	}

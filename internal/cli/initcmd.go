@@ -19,9 +19,11 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/choose"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/policy/policyedit"
+	"github.com/berth-k8s/berth/internal/clusterconfig"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/initclient"
 	"github.com/berth-k8s/berth/internal/initconfig"
+	"github.com/berth-k8s/berth/internal/webhook"
 	"github.com/berth-k8s/berth/internal/workspace"
 )
 
@@ -65,16 +67,30 @@ the attestation policy (attestationPolicyFile in the config) expects; a node tha
 nothing and init stops at once with the index, expected and actual value. Only with
 --insecure-skip-attestation (development only) does init talk to an unattested node.
 
-The config file (YAML):
+The config file is a config.berth.dev/v1alpha1 ClusterConfiguration (every field:
+internal/clusterconfig/REFERENCE.md; a JSON schema for editors: berth config schema):
+  apiVersion: config.berth.dev/v1alpha1
+  kind: ClusterConfiguration
   clusterName: berth
   kubernetesVersion: v1.34.2
-  serviceCIDR: 10.96.0.0/12
-  podCIDR: 10.244.0.0/16
-  apiServerCertSANs: [198.51.100.10]
-  initSecretFile: init-secret        # or initSecret: <hex>
-  attestationPolicyFile: policy.yaml # optional
-  joinPolicyFile: join-policy.yaml   # optional, see below
+  networking: {serviceSubnet: 10.96.0.0/12, podSubnet: 10.244.0.0/16}
+  apiServer:
+    certSANs: [198.51.100.10]
+    extraArgs: [{name: max-requests-inflight, value: "800"}]
+    audit: {policy: {rules: [{level: Metadata}]}}
+  kubelet: {maxPods: 200}                # the kubelet's own v1beta1 KubeletConfiguration
+  kubeProxy: {mode: nftables}            # kube-proxy's own v1alpha1 KubeProxyConfiguration
+  initSecretFile: init-secret
+  policies:
+    attestationPolicyFile: policy.yaml   # optional
+    joinPolicyFile: join-policy.yaml     # optional, see below
+    imagePolicyFile: images.yaml         # optional
   components: {skipKubeProxy: false, skipCoreDNS: false}
+A malformed file (an unknown field, a wrong type, an override of Berth's PodSecurity admission) is
+refused, naming the field, before init contacts the node. The unversioned file of earlier releases
+is still read, with a warning. The cluster keeps the configuration in force (without the paths and
+the init secret) in the ConfigMap kube-system/berth-cluster-config; berth config diff compares a
+file with it.
 
 Nodes that join check the cluster's joinservice against a join policy (the bootstrapper's
 BERTH_JOIN_POLICY: the image's measurements, a set lock register, the EK CAs). With joinPolicyFile,
@@ -106,13 +122,22 @@ The node's progress goes to stderr; the result (cluster ID, admin kubeconfig, jo
 	return cmd
 }
 
-// loadInitConfig reads the config file and its init secret; its errors are usage errors.
-func loadInitConfig(path string) (initconfig.Config, []byte, error) {
-	cfg, secret, err := initconfig.Load(path)
+// loadInitConfig reads the config file and its init secret, printing its warnings to errOut; its
+// errors are usage errors.
+func loadInitConfig(path string, errOut io.Writer) (initconfig.Config, []byte, error) {
+	cfg, secret, warnings, err := initconfig.Load(path)
+	printWarnings(errOut, path, warnings)
 	if err != nil {
 		return cfg, nil, usageErr("%w", err)
 	}
 	return cfg, secret, nil
+}
+
+// printWarnings prints the warnings about a file the operator gave.
+func printWarnings(errOut io.Writer, path string, warnings []string) {
+	for _, w := range warnings {
+		_, _ = fmt.Fprintf(errOut, "warning: %s: %s\n", path, w)
+	}
 }
 
 // readConfigFile reads a file the config names; its error is a usage error.
@@ -155,22 +180,26 @@ func prepareWorkspace(dir string, out io.Writer) (master, salt []byte, err error
 
 // runInit initializes the cluster: progress and warnings go to errOut, the result to out.
 func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
-	cfg, secret, err := loadInitConfig(o.configPath)
+	cfg, secret, err := loadInitConfig(o.configPath, errOut)
 	if err != nil {
 		return err
 	}
-	policyBytes, err := readConfigFile(cfg.AttestationPolicyFile)
+	clusterConfig, err := clusterconfig.Marshal(cfg.InCluster())
+	if err != nil {
+		return err
+	}
+	policyBytes, err := readConfigFile(cfg.Policies.AttestationPolicyFile)
 	if err != nil {
 		return err
 	}
 	if len(policyBytes) > 0 {
 		// The node and its joinservice get the policy without the files beside it.
-		policyFile := cfg.AttestationPolicyFile
+		policyFile := cfg.Policies.AttestationPolicyFile
 		if policyBytes, err = policyedit.Inline(policyBytes, filepath.Dir(policyFile)); err != nil {
 			return usageErr("%s: %w", policyFile, err)
 		}
 	}
-	joinPolicy, err := loadJoinPolicy(cfg.JoinPolicyFile)
+	joinPolicy, err := loadJoinPolicy(cfg.Policies.JoinPolicyFile)
 	if err != nil {
 		return err
 	}
@@ -184,12 +213,15 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 	var validator choose.Validator
 	switch {
 	case o.insecure:
-	case cfg.AttestationPolicyFile == "":
+	case cfg.Policies.AttestationPolicyFile == "":
 		return usageErr("config %s has no attestationPolicyFile: berth init verifies the node against it before sending secrets (or pass --insecure-skip-attestation, development only)", o.configPath)
 	default:
-		p, err := policy.Load(cfg.AttestationPolicyFile)
+		p, err := policy.Load(cfg.Policies.AttestationPolicyFile)
 		if err != nil {
 			return usageErr("attestation policy: %w", err)
+		}
+		for _, w := range p.Warnings {
+			_, _ = fmt.Fprintf(errOut, "warning: %s\n", w)
 		}
 		if resumed != nil {
 			if idx, ok := initclient.AcceptResumedLock(p, resumed.ClusterID()); ok {
@@ -201,9 +233,16 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 			return usageErr("attestation policy: %w", err)
 		}
 	}
-	imagePolicy, err := readConfigFile(cfg.Components.ImagePolicyFile)
+	imagePolicy, err := readConfigFile(cfg.Policies.ImagePolicyFile)
 	if err != nil {
 		return err
+	}
+	if len(imagePolicy) > 0 {
+		p, err := webhook.ParsePolicy(imagePolicy)
+		if err != nil {
+			return usageErr("%s: %w", cfg.Policies.ImagePolicyFile, err)
+		}
+		printWarnings(errOut, cfg.Policies.ImagePolicyFile, p.Warnings)
 	}
 	conn, verdict, err := dialNode(ctx, errOut, o.endpoint, validator, o.connectTimeout)
 	if err != nil {
@@ -235,9 +274,10 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 		Salt:              salt,
 		ClusterName:       cfg.ClusterName,
 		KubernetesVersion: cfg.KubernetesVersion,
-		ServiceCidr:       cfg.ServiceCIDR,
-		PodCidr:           cfg.PodCIDR,
-		ApiserverCertSans: cfg.APIServerCertSANs,
+		ServiceCidr:       cfg.Networking.ServiceSubnet,
+		PodCidr:           cfg.Networking.PodSubnet,
+		ApiserverCertSans: cfg.APIServer.CertSANs,
+		ClusterConfig:     clusterConfig,
 		AttestationPolicy: policyBytes,
 		Components: &initproto.Components{
 			SkipKubeProxy: cfg.Components.SkipKubeProxy,

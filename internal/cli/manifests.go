@@ -14,6 +14,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/attestation/policy/policyedit"
 	"github.com/berth-k8s/berth/internal/berthsystem"
+	"github.com/berth-k8s/berth/internal/clusterconfig"
 	"github.com/berth-k8s/berth/internal/initconfig"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/version"
@@ -70,7 +71,7 @@ or one JSON List (-o json); both are what kubectl apply -f and kubectl diff -f r
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.configPath, "config", "", "berth init's config file (kubernetesVersion, attestationPolicyFile, components.imagePolicyFile)")
+	f.StringVar(&o.configPath, "config", "", "berth init's config file (kubernetesVersion, policies.attestationPolicyFile, policies.imagePolicyFile)")
 	f.StringVar(&o.joinImage, "joinservice-image", o.joinImage, "container image of the joinservice DaemonSet")
 	f.StringVar(&o.webhookImage, "webhook-image", o.webhookImage, `container image of the image-policy webhook; "" leaves the webhook out`)
 	f.StringVar(&o.imagePullPolicy, "image-pull-policy", o.imagePullPolicy, "pull policy of Berth's images: IfNotPresent, Never or Always")
@@ -91,23 +92,26 @@ func runManifests(out, errOut io.Writer, o manifestsOptions) error {
 	if o.joinImage == "" {
 		return usageErr("--joinservice-image is empty")
 	}
-	cfg := initconfig.Default()
+	cfg := clusterconfig.Default()
 	var attestationPolicy, imagePolicy []byte
 	if o.configPath != "" {
 		var err error
-		if cfg, err = initconfig.Read(o.configPath); err != nil {
+		var warnings []string
+		cfg, warnings, err = initconfig.Read(o.configPath)
+		printWarnings(errOut, o.configPath, warnings)
+		if err != nil {
 			return usageErr("%w", err)
 		}
-		if attestationPolicy, err = readConfigFile(cfg.AttestationPolicyFile); err != nil {
+		if attestationPolicy, err = readConfigFile(cfg.Policies.AttestationPolicyFile); err != nil {
 			return err
 		}
 		if len(attestationPolicy) > 0 {
-			policyFile := cfg.AttestationPolicyFile
+			policyFile := cfg.Policies.AttestationPolicyFile
 			if attestationPolicy, err = policyedit.Inline(attestationPolicy, filepath.Dir(policyFile)); err != nil {
 				return usageErr("%s: %w", policyFile, err)
 			}
 		}
-		if imagePolicy, err = readConfigFile(cfg.Components.ImagePolicyFile); err != nil {
+		if imagePolicy, err = readConfigFile(cfg.Policies.ImagePolicyFile); err != nil {
 			return err
 		}
 	}

@@ -111,6 +111,7 @@ type miniUpFlags struct {
 	noBootstrap   bool
 	noInit        bool
 	readyTimeout  time.Duration
+	clusterConfig string
 }
 
 func newMiniUpCmd() *cobra.Command {
@@ -129,10 +130,16 @@ berth mini down removes it.
 
 The first up builds Kubernetes, etcd, CoreDNS and flannel from source (scripts/build-k8s.sh,
 about ten minutes on two cores; the build says what it builds and estimates how long is left);
-later ones find them cached.`,
+later ones find them cached.
+
+With --config FILE, berth init's configuration starts from FILE (a config.berth.dev/v1alpha1
+ClusterConfiguration: API-server flags, audit, kubelet and kube-proxy settings, ...); the mini
+cluster sets the name, Kubernetes version, networks and policy files itself. A malformed FILE, or
+one that sets the version or networks, is refused naming the field before anything is created.`,
 		Example: `  sudo berth mini up
   sudo berth mini up --control-planes 3 --workers 2 --tampered-workers 1
-  sudo berth mini up --attestation insecure-none --workers 1`,
+  sudo berth mini up --attestation insecure-none --workers 1
+  sudo berth mini up --config cluster.yaml   # a config.berth.dev/v1alpha1 ClusterConfiguration`,
 		Args:    cobra.NoArgs,
 		PreRunE: requireRoot,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -153,6 +160,7 @@ later ones find them cached.`,
 	fl.BoolVar(&f.noBootstrap, "no-bootstrap", false, "prepare the nodes but start no bootstrapper")
 	fl.BoolVar(&f.noInit, "no-init", false, "start the nodes and their bootstrappers but do not initialize the cluster: up writes the policy and init config and prints the berth init command to run")
 	fl.DurationVar(&f.readyTimeout, "ready-timeout", 10*time.Minute, "how long to wait for every node to be Ready after init")
+	fl.StringVar(&f.clusterConfig, "config", "", "cluster configuration (config.berth.dev/v1alpha1 ClusterConfiguration) berth init's config starts from")
 	return cmd
 }
 
@@ -188,6 +196,14 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 	}
 	if err := cfg.Validate(); err != nil {
 		return &exitError{code: exitUsage, err: err}
+	}
+	if f.clusterConfig != "" {
+		if cfg.ClusterConfigFile, err = filepath.Abs(f.clusterConfig); err != nil {
+			return fmt.Errorf("resolving --config: %w", err)
+		}
+		if _, err := mini.ReadClusterConfig(cfg.ClusterConfigFile); err != nil {
+			return &exitError{code: exitUsage, err: err}
+		}
 	}
 	if !f.noBootstrap {
 		cfg.Bootstrapper = f.bootstrapper

@@ -132,6 +132,9 @@ type statusReport struct {
 	Backups *backupReport `json:"backups,omitempty"`
 	// RecordAPI is the record API's section (status_records.go); absent when not read.
 	RecordAPI *recordsReport `json:"recordAPI,omitempty"`
+	// ClusterConfig is the configuration the cluster keeps (status_config.go); absent when it
+	// keeps none.
+	ClusterConfig *clusterConfigReport `json:"clusterConfig,omitempty"`
 }
 
 // ledgerRecord is one ledger entry in statusReport.
@@ -184,6 +187,7 @@ func runStatusRecords(ctx context.Context, out io.Writer, client kubernetes.Inte
 	certs := readCertificates(ctx, client, namespace)
 	enc, encErr := encryptionSection(ctx, client)
 	backups, backupErr := readBackupSection(ctx, client, namespace, time.Now())
+	clusterCfg, clusterCfgErr := readClusterConfigVersion(ctx, client)
 	if output.structured() {
 		r := newStatusReport(namespace, found, entries, limit)
 		r.Certificates = certs
@@ -194,6 +198,7 @@ func runStatusRecords(ctx context.Context, out io.Writer, client kubernetes.Inte
 			r.Backups = &backups
 		}
 		r.RecordAPI = recs
+		r.ClusterConfig = clusterCfg
 		return output.encode(out, r)
 	}
 	if !found {
@@ -206,6 +211,7 @@ func runStatusRecords(ctx context.Context, out io.Writer, client kubernetes.Inte
 	printCertificates(out, certs, time.Now())
 	printEncryptionSection(out, enc, encErr)
 	printBackupSection(out, backups, backupErr)
+	printClusterConfig(out, clusterCfg, clusterCfgErr)
 	return nil
 }
 

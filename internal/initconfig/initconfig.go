@@ -1,96 +1,73 @@
-// Package initconfig owns the cluster config file `berth init --config` reads (and `berth
-// manifests --config`, `berth mini` writes): its typed form, its defaults, and loading it with the
-// files it names resolved against the config file's directory.
+// Package initconfig loads the cluster config file of `berth init --config` (and `berth manifests
+// --config`, `berth config`, `berth mini up --config`): the versioned configuration internal/
+// clusterconfig owns, or the unversioned form of earlier releases with a warning, defaulted and
+// validated, with the files it names resolved against the config file's directory and the init
+// secret read.
 package initconfig
 
 import (
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 
-	"sigs.k8s.io/yaml"
+	"github.com/berth-k8s/berth/internal/clusterconfig"
 )
 
-// Config is the file `berth init --config` reads.
-type Config struct {
-	ClusterName       string   `json:"clusterName"`
-	KubernetesVersion string   `json:"kubernetesVersion"`
-	ServiceCIDR       string   `json:"serviceCIDR"`
-	PodCIDR           string   `json:"podCIDR"`
-	APIServerCertSANs []string `json:"apiServerCertSANs,omitempty"`
-	// InitSecret is the node's init secret, hex; InitSecretFile names a file holding it instead.
-	InitSecret     string `json:"initSecret,omitempty"`
-	InitSecretFile string `json:"initSecretFile,omitempty"`
-	// AttestationPolicyFile names the cluster's attestation policy (YAML) for the joinservice.
-	AttestationPolicyFile string `json:"attestationPolicyFile,omitempty"`
-	// JoinPolicyFile names the join policy (YAML) joining nodes check the joinservice against; init
-	// writes it, with the cluster's attestation-key CA added, to the workspace's join-policy.yaml.
-	JoinPolicyFile string     `json:"joinPolicyFile,omitempty"`
-	Components     Components `json:"components,omitempty"`
-}
+// Config is the file `berth init --config` reads, defaulted and validated, with the paths it names
+// resolved.
+type Config = clusterconfig.ClusterConfiguration
 
-// Components are the choices about the cluster's own components.
-type Components struct {
-	SkipKubeProxy   bool   `json:"skipKubeProxy,omitempty"`
-	SkipCoreDNS     bool   `json:"skipCoreDNS,omitempty"`
-	ImagePolicyFile string `json:"imagePolicyFile,omitempty"`
-}
+// ErrInitSecret wraps every problem with the init secret.
+var ErrInitSecret = errors.New("init secret")
 
-// Default is the config a file's missing fields take.
-func Default() Config {
-	return Config{ClusterName: "berth", KubernetesVersion: "v1.34.2", ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16"}
-}
-
-// Marshal returns c as the YAML Read and Load read back.
-func Marshal(c Config) ([]byte, error) {
-	return yaml.Marshal(c)
-}
-
-// Read reads the config file at path over the defaults, without its init secret, and resolves the
-// files it names (attestation, join and image policy, init secret) against path's directory. An
-// unknown field is an error.
-func Read(path string) (Config, error) {
-	cfg := Default()
+// Read reads the config file at path, defaulted and validated, without its init secret, and
+// resolves the files it names (attestation, join and image policy, init secret) against path's
+// directory. An unknown field, a wrong type or an invalid value is an error naming the field's
+// path (clusterconfig.ErrInvalid). The warnings say what the operator should change (an
+// unversioned file).
+func Read(path string) (Config, []string, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return cfg, fmt.Errorf("reading config: %w", err)
+		return Config{}, nil, fmt.Errorf("reading config: %w", err)
 	}
-	if err := yaml.UnmarshalStrict(data, &cfg); err != nil {
-		return cfg, fmt.Errorf("parsing config %s: %w", path, err)
+	cfg, warnings, err := clusterconfig.Parse(data)
+	if err != nil {
+		return cfg, warnings, fmt.Errorf("config %s: %w", path, err)
 	}
-	for _, p := range []*string{&cfg.InitSecretFile, &cfg.AttestationPolicyFile, &cfg.JoinPolicyFile, &cfg.Components.ImagePolicyFile} {
+	for _, p := range []*string{&cfg.InitSecretFile, &cfg.Policies.AttestationPolicyFile, &cfg.Policies.JoinPolicyFile, &cfg.Policies.ImagePolicyFile} {
 		*p = resolve(path, *p)
 	}
-	return cfg, nil
+	return cfg, warnings, nil
 }
 
 // Load reads the config file at path like Read and returns the init secret it holds or names
 // (at least 16 bytes, hex-encoded).
-func Load(path string) (Config, []byte, error) {
-	cfg, err := Read(path)
+func Load(path string) (Config, []byte, []string, error) {
+	cfg, warnings, err := Read(path)
 	if err != nil {
-		return cfg, nil, err
+		return cfg, nil, warnings, err
 	}
 	secretHex := strings.TrimSpace(cfg.InitSecret)
 	switch {
 	case cfg.InitSecret != "" && cfg.InitSecretFile != "":
-		return cfg, nil, fmt.Errorf("config %s: set initSecret or initSecretFile, not both", path)
+		return cfg, nil, warnings, fmt.Errorf("config %s: %w: set initSecret or initSecretFile, not both", path, ErrInitSecret)
 	case cfg.InitSecretFile != "":
 		raw, err := os.ReadFile(cfg.InitSecretFile)
 		if err != nil {
-			return cfg, nil, fmt.Errorf("reading init secret file: %w", err)
+			return cfg, nil, warnings, fmt.Errorf("reading init secret file: %w", err)
 		}
 		secretHex = strings.TrimSpace(string(raw))
 	case secretHex == "":
-		return cfg, nil, fmt.Errorf("config %s: no initSecret or initSecretFile", path)
+		return cfg, nil, warnings, fmt.Errorf("config %s: %w: no initSecretFile", path, ErrInitSecret)
 	}
 	secret, err := hex.DecodeString(secretHex)
 	if err != nil || len(secret) < 16 {
-		return cfg, nil, fmt.Errorf("config %s: the init secret must be at least 16 bytes, hex-encoded", path)
+		return cfg, nil, warnings, fmt.Errorf("config %s: %w: it must be at least 16 bytes, hex-encoded", path, ErrInitSecret)
 	}
-	return cfg, secret, nil
+	return cfg, secret, warnings, nil
 }
 
 // ReadFile reads a file the config names (a path Read resolved); nothing for "".

@@ -2,11 +2,14 @@ package initconfig
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/berth-k8s/berth/internal/clusterconfig"
 )
 
 func write(t *testing.T, path, text string) {
@@ -22,17 +25,20 @@ func TestLoad(t *testing.T) {
 	dir := t.TempDir()
 	write(t, filepath.Join(dir, "secret"), " 00112233445566778899aabbccddeeff\n")
 	path := filepath.Join(dir, "cluster.yaml")
-	write(t, path, "clusterName: c1\ninitSecretFile: secret\nattestationPolicyFile: p/policy.yaml\njoinPolicyFile: /abs/join.yaml\ncomponents: {skipCoreDNS: true, imagePolicyFile: images.yaml}\n")
-	cfg, secret, err := Load(path)
+	write(t, path, "apiVersion: config.berth.dev/v1alpha1\nkind: ClusterConfiguration\nclusterName: c1\ninitSecretFile: secret\n"+
+		"policies: {attestationPolicyFile: p/policy.yaml, joinPolicyFile: /abs/join.yaml, imagePolicyFile: images.yaml}\ncomponents: {skipCoreDNS: true}\n")
+	cfg, secret, warnings, err := Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Default()
+	if len(warnings) != 0 {
+		t.Errorf("warnings = %q", warnings)
+	}
+	want := clusterconfig.Default()
 	want.ClusterName = "c1"
 	want.InitSecretFile = filepath.Join(dir, "secret")
-	want.AttestationPolicyFile = filepath.Join(dir, "p/policy.yaml")
-	want.JoinPolicyFile = "/abs/join.yaml"
-	want.Components = Components{SkipCoreDNS: true, ImagePolicyFile: filepath.Join(dir, "images.yaml")}
+	want.Policies = clusterconfig.Policies{AttestationPolicyFile: filepath.Join(dir, "p/policy.yaml"), JoinPolicyFile: "/abs/join.yaml", ImagePolicyFile: filepath.Join(dir, "images.yaml")}
+	want.Components = clusterconfig.Components{SkipCoreDNS: true}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("Load = %+v, want %+v", cfg, want)
 	}
@@ -41,46 +47,43 @@ func TestLoad(t *testing.T) {
 	}
 }
 
-// TestLoadErrors: each refusal names what is wrong, as berth init prints it.
-func TestLoadErrors(t *testing.T) {
+// TestLoadUnversioned: the unversioned file of earlier releases still loads, with a warning.
+func TestLoadUnversioned(t *testing.T) {
 	dir := t.TempDir()
-	for name, tc := range map[string]struct{ text, want string }{
-		"unknown field": {"clusterName: c\nbogus: 1\n", "parsing config"},
-		"both secrets":  {"initSecret: 00112233445566778899aabbccddeeff\ninitSecretFile: s\n", "set initSecret or initSecretFile, not both"},
-		"no secret":     {"clusterName: c\n", "no initSecret or initSecretFile"},
-		"short secret":  {"initSecret: 0011\n", "the init secret must be at least 16 bytes, hex-encoded"},
-		"not hex":       {"initSecret: zz112233445566778899aabbccddeeff\n", "the init secret must be at least 16 bytes, hex-encoded"},
-		"missing file":  {"initSecretFile: nowhere\n", "reading init secret file"},
-	} {
-		path := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".yaml")
-		write(t, path, tc.text)
-		if _, _, err := Load(path); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: Load = %v, want an error containing %q", name, err, tc.want)
-		}
+	path := filepath.Join(dir, "cluster.yaml")
+	write(t, path, "clusterName: c1\ninitSecret: 00112233445566778899aabbccddeeff\nattestationPolicyFile: p.yaml\ncomponents: {imagePolicyFile: i.yaml}\n")
+	cfg, secret, warnings, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, _, err := Load(filepath.Join(dir, "absent.yaml")); err == nil || !strings.HasPrefix(err.Error(), "reading config: ") {
-		t.Errorf("absent config: Load = %v", err)
+	if len(warnings) != 1 || len(secret) != 16 || cfg.Policies.AttestationPolicyFile != filepath.Join(dir, "p.yaml") || cfg.Policies.ImagePolicyFile != filepath.Join(dir, "i.yaml") {
+		t.Errorf("Load = %+v, %x, %q", cfg, secret, warnings)
 	}
 }
 
-// TestMarshalRoundTrips: what Marshal writes, Read reads back unchanged.
-func TestMarshalRoundTrips(t *testing.T) {
+// TestLoadErrors: each refusal names what is wrong, as berth init prints it.
+func TestLoadErrors(t *testing.T) {
 	dir := t.TempDir()
-	in := Config{ClusterName: "x", KubernetesVersion: "v1.2.3", ServiceCIDR: "10.0.0.0/16", PodCIDR: "10.1.0.0/16",
-		APIServerCertSANs: []string{"192.0.2.1"}, InitSecretFile: "/s", AttestationPolicyFile: "/p", JoinPolicyFile: "/j",
-		Components: Components{SkipKubeProxy: true, ImagePolicyFile: "/i"}}
-	data, err := Marshal(in)
-	if err != nil {
-		t.Fatal(err)
+	for name, tc := range map[string]struct {
+		text, want string
+		is         error
+	}{
+		"unknown field": {"clusterName: c\nbogus: 1\n", `unknown field "bogus"`, clusterconfig.ErrInvalid},
+		"invalid value": {"apiVersion: config.berth.dev/v1alpha1\nkind: ClusterConfiguration\nnetworking: {podSubnet: x}\n", "networking.podSubnet", clusterconfig.ErrInvalid},
+		"both secrets":  {"initSecret: 00112233445566778899aabbccddeeff\ninitSecretFile: s\n", "set initSecret or initSecretFile, not both", ErrInitSecret},
+		"no secret":     {"clusterName: c\n", "no initSecretFile", ErrInitSecret},
+		"short secret":  {"initSecret: \"0011\"\n", "it must be at least 16 bytes, hex-encoded", ErrInitSecret},
+		"not hex":       {"initSecret: zz112233445566778899aabbccddeeff\n", "it must be at least 16 bytes, hex-encoded", ErrInitSecret},
+		"missing file":  {"initSecretFile: nowhere\n", "reading init secret file", os.ErrNotExist},
+	} {
+		path := filepath.Join(dir, strings.ReplaceAll(name, " ", "-")+".yaml")
+		write(t, path, tc.text)
+		if _, _, _, err := Load(path); !errors.Is(err, tc.is) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: Load = %v, want an error containing %q", name, err, tc.want)
+		}
 	}
-	path := filepath.Join(dir, "c.yaml")
-	write(t, path, string(data))
-	out, err := Read(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !reflect.DeepEqual(out, in) {
-		t.Errorf("Read(Marshal(c)) = %+v, want %+v", out, in)
+	if _, _, _, err := Load(filepath.Join(dir, "absent.yaml")); err == nil || !strings.HasPrefix(err.Error(), "reading config: ") {
+		t.Errorf("absent config: Load = %v", err)
 	}
 }
 

@@ -10,14 +10,17 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	kubeproxyv1alpha1 "k8s.io/kube-proxy/config/v1alpha1"
 	bootstraptokenv1 "k8s.io/kubernetes/cmd/kubeadm/app/apis/bootstraptoken/v1"
 	"k8s.io/kubernetes/cmd/kubeadm/app/apis/kubeadm/v1beta4"
 	"sigs.k8s.io/yaml"
+
+	"github.com/berth-k8s/berth/internal/clusterconfig"
 )
 
 // NodeParams describe the node kubeadm configures, for init and join alike.
@@ -62,6 +65,17 @@ type InitParams struct {
 	// static pod. The setting is part of the cluster configuration, so control planes that join later
 	// get it too: the file must be at the same path on every control plane before kubeadm runs.
 	AdmissionConfigFile string
+	// Cluster, when set, is the operator's configuration (clusterconfig.Validate passed): its
+	// components' flags and volumes, feature gates, OIDC, audit log, admission plugins, patches,
+	// kubelet and kube-proxy configuration go into kubeadm's. Its name, version and networks are
+	// the fields above.
+	Cluster *clusterconfig.ClusterConfiguration
+	// AuditPolicyFile is the absolute path where the node wrote Cluster's audit policy; required
+	// when Cluster has one. Its directory is mounted read-only into the API server's pod.
+	AuditPolicyFile string
+	// PatchesDir is the absolute path of the directory holding Cluster's patches as kubeadm reads
+	// them (PatchFiles); required when Cluster has patches.
+	PatchesDir string
 }
 
 // Encryption is where a control plane keeps what the API server needs to encrypt at rest.
@@ -210,36 +224,158 @@ func InitConfig(p InitParams) ([]byte, error) {
 			})
 		}
 	}
-	failFalse := false
-	rotate := true
-	kubeletCfg := kubeletv1beta1.KubeletConfiguration{
-		TypeMeta:     metav1.TypeMeta{APIVersion: kubeletv1beta1.SchemeGroupVersion.String(), Kind: "KubeletConfiguration"},
-		CgroupDriver: cgroupDriver,
-		FailSwapOn:   &failFalse,
-		FailCgroupV1: &failFalse,
-		// The kubelet renews its client certificate itself (kube-controller-manager approves a node's
-		// renewal for its own name, by kubeadm's RBAC) and asks for its serving certificate with a CSR
-		// for signer kubernetes.io/kubelet-serving instead of signing one itself; the joinservice's
-		// certificate keeper approves it for the node that asks (joinservice/certkeeper). Every
-		// node's kubelet gets this configuration (kubeadm keeps it in ConfigMap kubelet-config).
-		RotateCertificates: rotate,
-		ServerTLSBootstrap: rotate,
+	var operator clusterconfig.ClusterConfiguration
+	if p.Cluster != nil {
+		operator = *p.Cluster
+		if err := applyOperator(&initCfg, &clusterCfg, p); err != nil {
+			return nil, err
+		}
 	}
-	docs := []any{initCfg, clusterCfg, kubeletCfg}
-	if p.KubeProxyMode != "" || p.KubeProxyConntrackMaxPerCore != nil {
-		proxy := map[string]any{
-			"apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
-			"kind":       "KubeProxyConfiguration",
+	failFalse := false
+	kubeletCfg := operator.KubeletConfiguration()
+	kubeletCfg.CgroupDriver = cgroupDriver
+	if kubeletCfg.FailSwapOn == nil {
+		kubeletCfg.FailSwapOn = &failFalse
+	}
+	if kubeletCfg.FailCgroupV1 == nil {
+		kubeletCfg.FailCgroupV1 = &failFalse
+	}
+	// The kubelet renews its client certificate itself (kube-controller-manager approves a node's
+	// renewal for its own name, by kubeadm's RBAC) and asks for its serving certificate with a CSR
+	// for signer kubernetes.io/kubelet-serving instead of signing one itself; the joinservice's
+	// certificate keeper approves it for the node that asks (joinservice/certkeeper). Every
+	// node's kubelet gets this configuration (kubeadm keeps it in ConfigMap kubelet-config).
+	kubeletCfg.RotateCertificates = true
+	kubeletCfg.ServerTLSBootstrap = true
+	kubeletDoc, err := clusterconfig.CompactYAML(kubeletCfg)
+	if err != nil {
+		return nil, err
+	}
+	docs := []any{initCfg, clusterCfg, kubeletDoc}
+	proxy := operator.KubeProxyConfiguration()
+	if proxy == nil && (p.KubeProxyMode != "" || p.KubeProxyConntrackMaxPerCore != nil) {
+		proxy = &kubeproxyv1alpha1.KubeProxyConfiguration{TypeMeta: metav1.TypeMeta{APIVersion: "kubeproxy.config.k8s.io/v1alpha1", Kind: "KubeProxyConfiguration"}}
+	}
+	if proxy != nil {
+		// The operator's mode wins over the node's default; the node's conntrack setting (nodes
+		// that share a kernel) over kube-proxy's default.
+		if proxy.Mode == "" {
+			proxy.Mode = kubeproxyv1alpha1.ProxyMode(p.KubeProxyMode)
 		}
-		if p.KubeProxyMode != "" {
-			proxy["mode"] = p.KubeProxyMode
+		if proxy.Conntrack.MaxPerCore == nil {
+			proxy.Conntrack.MaxPerCore = p.KubeProxyConntrackMaxPerCore
 		}
-		if p.KubeProxyConntrackMaxPerCore != nil {
-			proxy["conntrack"] = map[string]any{"maxPerCore": *p.KubeProxyConntrackMaxPerCore}
+		proxyDoc, err := clusterconfig.CompactYAML(proxy)
+		if err != nil {
+			return nil, err
 		}
-		docs = append(docs, proxy)
+		docs = append(docs, proxyDoc)
 	}
 	return joinDocs(docs)
+}
+
+// applyOperator puts the operator's configuration into kubeadm's.
+func applyOperator(initCfg *v1beta4.InitConfiguration, c *v1beta4.ClusterConfiguration, p InitParams) error {
+	o := p.Cluster
+	gates := featureGates(o.FeatureGates)
+	api := &c.APIServer.ControlPlaneComponent
+	addComponent(api, o.APIServer.ControlPlaneComponent, gates)
+	addComponent(&c.ControllerManager, o.ControllerManager, gates)
+	addComponent(&c.Scheduler, o.Scheduler, gates)
+	c.APIServer.CertSANs = slices.Compact(slices.Concat(c.APIServer.CertSANs, o.APIServer.CertSANs))
+	if a := o.APIServer.Audit; a != nil {
+		if !filepath.IsAbs(p.AuditPolicyFile) {
+			return invalid("audit policy file %q is not an absolute path", p.AuditPolicyFile)
+		}
+		api.ExtraArgs = append(api.ExtraArgs,
+			v1beta4.Arg{Name: "audit-policy-file", Value: p.AuditPolicyFile},
+			v1beta4.Arg{Name: "audit-log-path", Value: a.LogPath},
+			v1beta4.Arg{Name: "audit-log-maxage", Value: strconv.Itoa(int(a.MaxAge))},
+			v1beta4.Arg{Name: "audit-log-maxbackup", Value: strconv.Itoa(int(a.MaxBackups))},
+			v1beta4.Arg{Name: "audit-log-maxsize", Value: strconv.Itoa(int(a.MaxSize))},
+		)
+		mount(api, "berth-audit-policy", filepath.Dir(p.AuditPolicyFile), true, corev1.HostPathDirectory)
+		mount(api, "berth-audit-log", filepath.Dir(a.LogPath), false, corev1.HostPathDirectoryOrCreate)
+	}
+	if oidc := o.APIServer.OIDC; oidc != nil {
+		for _, a := range [][2]string{
+			{"oidc-issuer-url", oidc.IssuerURL}, {"oidc-client-id", oidc.ClientID}, {"oidc-username-claim", oidc.UsernameClaim},
+			{"oidc-username-prefix", oidc.UsernamePrefix}, {"oidc-groups-claim", oidc.GroupsClaim}, {"oidc-groups-prefix", oidc.GroupsPrefix},
+			{"oidc-ca-file", oidc.CAFile},
+		} {
+			if a[1] != "" {
+				api.ExtraArgs = append(api.ExtraArgs, v1beta4.Arg{Name: a[0], Value: a[1]})
+			}
+		}
+		claims := make([]string, 0, len(oidc.RequiredClaims))
+		for k, v := range oidc.RequiredClaims {
+			claims = append(claims, k+"="+v)
+		}
+		slices.Sort(claims)
+		for _, claim := range claims {
+			api.ExtraArgs = append(api.ExtraArgs, v1beta4.Arg{Name: "oidc-required-claim", Value: claim})
+		}
+		if oidc.CAFile != "" {
+			mount(api, "berth-oidc-ca", filepath.Dir(oidc.CAFile), true, corev1.HostPathDirectory)
+		}
+	}
+	// NodeRestriction is kubeadm's default; naming the plugins replaces the default list.
+	if adm := o.APIServer.Admission; len(adm.EnablePlugins) > 0 || len(adm.DisablePlugins) > 0 {
+		api.ExtraArgs = append(api.ExtraArgs, v1beta4.Arg{Name: "enable-admission-plugins", Value: strings.Join(slices.Concat([]string{"NodeRestriction"}, adm.EnablePlugins), ",")})
+		if len(adm.DisablePlugins) > 0 {
+			api.ExtraArgs = append(api.ExtraArgs, v1beta4.Arg{Name: "disable-admission-plugins", Value: strings.Join(adm.DisablePlugins, ",")})
+		}
+	}
+	if len(o.Patches) > 0 {
+		if !filepath.IsAbs(p.PatchesDir) {
+			return invalid("patches directory %q is not an absolute path", p.PatchesDir)
+		}
+		initCfg.Patches = &v1beta4.Patches{Directory: p.PatchesDir}
+	}
+	return nil
+}
+
+// featureGates renders feature gates as the components' --feature-gates value, sorted; "" for none.
+func featureGates(gates map[string]bool) string {
+	parts := make([]string, 0, len(gates))
+	for name, on := range gates {
+		parts = append(parts, name+"="+strconv.FormatBool(on))
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ",")
+}
+
+// addComponent adds the operator's flags, volumes and feature gates to a component.
+func addComponent(c *v1beta4.ControlPlaneComponent, o clusterconfig.ControlPlaneComponent, gates string) {
+	if gates != "" {
+		c.ExtraArgs = append(c.ExtraArgs, v1beta4.Arg{Name: "feature-gates", Value: gates})
+	}
+	for _, a := range o.ExtraArgs {
+		c.ExtraArgs = append(c.ExtraArgs, v1beta4.Arg{Name: a.Name, Value: a.Value})
+	}
+	for _, v := range o.ExtraVolumes {
+		c.ExtraVolumes = append(c.ExtraVolumes, v1beta4.HostPathMount{
+			Name: v.Name, HostPath: v.HostPath, MountPath: v.MountPath, ReadOnly: v.ReadOnly, PathType: corev1.HostPathType(v.PathType),
+		})
+	}
+}
+
+// mount mounts dir into c's pod at the same path unless the pod mounts that path already.
+func mount(c *v1beta4.ControlPlaneComponent, name, dir string, readOnly bool, pathType corev1.HostPathType) {
+	if slices.ContainsFunc(c.ExtraVolumes, func(v v1beta4.HostPathMount) bool { return v.MountPath == dir }) {
+		return
+	}
+	c.ExtraVolumes = append(c.ExtraVolumes, v1beta4.HostPathMount{Name: name, HostPath: dir, MountPath: dir, ReadOnly: readOnly, PathType: pathType})
+}
+
+// PatchFiles returns the files of a patches directory for kubeadm (name: content) holding the
+// configuration's patches in order: "<target><index>+<type>.yaml".
+func PatchFiles(patches []clusterconfig.Patch) map[string][]byte {
+	files := make(map[string][]byte, len(patches))
+	for i, p := range patches {
+		files[fmt.Sprintf("%s%03d+%s.yaml", p.Target, i, p.Type)] = []byte(p.Patch)
+	}
+	return files
 }
 
 // JoinParams describe how a node joins an existing cluster. It joins either with a bootstrap token
@@ -306,12 +442,16 @@ func JoinConfig(p JoinParams) ([]byte, error) {
 	return joinDocs([]any{cfg})
 }
 
+// joinDocs joins documents into one multi-document YAML; a []byte is a document already encoded.
 func joinDocs(docs []any) ([]byte, error) {
 	var buf bytes.Buffer
 	for i, d := range docs {
-		out, err := yaml.Marshal(d)
-		if err != nil {
-			return nil, fmt.Errorf("marshalling kubeadm configuration: %w", err)
+		out, ok := d.([]byte)
+		if !ok {
+			var err error
+			if out, err = yaml.Marshal(d); err != nil {
+				return nil, fmt.Errorf("marshalling kubeadm configuration: %w", err)
+			}
 		}
 		if i > 0 {
 			buf.WriteString("---\n")

@@ -17,7 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/berth-k8s/berth/internal/initconfig"
+	"github.com/berth-k8s/berth/internal/clusterconfig"
 	"github.com/berth-k8s/berth/internal/kubeclient"
 )
 
@@ -39,27 +39,63 @@ type BootstrapOptions struct {
 // ErrNotReady is returned when nodes did not become Ready in time.
 var ErrNotReady = errors.New("nodes not ready")
 
-// initConfig is `berth init`'s cluster config file for the mini cluster, in the format
-// internal/initconfig owns. The API servers' certificates name the control-plane endpoint (kubeadm
-// adds it too).
-func (c *Cluster) initConfig() []byte {
-	cfg := initconfig.Config{
-		ClusterName:       c.cfg.Name,
-		KubernetesVersion: KubernetesVersion,
-		ServiceCIDR:       c.cfg.ServiceCIDR.Masked().String(),
-		PodCIDR:           c.cfg.PodCIDR.Masked().String(),
-		APIServerCertSANs: []string{c.cfg.HostAddr().String()},
-		InitSecretFile:    c.initSecretPath(),
+// initConfig is `berth init`'s cluster config file for the mini cluster, in the versioned form
+// internal/clusterconfig owns: the operator's (Config.ClusterConfigFile, `berth mini up --config`)
+// with what the mini cluster decides set over it (name, version, networks, the init secret and
+// policy files). The API servers' certificates name the control-plane endpoint (kubeadm adds it
+// too).
+func (c *Cluster) initConfig() ([]byte, error) {
+	cfg := clusterconfig.Default()
+	if c.cfg.ClusterConfigFile != "" {
+		var err error
+		if cfg, err = ReadClusterConfig(c.cfg.ClusterConfigFile); err != nil {
+			return nil, err
+		}
 	}
+	cfg.ClusterName = c.cfg.Name
+	cfg.KubernetesVersion = KubernetesVersion
+	cfg.Networking = clusterconfig.Networking{ServiceSubnet: c.cfg.ServiceCIDR.Masked().String(), PodSubnet: c.cfg.PodCIDR.Masked().String()}
+	cfg.APIServer.CertSANs = append(cfg.APIServer.CertSANs, c.cfg.HostAddr().String())
+	cfg.InitSecretFile = c.initSecretPath()
+	cfg.Policies = clusterconfig.Policies{}
 	if c.cfg.Attestation == AttestationTPM {
-		cfg.AttestationPolicyFile = c.cfg.PolicyPath()
-		cfg.JoinPolicyFile = c.cfg.ImageJoinPolicyPath()
+		cfg.Policies.AttestationPolicyFile = c.cfg.PolicyPath()
+		cfg.Policies.JoinPolicyFile = c.cfg.ImageJoinPolicyPath()
 	}
-	data, err := initconfig.Marshal(cfg)
+	data, err := clusterconfig.Marshal(cfg)
 	if err != nil {
-		panic(fmt.Sprintf("marshalling berth init's config: %v", err)) // a struct of strings always marshals
+		return nil, err
 	}
-	return append([]byte("# Written by berth mini.\n"), data...)
+	return append([]byte("# Written by berth mini.\n"), data...), nil
+}
+
+// ErrClusterConfig wraps a refusal of the operator's cluster configuration.
+var ErrClusterConfig = errors.New("the cluster configuration")
+
+// ReadClusterConfig reads the operator's cluster configuration for a mini cluster, strictly and
+// validated: `berth mini up --config` refuses a bad one before it creates anything. The mini
+// cluster chooses the name, Kubernetes version, networks and policy files itself; a file that
+// sets a version or networks other than the mini cluster's is refused, naming the field.
+func ReadClusterConfig(path string) (clusterconfig.ClusterConfiguration, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return clusterconfig.ClusterConfiguration{}, fmt.Errorf("%w: %w", ErrClusterConfig, err)
+	}
+	cfg, _, err := clusterconfig.Decode(data)
+	if err != nil {
+		return cfg, fmt.Errorf("%w %s: %w", ErrClusterConfig, path, err)
+	}
+	if cfg.KubernetesVersion != "" && cfg.KubernetesVersion != KubernetesVersion {
+		return cfg, fmt.Errorf("%w %s: kubernetesVersion: the mini cluster runs %s", ErrClusterConfig, path, KubernetesVersion)
+	}
+	if cfg.Networking != (clusterconfig.Networking{}) {
+		return cfg, fmt.Errorf("%w %s: networking: the mini cluster chooses its own networks", ErrClusterConfig, path)
+	}
+	clusterconfig.SetDefaults(&cfg)
+	if errs := clusterconfig.Validate(&cfg); len(errs) > 0 {
+		return cfg, fmt.Errorf("%w %s: %w", ErrClusterConfig, path, errs.ToAggregate())
+	}
+	return cfg, nil
 }
 
 func (c *Cluster) initSecretPath() string { return filepath.Join(c.cfg.Dir, "init-secret") }
@@ -76,7 +112,11 @@ func (c *Cluster) PrepareInit() ([]string, error) {
 		return nil, err
 	}
 	cfgPath := filepath.Join(c.cfg.Dir, "init.yaml")
-	if err := writeFile(cfgPath, c.initConfig(), 0o600); err != nil {
+	initCfg, err := c.initConfig()
+	if err != nil {
+		return nil, err
+	}
+	if err := writeFile(cfgPath, initCfg, 0o600); err != nil {
 		return nil, err
 	}
 	cp := c.cfg.Nodes()[0]

@@ -81,6 +81,8 @@ func (c *Cluster) tpmCommand(ctx context.Context, n Node, tool string, args ...s
 // register that is still zero (a fresh node), EK certificates rooted in the mini-local CA.
 func (c *Cluster) policyFile() []byte {
 	return []byte(fmt.Sprintf(`# Written by berth mini.
+apiVersion: config.berth.dev/v1alpha1
+kind: AttestationPolicy
 variant: tpm
 measurements:
   %d:
@@ -102,6 +104,8 @@ trustRoots:
 // checks it holds the cluster ID of the ticket). berth init adds the cluster's attestation-key CA.
 func (c *Cluster) joinPolicyFile() []byte {
 	return []byte(fmt.Sprintf(`# Written by berth mini.
+apiVersion: config.berth.dev/v1alpha1
+kind: AttestationPolicy
 variant: tpm
 measurements:
   %d:

@@ -137,6 +137,9 @@ type Config struct {
 	// Stopped names the nodes `berth mini stop` powered off; they stay off until `berth mini restart
 	// NODE` powers them on again.
 	Stopped map[string]bool `json:"stopped,omitempty"`
+	// ClusterConfigFile is the operator's cluster configuration (`berth mini up --config`), which
+	// berth init's config starts from; empty for Berth's defaults.
+	ClusterConfigFile string `json:"clusterConfigFile,omitempty"`
 }
 
 var nameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,7}$`)

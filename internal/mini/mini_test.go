@@ -448,8 +448,8 @@ func TestUpCommandsAndDownFromState(t *testing.T) {
 		t.Errorf("bootstrapper env after init lacks the cluster's join policy: %v", env3)
 	}
 	cl.cfg.Attestation = AttestationTPM
-	if !strings.Contains(string(cl.initConfig()), "joinPolicyFile: "+cfg.ImageJoinPolicyPath()+"\n") {
-		t.Errorf("berth init's config does not name the image's join policy:\n%s", cl.initConfig())
+	if initCfg, err := cl.initConfig(); err != nil || !strings.Contains(string(initCfg), "joinPolicyFile: "+cfg.ImageJoinPolicyPath()+"\n") {
+		t.Errorf("berth init's config does not name the image's join policy (%v):\n%s", err, initCfg)
 	}
 	if _, err := cl.Up(context.Background(), UpOptions{}); !errors.Is(err, ErrExists) {
 		t.Errorf("second Up = %v, want ErrExists", err)

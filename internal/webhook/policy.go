@@ -17,6 +17,8 @@ const DefaultRuleName = "default-deny"
 const DefaultPolicy = `# Image policy of the berth-webhook admission webhook.
 # An image is allowed by the first rule that lists its registry; an image no rule allows is denied
 # by the implicit rule "default-deny". requireDigest: true also demands a pinned @sha256 digest.
+apiVersion: config.berth.dev/v1alpha1
+kind: ImagePolicy
 rules:
 - name: kubernetes-images
   registries: ["registry.k8s.io"]
@@ -26,8 +28,20 @@ rules:
 
 // Policy is the image policy: an ordered list of rules. It is immutable once parsed.
 type Policy struct {
-	Rules []Rule `json:"rules"`
+	// APIVersion and Kind version the file (PolicyAPIVersion, PolicyKind); a file without both is
+	// the unversioned form of earlier releases, read with a warning.
+	APIVersion string `json:"apiVersion,omitempty"`
+	Kind       string `json:"kind,omitempty"`
+	Rules      []Rule `json:"rules"`
+	// Warnings say what the operator should change in the file (an unversioned file).
+	Warnings []string `json:"-"`
 }
+
+// The image policy file's version.
+const (
+	PolicyAPIVersion = "config.berth.dev/v1alpha1"
+	PolicyKind       = "ImagePolicy"
+)
 
 // Rule allows the images of some registries.
 type Rule struct {
@@ -49,6 +63,14 @@ func ParsePolicy(data []byte) (*Policy, error) {
 	var p Policy
 	if err := yaml.UnmarshalStrict(data, &p); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidPolicy, err)
+	}
+	switch {
+	case p.APIVersion == "" && p.Kind == "":
+		p.Warnings = append(p.Warnings, fmt.Sprintf("the image policy has no apiVersion and kind: read as the unversioned policy of earlier releases; add apiVersion: %s and kind: %s", PolicyAPIVersion, PolicyKind))
+	case p.APIVersion != PolicyAPIVersion:
+		return nil, fmt.Errorf("%w: apiVersion %q is not %s", ErrInvalidPolicy, p.APIVersion, PolicyAPIVersion)
+	case p.Kind != PolicyKind:
+		return nil, fmt.Errorf("%w: kind %q is not %s", ErrInvalidPolicy, p.Kind, PolicyKind)
 	}
 	seen := map[string]bool{DefaultRuleName: true}
 	for n, r := range p.Rules {

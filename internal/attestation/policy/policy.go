@@ -2,6 +2,8 @@
 //
 // A policy is one YAML document:
 //
+//	apiVersion: config.berth.dev/v1alpha1  # with kind, the file's version; a file without both
+//	kind: AttestationPolicy                # is the unversioned form, read with a warning
 //	variant: tpm                  # which attestation variant a peer must use (tpm, tdx, ...)
 //	measurements:
 //	  4:                          # index: a TPM PCR, or for TDX 0 = MRTD and 1..4 = RTMR0..3
@@ -155,7 +157,17 @@ type Policy struct {
 	// TPM holds the TPM variant's options; nil when the file has no tpm section (EKs are then
 	// trusted by their certificate).
 	TPM *TPMOptions
+	// Warnings say what the operator should change in the file (an unversioned file).
+	Warnings []string
 }
+
+// The policy file's version.
+const (
+	// APIVersion is the apiVersion of a versioned policy file.
+	APIVersion = "config.berth.dev/v1alpha1"
+	// Kind is the kind of a versioned policy file.
+	Kind = "AttestationPolicy"
+)
 
 // EK trust choices of TPMOptions.EKTrust.
 const (
@@ -364,10 +376,19 @@ func Parse(data []byte, origin string, readFile func(name string) ([]byte, error
 	if err := dec.Decode(&extra); err == nil {
 		return nil, fmt.Errorf("%w: %s holds more than one YAML document", ErrInvalid, origin)
 	}
+	var warnings []string
+	switch {
+	case doc.APIVersion == "" && doc.Kind == "":
+		warnings = append(warnings, fmt.Sprintf("%s has no apiVersion and kind: read as the unversioned policy of earlier releases; add apiVersion: %s and kind: %s", origin, APIVersion, Kind))
+	case doc.APIVersion != APIVersion:
+		return nil, fmt.Errorf("%w: %s: apiVersion %q is not %s", ErrInvalid, origin, doc.APIVersion, APIVersion)
+	case doc.Kind != Kind:
+		return nil, fmt.Errorf("%w: %s: kind %q is not %s", ErrInvalid, origin, doc.Kind, Kind)
+	}
 	if doc.Variant == "" {
 		return nil, fmt.Errorf("%w: %s: variant is required", ErrInvalid, origin)
 	}
-	p := &Policy{Variant: doc.Variant, Origin: origin, TDX: doc.TDX}
+	p := &Policy{Variant: doc.Variant, Origin: origin, TDX: doc.TDX, Warnings: warnings}
 
 	if doc.Measurements.Kind != 0 && doc.Measurements.Kind != yaml.MappingNode {
 		return nil, fmt.Errorf("%w: %s:%d: measurements must be a mapping from index to expectation", ErrInvalid, origin, doc.Measurements.Line)
@@ -472,6 +493,8 @@ func (o *TDXOptions) load(readFile func(string) ([]byte, error)) error {
 
 // fileDoc is the on-disk shape of a policy file.
 type fileDoc struct {
+	APIVersion   string      `yaml:"apiVersion"`
+	Kind         string      `yaml:"kind"`
 	Variant      string      `yaml:"variant"`
 	Measurements yaml.Node   `yaml:"measurements"`
 	TrustRoots   []trustRoot `yaml:"trustRoots"`
