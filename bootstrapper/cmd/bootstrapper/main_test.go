@@ -75,6 +75,15 @@ func newAPIServer(t *testing.T) *apiServer {
 		switch {
 		case r.URL.Path == "/readyz":
 			fmt.Fprint(w, "ok")
+		case r.Method == http.MethodGet && strings.HasPrefix(r.URL.Path, crdPath):
+			// The bootstrapper waits for its CustomResourceDefinitions to be established.
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(map[string]any{
+				"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+				"metadata": map[string]any{"name": strings.TrimPrefix(r.URL.Path, crdPath)},
+				"status": map[string]any{"conditions": []map[string]any{
+					{"type": "Established", "status": "True"}, {"type": "NamesAccepted", "status": "True"}}},
+			})
 		case r.Method == http.MethodPatch && r.Header.Get("Content-Type") == "application/apply-patch+yaml":
 			body, _ := io.ReadAll(r.Body)
 			a.mu.Lock()
@@ -90,6 +99,9 @@ func newAPIServer(t *testing.T) *apiServer {
 	return a
 }
 
+// crdPath is where the stand-in API server answers for a CustomResourceDefinition by name.
+const crdPath = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+
 // discovery is what the stand-in API server tells client-go's discovery (legacy, unaggregated): the
 // kinds the bootstrapper applies.
 var discovery = func() map[string]any {
@@ -103,9 +115,10 @@ var discovery = func() map[string]any {
 		"admissionregistration.k8s.io/v1": {res("validatingadmissionpolicies", "ValidatingAdmissionPolicy", false),
 			res("validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding", false),
 			res("validatingwebhookconfigurations", "ValidatingWebhookConfiguration", false)},
-		"policy/v1":              {res("poddisruptionbudgets", "PodDisruptionBudget", true)},
-		"node.k8s.io/v1":         {res("runtimeclasses", "RuntimeClass", false)},
-		"coordination.k8s.io/v1": {res("leases", "Lease", true)},
+		"policy/v1":               {res("poddisruptionbudgets", "PodDisruptionBudget", true)},
+		"node.k8s.io/v1":          {res("runtimeclasses", "RuntimeClass", false)},
+		"coordination.k8s.io/v1":  {res("leases", "Lease", true)},
+		"apiextensions.k8s.io/v1": {res("customresourcedefinitions", "CustomResourceDefinition", false)},
 	}
 	docs := map[string]any{
 		"/api": metav1.APIVersions{TypeMeta: metav1.TypeMeta{Kind: "APIVersions"}, Versions: []string{"v1"},
