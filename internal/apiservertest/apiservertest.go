@@ -27,7 +27,6 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -43,6 +42,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/k8sversion"
 	"github.com/berth-k8s/berth/internal/prereq"
 	"github.com/berth-k8s/berth/internal/proctest"
 )
@@ -55,10 +55,10 @@ const (
 	JoinServiceUser = "system:serviceaccount:" + joinconfig.Namespace + ":" + joinconfig.ServiceAccountName
 )
 
-// The versions the binaries are built at (scripts/build-k8s.sh).
-const (
-	kubeDirGlob = "k8s-v1.34.2-*"
-	etcdDirGlob = "etcd-3.6.5-*"
+// The cache dirs of the default release's binaries (scripts/build-k8s.sh, k8sversion.Default).
+var (
+	kubeDirGlob = "k8s-" + k8sversion.Default().Kubernetes + "-*"
+	etcdDirGlob = "etcd-" + k8sversion.Default().Etcd + "-*"
 )
 
 // How long the processes get to become ready, and how often readiness is probed.
@@ -152,7 +152,8 @@ func binDirs() (kube, etcd string, err error) {
 		etcd = newestStamped(filepath.Join(cache, etcdDirGlob))
 	}
 	if kube == "" || etcd == "" {
-		return "", "", errors.New("kube-apiserver v1.34.2 and etcd 3.6.5 are not built: run `scripts/build-k8s.sh k8s etcd` or set BERTH_KUBE_BIN and BERTH_ETCD_BIN")
+		return "", "", fmt.Errorf("kube-apiserver %s and etcd %s are not built: run `scripts/build-k8s.sh k8s etcd` or set BERTH_KUBE_BIN and BERTH_ETCD_BIN",
+			k8sversion.Default().Kubernetes, k8sversion.Default().Etcd)
 	}
 	for _, p := range []string{filepath.Join(kube, "kube-apiserver"), filepath.Join(etcd, "etcd")} {
 		if _, err := os.Stat(p); err != nil {

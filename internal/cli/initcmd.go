@@ -22,6 +22,7 @@ import (
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/initclient"
 	"github.com/berth-k8s/berth/internal/initconfig"
+	"github.com/berth-k8s/berth/internal/k8sversion"
 	"github.com/berth-k8s/berth/internal/workspace"
 )
 
@@ -67,7 +68,7 @@ nothing and init stops at once with the index, expected and actual value. Only w
 
 The config file (YAML):
   clusterName: berth
-  kubernetesVersion: v1.34.2
+  kubernetesVersion: ` + k8sversion.Default().Kubernetes + `           # supported: ` + k8sversion.SupportedList() + `
   serviceCIDR: 10.96.0.0/12
   podCIDR: 10.244.0.0/16
   apiServerCertSANs: [198.51.100.10]
@@ -111,6 +112,12 @@ func loadInitConfig(path string) (initconfig.Config, []byte, error) {
 	cfg, secret, err := initconfig.Load(path)
 	if err != nil {
 		return cfg, nil, usageErr("%w", err)
+	}
+	// kubeadm deploys exactly the version it is given, so a minor alone is not enough.
+	if r, err := k8sversion.Lookup(cfg.KubernetesVersion); err != nil {
+		return cfg, nil, usageErr("config %s: %w", path, err)
+	} else if r.Kubernetes != cfg.KubernetesVersion {
+		return cfg, nil, usageErr("config %s: kubernetesVersion %q must be exact (%s)", path, cfg.KubernetesVersion, r.Kubernetes)
 	}
 	return cfg, secret, nil
 }

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/berth-k8s/berth/internal/k8sversion"
 )
 
 // Config is the file `berth init --config` reads.
@@ -40,7 +42,7 @@ type Components struct {
 
 // Default is the config a file's missing fields take.
 func Default() Config {
-	return Config{ClusterName: "berth", KubernetesVersion: "v1.34.2", ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16"}
+	return Config{ClusterName: "berth", KubernetesVersion: k8sversion.Default().Kubernetes, ServiceCIDR: "10.96.0.0/12", PodCIDR: "10.244.0.0/16"}
 }
 
 // Marshal returns c as the YAML Read and Load read back.

@@ -45,7 +45,7 @@ var ErrNotReady = errors.New("nodes not ready")
 func (c *Cluster) initConfig() []byte {
 	cfg := initconfig.Config{
 		ClusterName:       c.cfg.Name,
-		KubernetesVersion: KubernetesVersion,
+		KubernetesVersion: c.cfg.Release().Kubernetes,
 		ServiceCIDR:       c.cfg.ServiceCIDR.Masked().String(),
 		PodCIDR:           c.cfg.PodCIDR.Masked().String(),
 		APIServerCertSANs: []string{c.cfg.HostAddr().String()},

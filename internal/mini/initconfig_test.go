@@ -7,14 +7,21 @@ import (
 	"testing"
 
 	"github.com/berth-k8s/berth/internal/initconfig"
+	"github.com/berth-k8s/berth/internal/k8sversion"
 )
 
 // TestInitConfigRoundTrips: the config mini writes for berth init reads back, through berth init's
-// own loader, as the values mini meant, for both attestation variants.
+// own loader, as the values mini meant, for both attestation variants; the Kubernetes version is the
+// cluster's (the default when it names none).
 func TestInitConfigRoundTrips(t *testing.T) {
-	for _, variant := range []string{AttestationTPM, AttestationInsecureNone} {
+	for variant, version := range map[string]string{AttestationTPM: "v1.36.3", AttestationInsecureNone: ""} {
 		cfg := testConfig(filepath.Join(t.TempDir(), "cluster"))
 		cfg.Attestation = variant
+		cfg.KubernetesVersion = version
+		wantVersion := version
+		if version == "" {
+			wantVersion = k8sversion.Default().Kubernetes
+		}
 		if err := os.MkdirAll(cfg.Dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -35,7 +42,7 @@ func TestInitConfigRoundTrips(t *testing.T) {
 		}
 		want := initconfig.Config{
 			ClusterName:       cfg.Name,
-			KubernetesVersion: KubernetesVersion,
+			KubernetesVersion: wantVersion,
 			ServiceCIDR:       cfg.ServiceCIDR.Masked().String(),
 			PodCIDR:           cfg.PodCIDR.Masked().String(),
 			APIServerCertSANs: []string{cfg.HostAddr().String()},
