@@ -4,6 +4,7 @@
 #
 # Usage: scripts/build-k8s.sh [--kubernetes-version VERSION] [COMPONENT...]
 #        (default: the default Kubernetes version and all components, in this order)
+#        scripts/build-k8s.sh --supported   (prints the supported versions, one a line, default first)
 #
 #   component  version                 binaries in its bin dir
 #   k8s        VERSION                 kubeadm kubelet kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubectl
@@ -71,6 +72,7 @@ while (($#)); do
   case $1 in
     --kubernetes-version) (($# >= 2)) || { log "--kubernetes-version needs a value"; exit 2; }; want_version=$2; shift 2 ;;
     --kubernetes-version=*) want_version=${1#*=}; shift ;;
+    --supported) awk -F'\t' '!/^#/ && NF >= 4 {print $1}' "$VERSIONS"; exit 0 ;;
     --) shift; break ;;
     -*) log "unknown flag ${1//[^A-Za-z0-9=.+-]/?}"; exit 2 ;;
     *) break ;;

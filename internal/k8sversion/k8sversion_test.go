@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -95,6 +96,13 @@ func TestBuildScriptAgrees(t *testing.T) {
 	}
 	if want := "supported: v1.37.2, v1.36.3"; !strings.Contains(string(out), want) {
 		t.Errorf("build-k8s.sh output %q does not contain %q", out, want)
+	}
+	list, err := exec.Command(script, "--supported").Output()
+	if err != nil {
+		t.Fatalf("build-k8s.sh --supported: %v", err)
+	}
+	if got, want := strings.Fields(string(list)), names(Release.String); !slices.Equal(got, want) {
+		t.Errorf("build-k8s.sh --supported = %v, want %v", got, want)
 	}
 	for _, r := range Supported() {
 		for _, dir := range []string{"k8s/" + r.Kubernetes, "etcd/" + r.Etcd, "coredns/" + r.CoreDNS} {
