@@ -93,8 +93,8 @@ K8S_CMDS="kubeadm kubelet kube-apiserver kube-controller-manager kube-scheduler 
 recipe() {
   case $1 in
     k8s) printf '%s\t%s\n' "$K8S_VERSION" "cgo=0 ldflags=$K8S_LDFLAGS cmds=$K8S_CMDS" ;;
-    etcd) printf '%s\t%s\n' "$ETCD_VERSION" "cgo=0 ldflags=-s -w pkg=. out=etcd" ;;
-    coredns) printf '%s\t%s\n' "$COREDNS_VERSION" "cgo=0 ldflags=-s -w pkg=. out=coredns" ;;
+    etcd) printf '%s\t%s\n' "$ETCD_VERSION" "cgo=0 ldflags=-s -w pkg=. out=etcd (renamed from the module dir's name)" ;;
+    coredns) printf '%s\t%s\n' "$COREDNS_VERSION" "cgo=0 ldflags=-s -w pkg=. out=coredns (renamed from the module dir's name)" ;;
     flannel) printf '%s\t%s\n' v0.28.4 "cgo=1 static tags=netgo,osusergo version=v0.28.4" ;;
     podbin) printf '%s\t%s\n' 1 "cgo=0 ldflags=-s -w pkgs=pause testapp" ;;
     *) return 1 ;;
@@ -207,7 +207,8 @@ build_one() {
       local pkgs=()
       for c in $K8S_CMDS; do pkgs+=("k8s.io/kubernetes/cmd/$c"); done
       CGO_ENABLED=0 gobuild "$src" "$out" -ldflags "$K8S_LDFLAGS" "${pkgs[@]}" ;;
-    etcd | coredns) CGO_ENABLED=0 gobuild "$src" "$out" -ldflags '-s -w' . ;;
+    # go build names the binary after the module dir (the version); the bin dir names it for the component.
+    etcd | coredns) CGO_ENABLED=0 gobuild "$src" "$out" -ldflags '-s -w' . && mv "$out/$(basename "$src")" "$out/$name" ;;
     flannel)
       CGO_ENABLED=1 gobuild "$src" "$out" -tags netgo,osusergo \
         -ldflags '-s -w -X github.com/flannel-io/flannel/pkg/version.Version=v0.28.4 -extldflags "-static"' \

@@ -28,6 +28,7 @@ import (
 	"encoding/base64"
 	"encoding/pem"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -283,6 +284,12 @@ func start(o options) (e *Env, err error) {
 		return e, err
 	}
 	e.url = fmt.Sprintf("https://127.0.0.1:%d", ports[2])
+	var reconciler []string
+	if ip, err := netip.ParseAddr(o.advertiseAddress); err == nil && ip.IsLoopback() {
+		// kube-apiserver refuses a loopback advertise address (v1.37 and later) unless no endpoint
+		// reconciler publishes it as the kubernetes Service's endpoint.
+		reconciler = []string{"--endpoint-reconciler-type=none"}
+	}
 	e.cmds = []proctest.Cmd{{
 		Name: "etcd", Path: filepath.Join(etcdBin, "etcd"), LogFile: filepath.Join(dir, "etcd.log"),
 		Args: []string{"--name=default", "--data-dir=" + filepath.Join(dir, "etcd"),
@@ -299,7 +306,7 @@ func start(o options) (e *Env, err error) {
 			// No flow control: load tests measure their own path, not APF queueing.
 			"--enable-priority-and-fairness=false",
 			"--v=0",
-		}, append(admission(o), o.extraArgs...)...),
+		}, append(append(admission(o), reconciler...), o.extraArgs...)...),
 	}}
 	return e, e.startProcesses(context.Background())
 }
