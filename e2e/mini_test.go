@@ -24,6 +24,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/berth-k8s/berth/internal/k8sversion"
 	"github.com/berth-k8s/berth/internal/mini"
 	"github.com/berth-k8s/berth/internal/prereq"
 )
@@ -175,6 +176,8 @@ func TestMiniCluster(tt *testing.T) {
 	if strings.Join(nodes, " ") != "cp1 w1 w2" {
 		t.Fatalf("nodes = %v, want cp1 w1 w2", nodes)
 	}
+	// The default cluster runs the default release, on the API server and every kubelet.
+	checkServerVersion(t, c, k8sversion.Default().Kubernetes)
 	// w1 and w2 started before berth init, with the image's join policy (no attestation-key CA): the
 	// joinservice's TPM activated its key for each of them. berth init wrote the cluster's join
 	// policy, which nodes added later get (checkDayTwo: w3 joins without TPM work on the joinservice).

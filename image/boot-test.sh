@@ -33,6 +33,8 @@ for tool in qemu-system-x86_64 swtpm mkfs.ext4 debugfs; do
 	command -v "$tool" >/dev/null || die "$tool is not installed (qemu-system-x86, swtpm, e2fsprogs)"
 done
 [ -d "$ROOT/usr/lib/systemd" ] || die "no image tree at $ROOT (run make image)"
+# kubeadm's phases run at the Kubernetes version of the image's own kubeadm.
+K8S_VERSION=$("$ROOT/usr/bin/kubeadm" version -o short) || die "the image's kubeadm does not run"
 kernel=$(ls "$ROOT"/boot/vmlinuz-* 2>/dev/null | sort -V | tail -n1)
 [ -n "$kernel" ] || die "no kernel in $ROOT/boot"
 kver=${kernel##*/vmlinuz-}
@@ -62,7 +64,7 @@ cat >"$WORK/files/metadata.json" <<'EOF'
 {"self": {"name": "boot-test-0", "role": "control-plane", "ips": ["198.51.100.15"]},
  "initSecretHash": "0000000000000000000000000000000000000000000000000000000000000000"}
 EOF
-cat >"$WORK/files/probe-kubeadm.yaml" <<'EOF'
+cat >"$WORK/files/probe-kubeadm.yaml" <<EOF
 apiVersion: kubeadm.k8s.io/v1beta4
 kind: InitConfiguration
 localAPIEndpoint:
@@ -76,7 +78,7 @@ nodeRegistration:
 ---
 apiVersion: kubeadm.k8s.io/v1beta4
 kind: ClusterConfiguration
-kubernetesVersion: v1.34.2
+kubernetesVersion: $K8S_VERSION
 ---
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration

@@ -44,6 +44,8 @@ if [ -z "${KUBECTL:-}" ]; then
 	KUBECTL=$("$REPO/scripts/build-k8s.sh" k8s)/kubectl
 fi
 [ -x "$KUBECTL" ] || die "no kubectl at $KUBECTL"
+# The cluster runs the Kubernetes version of the image's own kubeadm.
+K8S_VERSION=$("$ROOT/usr/bin/kubeadm" version -o short) || die "the image's kubeadm does not run"
 kernel=$(ls "$ROOT"/boot/vmlinuz-* 2>/dev/null | sort -V | tail -n1)
 [ -n "$kernel" ] || die "no kernel in $ROOT/boot"
 kver=${kernel##*/vmlinuz-}
@@ -119,7 +121,7 @@ cat >"$WORK/workspace/init.yaml" <<EOF
 apiVersion: config.berth.dev/v1alpha1
 kind: ClusterConfiguration
 clusterName: init-test
-kubernetesVersion: v1.34.2
+kubernetesVersion: $K8S_VERSION
 networking: {serviceSubnet: 10.96.0.0/12, podSubnet: 10.244.0.0/16}
 apiServer: {certSANs: [$NODE_IP, 127.0.0.1]}
 initSecretFile: $WORK/workspace/init-secret

@@ -167,7 +167,7 @@ type InitRequest struct {
 	Salt []byte `protobuf:"bytes,3,opt,name=salt,proto3" json:"salt,omitempty"`
 	// cluster_name names the cluster in kubeconfig and kubeadm (DNS label).
 	ClusterName string `protobuf:"bytes,4,opt,name=cluster_name,json=clusterName,proto3" json:"cluster_name,omitempty"`
-	// kubernetes_version is the exact version kubeadm deploys, e.g. "v1.34.2".
+	// kubernetes_version is the exact version kubeadm deploys, e.g. "v1.37.2".
 	KubernetesVersion string `protobuf:"bytes,5,opt,name=kubernetes_version,json=kubernetesVersion,proto3" json:"kubernetes_version,omitempty"`
 	// service_cidr and pod_cidr are the cluster's service and pod networks.
 	ServiceCidr string `protobuf:"bytes,6,opt,name=service_cidr,json=serviceCidr,proto3" json:"service_cidr,omitempty"`

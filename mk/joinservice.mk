@@ -1,6 +1,6 @@
 # Joinservice: join ledger, rate limits, metrics, policy hot reload, control-plane Lease.
-# Tests that need a real API server run etcd 3.6.5 and kube-apiserver v1.34.2 as loopback processes
-# (internal/apiservertest); plain `go test ./...` runs them only when scripts/build-k8s.sh has built
+# Tests that need a real API server run the default release's etcd and kube-apiserver as loopback
+# processes (internal/apiservertest); plain `go test ./...` runs them only when scripts/build-k8s.sh has built
 # those binaries and skips them with a message otherwise. test-joinservice builds them first.
 
 JOINSERVICE_PKGS := ./joinservice/... ./internal/joinledger/ ./internal/cli/

@@ -10,8 +10,9 @@ mini: mini-deps mini-up ## on a fresh machine: install packages, build everythin
 mini-deps: ## install the Debian packages the mini cluster needs (idempotent)
 	./scripts/install-deps.sh
 
-mini-build: ## build Kubernetes, etcd, CoreDNS, flannel, the pod binaries and the backup tests' object store (cached by version)
+mini-build: ## build Kubernetes, etcd, CoreDNS, flannel and the pod binaries at every supported Kubernetes version, and the backup tests' object store (cached by version)
 	./scripts/build-k8s.sh >/dev/null
+	for v in $$(./scripts/build-k8s.sh --supported); do ./scripts/build-k8s.sh --kubernetes-version $$v k8s etcd coredns >/dev/null || exit 1; done
 	./scripts/build-k8s.sh versitygw >/dev/null
 
 mini-up: build mini-build ## start a mini cluster in MINI_DIR (root)

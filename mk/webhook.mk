@@ -1,5 +1,5 @@
-# Image-policy webhook targets. The API-server tests run kube-apiserver v1.34.2 and etcd 3.6.5
-# as processes in a private network namespace (root); `scripts/build-k8s.sh k8s etcd` builds them.
+# Image-policy webhook targets. The API-server tests run the default release's kube-apiserver and
+# etcd (internal/k8sversion) as processes in a private network namespace (root); `scripts/build-k8s.sh k8s etcd` builds them.
 
 .PHONY: test-e2e-webhook webhook-build test-webhook test-webhook-apiserver test-webhook-load test-webhook-load-nodrain bench-webhook
 

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/berth-k8s/berth/internal/k8sversion"
 )
 
 // imageRoot returns the root tree `make image` built, named by BERTH_IMAGE_ROOT, or skips the test.
@@ -315,8 +317,8 @@ func TestTreeBinariesRun(t *testing.T) {
 		t.Fatalf("kubeadm version: %v\n%s", err, out)
 	}
 	version := strings.TrimSpace(string(out))
-	if !strings.HasPrefix(version, "v1.34.") {
-		t.Fatalf("kubeadm version = %q, want v1.34.x (from %s)", version, info["IMAGE_K8S_BIN"])
+	if want := k8sversion.Default().Kubernetes; version != want {
+		t.Fatalf("kubeadm version = %q, want the default release %s (from %s)", version, want, info["IMAGE_K8S_BIN"])
 	}
 
 	// containerd must use the pod sandbox image this kubeadm expects (a node imports it, never pulls).

@@ -27,8 +27,8 @@ import (
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/pem"
-	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -43,6 +43,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/k8sversion"
 	"github.com/berth-k8s/berth/internal/prereq"
 	"github.com/berth-k8s/berth/internal/proctest"
 )
@@ -55,10 +56,10 @@ const (
 	JoinServiceUser = "system:serviceaccount:" + joinconfig.Namespace + ":" + joinconfig.ServiceAccountName
 )
 
-// The versions the binaries are built at (scripts/build-k8s.sh).
-const (
-	kubeDirGlob = "k8s-v1.34.2-*"
-	etcdDirGlob = "etcd-3.6.5-*"
+// The cache dirs of the default release's binaries (scripts/build-k8s.sh, k8sversion.Default).
+var (
+	kubeDirGlob = "k8s-" + k8sversion.Default().Kubernetes + "-*"
+	etcdDirGlob = "etcd-" + k8sversion.Default().Etcd + "-*"
 )
 
 // How long the processes get to become ready, and how often readiness is probed.
@@ -152,7 +153,8 @@ func binDirs() (kube, etcd string, err error) {
 		etcd = newestStamped(filepath.Join(cache, etcdDirGlob))
 	}
 	if kube == "" || etcd == "" {
-		return "", "", errors.New("kube-apiserver v1.34.2 and etcd 3.6.5 are not built: run `scripts/build-k8s.sh k8s etcd` or set BERTH_KUBE_BIN and BERTH_ETCD_BIN")
+		return "", "", fmt.Errorf("kube-apiserver %s and etcd %s are not built: run `scripts/build-k8s.sh k8s etcd` or set BERTH_KUBE_BIN and BERTH_ETCD_BIN",
+			k8sversion.Default().Kubernetes, k8sversion.Default().Etcd)
 	}
 	for _, p := range []string{filepath.Join(kube, "kube-apiserver"), filepath.Join(etcd, "etcd")} {
 		if _, err := os.Stat(p); err != nil {
@@ -282,6 +284,12 @@ func start(o options) (e *Env, err error) {
 		return e, err
 	}
 	e.url = fmt.Sprintf("https://127.0.0.1:%d", ports[2])
+	var reconciler []string
+	if ip, err := netip.ParseAddr(o.advertiseAddress); err == nil && ip.IsLoopback() {
+		// kube-apiserver refuses a loopback advertise address (v1.37 and later) unless no endpoint
+		// reconciler publishes it as the kubernetes Service's endpoint.
+		reconciler = []string{"--endpoint-reconciler-type=none"}
+	}
 	e.cmds = []proctest.Cmd{{
 		Name: "etcd", Path: filepath.Join(etcdBin, "etcd"), LogFile: filepath.Join(dir, "etcd.log"),
 		Args: []string{"--name=default", "--data-dir=" + filepath.Join(dir, "etcd"),
@@ -298,7 +306,7 @@ func start(o options) (e *Env, err error) {
 			// No flow control: load tests measure their own path, not APF queueing.
 			"--enable-priority-and-fairness=false",
 			"--v=0",
-		}, append(admission(o), o.extraArgs...)...),
+		}, append(append(admission(o), reconciler...), o.extraArgs...)...),
 	}}
 	return e, e.startProcesses(context.Background())
 }

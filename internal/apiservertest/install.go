@@ -15,14 +15,14 @@ import (
 	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/k8sversion"
 )
 
 // The cluster InstallBerth installs: fixed secrets, so that tests can derive what the joinservice
 // derives (ClusterID), and a control-plane endpoint from a documentation range.
 const (
-	installKubernetesVersion = "v1.34.2"
-	installEndpoint          = "198.51.100.10:6443"
-	installJoinServiceImage  = "berth/joinservice:test"
+	installEndpoint         = "198.51.100.10:6443"
+	installJoinServiceImage = "berth/joinservice:test"
 )
 
 var (
@@ -64,7 +64,7 @@ func (e *Env) InstallBerth(ctx context.Context, policyYAML string) error {
 				AttestationPolicy: []byte(policyYAML),
 				MeasurementSalt:   installSalt,
 				ClusterID:         ClusterID(),
-				KubernetesVersion: installKubernetesVersion,
+				KubernetesVersion: k8sversion.Default().Kubernetes,
 				APIServerEndpoint: installEndpoint,
 			},
 		})

@@ -20,6 +20,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/k8sversion"
 	"github.com/berth-k8s/berth/internal/kmsstate"
 	"github.com/berth-k8s/berth/internal/records"
 )
@@ -31,7 +32,7 @@ func testObjects(t *testing.T, cfg berthsystem.Config) []*unstructured.Unstructu
 	cfg.JoinServiceImage = testJoinServiceImage
 	objs, err := berthsystem.Objects(cfg, berthsystem.Cluster{
 		Secrets: joinconfig.ClusterSecrets{MasterSecret: bytes.Repeat([]byte{1}, 32), Salt: bytes.Repeat([]byte{2}, 32)},
-		Join:    joinconfig.Config{AttestationPolicy: []byte("variant: tpm\n"), MeasurementSalt: []byte{2}, ClusterID: []byte{3}, KubernetesVersion: "v1.34.2", APIServerEndpoint: "198.51.100.10:6443"},
+		Join:    joinconfig.Config{AttestationPolicy: []byte("variant: tpm\n"), MeasurementSalt: []byte{2}, ClusterID: []byte{3}, KubernetesVersion: "v1.37.2", APIServerEndpoint: "198.51.100.10:6443"},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -95,12 +96,22 @@ func TestNamespacePodSecurity(t *testing.T) {
 		if got := ns.Labels["pod-security.kubernetes.io/"+mode]; got != "restricted" {
 			t.Errorf("%s = %q, want restricted", mode, got)
 		}
-		if got := ns.Labels["pod-security.kubernetes.io/"+mode+"-version"]; got != "v1.34" {
-			t.Errorf("%s-version = %q, want v1.34", mode, got)
+		if got := ns.Labels["pod-security.kubernetes.io/"+mode+"-version"]; got != "v1.37" {
+			t.Errorf("%s-version = %q, want v1.37", mode, got)
 		}
 	}
 	if _, err := psaapi.ParseVersion(ns.Labels[psaapi.EnforceVersionLabel]); err != nil {
 		t.Errorf("the enforce version does not parse: %v", err)
+	}
+	// Every supported release pins its own minor, one the Pod Security library parses.
+	for _, r := range k8sversion.Supported() {
+		got := berthsystem.Namespace(r.Kubernetes).Labels[psaapi.EnforceVersionLabel]
+		if got != r.Minor() {
+			t.Errorf("enforce-version at %s = %q, want %s", r, got, r.Minor())
+		}
+		if _, err := psaapi.ParseVersion(got); err != nil {
+			t.Errorf("enforce-version at %s does not parse: %v", r, err)
+		}
 	}
 	if got := berthsystem.Namespace("").Labels[psaapi.EnforceVersionLabel]; got != "latest" {
 		t.Errorf("enforce-version without a Kubernetes version = %q, want latest", got)

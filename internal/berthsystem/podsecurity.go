@@ -56,7 +56,7 @@ const (
 const podSecurityLevel = psaapi.LevelRestricted
 
 // podSecurityVersion pins the Pod Security Standards to the cluster's Kubernetes minor version
-// ("v1.34" for "v1.34.2"), so that an upgrade does not tighten them under running pods; "latest"
+// ("v1.37" for "v1.37.2"), so that an upgrade does not tighten them under running pods; "latest"
 // when the version does not parse.
 func podSecurityVersion(kubernetesVersion string) string {
 	v, err := version.ParseGeneric(kubernetesVersion)

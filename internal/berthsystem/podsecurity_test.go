@@ -17,6 +17,7 @@ import (
 	"github.com/berth-k8s/berth/internal/apply"
 	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/k8sversion"
 	"github.com/berth-k8s/berth/internal/webhook/install"
 	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
@@ -114,7 +115,7 @@ func TestPodSecurityOnAPIServer(t *testing.T) {
 	}
 	noClass := joinService(joinconfig.Namespace)
 	noClass.Spec.RuntimeClassName = nil
-	if err := create(noClass); err == nil || !strings.Contains(err.Error(), `violates PodSecurity "restricted:v1.34"`) {
+	if err := create(noClass); err == nil || !strings.Contains(err.Error(), `violates PodSecurity "restricted:`+k8sversion.Default().Minor()+`"`) {
 		t.Errorf("the joinservice's pod without RuntimeClass %s: %v, want refused by PodSecurity restricted", berthsystem.HostRuntimeClass, err)
 	} else {
 		t.Logf("refused: %v", err)

@@ -32,7 +32,7 @@ func joinServicePod(t *testing.T, cfg berthsystem.Config, attestationPolicy stri
 	}
 	objs, err := berthsystem.Objects(cfg, berthsystem.Cluster{
 		Secrets: joinconfig.ClusterSecrets{MasterSecret: bytes.Repeat([]byte{1}, 32), Salt: bytes.Repeat([]byte{2}, 32)},
-		Join:    joinconfig.Config{AttestationPolicy: []byte(attestationPolicy), KubernetesVersion: "v1.34.2"},
+		Join:    joinconfig.Config{AttestationPolicy: []byte(attestationPolicy), KubernetesVersion: "v1.37.2"},
 	})
 	if err != nil {
 		return nil, err

@@ -24,6 +24,7 @@ import (
 	"github.com/berth-k8s/berth/internal/initclient"
 	"github.com/berth-k8s/berth/internal/initconfig"
 	"github.com/berth-k8s/berth/internal/webhook"
+	"github.com/berth-k8s/berth/internal/k8sversion"
 	"github.com/berth-k8s/berth/internal/workspace"
 )
 
@@ -72,7 +73,7 @@ internal/clusterconfig/REFERENCE.md; a JSON schema for editors: berth config sch
   apiVersion: config.berth.dev/v1alpha1
   kind: ClusterConfiguration
   clusterName: berth
-  kubernetesVersion: v1.34.2
+  kubernetesVersion: ` + k8sversion.Default().Kubernetes + `   # supported: ` + k8sversion.SupportedList() + `
   networking: {serviceSubnet: 10.96.0.0/12, podSubnet: 10.244.0.0/16}
   apiServer:
     certSANs: [198.51.100.10]

@@ -101,20 +101,20 @@ func TestManifestsConfig(t *testing.T) {
 	write("root.pem", "-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n")
 	write("policy.yaml", "variant: tpm\ntrustRoots:\n  - file: root.pem\n")
 	write("images.yaml", "rules: []\n")
-	write("init.yaml", "kubernetesVersion: v1.33.5\nattestationPolicyFile: policy.yaml\ncomponents:\n  imagePolicyFile: images.yaml\n")
+	write("init.yaml", "kubernetesVersion: v1.36.3\nattestationPolicyFile: policy.yaml\ncomponents:\n  imagePolicyFile: images.yaml\n")
 	objs, _, notes := manifests(t, "--config", filepath.Join(dir, "init.yaml"), "-o", "json")
 	for _, o := range objs {
 		switch o.GetKind() + "/" + o.GetName() {
 		case "Namespace/berth-system":
-			if v := o.GetLabels()["pod-security.kubernetes.io/enforce-version"]; v != "v1.33" {
-				t.Errorf("enforce-version %q, want v1.33", v)
+			if v := o.GetLabels()["pod-security.kubernetes.io/enforce-version"]; v != "v1.36" {
+				t.Errorf("enforce-version %q, want v1.36", v)
 			}
 		case "ConfigMap/berth-join-config":
 			data, _, _ := unstructured.NestedStringMap(o.Object, "data")
 			if p := data["attestationPolicy"]; !strings.Contains(p, "pem:") || strings.Contains(p, "file:") {
 				t.Errorf("attestation policy %q, want the trust root inlined", p)
 			}
-			if data["kubernetesVersion"] != "v1.33.5" {
+			if data["kubernetesVersion"] != "v1.36.3" {
 				t.Errorf("join configuration %v", data)
 			}
 		case "ConfigMap/berth-webhook-policy":

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/berth-k8s/berth/internal/k8sversion"
 	"github.com/berth-k8s/berth/internal/mini"
 )
 
@@ -101,6 +102,7 @@ type miniUpFlags struct {
 	dir           string
 	name          string
 	subnet        string
+	k8sVersion    string
 	controlPlanes int
 	workers       int
 	tampered      int
@@ -130,7 +132,8 @@ berth mini down removes it.
 
 The first up builds Kubernetes, etcd, CoreDNS and flannel from source (scripts/build-k8s.sh,
 about ten minutes on two cores; the build says what it builds and estimates how long is left);
-later ones find them cached.
+later ones find them cached. --kubernetes-version picks another supported release (each is built
+and cached once, with the etcd, CoreDNS and pause versions its kubeadm names).
 
 With --config FILE, berth init's configuration starts from FILE (a config.berth.dev/v1alpha1
 ClusterConfiguration: API-server flags, audit, kubelet and kube-proxy settings, ...); the mini
@@ -139,6 +142,7 @@ one that sets the version or networks, is refused naming the field before anythi
 		Example: `  sudo berth mini up
   sudo berth mini up --control-planes 3 --workers 2 --tampered-workers 1
   sudo berth mini up --attestation insecure-none --workers 1
+  sudo berth mini up --kubernetes-version v1.36 --workers 1
   sudo berth mini up --config cluster.yaml   # a config.berth.dev/v1alpha1 ClusterConfiguration`,
 		Args:    cobra.NoArgs,
 		PreRunE: requireRoot,
@@ -150,6 +154,7 @@ one that sets the version or networks, is refused naming the field before anythi
 	fl.StringVar(&f.dir, "dir", mini.DefaultDir, "directory for the cluster's state, node files, logs and admin.conf")
 	fl.StringVar(&f.name, "name", mini.DefaultName, "cluster name; prefixes namespaces, links and cgroups (1-8 of [a-z0-9])")
 	fl.StringVar(&f.subnet, "subnet", mini.DefaultSubnet, "node network (a documentation range); the host takes .1, nodes .10 and up")
+	fl.StringVar(&f.k8sVersion, "kubernetes-version", k8sversion.Default().Kubernetes, "Kubernetes version or minor the cluster runs; supported: "+k8sversion.SupportedList())
 	fl.IntVar(&f.controlPlanes, "control-planes", 1, "number of control-plane nodes")
 	fl.IntVar(&f.workers, "workers", 2, "number of worker nodes")
 	fl.IntVar(&f.tampered, "tampered-workers", 0, "extra workers t1..tK whose simulated boot is tampered with; an attested cluster must reject them")
@@ -180,12 +185,16 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 	if err != nil {
 		return fmt.Errorf("resolving --dir: %w", err)
 	}
+	release, err := k8sversion.Lookup(f.k8sVersion)
+	if err != nil {
+		return &exitError{code: exitUsage, err: fmt.Errorf("--kubernetes-version: %w", err)}
+	}
 	env, err := mini.HostEnv()
 	if err != nil {
 		return err
 	}
 	cfg := mini.Config{
-		Name: f.name, Dir: dir, Subnet: subnet,
+		Name: f.name, Dir: dir, Subnet: subnet, KubernetesVersion: release.Kubernetes,
 		PodCIDR:       netip.MustParsePrefix(mini.DefaultPodCIDR),
 		ServiceCIDR:   netip.MustParsePrefix(mini.DefaultServiceCIDR),
 		ControlPlanes: f.controlPlanes, Workers: f.workers, TamperedWorkers: f.tampered,
@@ -216,7 +225,7 @@ func runMiniUp(ctx context.Context, out, errOut io.Writer, f miniUpFlags) error 
 	}
 	start := time.Now()
 	phase := printPhase(errOut)
-	_, _ = fmt.Fprintf(errOut, "berth mini up: %d control plane(s), %d worker(s) in %s\n", cfg.ControlPlanes, cfg.Workers, dir)
+	_, _ = fmt.Fprintf(errOut, "berth mini up: Kubernetes %s, %d control plane(s), %d worker(s) in %s\n", release.Kubernetes, cfg.ControlPlanes, cfg.Workers, dir)
 
 	cleanup, err := mini.Build(ctx, &cfg, mini.BuildOptions{
 		Script: f.buildScript, Cache: f.cacheDir, Self: env.Self, Berth: !f.noBootstrap,

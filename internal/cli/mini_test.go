@@ -31,7 +31,8 @@ func TestMiniHelp(t *testing.T) {
 	if code := Execute(context.Background(), []string{"mini", "up", "--help"}, &out, &errOut); code != exitOK {
 		t.Fatalf("help exit code %d: %s", code, errOut.String())
 	}
-	for _, want := range []string{"--workers", "--control-planes", "--tampered-workers", "--no-bootstrap", "--attestation", "berth mini down"} {
+	for _, want := range []string{"--workers", "--control-planes", "--tampered-workers", "--no-bootstrap", "--attestation", "berth mini down",
+		"--kubernetes-version", "v1.37.2 (default), v1.36.3"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("mini up --help lacks %q", want)
 		}
@@ -54,6 +55,33 @@ func TestMiniUpRejectsBadFlags(t *testing.T) {
 		code := Execute(context.Background(), append([]string{"mini", "up", "--dir", t.TempDir()}, args...), &out, &errOut)
 		if code != exitUsage {
 			t.Errorf("mini up %v: code %d (stderr %q), want usage error", args, code, errOut.String())
+		}
+	}
+}
+
+// An unsupported Kubernetes version is a usage error that lists the supported ones, before anything
+// is built or created; the version is quoted, so a control character in it never reaches a terminal.
+func TestMiniUpRejectsUnsupportedKubernetesVersion(t *testing.T) {
+	orig := geteuid
+	geteuid = func() int { return 0 }
+	defer func() { geteuid = orig }()
+	for _, v := range []string{"v1.34.2", "v1.35", "1.37", "v1.37.2\x1b[2J"} {
+		var out, errOut bytes.Buffer
+		dir := filepath.Join(t.TempDir(), "cluster")
+		code := Execute(context.Background(), []string{"mini", "up", "--dir", dir, "--no-bootstrap", "--build-script", "/nonexistent", "--kubernetes-version", v}, &out, &errOut)
+		if code != exitUsage {
+			t.Errorf("--kubernetes-version %q: code %d (stderr %q), want usage error", v, code, errOut.String())
+		}
+		for _, want := range []string{"unsupported Kubernetes version", "v1.37.2", "v1.36.3"} {
+			if !strings.Contains(errOut.String(), want) {
+				t.Errorf("--kubernetes-version %q: stderr %q lacks %q", v, errOut.String(), want)
+			}
+		}
+		if strings.ContainsRune(errOut.String(), '\x1b') {
+			t.Errorf("--kubernetes-version %q: stderr carries a control character", v)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("--kubernetes-version %q: the cluster directory was created (%v)", v, err)
 		}
 	}
 }

@@ -20,6 +20,8 @@ import (
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	sigsjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
+
+	"github.com/berth-k8s/berth/internal/k8sversion"
 )
 
 const (
@@ -31,11 +33,13 @@ const (
 	APIVersion = Group + "/" + Version
 	// Kind is the kind of the cluster configuration.
 	Kind = "ClusterConfiguration"
-	// DefaultKubernetesVersion is the Kubernetes version a configuration without one deploys.
-	DefaultKubernetesVersion = "v1.34.2"
 	// DefaultAuditLogPath is where the API server writes its audit log unless audit.logPath says.
 	DefaultAuditLogPath = "/var/log/kubernetes/audit/audit.log"
 )
+
+// DefaultKubernetesVersion is the Kubernetes version a configuration without one deploys: the
+// default of the supported releases (internal/k8sversion).
+var DefaultKubernetesVersion = k8sversion.Default().Kubernetes
 
 // ErrInvalid wraps every refusal of a configuration: a syntax error, an unknown field, a wrong
 // type, a value validation refuses.

@@ -13,7 +13,7 @@ import (
 const full = `apiVersion: config.berth.dev/v1alpha1
 kind: ClusterConfiguration
 clusterName: prod
-kubernetesVersion: v1.34.2
+kubernetesVersion: v1.36.3
 networking: {serviceSubnet: 10.100.0.0/16, podSubnet: 10.200.0.0/16}
 apiServer:
   certSANs: [192.0.2.1, api.example.com]

@@ -14,6 +14,8 @@ import (
 	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	"sigs.k8s.io/yaml"
+
+	"github.com/berth-k8s/berth/internal/k8sversion"
 )
 
 var (
@@ -63,6 +65,12 @@ func Validate(c *ClusterConfiguration) field.ErrorList {
 	}
 	if !kubeVersion.MatchString(c.KubernetesVersion) {
 		errs = append(errs, field.Invalid(field.NewPath("kubernetesVersion"), c.KubernetesVersion, "must be of the form v1.MINOR.PATCH"))
+	} else if _, err := k8sversion.Lookup(c.KubernetesVersion); err != nil {
+		var supported []string
+		for _, r := range k8sversion.Supported() {
+			supported = append(supported, r.Kubernetes)
+		}
+		errs = append(errs, field.NotSupported(field.NewPath("kubernetesVersion"), c.KubernetesVersion, supported))
 	}
 	errs = append(errs, validateNetworking(&c.Networking, field.NewPath("networking"))...)
 	errs = append(errs, validateAPIServer(&c.APIServer, field.NewPath("apiServer"))...)

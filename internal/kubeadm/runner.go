@@ -45,7 +45,7 @@ func (r *Runner) ignoreFlag() []string {
 	return []string{"--ignore-preflight-errors=" + strings.Join(r.IgnorePreflightErrors, ",")}
 }
 
-// Version writes kubeadm's version ("v1.34.2") to out.
+// Version writes kubeadm's version ("v1.37.2") to out.
 func (r *Runner) Version(ctx context.Context, out io.Writer) error {
 	return r.run(ctx, out, "version", "-o", "short")
 }

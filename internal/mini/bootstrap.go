@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/berth-k8s/berth/internal/clusterconfig"
+	"github.com/berth-k8s/berth/internal/k8sversion"
 	"github.com/berth-k8s/berth/internal/kubeclient"
 )
 
@@ -53,7 +54,7 @@ func (c *Cluster) initConfig() ([]byte, error) {
 		}
 	}
 	cfg.ClusterName = c.cfg.Name
-	cfg.KubernetesVersion = KubernetesVersion
+	cfg.KubernetesVersion = c.cfg.Release().Kubernetes
 	cfg.Networking = clusterconfig.Networking{ServiceSubnet: c.cfg.ServiceCIDR.Masked().String(), PodSubnet: c.cfg.PodCIDR.Masked().String()}
 	cfg.APIServer.CertSANs = append(cfg.APIServer.CertSANs, c.cfg.HostAddr().String())
 	cfg.InitSecretFile = c.initSecretPath()
@@ -85,8 +86,8 @@ func ReadClusterConfig(path string) (clusterconfig.ClusterConfiguration, error) 
 	if err != nil {
 		return cfg, fmt.Errorf("%w %s: %w", ErrClusterConfig, path, err)
 	}
-	if cfg.KubernetesVersion != "" && cfg.KubernetesVersion != KubernetesVersion {
-		return cfg, fmt.Errorf("%w %s: kubernetesVersion: the mini cluster runs %s", ErrClusterConfig, path, KubernetesVersion)
+	if cfg.KubernetesVersion != "" {
+		return cfg, fmt.Errorf("%w %s: kubernetesVersion: the mini cluster runs the version --kubernetes-version names (%s)", ErrClusterConfig, path, k8sversion.SupportedList())
 	}
 	if cfg.Networking != (clusterconfig.Networking{}) {
 		return cfg, fmt.Errorf("%w %s: networking: the mini cluster chooses its own networks", ErrClusterConfig, path)

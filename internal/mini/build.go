@@ -48,7 +48,7 @@ func DefaultBuildScript(self string) string {
 }
 
 // Build makes everything cfg needs before Up, cached where it can be, and records it in cfg: the
-// upstream binaries (cfg.Bins), the archive of their images and the containerd root holding them
+// upstream binaries at cfg's Kubernetes release (cfg.Bins), the archive of their images and the containerd root holding them
 // (cfg.ImageArchive, cfg.GoldenRoot), and with o.Berth the archive of Berth's own images
 // (cfg.BerthArchive, cfg.WebhookImage when a berth-webhook binary lies beside o.Self). Berth's
 // archive lies in a temporary directory under o.Cache; the returned function removes it.
@@ -58,7 +58,8 @@ func Build(ctx context.Context, cfg *Config, o BuildOptions) (cleanup func(), er
 	if script == "" {
 		script = DefaultBuildScript(o.Self)
 	}
-	bins, err := BuildBins(ctx, script, o.Cache, o.Log)
+	release := cfg.Release()
+	bins, err := BuildBins(ctx, script, o.Cache, release.Kubernetes, o.Log)
 	if err != nil {
 		return nil, err
 	}
@@ -66,7 +67,7 @@ func Build(ctx context.Context, cfg *Config, o BuildOptions) (cleanup func(), er
 	o.Progress(Phase{Name: "build", Duration: time.Since(t0)})
 
 	t0 = time.Now()
-	archive, err := EnsureImageArchive(o.Cache, bins)
+	archive, err := EnsureImageArchive(o.Cache, bins, release)
 	if err != nil {
 		return nil, fmt.Errorf("building images: %w", err)
 	}
@@ -97,10 +98,11 @@ func Build(ctx context.Context, cfg *Config, o BuildOptions) (cleanup func(), er
 	return cleanup, nil
 }
 
-// BuildBins runs the build script with the cache dir and maps its output lines (one bin dir per
-// component, in the order asked) to Bins. The script's progress goes to log.
-func BuildBins(ctx context.Context, script, cacheDir string, log io.Writer) (Bins, error) {
-	cmd := exec.CommandContext(ctx, script, buildComponents...)
+// BuildBins runs the build script for Kubernetes version (exact, one k8sversion supports) with the
+// cache dir and maps its output lines (one bin dir per component, in the order asked) to Bins. The
+// script's progress goes to log.
+func BuildBins(ctx context.Context, script, cacheDir, version string, log io.Writer) (Bins, error) {
+	cmd := exec.CommandContext(ctx, script, append([]string{"--kubernetes-version", version}, buildComponents...)...)
 	cmd.Env = append(os.Environ(), "BERTH_CACHE="+cacheDir)
 	var stdout bytes.Buffer
 	cmd.Stdout = &stdout

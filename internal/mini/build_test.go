@@ -15,24 +15,27 @@ func writeScript(t *testing.T, path, body string) {
 	}
 }
 
-// BuildBins passes the components and the cache to the script, maps its lines to Bins, and refuses
+// BuildBins passes the Kubernetes version, the components and the cache to the script, maps its lines to Bins, and refuses
 // a script that failed or printed another number of bin dirs.
 func TestBuildBins(t *testing.T) {
 	dir := t.TempDir()
 	script := filepath.Join(dir, "build.sh")
 	writeScript(t, script, `echo "building $* in $BERTH_CACHE" >&2
-for c in "$@"; do echo "$BERTH_CACHE/$c/bin"; echo; done
+[ "$1" = --kubernetes-version ] || exit 2
+v=$2; shift 2
+for c in "$@"; do echo "$BERTH_CACHE/$c-$v/bin"; echo; done
 `)
 	var log strings.Builder
-	bins, err := BuildBins(t.Context(), script, "/cache", &log)
+	bins, err := BuildBins(t.Context(), script, "/cache", "v1.36.3", &log)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Bins{K8s: "/cache/k8s/bin", Etcd: "/cache/etcd/bin", CoreDNS: "/cache/coredns/bin", Flannel: "/cache/flannel/bin", PodBin: "/cache/podbin/bin"}
+	want := Bins{K8s: "/cache/k8s-v1.36.3/bin", Etcd: "/cache/etcd-v1.36.3/bin", CoreDNS: "/cache/coredns-v1.36.3/bin",
+		Flannel: "/cache/flannel-v1.36.3/bin", PodBin: "/cache/podbin-v1.36.3/bin"}
 	if bins != want {
 		t.Errorf("BuildBins() = %+v, want %+v", bins, want)
 	}
-	if log.String() != "building k8s etcd coredns flannel podbin in /cache\n" {
+	if log.String() != "building --kubernetes-version v1.36.3 k8s etcd coredns flannel podbin in /cache\n" {
 		t.Errorf("the script's progress = %q", log.String())
 	}
 	for name, body := range map[string]string{
@@ -41,7 +44,7 @@ for c in "$@"; do echo "$BERTH_CACHE/$c/bin"; echo; done
 		"too many lines": "for i in 1 2 3 4 5 6; do echo /$i; done\n",
 	} {
 		writeScript(t, script, body)
-		if _, err := BuildBins(t.Context(), script, "/cache", &log); err == nil || !strings.Contains(err.Error(), script) {
+		if _, err := BuildBins(t.Context(), script, "/cache", "v1.37.2", &log); err == nil || !strings.Contains(err.Error(), script) {
 			t.Errorf("%s: BuildBins() = %v, want an error naming the script", name, err)
 		}
 	}

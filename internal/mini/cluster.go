@@ -555,7 +555,7 @@ func (c *Cluster) namespaces(ctx context.Context, n Node) error {
 			}
 		}
 	}
-	if err := writeFile(filepath.Join(fsDir, "etc-containerd", "config.toml"), []byte(containerdConfig()), 0o644); err != nil {
+	if err := writeFile(filepath.Join(fsDir, "etc-containerd", "config.toml"), []byte(containerdConfig(c.cfg.Release().Images().Pause)), 0o644); err != nil {
 		return err
 	}
 	for _, f := range []string{c.cfg.MountNS(n.Name), c.cfg.UTSNS(n.Name)} {

@@ -10,8 +10,9 @@ import (
 
 // containerdConfig is containerd 1.6's configuration for a node. Paths are the standard ones: the
 // node's mount namespace maps them to the node's own directories. restrict_oom_score_adj is required
-// on hosts without CAP_SYS_RESOURCE (runc cannot set negative OOM scores there).
-func containerdConfig() string {
+// on hosts without CAP_SYS_RESOURCE (runc cannot set negative OOM scores there). pauseImage is the
+// sandbox image the cluster's kubeadm names.
+func containerdConfig(pauseImage string) string {
 	return `# Written by berth mini.
 version = 2
 root = "/var/lib/containerd"
@@ -22,7 +23,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   address = "/run/containerd/containerd.sock"
 
 [plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "` + ImagePause + `"
+  sandbox_image = "` + pauseImage + `"
   restrict_oom_score_adj = true
   enable_selinux = false
   [plugins."io.containerd.grpc.v1.cri".containerd]

@@ -11,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/k8sversion"
 	"github.com/berth-k8s/berth/internal/mini/image"
 )
 
@@ -20,9 +21,10 @@ const imageFormat = "1"
 // nftPath is Debian's nft, which kube-proxy's nftables mode execs.
 const nftPath = "/usr/sbin/nft"
 
-// ImageSpecs lists every image the mini cluster needs: all images kubeadm v1.34.2 names, flannel and
-// the e2e test workload. kube-proxy's image carries nft and its shared libraries from the host.
-func ImageSpecs(b Bins) ([]image.Spec, error) {
+// ImageSpecs lists every image a mini cluster at release r needs: all images r's kubeadm names,
+// flannel and the e2e test workload. kube-proxy's image carries nft and its shared libraries from the
+// host.
+func ImageSpecs(b Bins, r k8sversion.Release) ([]image.Spec, error) {
 	bin := func(dir, name string) image.File {
 		return image.File{Src: filepath.Join(dir, name), Dst: "/usr/local/bin/" + name}
 	}
@@ -30,25 +32,26 @@ func ImageSpecs(b Bins) ([]image.Spec, error) {
 	if err != nil {
 		return nil, fmt.Errorf("collecting nft for the kube-proxy image: %w", err)
 	}
+	im := r.Images()
 	return []image.Spec{
-		{Tag: ImageKubeAPIServer, Files: []image.File{bin(b.K8s, "kube-apiserver")}},
-		{Tag: ImageKubeControllerManager, Files: []image.File{bin(b.K8s, "kube-controller-manager")}},
-		{Tag: ImageKubeScheduler, Files: []image.File{bin(b.K8s, "kube-scheduler")}},
-		{Tag: ImageKubeProxy, Files: append([]image.File{bin(b.K8s, "kube-proxy")}, nft...)},
-		{Tag: ImageEtcd, Files: []image.File{bin(b.Etcd, "etcd")}},
-		{Tag: ImageCoreDNS, Files: []image.File{{Src: filepath.Join(b.CoreDNS, "coredns"), Dst: "/coredns"}}, Entrypoint: []string{"/coredns"}},
-		{Tag: ImagePause, Files: []image.File{{Src: filepath.Join(b.PodBin, "pause"), Dst: "/pause"}}, Entrypoint: []string{"/pause"}},
+		{Tag: im.KubeAPIServer, Files: []image.File{bin(b.K8s, "kube-apiserver")}},
+		{Tag: im.KubeControllerManager, Files: []image.File{bin(b.K8s, "kube-controller-manager")}},
+		{Tag: im.KubeScheduler, Files: []image.File{bin(b.K8s, "kube-scheduler")}},
+		{Tag: im.KubeProxy, Files: append([]image.File{bin(b.K8s, "kube-proxy")}, nft...)},
+		{Tag: im.Etcd, Files: []image.File{bin(b.Etcd, "etcd")}},
+		{Tag: im.CoreDNS, Files: []image.File{{Src: filepath.Join(b.CoreDNS, "coredns"), Dst: "/coredns"}}, Entrypoint: []string{"/coredns"}},
+		{Tag: im.Pause, Files: []image.File{{Src: filepath.Join(b.PodBin, "pause"), Dst: "/pause"}}, Entrypoint: []string{"/pause"}},
 		{Tag: ImageFlannel, Files: []image.File{{Src: filepath.Join(b.Flannel, "flanneld"), Dst: "/opt/bin/flanneld"}}, Entrypoint: []string{"/opt/bin/flanneld"}},
 		{Tag: ImageTestApp, Files: []image.File{{Src: filepath.Join(b.PodBin, "testapp"), Dst: "/testapp"}}, Entrypoint: []string{"/testapp"}},
 	}, nil
 }
 
-// EnsureImageArchive returns the path of the docker-archive holding every image of ImageSpecs(b),
+// EnsureImageArchive returns the path of the docker-archive holding every image of ImageSpecs(b, r),
 // building it under cacheDir when no archive for these inputs exists yet. The name carries a hash
 // of the inputs (the versioned bin dirs and the host files copied in), so a warm call only hashes
 // small files and returns; an exclusive flock keeps concurrent callers from building twice.
-func EnsureImageArchive(cacheDir string, b Bins) (string, error) {
-	specs, err := ImageSpecs(b)
+func EnsureImageArchive(cacheDir string, b Bins, r k8sversion.Release) (string, error) {
+	specs, err := ImageSpecs(b, r)
 	if err != nil {
 		return "", err
 	}

@@ -51,7 +51,7 @@ func TestInitConfigRoundTrips(t *testing.T) {
 			}
 			want := clusterconfig.Default()
 			want.ClusterName = cfg.Name
-			want.KubernetesVersion = KubernetesVersion
+			want.KubernetesVersion = cfg.Release().Kubernetes
 			want.Networking = clusterconfig.Networking{ServiceSubnet: cfg.ServiceCIDR.Masked().String(), PodSubnet: cfg.PodCIDR.Masked().String()}
 			want.APIServer.CertSANs = []string{cfg.HostAddr().String()}
 			want.InitSecretFile = cl.initSecretPath()

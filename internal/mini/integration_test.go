@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	"github.com/berth-k8s/berth/internal/k8sversion"
 	"github.com/berth-k8s/berth/internal/mini/image"
 	"github.com/berth-k8s/berth/internal/prereq"
 )
@@ -103,7 +104,7 @@ func TestIntegrationTwoNodes(t *testing.T) {
 	podbin := buildPodBins(t)
 	archive := filepath.Join(t.TempDir(), "images.tar")
 	if err := image.WriteArchive(archive, []image.Spec{
-		{Tag: ImagePause, Files: []image.File{{Src: filepath.Join(podbin, "pause"), Dst: "/pause"}}, Entrypoint: []string{"/pause"}},
+		{Tag: k8sversion.Default().Images().Pause, Files: []image.File{{Src: filepath.Join(podbin, "pause"), Dst: "/pause"}}, Entrypoint: []string{"/pause"}},
 		{Tag: ImageTestApp, Files: []image.File{{Src: filepath.Join(podbin, "testapp"), Dst: "/testapp"}}, Entrypoint: []string{"/testapp"}},
 	}); err != nil {
 		t.Fatal(err)

@@ -24,24 +24,17 @@ import (
 	"regexp"
 	"strings"
 
+	"github.com/berth-k8s/berth/internal/k8sversion"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/internal/statedisk"
 )
 
-// Versions and image references of the mini cluster. kubeadm v1.34.2 names the registry.k8s.io
-// tags; the berth.local ones are ours and never resolve anywhere, so a missing import fails fast.
+// Image references of the mini cluster's own images. The upstream ones (registry.k8s.io) follow the
+// cluster's Kubernetes release (Config.Release, k8sversion.Release.Images); the berth.local ones are
+// ours and never resolve anywhere, so a missing import fails fast.
 const (
-	KubernetesVersion = "v1.34.2"
-
-	ImagePause                 = "registry.k8s.io/pause:3.10.1"
-	ImageEtcd                  = "registry.k8s.io/etcd:3.6.5-0"
-	ImageCoreDNS               = "registry.k8s.io/coredns/coredns:v1.12.1"
-	ImageKubeAPIServer         = "registry.k8s.io/kube-apiserver:" + KubernetesVersion
-	ImageKubeControllerManager = "registry.k8s.io/kube-controller-manager:" + KubernetesVersion
-	ImageKubeScheduler         = "registry.k8s.io/kube-scheduler:" + KubernetesVersion
-	ImageKubeProxy             = "registry.k8s.io/kube-proxy:" + KubernetesVersion
-	ImageFlannel               = "berth.local/flannel:v0.28.4"
-	ImageTestApp               = "berth.local/testapp:v1"
+	ImageFlannel = "berth.local/flannel:v0.28.4"
+	ImageTestApp = "berth.local/testapp:v1"
 	// ImageJoinService is the bootstrapper's default joinservice image.
 	ImageJoinService = "berth.local/joinservice:dev"
 	// ImageWebhook is the image-policy webhook's image when the cluster carries it.
@@ -103,6 +96,10 @@ type Config struct {
 	Name string `json:"name"`
 	// Dir holds the cluster's state, node directories, logs and admin.conf.
 	Dir string `json:"dir"`
+	// KubernetesVersion is the exact Kubernetes version the cluster runs, one of k8sversion's
+	// supported releases; "" is the default release (and what a state file written before the field
+	// existed reads as).
+	KubernetesVersion string `json:"kubernetesVersion,omitempty"`
 	// Subnet is the node network; the host takes the first address, nodes start at .10.
 	Subnet        netip.Prefix `json:"subnet"`
 	PodCIDR       netip.Prefix `json:"podCIDR"`
@@ -164,6 +161,11 @@ func (c Config) Validate() error {
 	case c.StateDiskSize < 0:
 		return fmt.Errorf("%w: state disk size %d is negative", ErrInvalidConfig, c.StateDiskSize)
 	}
+	if r, err := k8sversion.Lookup(c.KubernetesVersion); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	} else if c.KubernetesVersion != "" && c.KubernetesVersion != r.Kubernetes {
+		return fmt.Errorf("%w: kubernetes version %q must be exact (%s)", ErrInvalidConfig, c.KubernetesVersion, r.Kubernetes)
+	}
 	for _, m := range nodeMounts {
 		if rel, err := filepath.Rel(m.dst, c.Dir); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
 			return fmt.Errorf("%w: dir %s lies in %s, which every node mounts its own over: the nodes would not see it (choose another --dir)", ErrInvalidConfig, c.Dir, m.dst)
@@ -180,6 +182,16 @@ func (c Config) Validate() error {
 		}
 	}
 	return nil
+}
+
+// Release is the Kubernetes release the cluster runs: the one KubernetesVersion names, else the
+// default. Validate refuses a version that names none.
+func (c Config) Release() k8sversion.Release {
+	r, err := k8sversion.Lookup(c.KubernetesVersion)
+	if err != nil {
+		return k8sversion.Default()
+	}
+	return r
 }
 
 // fits reports whether ip is a usable node address of the subnet (inside it, not its broadcast).

@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/berth-k8s/berth/internal/k8sversion"
 	"github.com/berth-k8s/berth/internal/metadata"
 )
 
@@ -51,12 +52,35 @@ func TestConfigValidate(t *testing.T) {
 		"empty name":    func(c *Config) { c.Name = "" },
 		"dash in name":  func(c *Config) { c.Name = "a-b" },
 		"subnet absent": func(c *Config) { c.Subnet = netip.Prefix{} },
+		"old k8s":       func(c *Config) { c.KubernetesVersion = "v1.34.2" },
+		"k8s minor":     func(c *Config) { c.KubernetesVersion = "v1.36" },
+		"k8s garbage":   func(c *Config) { c.KubernetesVersion = "latest" },
 	} {
 		c := good
 		mut(&c)
 		if err := c.Validate(); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%s: Validate() = %v, want ErrInvalidConfig", name, err)
 		}
+	}
+}
+
+// A cluster runs the release its config names, the default without one, and its images and
+// containerd's sandbox image follow that release.
+func TestConfigRelease(t *testing.T) {
+	c := testConfig("/x")
+	if got := c.Release().Kubernetes; got != "v1.37.2" {
+		t.Errorf("default Release() = %s, want v1.37.2", got)
+	}
+	c.KubernetesVersion = "v1.36.3"
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate() at v1.36.3 = %v", err)
+	}
+	r := c.Release()
+	if r.Kubernetes != "v1.36.3" || r.Etcd != "3.6.8" || r.CoreDNS != "v1.14.2" {
+		t.Errorf("Release() = %+v, want v1.36.3 with etcd 3.6.8 and CoreDNS v1.14.2", r)
+	}
+	if !strings.Contains(containerdConfig(r.Images().Pause), `sandbox_image = "registry.k8s.io/pause:3.10.2"`) {
+		t.Error("containerd's sandbox image is not the release's pause image")
 	}
 }
 
@@ -530,5 +554,28 @@ func TestKubeletExtraArgs(t *testing.T) {
 		"image-gc-high-threshold=100", "image-gc-low-threshold=99"}
 	if !slices.Equal(*args, want) {
 		t.Fatalf("parsed %q, want %q", *args, want)
+	}
+}
+
+// The upstream images carry the tags the cluster's release's kubeadm names, so kubeadm finds them
+// imported and pulls nothing.
+func TestImageSpecsFollowRelease(t *testing.T) {
+	r, err := k8sversion.Lookup("v1.36")
+	if err != nil {
+		t.Fatal(err)
+	}
+	specs, err := ImageSpecs(Bins{K8s: "/k", Etcd: "/e", CoreDNS: "/c", Flannel: "/f", PodBin: "/p"}, r)
+	if err != nil {
+		t.Fatal(err) // nft is one of the mini cluster's host packages (scripts/install-deps.sh)
+	}
+	var tags []string
+	for _, s := range specs {
+		tags = append(tags, s.Tag)
+	}
+	for _, want := range []string{"registry.k8s.io/kube-apiserver:v1.36.3", "registry.k8s.io/kube-proxy:v1.36.3",
+		"registry.k8s.io/etcd:3.6.8-0", "registry.k8s.io/coredns/coredns:v1.14.2", "registry.k8s.io/pause:3.10.2"} {
+		if !slices.Contains(tags, want) {
+			t.Errorf("ImageSpecs at v1.36.3 lacks %s: %v", want, tags)
+		}
 	}
 }

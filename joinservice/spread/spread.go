@@ -19,6 +19,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/go-logr/logr"
 	"go.uber.org/zap"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -188,7 +189,9 @@ func eligible(n *corev1.Node, tolerations []corev1.Toleration) bool {
 		if taint.Effect == corev1.TaintEffectPreferNoSchedule {
 			continue
 		}
-		if !slices.ContainsFunc(tolerations, func(t corev1.Toleration) bool { return t.ToleratesTaint(taint) }) {
+		// As the scheduler matches them with its TaintTolerationComparisonOperators gate at its
+		// default (off, alpha): Lt and Gt tolerate nothing. The logger would only report those.
+		if !slices.ContainsFunc(tolerations, func(t corev1.Toleration) bool { return t.ToleratesTaint(logr.Discard(), taint, false) }) {
 			return false
 		}
 	}

@@ -369,7 +369,7 @@ func TestBinaryInitFailsThenResumes(t *testing.T) {
 	n := startNode(t, api, secret, true)
 	cfgDir := t.TempDir()
 	config := filepath.Join(cfgDir, "cluster.yaml")
-	write(t, config, "clusterName: mini\nkubernetesVersion: v1.34.2\ninitSecretFile: init-secret\n", 0o600)
+	write(t, config, "clusterName: mini\nkubernetesVersion: v1.37.2\ninitSecretFile: init-secret\n", 0o600)
 	write(t, filepath.Join(cfgDir, "init-secret"), secret+"\n", 0o600)
 	ws := filepath.Join(t.TempDir(), "ws")
 

@@ -1,5 +1,5 @@
 // Package clustertest tests the image-policy webhook and its installer against a real kube-apiserver
-// v1.34.2 and etcd 3.6.5 run as processes. Everything runs in a private network namespace the test
+// and etcd of the default Kubernetes release (internal/k8sversion) run as processes. Everything runs in a private network namespace the test
 // binary re-executes itself into, so that webhook "pods" (berth-webhook processes) get documentation
 // addresses (198.51.100.0/24) on that namespace's loopback device, which EndpointSlices accept and the
 // API server, with --enable-aggregator-routing=true, dials directly. The test plays kubelet and

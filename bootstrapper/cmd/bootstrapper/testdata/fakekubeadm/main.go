@@ -25,7 +25,7 @@ func main() {
 	cmd := strings.Join(args, " ")
 	switch {
 	case cmd == "version -o short":
-		fmt.Println("v1.34.2")
+		fmt.Println("v1.37.2")
 	case strings.HasPrefix(cmd, "init phase certs all"):
 		must(os.MkdirAll(filepath.Join(k8sDir, "pki"), 0o755))
 		must(os.WriteFile(filepath.Join(k8sDir, "pki", "ca.crt"), []byte("fake CA\n"), 0o644))

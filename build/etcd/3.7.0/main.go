@@ -1,4 +1,4 @@
-// Command etcd is etcd 3.6.5's server, built from the Go module through etcdmain for Berth's mini
+// Command etcd is etcd 3.7.0's server, built from the Go module through etcdmain for Berth's mini
 // cluster images.
 package main
 

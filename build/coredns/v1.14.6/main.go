@@ -1,4 +1,4 @@
-// Command coredns is CoreDNS v1.12.1 with only the plugins named in kubeadm's default Corefile,
+// Command coredns is CoreDNS v1.14.6 with only the plugins named in kubeadm's default Corefile,
 // built for Berth's mini cluster images.
 package main
 
