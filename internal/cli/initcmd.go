@@ -23,8 +23,8 @@ import (
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/initclient"
 	"github.com/berth-k8s/berth/internal/initconfig"
-	"github.com/berth-k8s/berth/internal/webhook"
 	"github.com/berth-k8s/berth/internal/k8sversion"
+	"github.com/berth-k8s/berth/internal/webhook"
 	"github.com/berth-k8s/berth/internal/workspace"
 )
 
