@@ -47,14 +47,16 @@ func writeSharedClusterConfig(t testing.TB) string {
 	return path
 }
 
-// checkClusterConfigInForce: the configuration berth mini up --config gave is kept in the cluster
-// (berth config diff finds no difference, berth status names its apiVersion) and each part is in
-// force: an API request is in the audit log on cp1's state disk, every node's kubelet has the
-// operator's maxPods, and kube-proxy runs nftables with the operator's settings.
-func checkClusterConfigInForce(t testing.TB, c *cluster, configPath string) {
+// checkClusterConfigInForce: the configuration berth init used (the file berth mini up --config gave,
+// with the name, SANs and files the mini cluster sets over it: the cluster directory's init.yaml)
+// is kept in the cluster (berth config diff finds no difference, berth status names its
+// apiVersion) and each part is in force: an API request is in the audit log on cp1's state disk,
+// every node's kubelet has the operator's maxPods, and kube-proxy runs nftables with the operator's
+// settings.
+func checkClusterConfigInForce(t testing.TB, c *cluster) {
 	t.Helper()
 	kc := filepath.Join(c.dir, "admin.conf")
-	if out, err := c.run(time.Minute, c.berth, "config", "diff", configPath, "--kubeconfig", kc); err != nil {
+	if out, err := c.run(time.Minute, c.berth, "config", "diff", filepath.Join(c.dir, "init.yaml"), "--kubeconfig", kc); err != nil {
 		t.Errorf("berth config diff against the kept configuration: %v\n%s", err, out)
 	}
 	if out := c.must(time.Minute, c.berth, "status", "--kubeconfig", kc); !strings.Contains(out, "Cluster configuration: config.berth.dev/v1alpha1 ClusterConfiguration") {

@@ -190,7 +190,7 @@ func TestMiniCluster(tt *testing.T) {
 	checkInClusterConventions(t, c)
 	checkRecordAPI(t, c)
 	start = time.Now()
-	checkClusterConfigInForce(t, c, clusterConfig)
+	checkClusterConfigInForce(t, c)
 	t.Logf("cluster configuration checks took %.1fs", time.Since(start).Seconds())
 
 	applyTestApp(t, c)
