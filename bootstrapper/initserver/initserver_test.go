@@ -32,6 +32,7 @@ import (
 	"github.com/berth-k8s/berth/bootstrapper/initcluster"
 	"github.com/berth-k8s/berth/initproto"
 	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/clusterconfig"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/nodestate"
 	"github.com/berth-k8s/berth/nodelock"
@@ -141,7 +142,7 @@ func request(master byte) *initproto.InitRequest {
 		MasterSecret:      bytes.Repeat([]byte{master}, 32),
 		Salt:              bytes.Repeat([]byte{2}, 32),
 		ClusterName:       "berth",
-		KubernetesVersion: "v1.34.2",
+		KubernetesVersion: clusterconfig.DefaultKubernetesVersion,
 		ServiceCidr:       "10.96.0.0/12",
 		PodCidr:           "10.244.0.0/16",
 	}

@@ -213,7 +213,7 @@ func TestExitCodes(t *testing.T) {
 		{"version", []string{"version"}, 0, ""},
 		{"unknown command", []string{"stauts"}, 2, "Did you mean this?"},
 		{"unknown flag", []string{"status", "--kubeconfg", "x"}, 2, "unknown flag: --kubeconfg"},
-		{"wrong argument count", []string{"status", "extra"}, 2, `unknown command "extra" for "berth status"`},
+		{"wrong argument count", []string{"status", "w1", "w2"}, 2, "accepts at most 1 arg(s), received 2"},
 		{"bad flag value", []string{"status", "--limit", "ten"}, 2, "invalid argument"},
 		{"unknown output format", []string{"version", "-o", "xml"}, 2, "unknown output format"},
 		{"required flag missing", []string{"init"}, 2, "required flag(s)"},
