@@ -70,6 +70,11 @@ func (w *Installer) waitServing(ctx context.Context, caPEM []byte) ([]string, er
 			if err == nil {
 				err = w.probeAll(ctx, caPEM, endpoints)
 			}
+			if err != nil && last != nil && ctx.Err() != nil {
+				// The budget cut this round's request short: that says nothing about the webhook,
+				// so the failure stays what the last complete round saw.
+				return false, last
+			}
 			if err != nil {
 				if last == nil || last.Error() != err.Error() {
 					w.say("waiting: %v", err)

@@ -4,15 +4,24 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"go.uber.org/zap"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 
 	"github.com/berth-k8s/berth/internal/webhook"
 )
@@ -93,4 +102,37 @@ func TestProbe(t *testing.T) {
 	if !errors.As(w.probeAll(context.Background(), otherCA, []string{addr}), &we) || we.Hint == "" {
 		t.Fatal("failure without a hint")
 	}
+}
+
+// TestWaitServingKeepsTheLastCompleteRound: when the budget ends during a request, the install
+// fails with what the last complete round saw, not with the cut request's deadline (CI saw a
+// foreign certificate reported as "Deployment not available: context deadline exceeded").
+func TestWaitServingKeepsTheLastCompleteRound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cs := fake.NewClientset(&appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Name: webhookconfig.Name, Namespace: namespace, Generation: 1},
+			Status: appsv1.DeploymentStatus{ObservedGeneration: 1, UpdatedReplicas: 2, AvailableReplicas: 2,
+				Conditions: []appsv1.DeploymentCondition{{Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue}}},
+		})
+		gets := 0
+		cs.PrependReactor("get", "deployments", func(k8stesting.Action) (bool, runtime.Object, error) {
+			gets++
+			if gets == 1 {
+				return false, nil, nil
+			}
+			// The API server is slow: the answer comes after the budget.
+			time.Sleep(time.Minute)
+			return true, nil, context.DeadlineExceeded
+		})
+		w := New(Config{Image: "berth.local/webhook:test"}, cs, nil, io.Discard)
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		_, err := w.waitServing(ctx, nil)
+		if !errors.Is(err, ErrServiceMissing) {
+			t.Fatalf("waitServing = %v, want the last complete round's ErrServiceMissing", err)
+		}
+		if gets < 2 {
+			t.Fatalf("%d Deployment reads: the test did not cut a request short", gets)
+		}
+	})
 }
