@@ -15,7 +15,7 @@ GOTEST_FLAGS ?= -race -count=1
 # that starts goroutines checks for leaks (goleak), so nothing should run that late. Saves ~1 s a package.
 export GORACE ?= atexit_sleep_ms=0
 
-.PHONY: help build test test-unit lint generate check-generate clusterconfig-docs tools clean
+.PHONY: help build test test-unit lint generate check-generate clusterconfig-docs reasons-docs tools clean
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -36,12 +36,15 @@ generate: tools ## regenerate protobuf code with buf
 	PATH=$(TOOLS_BIN):$$PATH buf generate
 
 check-generate: generate generate-records ## fail if generated code is out of date
-	$(GO) test -count=1 -run '^TestReferenceCurrent$$' ./internal/clusterconfig/
+	$(GO) test -count=1 -run '^TestReferenceCurrent$$' ./internal/clusterconfig/ ./internal/reasons/
 	@git diff --exit-code -- initproto joinproto recoverproto internal/records || { echo "generated code is stale: run make generate generate-records and commit"; exit 1; }
 	@test -z "$$(git status --porcelain -- initproto joinproto recoverproto internal/records)" || { git status --porcelain -- initproto joinproto recoverproto internal/records; echo "untracked generated files"; exit 1; }
 
 clusterconfig-docs: ## regenerate the cluster configuration's reference and JSON schema from its types
 	$(GO) test -count=1 -run '^TestReferenceCurrent$$' ./internal/clusterconfig/ -update
+
+reasons-docs: ## regenerate internal/reasons/REASONS.md from the reason table
+	$(GO) test -count=1 -run '^TestReferenceCurrent$$' ./internal/reasons/ -update
 
 # buf breaking compares the protocols with those on this branch: main (BUF_AGAINST overrides it).
 BUF_AGAINST ?= .git\#branch=main

@@ -51,7 +51,7 @@ warnings and errors go to stderr.
 		newMiniCmd(),
 		newVerifyCmd(), newPolicyCmd(),
 		newStatusCmd(), newNodeCmd(), newMetadataCmd(), newSecretsCmd(), newBackupCmd(),
-		newManifestsCmd(), newConfigCmd(),
+		newManifestsCmd(), newConfigCmd(), newExplainCmd(),
 		newVersionCmd(),
 	)
 	return root

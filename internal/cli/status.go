@@ -295,6 +295,16 @@ func printLedger(out io.Writer, entries []joinledger.Entry, limit int) {
 			_, _ = fmt.Fprintln(tw, strings.Join(row, "\t"))
 		}
 		_ = tw.Flush()
+		if withReason {
+			var codes []string
+			for n, e := range es {
+				if limit > 0 && n == limit {
+					break
+				}
+				codes = append(codes, e.Reason)
+			}
+			printReasonLegend(out, codes)
+		}
 	}
 	section("REJECTED", rejected, true)
 	section("ACCEPTED", accepted, false)

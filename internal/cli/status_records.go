@@ -153,6 +153,11 @@ func printRefusals(out io.Writer, rs []refusalRecord) {
 			rr.Class, printable(rr.Reason), rr.Count, printable(oneLine(rr.Message)))
 	}
 	_ = tw.Flush()
+	codes := make([]string, 0, len(rs))
+	for _, rr := range rs {
+		codes = append(codes, rr.Reason)
+	}
+	printReasonLegend(out, codes)
 }
 
 // printNode prints berth status NODE: the node's machines, their latest join and evidence, and the

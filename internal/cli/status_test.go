@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/berth-k8s/berth/internal/joinledger"
+	"github.com/berth-k8s/berth/internal/reasons"
 )
 
 func TestStatusPrintsRejectedFirst(t *testing.T) {
@@ -41,6 +42,12 @@ func TestStatusPrintsRejectedFirst(t *testing.T) {
 	if rej < 0 || acc < rej || rl < rej || mm < rl || mm > acc || !strings.Contains(s, "42 attempts") || !strings.Contains(s, "41 rejected") ||
 		!strings.Contains(s, "index 4") || !strings.Contains(s, "sha256:cdcdcd") {
 		t.Fatalf("unexpected status output:\n%s", s)
+	}
+	// Each reason shown gets its short explanation, once, under the refusals.
+	for _, want := range []string{"MEASUREMENT_MISMATCH: " + reasons.Short("MEASUREMENT_MISMATCH"), "RATE_LIMITED: " + reasons.Short("RATE_LIMITED")} {
+		if i := strings.Index(s, want); i < 0 || i > acc || strings.Count(s, want) != 1 {
+			t.Errorf("status output lacks %q once under the refusals:\n%s", want, s)
+		}
 	}
 }
 
