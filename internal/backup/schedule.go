@@ -9,14 +9,11 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	"golang.org/x/sync/errgroup"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/leaderterm"
 )
 
 // Defaults of the schedule: a snapshot every 6 hours, the newest 5 kept in every store.
@@ -98,48 +95,10 @@ func (s *Schedule) Run(ctx context.Context) error {
 	if err := s.defaults(); err != nil {
 		return err
 	}
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Name: joinconfig.BackupName, Namespace: s.Namespace},
-		Client:     s.Client.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: s.Identity},
-	}
-	// client-go starts OnStartedLeading in a goroutine it does not wait for: it only hands the
-	// term's context over, and the schedule runs on this function's group.
-	terms := make(chan context.Context)
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		for {
-			select {
-			case <-gctx.Done():
-				return nil
-			case lctx := <-terms:
-				s.lead(lctx)
-			}
-		}
-	})
-	g.Go(func() error {
-		for gctx.Err() == nil {
-			le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-				Lock: lock, Name: joinconfig.BackupName, ReleaseOnCancel: true,
-				LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
-				Callbacks: leaderelection.LeaderCallbacks{
-					OnStartedLeading: func(lctx context.Context) {
-						select {
-						case terms <- lctx:
-						case <-lctx.Done():
-						}
-					},
-					OnStoppedLeading: func() {},
-				},
-			})
-			if err != nil {
-				return fmt.Errorf("configuring the backup leader election: %w", err)
-			}
-			le.Run(gctx)
-		}
-		return nil
-	})
-	return g.Wait()
+	return leaderterm.Run(ctx, leaderterm.Config{
+		Client: s.Client, Namespace: s.Namespace, Name: joinconfig.BackupName, Identity: s.Identity,
+		LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
+	}, s.lead)
 }
 
 // lead keeps the schedule until ctx (the term) ends.

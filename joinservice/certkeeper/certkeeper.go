@@ -17,14 +17,12 @@ package certkeeper
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"strings"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
-	"golang.org/x/sync/errgroup"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -33,10 +31,9 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/leaderterm"
 	"github.com/berth-k8s/berth/internal/webhook/install"
 	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
@@ -95,51 +92,13 @@ func Run(ctx context.Context, d Deps) error {
 	if d.LeaseDuration == 0 {
 		d.LeaseDuration, d.RenewDeadline, d.RetryPeriod = LeaseDuration, RenewDeadline, RetryPeriod
 	}
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Name: LeaseName, Namespace: d.Namespace},
-		Client:     d.Client.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: d.Identity},
-	}
-	// client-go starts OnStartedLeading in a goroutine it does not wait for: it only hands the
-	// leader's context over, and the work runs on this function's group.
-	terms := make(chan context.Context)
-	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error {
-		for {
-			select {
-			case <-gctx.Done():
-				return nil
-			case lctx := <-terms:
-				d.lead(lctx)
-			}
-		}
-	})
-	g.Go(func() error {
-		for gctx.Err() == nil {
-			le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-				Lock: lock, Name: LeaseName, ReleaseOnCancel: true,
-				LeaseDuration: d.LeaseDuration, RenewDeadline: d.RenewDeadline, RetryPeriod: d.RetryPeriod,
-				Callbacks: leaderelection.LeaderCallbacks{
-					OnStartedLeading: func(lctx context.Context) {
-						select {
-						case terms <- lctx:
-						case <-lctx.Done():
-						}
-					},
-					OnStoppedLeading: func() {},
-					OnNewLeader: func(identity string) {
-						d.Log.Info("certificate keeper leader", zap.String("leader", identity), zap.Bool("self", identity == d.Identity))
-					},
-				},
-			})
-			if err != nil {
-				return fmt.Errorf("configuring the leader election: %w", err)
-			}
-			le.Run(gctx)
-		}
-		return nil
-	})
-	return g.Wait()
+	return leaderterm.Run(ctx, leaderterm.Config{
+		Client: d.Client, Namespace: d.Namespace, Name: LeaseName, Identity: d.Identity,
+		LeaseDuration: d.LeaseDuration, RenewDeadline: d.RenewDeadline, RetryPeriod: d.RetryPeriod,
+		OnNewLeader: func(identity string) {
+			d.Log.Info("certificate keeper leader", zap.String("leader", identity), zap.Bool("self", identity == d.Identity))
+		},
+	}, d.lead)
 }
 
 // lead runs the leader's work until ctx (the term) ends.
