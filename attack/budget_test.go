@@ -412,34 +412,12 @@ func TestInitThroughProbeFlood(t *testing.T) {
 	n := startInitNode(t, "control-plane")
 	floodCtx, stop := context.WithTimeout(context.Background(), maxFlood)
 	defer stop()
-	var wg sync.WaitGroup
-	var probes, limited, next atomic.Int64
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for floodCtx.Err() == nil {
-				d := net.Dialer{LocalAddr: &net.TCPAddr{IP: floodIP(int(next.Add(1)) % addresses)}}
-				conn, err := d.DialContext(floodCtx, "tcp", n.addr)
-				if err != nil {
-					continue
-				}
-				_, err = atls.ProbeIdentity(floodCtx, conn, claimsOnly{})
-				probes.Add(1)
-				if errors.Is(err, atls.ErrRateLimited) {
-					limited.Add(1)
-				}
-			}
-		}()
+	pf := startProbeFlood(floodCtx, n.addr, addresses, 8)
+	defer pf.stop()
+	if err := pf.waitGoing(floodCtx); err != nil {
+		t.Fatal(err)
 	}
-	// The operator, once the flood is refused by the budget, or has kept the node answering probes
-	// for a while: on a slow machine (the race detector, a loaded CI) the node's CPU is spent before
-	// the budget's 500 probes a second are, which is as hard on berth init.
-	if err := wait.PollUntilContextCancel(floodCtx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
-		return limited.Load() > 100 || probes.Load() > 2000, nil
-	}); err != nil {
-		t.Fatalf("the probe flood never got going: %d probes, %d rate-limited", probes.Load(), limited.Load())
-	}
+	probes, limited := &pf.probes, &pf.limited
 	t.Logf("berth init starts with the flood at %d probes, %d rate-limited", probes.Load(), limited.Load())
 	cpu0 := processCPU(n.proc.PID())
 	start := time.Now()
@@ -450,8 +428,7 @@ func TestInitThroughProbeFlood(t *testing.T) {
 	}
 	o := runInit(floodCtx, conn, initRequest(n.secret, 1))
 	took := time.Since(start)
-	stop()
-	wg.Wait()
+	pf.stop()
 	cpu := processCPU(n.proc.PID()) - cpu0
 	t.Logf("probe flood: %d probes from %d addresses, %d rate-limited; the bootstrapper's CPU %.1f s over %.1f s",
 		probes.Load(), addresses, limited.Load(), cpu, took.Seconds())
@@ -460,4 +437,57 @@ func TestInitThroughProbeFlood(t *testing.T) {
 	if !o.started {
 		t.Fatalf("berth init did not start under the probe flood: %+v", o)
 	}
+}
+
+// probeFlood sends identity probes with random claims (claimsOnly) to a node's attested server from
+// addresses loopback addresses (floodIP), from workers goroutines, as fast as they can.
+type probeFlood struct {
+	addresses       int
+	probes, limited atomic.Int64
+	cancel          context.CancelFunc
+	wg              sync.WaitGroup
+}
+
+// startProbeFlood starts a probe flood against addr that lasts until ctx ends or stop.
+func startProbeFlood(ctx context.Context, addr string, addresses, workers int) *probeFlood {
+	ctx, cancel := context.WithCancel(ctx)
+	f := &probeFlood{addresses: addresses, cancel: cancel}
+	var next atomic.Int64
+	for range workers {
+		f.wg.Add(1)
+		go func() {
+			defer f.wg.Done()
+			for ctx.Err() == nil {
+				d := net.Dialer{LocalAddr: &net.TCPAddr{IP: floodIP(int(next.Add(1)) % addresses)}}
+				conn, err := d.DialContext(ctx, "tcp", addr)
+				if err != nil {
+					continue
+				}
+				_, err = atls.ProbeIdentity(ctx, conn, claimsOnly{})
+				f.probes.Add(1)
+				if errors.Is(err, atls.ErrRateLimited) {
+					f.limited.Add(1)
+				}
+			}
+		}()
+	}
+	return f
+}
+
+// waitGoing returns once the flood is refused by the node's budget, or has kept the node answering
+// probes for a while: on a slow machine (the race detector, a loaded CI) the node's CPU is spent
+// before the budget's 500 probes a second are, which is as hard on the operator.
+func (f *probeFlood) waitGoing(ctx context.Context) error {
+	if err := wait.PollUntilContextCancel(ctx, 10*time.Millisecond, true, func(context.Context) (bool, error) {
+		return f.limited.Load() > 100 || f.probes.Load() > 2000, nil
+	}); err != nil {
+		return fmt.Errorf("the probe flood never got going: %d probes, %d rate-limited", f.probes.Load(), f.limited.Load())
+	}
+	return nil
+}
+
+// stop ends the flood and waits for its goroutines; calling it again does nothing.
+func (f *probeFlood) stop() {
+	f.cancel()
+	f.wg.Wait()
 }
