@@ -79,6 +79,15 @@
 //	identity probes from 500 addresses       rate-limited past the    berth init connects (dialing
 //	  (TestInitThroughProbeFlood)              unauthenticated budget   again while refused) and
 //	                                                                    starts init
+//	recovery server (the real bootstrapper waiting for berth recover: fscrypt state disk on swtpm, no
+//	  sealed key, no joinservice answering)
+//	2,000 wrong-key Recover calls over 8     RESOURCE_EXHAUSTED at    Recover calls are bounded per peer address
+//	  attested connections from 8 addresses    once, but one per        (one waiting or running, one a second): the
+//	  (TestRecoverThroughWrongKeyFlood)        address; berth recover   operator's key waits for at most one open
+//	                                           succeeds                 per flooding address
+//	identity probes from 500 addresses       rate-limited past the    probes draw from the unauthenticated
+//	  (TestRecoverThroughProbeFlood)           unauthenticated budget;  budget, never from the attested one
+//	                                           berth recover succeeds   berth recover needs
 //	berth CLI (TestOperatorReadsNoImpostorText)
 //	an impostor's verdict on claims, rate    a reason code, or the    nothing an unauthenticated peer sends reaches
 //	  limit refusal and variant name, made     words quoted and         the operator's terminal verbatim; a client
