@@ -44,6 +44,10 @@
 // A control-plane ticket also carries the key-encryption keys of the KMS plugin every control plane
 // runs (kms_keys): every generation of the cluster's key spec (internal/kmsstate), derived from the
 // master secret, so the new control plane reads what the others stored, also during a rotation.
+// Its control_plane_files hold, besides the PKI's shared keys, the files of the cluster
+// configuration in force (ClusterFiles, internal/cpfiles): the admission configuration, the audit
+// policy and the kubeadm patches, which the API server flags kubeadm uploaded name; a configuration
+// the joinservice cannot read refuses the join.
 //
 // Every rejection is a gRPC status whose message
 // states the reason and whose ErrorInfo detail carries a stable reason code (see the Reason* constants).
