@@ -65,34 +65,8 @@ func checkClusterConfigInForce(t testing.TB, c *cluster) {
 
 	// The audit log: one event for a ConfigMap this test creates, in the file on cp1's state disk.
 	c.kube("create", "configmap", "audit-probe", "-n", "default", "--from-literal=k=v")
-	enter := "--mount=" + filepath.Join(c.dir, "ns", "cp1.mnt")
-	const log = "/var/log/kubernetes/audit/audit.log"
-	var event struct {
-		Verb      string `json:"verb"`
-		Stage     string `json:"stage"`
-		ObjectRef struct {
-			Resource, Namespace, Name string
-		} `json:"objectRef"`
-	}
-	// The API server writes its audit log in batches: the event may take a moment to appear.
-	found := wait.PollUntilContextTimeout(context.Background(), time.Second, time.Minute, true, func(context.Context) (bool, error) {
-		out, err := c.run(time.Minute, "nsenter", enter, "--", "cat", log)
-		for _, line := range strings.Split(out, "\n") {
-			if err == nil && strings.Contains(line, `"audit-probe"`) && json.Unmarshal([]byte(line), &event) == nil && event.Verb == "create" {
-				return true, nil
-			}
-		}
-		return false, nil
-	}) == nil
-	if !found || event.ObjectRef.Resource != "configmaps" || event.ObjectRef.Namespace != "default" || event.Stage != "ResponseComplete" {
-		t.Errorf("no audit event for creating configmap default/audit-probe in cp1:%s (found %v: %+v)", log, found, event)
-	}
-	auditMount := c.must(time.Minute, "nsenter", enter, "--", "findmnt", "-n", "-o", "SOURCE", "-T", log)
-	stateMount := c.must(time.Minute, "nsenter", enter, "--", "findmnt", "-n", "-o", "SOURCE", "-T", "/var/lib/berth")
-	dev := func(s string) string { d, _, _ := strings.Cut(strings.TrimSpace(s), "["); return d }
-	if dev(auditMount) == "" || dev(auditMount) != dev(stateMount) {
-		t.Errorf("the audit log is on %q, the state disk is %q", auditMount, stateMount)
-	}
+	checkAuditEvent(t, c, "cp1", "audit-probe")
+	checkAuditLogOnStateDisk(t, c, "cp1")
 
 	// The kubelet setting, on every node.
 	var nodes corev1.NodeList
@@ -112,5 +86,51 @@ func checkClusterConfigInForce(t testing.TB, c *cluster) {
 	}
 	if logs := c.kube("logs", "-n", "kube-system", "daemonset/kube-proxy"); !strings.Contains(logs, "Using nftables Proxier") {
 		t.Errorf("kube-proxy does not say it runs nftables:\n%s", logs)
+	}
+}
+
+// auditLog is where sharedClusterConfig's audit policy has the API server write (the mini
+// cluster's control planes keep /var/log/kubernetes on their state disk).
+const auditLog = "/var/log/kubernetes/audit/audit.log"
+
+// checkAuditEvent finds the audit event of creating ConfigMap default/name in the audit log of
+// node's API server, read in node's mount namespace, and returns the line it found.
+func checkAuditEvent(t testing.TB, c *cluster, node, name string) string {
+	t.Helper()
+	enter := "--mount=" + filepath.Join(c.dir, "ns", node+".mnt")
+	var event struct {
+		Verb      string `json:"verb"`
+		Stage     string `json:"stage"`
+		ObjectRef struct {
+			Resource, Namespace, Name string
+		} `json:"objectRef"`
+	}
+	var found string
+	// The API server writes its audit log in batches: the event may take a moment to appear.
+	_ = wait.PollUntilContextTimeout(context.Background(), time.Second, time.Minute, true, func(context.Context) (bool, error) {
+		out, err := c.run(time.Minute, "nsenter", enter, "--", "cat", auditLog)
+		for _, line := range strings.Split(out, "\n") {
+			if err == nil && strings.Contains(line, `"`+name+`"`) && json.Unmarshal([]byte(line), &event) == nil && event.Verb == "create" {
+				found = line
+				return true, nil
+			}
+		}
+		return false, nil
+	})
+	if found == "" || event.ObjectRef.Resource != "configmaps" || event.ObjectRef.Namespace != "default" || event.ObjectRef.Name != name || event.Stage != "ResponseComplete" {
+		t.Errorf("no audit event for creating configmap default/%s in %s:%s (found %q: %+v)", name, node, auditLog, found, event)
+	}
+	return found
+}
+
+// checkAuditLogOnStateDisk: node's audit log is on the device of its state disk.
+func checkAuditLogOnStateDisk(t testing.TB, c *cluster, node string) {
+	t.Helper()
+	enter := "--mount=" + filepath.Join(c.dir, "ns", node+".mnt")
+	auditMount := c.must(time.Minute, "nsenter", enter, "--", "findmnt", "-n", "-o", "SOURCE", "-T", auditLog)
+	stateMount := c.must(time.Minute, "nsenter", enter, "--", "findmnt", "-n", "-o", "SOURCE", "-T", "/var/lib/berth")
+	dev := func(s string) string { d, _, _ := strings.Cut(strings.TrimSpace(s), "["); return d }
+	if dev(auditMount) == "" || dev(auditMount) != dev(stateMount) {
+		t.Errorf("%s's audit log is on %q, the state disk is %q", node, auditMount, stateMount)
 	}
 }

@@ -45,8 +45,9 @@ func (h *haCluster) took(what string, d time.Duration) {
 	h.times = append(h.times, haTime{what, d})
 }
 
-// TestMiniHA brings up three control planes and a worker, and shows: (1) a 3-member etcd, all nodes
-// Ready; (2) the control planes, asking for tickets at the same moment, joined one after the other
+// TestMiniHA brings up three control planes and a worker, with a cluster configuration that sets an
+// audit policy, and shows: (1) a 3-member etcd, all nodes Ready, the audit policy in force on every
+// control plane's API server (an event in each one's audit log on its state disk); (2) the control planes, asking for tickets at the same moment, joined one after the other
 // (the ledger shows one waited for the other) and at no time had etcd two members that were
 // learners or not started; (3) with the first control plane powered off for good the API serves,
 // the webhook admits and denies, a new worker joins through the remaining joinservices, and berth
@@ -85,8 +86,11 @@ func TestMiniHA(tt *testing.T) {
 	defer func() { stopSampling(); sampling.Wait() }()
 
 	start := time.Now()
+	// The cluster configuration sets an audit policy: kubeadm uploads the API server's flags naming
+	// its file, so every control plane that joins must get the file in its ticket.
+	clusterConfig := writeSharedClusterConfig(t)
 	out, err := c.run(30*time.Minute, c.berth, "mini", "up", "--dir", c.dir, "--name", clusterName, "--subnet", subnet,
-		"--control-planes", "3", "--workers", "1")
+		"--control-planes", "3", "--workers", "1", "--config", clusterConfig)
 	upTook := time.Since(start)
 	t.Logf("berth mini up (%.1fs):\n%s", upTook.Seconds(), out)
 	procs := recordedProcs(t, c.dir)
@@ -114,6 +118,7 @@ func TestMiniHA(tt *testing.T) {
 	h.client = kubernetes.NewForConfigOrDie(cfg)
 
 	h.checkEtcd("cp1", []string{"cp1", "cp2", "cp3"})
+	h.checkAuditOnEveryControlPlane([]string{"cp1", "cp2", "cp3"})
 	h.checkSerializedJoins()
 	stopSampling()
 	sampling.Wait()
@@ -129,6 +134,21 @@ func TestMiniHA(tt *testing.T) {
 		fmt.Fprintf(&sb, "\n  %-70s %7.1fs", x.what, x.d.Seconds())
 	}
 	t.Logf("TestMiniHA times (whole test so far %.0fs):%s", time.Since(testStart).Seconds(), sb.String())
+}
+
+// checkAuditOnEveryControlPlane: the cluster configuration's audit policy is in force on the API
+// server of every control plane in nodes, the joined ones too (their tickets carried the policy
+// file): a ConfigMap created through each API server directly has its audit event in that control
+// plane's own audit log, on its state disk.
+func (h *haCluster) checkAuditOnEveryControlPlane(nodes []string) {
+	h.t.Helper()
+	for _, n := range nodes {
+		name := "audit-probe-" + n
+		h.kube("--server", "https://"+nodeIP(h.t, h.dir, n)+":6443", "create", "configmap", name, "-n", "default", "--from-literal=k=v")
+		line := checkAuditEvent(h.t, h.cluster, n, name)
+		checkAuditLogOnStateDisk(h.t, h.cluster, n)
+		h.t.Logf("AUDIT %s: %s", n, line)
+	}
 }
 
 // afterInitNodeGone runs on the cluster whose init node (cp1) is powered off for good and removed:

@@ -74,6 +74,63 @@ func (Role) EnumDescriptor() ([]byte, []int) {
 	return file_join_proto_rawDescGZIP(), []int{0}
 }
 
+// FileRoot names the directory on the node a File is written under (internal/cpfiles owns the
+// paths).
+type FileRoot int32
+
+const (
+	// FILE_ROOT_UNSPECIFIED is the Kubernetes PKI directory (/etc/kubernetes/pki), what every File
+	// meant before roots existed: the shared control-plane keys and certificates.
+	FileRoot_FILE_ROOT_UNSPECIFIED FileRoot = 0
+	// FILE_ROOT_KUBERNETES is kubeadm's directory (/etc/kubernetes): the files of the cluster
+	// configuration the API server reads (admission configuration, audit policy) in Berth's
+	// subdirectory.
+	FileRoot_FILE_ROOT_KUBERNETES FileRoot = 1
+	// FILE_ROOT_PATCHES is the bootstrapper's kubeadm patches directory (in its state directory).
+	FileRoot_FILE_ROOT_PATCHES FileRoot = 2
+)
+
+// Enum value maps for FileRoot.
+var (
+	FileRoot_name = map[int32]string{
+		0: "FILE_ROOT_UNSPECIFIED",
+		1: "FILE_ROOT_KUBERNETES",
+		2: "FILE_ROOT_PATCHES",
+	}
+	FileRoot_value = map[string]int32{
+		"FILE_ROOT_UNSPECIFIED": 0,
+		"FILE_ROOT_KUBERNETES":  1,
+		"FILE_ROOT_PATCHES":     2,
+	}
+)
+
+func (x FileRoot) Enum() *FileRoot {
+	p := new(FileRoot)
+	*p = x
+	return p
+}
+
+func (x FileRoot) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FileRoot) Descriptor() protoreflect.EnumDescriptor {
+	return file_join_proto_enumTypes[1].Descriptor()
+}
+
+func (FileRoot) Type() protoreflect.EnumType {
+	return &file_join_proto_enumTypes[1]
+}
+
+func (x FileRoot) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FileRoot.Descriptor instead.
+func (FileRoot) EnumDescriptor() ([]byte, []int) {
+	return file_join_proto_rawDescGZIP(), []int{1}
+}
+
 // IssueJoinTicketRequest asks for a join ticket.
 type IssueJoinTicketRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -143,11 +200,15 @@ func (x *IssueJoinTicketRequest) GetDiskUuid() string {
 // File is a file the node writes before kubeadm join.
 type File struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// path is relative to the Kubernetes PKI directory (/etc/kubernetes/pki), e.g. "etcd/ca.key".
+	// path is relative to the directory root names: under FILE_ROOT_UNSPECIFIED (the PKI directory),
+	// e.g. "etcd/ca.key"; under FILE_ROOT_KUBERNETES, one file of Berth's directory, e.g.
+	// "berth/audit-policy.yaml"; under FILE_ROOT_PATCHES, one file name of a kubeadm patch. The node refuses a path outside its root.
 	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
 	Data []byte `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
 	// mode is the file's permission bits.
-	Mode          uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	Mode uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	// root is the directory path is relative to.
+	Root          FileRoot `protobuf:"varint,4,opt,name=root,proto3,enum=berth.join.v1.FileRoot" json:"root,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -203,6 +264,13 @@ func (x *File) GetMode() uint32 {
 	return 0
 }
 
+func (x *File) GetRoot() FileRoot {
+	if x != nil {
+		return x.Root
+	}
+	return FileRoot_FILE_ROOT_UNSPECIFIED
+}
+
 // IssueJoinTicketResponse is a join ticket.
 type IssueJoinTicketResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -224,7 +292,9 @@ type IssueJoinTicketResponse struct {
 	KubeletCert []byte `protobuf:"bytes,6,opt,name=kubelet_cert,json=kubeletCert,proto3" json:"kubelet_cert,omitempty"`
 	// cluster_ca_cert is the cluster CA certificate (PEM).
 	ClusterCaCert []byte `protobuf:"bytes,7,opt,name=cluster_ca_cert,json=clusterCaCert,proto3" json:"cluster_ca_cert,omitempty"`
-	// control_plane_files are the shared control-plane keys and certificates; only for control-plane joins.
+	// control_plane_files are the shared control-plane keys and certificates and the files the
+	// cluster configuration puts on every control plane (admission configuration, audit policy,
+	// kubeadm patches); only for control-plane joins.
 	ControlPlaneFiles []*File `protobuf:"bytes,8,rep,name=control_plane_files,json=controlPlaneFiles,proto3" json:"control_plane_files,omitempty"`
 	// kubernetes_version is the cluster's Kubernetes version.
 	KubernetesVersion string `protobuf:"bytes,9,opt,name=kubernetes_version,json=kubernetesVersion,proto3" json:"kubernetes_version,omitempty"`
@@ -663,11 +733,12 @@ const file_join_proto_rawDesc = "" +
 	"\vkubelet_csr\x18\x01 \x01(\fR\n" +
 	"kubeletCsr\x12'\n" +
 	"\x04role\x18\x02 \x01(\x0e2\x13.berth.join.v1.RoleR\x04role\x12\x1b\n" +
-	"\tdisk_uuid\x18\x03 \x01(\tR\bdiskUuid\"B\n" +
+	"\tdisk_uuid\x18\x03 \x01(\tR\bdiskUuid\"o\n" +
 	"\x04File\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12\x12\n" +
-	"\x04mode\x18\x03 \x01(\rR\x04mode\"\xd2\x05\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\x12+\n" +
+	"\x04root\x18\x04 \x01(\x0e2\x17.berth.join.v1.FileRootR\x04root\"\xd2\x05\n" +
 	"\x17IssueJoinTicketResponse\x12\x1b\n" +
 	"\tnode_name\x18\x01 \x01(\tR\bnodeName\x12.\n" +
 	"\x13api_server_endpoint\x18\x02 \x01(\tR\x11apiServerEndpoint\x12'\n" +
@@ -707,7 +778,11 @@ const file_join_proto_rawDesc = "" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vROLE_WORKER\x10\x01\x12\x16\n" +
-	"\x12ROLE_CONTROL_PLANE\x10\x022\xa1\x02\n" +
+	"\x12ROLE_CONTROL_PLANE\x10\x02*V\n" +
+	"\bFileRoot\x12\x19\n" +
+	"\x15FILE_ROOT_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14FILE_ROOT_KUBERNETES\x10\x01\x12\x15\n" +
+	"\x11FILE_ROOT_PATCHES\x10\x022\xa1\x02\n" +
 	"\vJoinService\x12`\n" +
 	"\x0fIssueJoinTicket\x12%.berth.join.v1.IssueJoinTicketRequest\x1a&.berth.join.v1.IssueJoinTicketResponse\x12f\n" +
 	"\x11IssueRejoinTicket\x12'.berth.join.v1.IssueRejoinTicketRequest\x1a(.berth.join.v1.IssueRejoinTicketResponse\x12H\n" +
@@ -725,36 +800,38 @@ func file_join_proto_rawDescGZIP() []byte {
 	return file_join_proto_rawDescData
 }
 
-var file_join_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_join_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_join_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_join_proto_goTypes = []any{
 	(Role)(0),                         // 0: berth.join.v1.Role
-	(*IssueJoinTicketRequest)(nil),    // 1: berth.join.v1.IssueJoinTicketRequest
-	(*File)(nil),                      // 2: berth.join.v1.File
-	(*IssueJoinTicketResponse)(nil),   // 3: berth.join.v1.IssueJoinTicketResponse
-	(*KMSKey)(nil),                    // 4: berth.join.v1.KMSKey
-	(*IssueRejoinTicketRequest)(nil),  // 5: berth.join.v1.IssueRejoinTicketRequest
-	(*IssueRejoinTicketResponse)(nil), // 6: berth.join.v1.IssueRejoinTicketResponse
-	(*CheckInRequest)(nil),            // 7: berth.join.v1.CheckInRequest
-	(*CheckInResponse)(nil),           // 8: berth.join.v1.CheckInResponse
-	(*timestamppb.Timestamp)(nil),     // 9: google.protobuf.Timestamp
+	(FileRoot)(0),                     // 1: berth.join.v1.FileRoot
+	(*IssueJoinTicketRequest)(nil),    // 2: berth.join.v1.IssueJoinTicketRequest
+	(*File)(nil),                      // 3: berth.join.v1.File
+	(*IssueJoinTicketResponse)(nil),   // 4: berth.join.v1.IssueJoinTicketResponse
+	(*KMSKey)(nil),                    // 5: berth.join.v1.KMSKey
+	(*IssueRejoinTicketRequest)(nil),  // 6: berth.join.v1.IssueRejoinTicketRequest
+	(*IssueRejoinTicketResponse)(nil), // 7: berth.join.v1.IssueRejoinTicketResponse
+	(*CheckInRequest)(nil),            // 8: berth.join.v1.CheckInRequest
+	(*CheckInResponse)(nil),           // 9: berth.join.v1.CheckInResponse
+	(*timestamppb.Timestamp)(nil),     // 10: google.protobuf.Timestamp
 }
 var file_join_proto_depIdxs = []int32{
-	0, // 0: berth.join.v1.IssueJoinTicketRequest.role:type_name -> berth.join.v1.Role
-	9, // 1: berth.join.v1.IssueJoinTicketResponse.bootstrap_token_expiry:type_name -> google.protobuf.Timestamp
-	2, // 2: berth.join.v1.IssueJoinTicketResponse.control_plane_files:type_name -> berth.join.v1.File
-	4, // 3: berth.join.v1.IssueJoinTicketResponse.kms_keys:type_name -> berth.join.v1.KMSKey
-	1, // 4: berth.join.v1.JoinService.IssueJoinTicket:input_type -> berth.join.v1.IssueJoinTicketRequest
-	5, // 5: berth.join.v1.JoinService.IssueRejoinTicket:input_type -> berth.join.v1.IssueRejoinTicketRequest
-	7, // 6: berth.join.v1.JoinService.CheckIn:input_type -> berth.join.v1.CheckInRequest
-	3, // 7: berth.join.v1.JoinService.IssueJoinTicket:output_type -> berth.join.v1.IssueJoinTicketResponse
-	6, // 8: berth.join.v1.JoinService.IssueRejoinTicket:output_type -> berth.join.v1.IssueRejoinTicketResponse
-	8, // 9: berth.join.v1.JoinService.CheckIn:output_type -> berth.join.v1.CheckInResponse
-	7, // [7:10] is the sub-list for method output_type
-	4, // [4:7] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	0,  // 0: berth.join.v1.IssueJoinTicketRequest.role:type_name -> berth.join.v1.Role
+	1,  // 1: berth.join.v1.File.root:type_name -> berth.join.v1.FileRoot
+	10, // 2: berth.join.v1.IssueJoinTicketResponse.bootstrap_token_expiry:type_name -> google.protobuf.Timestamp
+	3,  // 3: berth.join.v1.IssueJoinTicketResponse.control_plane_files:type_name -> berth.join.v1.File
+	5,  // 4: berth.join.v1.IssueJoinTicketResponse.kms_keys:type_name -> berth.join.v1.KMSKey
+	2,  // 5: berth.join.v1.JoinService.IssueJoinTicket:input_type -> berth.join.v1.IssueJoinTicketRequest
+	6,  // 6: berth.join.v1.JoinService.IssueRejoinTicket:input_type -> berth.join.v1.IssueRejoinTicketRequest
+	8,  // 7: berth.join.v1.JoinService.CheckIn:input_type -> berth.join.v1.CheckInRequest
+	4,  // 8: berth.join.v1.JoinService.IssueJoinTicket:output_type -> berth.join.v1.IssueJoinTicketResponse
+	7,  // 9: berth.join.v1.JoinService.IssueRejoinTicket:output_type -> berth.join.v1.IssueRejoinTicketResponse
+	9,  // 10: berth.join.v1.JoinService.CheckIn:output_type -> berth.join.v1.CheckInResponse
+	8,  // [8:11] is the sub-list for method output_type
+	5,  // [5:8] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_join_proto_init() }
@@ -767,7 +844,7 @@ func file_join_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_join_proto_rawDesc), len(file_join_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,

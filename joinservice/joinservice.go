@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/cpfiles"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/kmsstate"
 	"github.com/berth-k8s/berth/internal/metadata"
@@ -252,6 +253,9 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 			server.WithKMSSpec(func(ctx context.Context) (kmsstate.Spec, error) {
 				st, err := kmsstate.Read(ctx, d.Client)
 				return st.Spec, err
+			}),
+			server.WithClusterFiles(func(ctx context.Context) ([]*joinproto.File, error) {
+				return cpfiles.FromCluster(ctx, d.Client)
 			}))...)
 
 	lis, err := d.Listen.Listen(ctx, "tcp", d.Address)

@@ -66,6 +66,8 @@ func TestInstallOrder(t *testing.T) {
 		"ServiceAccount berth-system/berth-joinservice",
 		"Role berth-system/berth:joinservice",
 		"RoleBinding berth-system/berth:joinservice",
+		"Role kube-system/berth:joinservice:cluster-config",
+		"RoleBinding kube-system/berth:joinservice:cluster-config",
 		"ClusterRole berth:joinservice:kubelet-serving-approver",
 		"ClusterRoleBinding berth:joinservice:kubelet-serving-approver",
 		"ClusterRole berth:joinservice:webhook-spread",

@@ -29,13 +29,10 @@ import (
 	"time"
 
 	"github.com/spf13/afero"
-	"k8s.io/apimachinery/pkg/runtime"
-	apiserverv1 "k8s.io/apiserver/pkg/apis/apiserver/v1"
-	auditv1 "k8s.io/apiserver/pkg/apis/audit/v1"
 
-	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/clusterconfig"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/cpfiles"
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/metadata"
@@ -212,55 +209,31 @@ func (i *Initializer) preflight(ctx context.Context, job *Job) error {
 }
 
 // AuditPolicyFile is where a control plane keeps the API server's audit policy, relative to
-// kubeadm's directory: beside the admission configuration, in the directory already mounted into
-// the API server's pod.
-const AuditPolicyFile = "berth/audit-policy.yaml"
+// kubeadm's directory (cpfiles owns the path: control planes that join later write it there too).
+const AuditPolicyFile = cpfiles.AuditPolicyFile
 
-func (i *Initializer) patchesDir() string { return filepath.Join(i.cfg.StateDir, "kubeadm-patches") }
+func (i *Initializer) dirs() cpfiles.Dirs {
+	return cpfiles.Dirs{Kubernetes: i.cfg.KubernetesDir, State: i.cfg.StateDir}
+}
 
-// writeOperatorFiles writes the files the operator's configuration needs on the control plane: its
-// admission plugins' configuration merged into Berth's, its audit policy, its kubeadm patches.
-func (i *Initializer) writeOperatorFiles(c *clusterconfig.ClusterConfiguration) (admission, audit string, err error) {
-	extra := make([]apiserverv1.AdmissionPluginConfiguration, 0, len(c.APIServer.Admission.Plugins))
-	for _, p := range c.APIServer.Admission.Plugins {
-		extra = append(extra, apiserverv1.AdmissionPluginConfiguration{
-			Name: p.Name, Configuration: &runtime.Unknown{Raw: p.Configuration.Raw, ContentType: runtime.ContentTypeJSON},
-		})
+// writeOperatorFiles writes the files the operator's configuration needs on the control plane
+// (cpfiles.Render): its admission plugins' configuration merged into Berth's, its audit policy, its
+// kubeadm patches. The joinservice renders the same files into every control-plane join ticket.
+func (i *Initializer) writeOperatorFiles(c *clusterconfig.ClusterConfiguration) (admission, audit, patches string, err error) {
+	files, err := cpfiles.Render(c)
+	if err != nil {
+		return "", "", "", err
 	}
-	if admission, err = berthsystem.WriteAdmissionConfiguration(i.fs, i.cfg.KubernetesDir, extra...); err != nil {
-		return "", "", err
+	if err := cpfiles.Write(i.fs, i.dirs(), files); err != nil {
+		return "", "", "", fmt.Errorf("writing the cluster configuration's files: %w", err)
 	}
-	if a := c.APIServer.Audit; a != nil {
-		pol := a.Policy
-		pol.APIVersion, pol.Kind = auditv1.SchemeGroupVersion.String(), "Policy"
-		data, err := clusterconfig.CompactYAML(pol)
-		if err != nil {
-			return "", "", err
-		}
-		audit = filepath.Join(i.cfg.KubernetesDir, AuditPolicyFile)
-		if err := afero.WriteFile(i.fs, audit, data, 0o600); err != nil {
-			return "", "", fmt.Errorf("writing the audit policy: %w", err)
-		}
-	}
-	if err := i.fs.RemoveAll(i.patchesDir()); err != nil {
-		return "", "", fmt.Errorf("writing kubeadm patches: %w", err)
-	}
-	if len(c.Patches) > 0 {
-		if err := i.fs.MkdirAll(i.patchesDir(), 0o700); err != nil {
-			return "", "", fmt.Errorf("writing kubeadm patches: %w", err)
-		}
-		for name, data := range kubeadm.PatchFiles(c.Patches) {
-			if err := afero.WriteFile(i.fs, filepath.Join(i.patchesDir(), name), data, 0o600); err != nil {
-				return "", "", fmt.Errorf("writing kubeadm patches: %w", err)
-			}
-		}
-	}
-	return admission, audit, nil
+	admission, audit, patches = i.dirs().Written(files)
+	return admission, audit, patches, nil
 }
 
 func (i *Initializer) writeConfig(_ context.Context, job *Job) error {
 	cluster := job.Req.Cluster
-	admission, audit, err := i.writeOperatorFiles(&cluster)
+	admission, audit, patches, err := i.writeOperatorFiles(&cluster)
 	if err != nil {
 		return err
 	}
@@ -282,7 +255,7 @@ func (i *Initializer) writeConfig(_ context.Context, job *Job) error {
 		AdmissionConfigFile:          admission,
 		Cluster:                      &cluster,
 		AuditPolicyFile:              audit,
-		PatchesDir:                   i.patchesDir(),
+		PatchesDir:                   patches,
 	})
 	if err != nil {
 		return fmt.Errorf("rendering kubeadm config: %w", err)

@@ -28,8 +28,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -42,6 +40,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/berth-k8s/berth/internal/berthsystem"
+	"github.com/berth-k8s/berth/internal/cpfiles"
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/metadata"
@@ -116,7 +115,7 @@ func New(cfg Config, log *zap.Logger, fsys afero.Fs, lock locker, kubeadm kubead
 // Join joins with ticket. It returns nil without doing anything if the node lock is already taken
 // (the InitServer won), and a named error if joining failed after the lock was taken.
 func (j *Joiner) Join(ctx context.Context, self metadata.Instance, ticket *joinproto.IssueJoinTicketResponse, kubeletKey crypto.Signer) error {
-	if err := validateTicket(self, ticket); err != nil {
+	if err := validateTicket(self, ticket, j.dirs()); err != nil {
 		return err
 	}
 	if j.kms != nil && len(ticket.GetControlPlaneFiles()) > 0 {
@@ -168,6 +167,9 @@ func (j *Joiner) Join(ctx context.Context, self metadata.Instance, ticket *joinp
 		Token:             ticket.GetBootstrapToken(),
 		CACertHashes:      ticket.GetDiscoveryTokenCaCertHashes(),
 		ControlPlane:      controlPlane,
+	}
+	if _, _, patches := j.dirs().Written(ticket.GetControlPlaneFiles()); controlPlane && patches != "" {
+		params.PatchesDir = patches
 	}
 	if discovery != nil {
 		// Tokenless: the discovery file holds the node's key; owner-only, and removed once the join
@@ -249,7 +251,7 @@ var transientPatterns = regexp.MustCompile(`(?i)connection refused|connection re
 // Transient reports whether kubeadm output describes a failure worth retrying.
 func Transient(output string) bool { return transientPatterns.MatchString(output) }
 
-func validateTicket(self metadata.Instance, t *joinproto.IssueJoinTicketResponse) error {
+func validateTicket(self metadata.Instance, t *joinproto.IssueJoinTicketResponse, dirs cpfiles.Dirs) error {
 	switch {
 	case t.GetNodeName() == "":
 		return fmt.Errorf("%w: no node name", ErrInvalidTicket)
@@ -262,10 +264,9 @@ func validateTicket(self metadata.Instance, t *joinproto.IssueJoinTicketResponse
 	case len(self.IPs) == 0:
 		return fmt.Errorf("%w: this node has no IP in metadata", ErrInvalidTicket)
 	}
-	for _, f := range t.GetControlPlaneFiles() {
-		if _, err := safeRelPath(f.GetPath()); err != nil {
-			return fmt.Errorf("%w: %w", ErrInvalidTicket, err)
-		}
+	// Every file's path is checked against its directory before anything is written.
+	if err := dirs.Check(t.GetControlPlaneFiles()); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidTicket, err)
 	}
 	if len(t.GetControlPlaneFiles()) == 0 && len(t.GetKmsKeys()) > 0 {
 		return fmt.Errorf("%w: a worker's ticket carries KMS keys", ErrInvalidTicket)
@@ -340,36 +341,24 @@ func publicKeyEqual(a, b crypto.PublicKey) bool {
 	return ok && k.Equal(b)
 }
 
-func safeRelPath(p string) (string, error) {
-	clean := path.Clean(p)
-	if p == "" || path.IsAbs(p) || clean == ".." || strings.HasPrefix(clean, "../") {
-		return "", fmt.Errorf("file path %q escapes the PKI directory", p)
-	}
-	return clean, nil
+func (j *Joiner) dirs() cpfiles.Dirs {
+	return cpfiles.Dirs{Kubernetes: j.cfg.KubernetesDir, State: j.cfg.StateDir}
 }
 
-// writeFiles writes the control-plane files and the kubelet's client certificate. It runs before
-// every attempt because kubeadm reset removes them.
+// writeFiles writes the control-plane files (the PKI's shared keys, the cluster configuration's
+// admission configuration, audit policy and kubeadm patches, at the paths init wrote them) and the
+// kubelet's client certificate. It runs before every attempt because kubeadm reset removes them.
 func (j *Joiner) writeFiles(t *joinproto.IssueJoinTicketResponse, kubeletKey crypto.Signer) error {
-	if len(t.GetControlPlaneFiles()) > 0 {
-		// The cluster configuration kubeadm join reads points the API server at it.
-		if _, err := berthsystem.WriteAdmissionConfiguration(j.fs, j.cfg.KubernetesDir); err != nil {
-			return err
+	if files := t.GetControlPlaneFiles(); len(files) > 0 {
+		if admission, _, _ := j.dirs().Written(files); admission == "" {
+			// A joinservice that sends no admission configuration: Berth's own, which the cluster
+			// configuration kubeadm join reads points the API server at.
+			if _, err := berthsystem.WriteAdmissionConfiguration(j.fs, j.cfg.KubernetesDir); err != nil {
+				return err
+			}
 		}
-	}
-	pki := filepath.Join(j.cfg.KubernetesDir, "pki")
-	for _, f := range t.GetControlPlaneFiles() {
-		rel, _ := safeRelPath(f.GetPath())
-		dst := filepath.Join(pki, filepath.FromSlash(rel))
-		mode := os.FileMode(f.GetMode() & 0o644)
-		if mode == 0 {
-			mode = 0o600
-		}
-		if err := j.fs.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
-			return fmt.Errorf("creating PKI directory: %w", err)
-		}
-		if err := afero.WriteFile(j.fs, dst, f.GetData(), mode); err != nil {
-			return fmt.Errorf("writing %s: %w", rel, err)
+		if err := cpfiles.Write(j.fs, j.dirs(), files); err != nil {
+			return fmt.Errorf("%w: %w", ErrInvalidTicket, err)
 		}
 	}
 	keyDER, err := x509.MarshalPKCS8PrivateKey(kubeletKey)

@@ -22,7 +22,9 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/berth-k8s/berth/internal/clusterconfig"
 	"github.com/berth-k8s/berth/internal/command/commandtest"
+	"github.com/berth-k8s/berth/internal/cpfiles"
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/metadata"
@@ -204,18 +206,103 @@ func TestJoinRejectsBadTickets(t *testing.T) {
 		"escaping file": func(t *joinproto.IssueJoinTicketResponse) {
 			t.ControlPlaneFiles = []*joinproto.File{{Path: "../../etc/shadow", Data: []byte("x")}}
 		},
+		"configuration file outside berth/": func(t *joinproto.IssueJoinTicketResponse) {
+			t.ControlPlaneFiles = []*joinproto.File{{Path: "ca.crt", Data: []byte("x")},
+				{Root: joinproto.FileRoot_FILE_ROOT_KUBERNETES, Path: "manifests/kube-apiserver.yaml", Data: []byte("x")}}
+		},
+		"configuration file escaping berth/": func(t *joinproto.IssueJoinTicketResponse) {
+			t.ControlPlaneFiles = []*joinproto.File{{Root: joinproto.FileRoot_FILE_ROOT_KUBERNETES, Path: "berth/../admin.conf", Data: []byte("x")}}
+		},
+		"patch escaping its directory": func(t *joinproto.IssueJoinTicketResponse) {
+			t.ControlPlaneFiles = []*joinproto.File{{Root: joinproto.FileRoot_FILE_ROOT_PATCHES, Path: "../node-state.json", Data: []byte("x")}}
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := newFixture(nil)
 			tk := ticket()
 			mutate(tk)
-			if err := f.j.Join(context.Background(), self, tk, key(t)); !errors.Is(err, ErrInvalidTicket) {
+			err := f.j.Join(context.Background(), self, tk, key(t))
+			if !errors.Is(err, ErrInvalidTicket) {
 				t.Fatalf("Join() = %v, want ErrInvalidTicket", err)
 			}
 			if len(f.rec.Calls()) != 0 {
 				t.Fatalf("kubeadm ran for a bad ticket: %v", f.rec.Calls())
 			}
+			// Nothing of the ticket was written: no file, not even the ones with good paths.
+			for _, dir := range []string{"/etc/kubernetes", "/state/kubeadm-patches"} {
+				if ok, _ := afero.Exists(f.fs, dir); ok {
+					t.Errorf("%s exists after a refused ticket", dir)
+				}
+			}
+			if (strings.Contains(name, "escaping") || strings.Contains(name, "outside")) && !errors.Is(err, cpfiles.ErrUnsafePath) {
+				t.Errorf("Join() = %v: a bad path must be cpfiles.ErrUnsafePath", err)
+			}
 		})
+	}
+}
+
+// TestControlPlaneConfigurationFilesWritten: a control-plane ticket's cluster configuration files
+// (the operator's admission configuration, audit policy and patches) land where berth init wrote
+// them on the first control plane, before kubeadm join runs, and kubeadm join gets the patches
+// directory.
+func TestControlPlaneConfigurationFilesWritten(t *testing.T) {
+	f := newFixture(nil)
+	cp := metadata.Instance{Name: "worker-0", Role: metadata.RoleControlPlane, IPs: []string{"198.51.100.11"}}
+	c, _, err := clusterconfig.Parse([]byte(`apiVersion: config.berth.dev/v1alpha1
+kind: ClusterConfiguration
+apiServer:
+  audit: {policy: {rules: [{level: Metadata}]}}
+  admission:
+    plugins: [{name: EventRateLimit, configuration: {apiVersion: eventratelimit.admission.k8s.io/v1alpha1, kind: Configuration, limits: [{type: Server, qps: 5}]}}]
+patches: [{target: kube-apiserver, type: merge, patch: "metadata: {annotations: {a: b}}"}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := cpfiles.Render(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A stale patch of an earlier attempt or configuration must not apply.
+	if err := afero.WriteFile(f.fs, "/state/kubeadm-patches/etcd000+strategic.yaml", []byte("old"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	tk := ticket()
+	tk.ControlPlaneFiles = append([]*joinproto.File{{Path: "ca.crt", Data: []byte("crt"), Mode: 0o644}}, files...)
+	var joinCfg []byte
+	var atJoin []string
+	f.rec.Hook = func(argv []string) error {
+		if argv[1] == "join" {
+			joinCfg, _ = afero.ReadFile(f.fs, "/state/kubeadm-join.yaml")
+			for _, p := range []string{"/etc/kubernetes/berth/admission.yaml", "/etc/kubernetes/berth/audit-policy.yaml", "/state/kubeadm-patches/kube-apiserver000+merge.yaml"} {
+				if ok, _ := afero.Exists(f.fs, p); ok {
+					atJoin = append(atJoin, p)
+				}
+			}
+		}
+		return nil
+	}
+	if err := f.j.Join(context.Background(), cp, tk, key(t)); err != nil {
+		t.Fatal(err)
+	}
+	if len(atJoin) != 3 {
+		t.Errorf("when kubeadm join ran, only %v existed", atJoin)
+	}
+	for _, file := range files {
+		p, _ := cpfiles.Dirs{Kubernetes: "/etc/kubernetes", State: "/state"}.Path(file)
+		got, err := afero.ReadFile(f.fs, p)
+		if err != nil || string(got) != string(file.GetData()) {
+			t.Errorf("%s = %q, %v; want the ticket's", p, got, err)
+		}
+	}
+	if admission, _ := afero.ReadFile(f.fs, "/etc/kubernetes/berth/admission.yaml"); !strings.Contains(string(admission), "EventRateLimit") {
+		t.Errorf("the admission configuration is not the ticket's:\n%s", admission)
+	}
+	if ok, _ := afero.Exists(f.fs, "/state/kubeadm-patches/etcd000+strategic.yaml"); ok {
+		t.Error("a stale patch stayed in the patches directory")
+	}
+	if !strings.Contains(string(joinCfg), "patches:\n  directory: /state/kubeadm-patches") {
+		t.Errorf("kubeadm join's configuration does not name the patches directory:\n%s", joinCfg)
 	}
 }
 

@@ -41,6 +41,9 @@ const (
 	controlPlaneLabel = "node-role.kubernetes.io/control-plane"
 	// joinServiceRole names the joinservice's Role and RoleBinding.
 	joinServiceRole = "berth:joinservice"
+	// clusterConfigRole names the joinservice's Role and RoleBinding in the cluster configuration's
+	// namespace.
+	clusterConfigRole = "berth:joinservice:cluster-config"
 	// csrApproverRole names the ClusterRole and binding of the joinservice's kubelet serving CSR
 	// approver.
 	csrApproverRole = "berth:joinservice:kubelet-serving-approver"
@@ -169,7 +172,7 @@ func joinService(ds *appsv1ac.DaemonSetApplyConfiguration) []any {
 		corev1ac.ConfigMap(joinconfig.BackupName, ns).WithLabels(joinServiceLabels),
 		coordinationv1ac.Lease(joinconfig.BackupName, ns).WithLabels(joinServiceLabels),
 		corev1ac.ServiceAccount(joinconfig.ServiceAccountName, ns),
-		// Everything the joinservice touches is in berth-system: a Role, not a ClusterRole, and in it
+		// Everything the joinservice writes is in berth-system: a Role, not a ClusterRole, and in it
 		// only the objects it reads or writes, by name. Creating cannot be limited to a name, so the
 		// ledger and the Lease are created with the joinservice (above), and the joinservice creates
 		// nothing but Events and the record API's objects.
@@ -219,6 +222,15 @@ func joinService(ds *appsv1ac.DaemonSetApplyConfiguration) []any {
 		),
 		rbacv1ac.RoleBinding(joinServiceRole, ns).
 			WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("Role").WithName(joinServiceRole)).
+			WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(joinconfig.ServiceAccountName).WithNamespace(ns)),
+		// The configuration in force, whose files (admission configuration, audit policy, kubeadm
+		// patches) a control-plane join ticket carries (internal/cpfiles): read only, by name.
+		rbacv1ac.Role(clusterConfigRole, joinconfig.ClusterConfigNamespace).WithRules(
+			rbacv1ac.PolicyRule().WithAPIGroups("").WithResources("configmaps").
+				WithResourceNames(joinconfig.ClusterConfigName).WithVerbs("get"),
+		),
+		rbacv1ac.RoleBinding(clusterConfigRole, joinconfig.ClusterConfigNamespace).
+			WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("Role").WithName(clusterConfigRole)).
 			WithSubjects(rbacv1ac.Subject().WithKind("ServiceAccount").WithName(joinconfig.ServiceAccountName).WithNamespace(ns)),
 		// The certificate keeper's kubelet serving CSR approver (joinservice/certkeeper): it reads
 		// the kubelet serving requests and Nodes, and approves or denies for that signer only.

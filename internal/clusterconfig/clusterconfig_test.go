@@ -163,6 +163,10 @@ func TestRefused(t *testing.T) {
 		"overlap":                  {head + "networking: {podSubnet: 10.96.0.0/16}\n", "networking.podSubnet: Invalid value: \"10.96.0.0/16\": overlaps serviceSubnet"},
 		"san":                      {head + "apiServer: {certSANs: ['not a name']}\n", "apiServer.certSANs[0]: Invalid value"},
 		"feature gate":             {head + "featureGates: {'bad-gate': true}\n", "featureGates[bad-gate]: Invalid value"},
+		"unknown feature gate":     {head + "featureGates: {InPlacePodVerticalScaling: true, Foo: true}\n", `featureGates[Foo]: Invalid value: "Foo": is not a feature gate of Kubernetes v1.37.`},
+		"unknown kubelet gate":     {head + "kubelet: {featureGates: {NoSuchKubeletGate: false}}\n", `kubelet.featureGates[NoSuchKubeletGate]: Invalid value`},
+		"unknown kube-proxy gate":  {head + "kubeProxy: {featureGates: {NoSuchProxyGate: true}}\n", `kubeProxy.featureGates[NoSuchProxyGate]: Invalid value`},
+		"gate of a later minor":    {head + "kubernetesVersion: v1.36.3\nfeatureGates: {CompositePodGroup: true}\n", `featureGates[CompositePodGroup]: Invalid value: "CompositePodGroup": is not a feature gate of Kubernetes v1.36.3`},
 		"patch target":             {head + "patches: [{target: kube-proxy, patch: 'a: b'}]\n", "patches[0].target: Unsupported value"},
 		"json patch":               {head + "patches: [{target: etcd, type: json, patch: 'a: b'}]\n", "patches[0].patch: Invalid value"},
 		"empty patch":              {head + "patches: [{target: etcd}]\n", "patches[0].patch: Required value"},
@@ -189,6 +193,10 @@ func TestAcceptsWhatItMayOverride(t *testing.T) {
 		head + "apiServer: {extraArgs: [{name: v, value: '2'}]}\n",
 		head + "kubelet: {authentication: {anonymous: {enabled: false}}, authorization: {mode: Webhook}}\n",
 		head + "patches: [{target: etcd, type: json, patch: '[{op: add, path: /metadata/labels/a, value: b}]'}]\n",
+		// Gates of the kubelet and the controllers, of the API server, of client-go, of logging, and
+		// one new in the default minor.
+		head + "featureGates: {InPlacePodVerticalScaling: true, WatchList: true, ContextualLogging: true, CompositePodGroup: true}\n",
+		head + "kubelet: {featureGates: {LoggingBetaOptions: true}}\nkubeProxy: {featureGates: {InPlacePodVerticalScaling: true}}\n",
 	} {
 		if _, _, err := Parse([]byte(doc)); err != nil {
 			t.Errorf("Parse(%q) = %v", doc, err)

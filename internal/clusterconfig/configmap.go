@@ -5,6 +5,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/berth-k8s/berth/internal/joinconfig"
 )
 
 // The configuration in force is kept in a ConfigMap beside kubeadm's own kubeadm-config, as the
@@ -12,9 +14,9 @@ import (
 // version of Berth converts it when it reads it.
 const (
 	// ConfigMapNamespace is the namespace of ConfigMapName.
-	ConfigMapNamespace = "kube-system"
+	ConfigMapNamespace = joinconfig.ClusterConfigNamespace
 	// ConfigMapName names the ConfigMap holding the configuration in force.
-	ConfigMapName = "berth-cluster-config"
+	ConfigMapName = joinconfig.ClusterConfigName
 	// ConfigMapKey is the key of the versioned document in ConfigMapName.
 	ConfigMapKey = "ClusterConfiguration"
 )

@@ -9,10 +9,11 @@ import (
 	"testing"
 )
 
-var update = flag.Bool("update", false, "write REFERENCE.md and clusterconfig.schema.json (make clusterconfig-docs)")
+var update = flag.Bool("update", false, "write REFERENCE.md, clusterconfig.schema.json and featuregates.tsv (make clusterconfig-docs)")
 
-// TestReferenceCurrent: REFERENCE.md and clusterconfig.schema.json are what the types generate
-// (`make clusterconfig-docs` rewrites them; `make check-generate` runs this test).
+// TestReferenceCurrent: REFERENCE.md and clusterconfig.schema.json are what the types generate,
+// featuregates.tsv what the pinned k8s.io/kubernetes registers (`make clusterconfig-docs`
+// rewrites them; `make check-generate` runs this test).
 func TestReferenceCurrent(t *testing.T) {
 	ref, err := Reference()
 	if err != nil {
@@ -22,7 +23,7 @@ func TestReferenceCurrent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, want := range map[string][]byte{"REFERENCE.md": ref, "clusterconfig.schema.json": schema} {
+	for name, want := range map[string][]byte{"REFERENCE.md": ref, "clusterconfig.schema.json": schema, "featuregates.tsv": generatedFeatureGates(t)} {
 		if *update {
 			if err := os.WriteFile(name, want, 0o644); err != nil {
 				t.Fatal(err)

@@ -33,11 +33,13 @@ type ClusterConfiguration struct {
 	// scheduler configures kube-scheduler's extra flags and volumes.
 	Scheduler ControlPlaneComponent `json:"scheduler,omitempty"`
 	// featureGates are Kubernetes feature gates (name: enabled), given to the API server,
-	// controller manager, scheduler, every kubelet and kube-proxy.
+	// controller manager, scheduler, every kubelet and kube-proxy. Each name must be a gate that
+	// kubernetesVersion knows (the gates of the Kubernetes release Berth is built with, from the
+	// minor that introduced each one).
 	FeatureGates map[string]bool `json:"featureGates,omitempty"`
-	// patches are kubeadm patches applied to the first control plane's static pod manifests and
-	// kubelet configuration after Berth generated them; control planes that join later do not get
-	// them yet.
+	// patches are kubeadm patches applied to every control plane's static pod manifests and
+	// kubelet configuration after Berth generated them: `berth init` writes them on the first
+	// control plane, and every control plane that joins later gets them in its join ticket.
 	Patches []Patch `json:"patches,omitempty"`
 	// kubelet is every node's kubelet configuration, in the kubelet's own
 	// kubelet.config.k8s.io/v1beta1 KubeletConfiguration (without apiVersion and kind). Berth sets
@@ -112,9 +114,9 @@ type APIServer struct {
 	Admission Admission `json:"admission,omitempty"`
 }
 
-// Audit is the API server's audit log, written to a file on the control plane. The first control
-// plane writes the policy file; control planes that join later do not get it yet, so a cluster
-// with an audit policy keeps one control plane for now.
+// Audit is the API server's audit log, written to a file on each control plane. `berth init`
+// writes the policy file on the first control plane; every control plane that joins later gets it
+// in its join ticket and writes it at the same path, before its API server starts.
 type Audit struct {
 	// policy is the audit policy, an audit.k8s.io/v1 Policy (without apiVersion and kind).
 	Policy auditv1.Policy `json:"policy"`
@@ -158,9 +160,9 @@ type Admission struct {
 	EnablePlugins []string `json:"enablePlugins,omitempty"`
 	// disablePlugins are default admission plugins turned off; Berth's own are refused.
 	DisablePlugins []string `json:"disablePlugins,omitempty"`
-	// plugins are admission plugins' configurations, merged into Berth's admission
-	// configuration file on the first control plane (control planes that join later get Berth's
-	// alone, for now); PodSecurity's is Berth's and refused here.
+	// plugins are admission plugins' configurations, merged after Berth's PodSecurity into the
+	// admission configuration file of every control plane (control planes that join later get the
+	// file in their join ticket); PodSecurity's is Berth's and refused here.
 	Plugins []AdmissionPlugin `json:"plugins,omitempty"`
 }
 

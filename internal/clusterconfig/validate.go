@@ -76,16 +76,16 @@ func Validate(c *ClusterConfiguration) field.ErrorList {
 	errs = append(errs, validateAPIServer(&c.APIServer, field.NewPath("apiServer"))...)
 	errs = append(errs, validateComponent(&c.ControllerManager, field.NewPath("controllerManager"), commonReserved)...)
 	errs = append(errs, validateComponent(&c.Scheduler, field.NewPath("scheduler"), commonReserved)...)
-	for _, name := range sortedKeys(c.FeatureGates) {
-		if !featureGate.MatchString(name) {
-			errs = append(errs, field.Invalid(field.NewPath("featureGates").Key(name), name, "must be a feature gate's name, e.g. InPlacePodVerticalScaling"))
-		}
-	}
+	errs = append(errs, validateFeatureGates(c.FeatureGates, c.KubernetesVersion, field.NewPath("featureGates"))...)
 	for i, p := range c.Patches {
 		errs = append(errs, validatePatch(p, field.NewPath("patches").Index(i))...)
 	}
 	if c.Kubelet != nil {
 		errs = append(errs, validateKubelet(c.Kubelet, field.NewPath("kubelet"))...)
+		errs = append(errs, validateFeatureGates(c.Kubelet.FeatureGates, c.KubernetesVersion, field.NewPath("kubelet", "featureGates"))...)
+	}
+	if c.KubeProxy != nil {
+		errs = append(errs, validateFeatureGates(c.KubeProxy.FeatureGates, c.KubernetesVersion, field.NewPath("kubeProxy", "featureGates"))...)
 	}
 	if c.KubeProxy != nil && !slices.Contains(proxyModes, string(c.KubeProxy.Mode)) {
 		errs = append(errs, field.NotSupported(field.NewPath("kubeProxy", "mode"), c.KubeProxy.Mode, proxyModes[1:]))
@@ -289,4 +289,19 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	slices.Sort(keys)
 	return keys
+}
+
+// validateFeatureGates checks that every gate's name is one Kubernetes at kubernetesVersion knows
+// (gateKnown); an unknown one is an error at its key.
+func validateFeatureGates(gates map[string]bool, kubernetesVersion string, path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for _, name := range sortedKeys(gates) {
+		switch {
+		case !featureGate.MatchString(name):
+			errs = append(errs, field.Invalid(path.Key(name), name, "must be a feature gate's name, e.g. InPlacePodVerticalScaling"))
+		case !gateKnown(name, kubernetesVersion):
+			errs = append(errs, field.Invalid(path.Key(name), name, "is not a feature gate of Kubernetes "+kubernetesVersion))
+		}
+	}
+	return errs
 }

@@ -53,6 +53,11 @@ const (
 	BackupStoreSecretName = "berth-backup-store"
 	// BackupDir is where a control plane keeps its etcd snapshots, on its state disk.
 	BackupDir = "/var/lib/berth/backups"
+	// ClusterConfigNamespace and ClusterConfigName name the ConfigMap that keeps the cluster
+	// configuration in force (internal/clusterconfig writes its content); the joinservice reads it
+	// for the files a control-plane join ticket carries (internal/cpfiles).
+	ClusterConfigNamespace = "kube-system"
+	ClusterConfigName      = "berth-cluster-config"
 )
 
 // Keys of Secret BackupStoreSecretName.

@@ -396,6 +396,9 @@ type JoinParams struct {
 	// ControlPlane, when set, joins the node as a control plane advertising its IP on this port.
 	ControlPlane bool
 	BindPort     int32
+	// PatchesDir, when set, is the absolute path of the directory holding the cluster
+	// configuration's patches (PatchFiles), as the first control plane had them.
+	PatchesDir string
 }
 
 // JoinConfig renders the kubeadm configuration for `kubeadm join`.
@@ -438,6 +441,12 @@ func JoinConfig(p JoinParams) ([]byte, error) {
 			port = 6443
 		}
 		cfg.ControlPlane = &v1beta4.JoinControlPlane{LocalAPIEndpoint: v1beta4.APIEndpoint{AdvertiseAddress: p.Node.IP, BindPort: port}}
+	}
+	if p.PatchesDir != "" {
+		if !filepath.IsAbs(p.PatchesDir) {
+			return nil, invalid("patches directory %q is not an absolute path", p.PatchesDir)
+		}
+		cfg.Patches = &v1beta4.Patches{Directory: p.PatchesDir}
 	}
 	return joinDocs([]any{cfg})
 }

@@ -24,7 +24,7 @@ apiServer:
   admission: {enablePlugins: [EventRateLimit], disablePlugins: [DefaultStorageClass]}
 controllerManager: {extraArgs: [{name: node-monitor-grace-period, value: 50s}]}
 scheduler: {extraVolumes: [{name: sched, hostPath: /srv/s, mountPath: /srv/s}]}
-featureGates: {InPlacePodVerticalScaling: true, Zeta: false}
+featureGates: {InPlacePodVerticalScaling: true, WatchList: false}
 patches: [{target: kube-apiserver, type: merge, patch: "metadata: {annotations: {a: b}}"}]
 kubelet: {maxPods: 42, failSwapOn: true}
 kubeProxy: {mode: iptables}
@@ -82,16 +82,16 @@ func TestInitConfigOperator(t *testing.T) {
 		"audit-log-maxage": "7", "audit-log-maxbackup": "10", "audit-log-maxsize": "100",
 		"oidc-issuer-url": "https://issuer.example.com", "oidc-client-id": "kubernetes", "oidc-username-claim": "sub", "oidc-required-claim": "hd=example.com",
 		"enable-admission-plugins": "NodeRestriction,EventRateLimit", "disable-admission-plugins": "DefaultStorageClass",
-		"feature-gates": "InPlacePodVerticalScaling=true,Zeta=false",
+		"feature-gates": "InPlacePodVerticalScaling=true,WatchList=false",
 	} {
 		if !slices.Equal(api[name], []string{want}) {
 			t.Errorf("kube-apiserver --%s = %q, want %q", name, api[name], want)
 		}
 	}
-	if cm := args(cc.ControllerManager); !slices.Equal(cm["node-monitor-grace-period"], []string{"50s"}) || !slices.Equal(cm["feature-gates"], []string{"InPlacePodVerticalScaling=true,Zeta=false"}) {
+	if cm := args(cc.ControllerManager); !slices.Equal(cm["node-monitor-grace-period"], []string{"50s"}) || !slices.Equal(cm["feature-gates"], []string{"InPlacePodVerticalScaling=true,WatchList=false"}) {
 		t.Errorf("kube-controller-manager flags = %v", cm)
 	}
-	if s := args(cc.Scheduler); !slices.Equal(s["feature-gates"], []string{"InPlacePodVerticalScaling=true,Zeta=false"}) || len(cc.Scheduler.ExtraVolumes) != 1 {
+	if s := args(cc.Scheduler); !slices.Equal(s["feature-gates"], []string{"InPlacePodVerticalScaling=true,WatchList=false"}) || len(cc.Scheduler.ExtraVolumes) != 1 {
 		t.Errorf("kube-scheduler = %+v", cc.Scheduler)
 	}
 	mounts := map[string]v1beta4.HostPathMount{}
@@ -114,7 +114,7 @@ func TestInitConfigOperator(t *testing.T) {
 		kubelet.CgroupDriver != "cgroupfs" || !kubelet.RotateCertificates || !kubelet.ServerTLSBootstrap || !kubelet.FeatureGates["InPlacePodVerticalScaling"] {
 		t.Errorf("kubelet configuration:\n%s", docs[2])
 	}
-	if proxy.Mode != "iptables" || proxy.Conntrack.MaxPerCore == nil || *proxy.Conntrack.MaxPerCore != 0 || proxy.FeatureGates["Zeta"] || len(proxy.FeatureGates) != 2 {
+	if proxy.Mode != "iptables" || proxy.Conntrack.MaxPerCore == nil || *proxy.Conntrack.MaxPerCore != 0 || proxy.FeatureGates["WatchList"] || len(proxy.FeatureGates) != 2 {
 		t.Errorf("kube-proxy configuration (the operator's mode, the node's conntrack setting):\n%s", docs[3])
 	}
 }

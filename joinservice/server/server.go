@@ -44,6 +44,10 @@
 // A control-plane ticket also carries the key-encryption keys of the KMS plugin every control plane
 // runs (kms_keys): every generation of the cluster's key spec (internal/kmsstate), derived from the
 // master secret, so the new control plane reads what the others stored, also during a rotation.
+// Its control_plane_files hold, besides the PKI's shared keys, the files of the cluster
+// configuration in force (ClusterFiles, internal/cpfiles): the admission configuration, the audit
+// policy and the kubeadm patches, which the API server flags kubeadm uploaded name; a configuration
+// the joinservice cannot read refuses the join.
 //
 // Every rejection is a gRPC status whose message
 // states the reason and whose ErrorInfo detail carries a stable reason code (see the Reason* constants).
@@ -167,7 +171,13 @@ type Server struct {
 	admissions    Admissions
 	// kmsSpec tells which KMS key generations a control-plane ticket carries.
 	kmsSpec KMSSpec
+	// clusterFiles are the cluster configuration's files a control-plane ticket carries.
+	clusterFiles ClusterFiles
 }
+
+// ClusterFiles returns the files the cluster configuration in force puts on every control plane
+// (cpfiles.FromCluster): the admission configuration, the audit policy, the kubeadm patches.
+type ClusterFiles func(ctx context.Context) ([]*joinproto.File, error)
 
 // KMSSpec returns the cluster's KMS key spec (kmsstate.Read): which generations of the control planes'
 // key-encryption key a joining control plane gets, and which one is active.
@@ -225,6 +235,10 @@ func WithControlPlaneLock(l ControlPlaneLock) Option { return func(s *Server) { 
 // cluster that never rotated its key (kmsstate.DefaultSpec).
 func WithKMSSpec(f KMSSpec) Option { return func(s *Server) { s.kmsSpec = f } }
 
+// WithClusterFiles reads the cluster configuration's files from f; without it a control-plane
+// ticket carries none, and the joining node writes Berth's admission configuration alone.
+func WithClusterFiles(f ClusterFiles) Option { return func(s *Server) { s.clusterFiles = f } }
+
 // New returns a Server. attest may be nil only when the service runs without attestation.
 func New(cfg Config, log *zap.Logger, keys *clusterkeys.Keys, salt []byte, authority *ca.Authority, meta peerLister, attest AttestationCheck, opts ...Option) *Server {
 	s := &Server{cfg: cfg, log: log, keys: keys, salt: salt, ca: authority, meta: meta, attest: attest,
@@ -241,6 +255,9 @@ func New(cfg Config, log *zap.Logger, keys *clusterkeys.Keys, salt []byte, autho
 	}
 	if s.obs == nil {
 		s.obs = nopObserver{}
+	}
+	if s.clusterFiles == nil {
+		s.clusterFiles = func(context.Context) ([]*joinproto.File, error) { return nil, nil }
 	}
 	if s.kmsSpec == nil {
 		s.kmsSpec = func(context.Context) (kmsstate.Spec, error) { return kmsstate.DefaultSpec(), nil }

@@ -13,6 +13,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,9 +24,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/clusterconfig"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
+	"github.com/berth-k8s/berth/internal/cpfiles"
 	"github.com/berth-k8s/berth/internal/kmsstate"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
@@ -175,6 +179,79 @@ func TestControlPlaneTicketCarriesEveryKMSGeneration(t *testing.T) {
 		if status.Code(err) != codes.Unavailable || reason(err) != ReasonInternal {
 			t.Errorf("%s spec: IssueJoinTicket = %v, want Unavailable INTERNAL", name, err)
 		}
+	}
+}
+
+// A control-plane ticket carries, besides the PKI's shared keys, the files of the cluster
+// configuration in force (read from the ConfigMap the cluster keeps): the admission configuration,
+// the audit policy, the patches. A worker's ticket carries none. A configuration the joinservice
+// cannot read refuses the join without saying why, and frees the control-plane slot.
+func TestControlPlaneTicketCarriesClusterConfigFiles(t *testing.T) {
+	c, _, err := clusterconfig.Parse([]byte(`apiVersion: config.berth.dev/v1alpha1
+kind: ClusterConfiguration
+apiServer: {audit: {policy: {rules: [{level: Metadata}]}}}
+patches: [{target: etcd, patch: "metadata: {annotations: {a: b}}"}]
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cm, err := clusterconfig.ConfigMap(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client := fake.NewClientset(cm)
+	fromCluster := WithClusterFiles(func(ctx context.Context) ([]*joinproto.File, error) { return cpfiles.FromCluster(ctx, client) })
+	want, err := cpfiles.Render(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := peers{{Name: "cp-1", Role: metadata.RoleControlPlane, IPs: []string{"127.0.0.1"}}}
+	req := &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_CONTROL_PLANE, DiskUuid: testDiskUUID}
+	resp, err := start(t, cp, fromCluster).IssueJoinTicket(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := resp.GetControlPlaneFiles()
+	if len(files) != len(controlPlaneFiles)+len(want) {
+		t.Fatalf("%d files, want %d PKI files and %d of the configuration", len(files), len(controlPlaneFiles), len(want))
+	}
+	got := map[string]*joinproto.File{}
+	for _, f := range files {
+		got[f.GetRoot().String()+":"+f.GetPath()] = f
+	}
+	for _, w := range want {
+		if f := got[w.GetRoot().String()+":"+w.GetPath()]; f == nil || !bytes.Equal(f.GetData(), w.GetData()) {
+			t.Errorf("ticket's %v %s = %v, want the configuration's", w.GetRoot(), w.GetPath(), f)
+		}
+	}
+	for _, name := range []string{"FILE_ROOT_KUBERNETES:" + cpfiles.AuditPolicyFile, "FILE_ROOT_KUBERNETES:" + cpfiles.AdmissionConfigFile, "FILE_ROOT_PATCHES:etcd000+strategic.yaml", "FILE_ROOT_UNSPECIFIED:ca.key"} {
+		if got[name] == nil {
+			t.Errorf("the ticket has no %s", name)
+		}
+	}
+
+	worker := peers{{Name: "w-1", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}
+	wresp, err := start(t, worker, fromCluster).IssueJoinTicket(context.Background(),
+		&joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: testDiskUUID})
+	if err != nil || len(wresp.GetControlPlaneFiles()) != 0 {
+		t.Fatalf("worker ticket: %v, %d files; want none", err, len(wresp.GetControlPlaneFiles()))
+	}
+
+	var failing atomic.Bool
+	failing.Store(true)
+	srv := start(t, cp, WithClusterFiles(func(ctx context.Context) ([]*joinproto.File, error) {
+		if failing.Load() {
+			return nil, errors.New("configmaps \"berth-cluster-config\" is forbidden: secret detail")
+		}
+		return cpfiles.FromCluster(ctx, client)
+	}))
+	_, err = srv.IssueJoinTicket(context.Background(), req)
+	if status.Code(err) != codes.Unavailable || reason(err) != ReasonInternal || strings.Contains(err.Error(), "secret detail") {
+		t.Fatalf("unreadable configuration: IssueJoinTicket = %v, want Unavailable INTERNAL without the cause", err)
+	}
+	failing.Store(false)
+	if _, err := srv.IssueJoinTicket(context.Background(), req); err != nil {
+		t.Fatalf("the next join after a refused one (slot released?): %v", err)
 	}
 }
 

@@ -80,6 +80,15 @@ func (s *Server) controlPlaneSlot(ctx context.Context, a *attempt, inst metadata
 		log.Error("reading control-plane files", zap.Error(err))
 		return nil, reject(codes.Unavailable, ReasonInternal, "the joinservice cannot read the control-plane files")
 	}
+	// The API server flags kubeadm uploaded name these files: a control plane without them would
+	// not start its API server, so a failure to read them refuses the join.
+	cluster, err := s.clusterFiles(ctx)
+	if err != nil {
+		slot.Release()
+		log.Error("reading the cluster configuration's files", zap.Error(err))
+		return nil, reject(codes.Unavailable, ReasonInternal, "the joinservice cannot read the cluster configuration")
+	}
+	files = append(files, cluster...)
 	address := ""
 	if len(inst.IPs) > 0 {
 		address = inst.IPs[0]
