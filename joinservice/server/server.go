@@ -65,6 +65,11 @@
 // them leaves a genuine node without its ticket. A call over its peer's limit or the unverified budget
 // gets ResourceExhausted with reason RATE_LIMITED before any cryptography, metadata lookup or API
 // call: its cost is one map lookup under a mutex. The limits are flags of the joinservice binary.
+//
+// An operator whose admin credential expired gets a new one from IssueAdminCredential (admin.go,
+// berth kubeconfig): a cluster-admin client certificate for a key the operator generated, after an
+// HMAC proof of the master secret over a nonce of AdminChallenge. The operator does not attest; the
+// calls are charged to the peer and unverified budgets and go to the ledger like a join's.
 package server
 
 import (
@@ -167,6 +172,9 @@ type Server struct {
 	admissions    Admissions
 	// kmsSpec tells which KMS key generations a control-plane ticket carries.
 	kmsSpec KMSSpec
+	// adminNonces are AdminChallenge's nonces (admin.go).
+	adminNonces *adminNonces
+	now         func() time.Time
 }
 
 // KMSSpec returns the cluster's KMS key spec (kmsstate.Read): which generations of the control planes'
@@ -228,7 +236,7 @@ func WithKMSSpec(f KMSSpec) Option { return func(s *Server) { s.kmsSpec = f } }
 // New returns a Server. attest may be nil only when the service runs without attestation.
 func New(cfg Config, log *zap.Logger, keys *clusterkeys.Keys, salt []byte, authority *ca.Authority, meta peerLister, attest AttestationCheck, opts ...Option) *Server {
 	s := &Server{cfg: cfg, log: log, keys: keys, salt: salt, ca: authority, meta: meta, attest: attest,
-		limits: DefaultLimits, refusalLimits: DefaultRefusalLimits}
+		limits: DefaultLimits, refusalLimits: DefaultRefusalLimits, adminNonces: newAdminNonces(), now: time.Now}
 	for _, o := range opts {
 		o(s)
 	}
