@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -15,6 +16,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,9 +35,9 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/joinconfig"
-	"github.com/berth-k8s/berth/internal/joindial"
 	"github.com/berth-k8s/berth/internal/workspace"
 	"github.com/berth-k8s/berth/joinproto"
+	"github.com/berth-k8s/berth/nodelock"
 )
 
 // ErrMasterSecretMismatch is returned by berth kubeconfig when the master secret is not the
@@ -201,7 +203,7 @@ func runKubeconfig(ctx context.Context, out, errOut io.Writer, o kubeconfigOptio
 		return &exitError{code: exitRejected, err: fmt.Errorf("the connection to %s carries no attestation; nothing was sent", o.endpoint)}
 	}
 	if err := controlPlaneOf(info.Evidence, keys); err != nil {
-		return &exitError{code: exitRejected, err: fmt.Errorf("%w: the joinservice at %s is not a control plane of the cluster %s derives (%w); nothing was sent",
+		return &exitError{code: exitRejected, err: fmt.Errorf("%w: the joinservice at %s is not a control plane of the cluster %s derives: %w; nothing was sent",
 			ErrMasterSecretMismatch, o.endpoint, o.masterSecret, err)}
 	}
 	if err != nil {
@@ -245,23 +247,32 @@ func runKubeconfig(ctx context.Context, out, errOut io.Writer, o kubeconfigOptio
 		return err
 	}
 	_, _ = fmt.Fprintf(out, "Wrote %s: %s in %s on https://%s, valid until %s\n", o.out, cert.Subject.CommonName,
-		quotePeer(fmt.Sprint(cert.Subject.Organization)), server, cert.NotAfter.UTC().Format(time.RFC3339))
+		quotePeer(strings.Join(cert.Subject.Organization, ",")), server, cert.NotAfter.UTC().Format(time.RFC3339))
 	return nil
 }
 
 // controlPlaneOf checks that the joinservice's lock register holds the control-plane value of the
-// cluster keys derives (nodelock.ControlPlaneLockID), as a node checks its ticket's joinservice.
+// cluster keys derives (nodelock.ControlPlaneLockID), as a node checks its ticket's joinservice: a
+// worker's register, another cluster's control plane's, or a master secret of another cluster fail.
 func controlPlaneOf(ev *atls.Evidence, keys *clusterkeys.Keys) error {
-	var check joindial.LockCheck
+	var index uint32
+	var expected func([]byte) []byte
 	switch ev.Variant {
 	case vtpm.Variant:
-		check = joindial.ControlPlaneLock(vtpm.DefaultLockPCR, vtpm.ExpectedLockValue)
+		index, expected = vtpm.DefaultLockPCR, vtpm.ExpectedLockValue
 	case tdx.VariantName:
-		check = joindial.ControlPlaneLock(uint32(1+tdx.DefaultLockRTMR), tdx.ExpectedLockRTMR)
+		index, expected = uint32(1+tdx.DefaultLockRTMR), tdx.ExpectedLockRTMR
 	default:
 		return fmt.Errorf("variant %s has no known lock register", quotePeer(ev.Variant))
 	}
-	return check(ev, keys.ClusterID())
+	got, ok := ev.Result.Measurements[index]
+	if !ok {
+		return fmt.Errorf("its attestation does not include lock register %d", index)
+	}
+	if want := expected(nodelock.ControlPlaneLockID(keys.ClusterID())); !bytes.Equal(got, want) {
+		return fmt.Errorf("its lock register %d holds %x, a control plane of this master secret's cluster %x", index, got, want)
+	}
+	return nil
 }
 
 // adminRefusal turns IssueAdminCredential's error into the CLI's.
