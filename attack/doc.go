@@ -23,6 +23,9 @@
 //	  system:masters, extra SANs)              name only
 //	CSR that does not parse                  BAD_CSR                  nothing to certify (its signature buys nothing)
 //	no attestation (plaintext, plain TLS)    no ticket                a ticket is bound to an attested machine
+//	attested TLS without a client            NO_EVIDENCE; admin:      only the admin RPCs serve a peer that attests
+//	  certificate (join, rejoin, check-in,     ADMIN_PROOF_MISMATCH     nothing, and they want the master secret's
+//	  an admin credential, wrong secret)                                proof
 //	another node's role                      ROLE_MISMATCH            the role comes from metadata, not the node
 //	an address metadata does not know        UNKNOWN_PEER             the identity comes from metadata
 //	another node's disk (rejoin)             DISK_NOT_BOUND           the disk key goes only to the machine the disk

@@ -2,6 +2,8 @@ package attack
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
@@ -28,6 +30,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation"
 	"github.com/berth-k8s/berth/internal/attestation/choose"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
+	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/joinproto"
@@ -244,6 +247,50 @@ func TestJoinServiceUnderAttack(t *testing.T) {
 			conn.Close()
 			t.Fatal("a TLS handshake without attestation succeeded")
 		}
+		genuineJoin(t)
+	})
+	t.Run("attested TLS without a client certificate", func(t *testing.T) {
+		// The joinservice serves a client that attests nothing (berth kubeconfig on an operator's
+		// machine), but no join RPC answers it, and an admin credential takes the master secret's proof.
+		addr := ip()
+		client := joinproto.NewJoinServiceClient(c.conn(t, addr, nil))
+		callCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if _, err := client.IssueJoinTicket(callCtx, workerRequest(t, diskA)); reasonOf(err) != "NO_EVIDENCE" {
+			t.Fatalf("a join without attestation: %v, want NO_EVIDENCE", err)
+		}
+		if _, err := client.IssueRejoinTicket(callCtx, &joinproto.IssueRejoinTicketRequest{DiskUuid: diskA}); reasonOf(err) != "NO_EVIDENCE" {
+			t.Fatalf("a rejoin without attestation: %v, want NO_EVIDENCE", err)
+		}
+		if _, err := client.CheckIn(callCtx, &joinproto.CheckInRequest{DiskUuid: diskA, ClusterId: apiservertest.ClusterID()}); reasonOf(err) != "NO_EVIDENCE" {
+			t.Fatalf("a check-in without attestation: %v, want NO_EVIDENCE", err)
+		}
+		wrong, err := clusterkeys.New(make([]byte, clusterkeys.MasterSecretSize), make([]byte, clusterkeys.SaltSize))
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Another address: each address has a budget of its own of a few calls.
+		admin := ip()
+		client = joinproto.NewJoinServiceClient(c.conn(t, admin, nil))
+		pub := adminPublicKey(t)
+		for _, k := range []*clusterkeys.Keys{wrong, apiservertest.ClusterKeys()} {
+			ch, err := client.AdminChallenge(callCtx, &joinproto.AdminChallengeRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := client.IssueAdminCredential(callCtx, &joinproto.IssueAdminCredentialRequest{Nonce: ch.GetNonce(), PublicKey: pub,
+				ValiditySeconds: 60, Proof: k.AdminProof(ch.GetNonce(), pub, 60)})
+			if k == wrong {
+				if reasonOf(err) != joinproto.ReasonAdminProofMismatch {
+					t.Fatalf("an admin credential with another master secret: %v, want %s", err, joinproto.ReasonAdminProofMismatch)
+				}
+				continue
+			}
+			if err != nil || len(resp.GetCertificate()) == 0 {
+				t.Fatalf("an admin credential with the master secret: %v", err)
+			}
+		}
+		c.waitLedger(t, joinproto.ReasonAdminProofMismatch, ledgerRefusal(admin, joinproto.ReasonAdminProofMismatch))
 		genuineJoin(t)
 	})
 	t.Run("another node's role", func(t *testing.T) {
@@ -530,4 +577,18 @@ func TestJoinServiceUnderAttack(t *testing.T) {
 			t.Fatal("a tampered node joined after a malformed policy update")
 		}
 	})
+}
+
+// adminPublicKey is the DER public key of a fresh P-256 key, as berth kubeconfig sends it.
+func adminPublicKey(t *testing.T) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKIXPublicKey(key.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return der
 }

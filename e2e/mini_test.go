@@ -126,7 +126,8 @@ func (c *cluster) kubeEventually(timeout time.Duration, want string, args ...str
 // TestMiniCluster brings up 1 control plane and 2 workers with berth mini up --config (berth init on
 // the first node with an operator's cluster configuration, checkClusterConfigInForce; the workers
 // join through the joinservice by themselves), runs a pod on every node,
-// checks logs, exec, Service DNS and pod-to-pod traffic across nodes, removes w2 and checks that its
+// gets a fresh admin kubeconfig with the master secret after a short one expired
+// (checkKubeconfigWithMasterSecret), checks logs, exec, Service DNS and pod-to-pod traffic across nodes, removes w2 and checks that its
 // restart does not bring it back (checkRevocationHolds), power-cycles all nodes, and checks that
 // berth mini down leaves nothing behind.
 func TestMiniCluster(tt *testing.T) {
@@ -189,6 +190,11 @@ func TestMiniCluster(tt *testing.T) {
 	}
 	checkInClusterConventions(t, c)
 	checkRecordAPI(t, c)
+	// The operator's way back in after the admin credential expired: berth kubeconfig with the
+	// master secret.
+	start = time.Now()
+	checkKubeconfigWithMasterSecret(t, c)
+	t.Logf("berth kubeconfig checks took %.1fs", time.Since(start).Seconds())
 	start = time.Now()
 	checkClusterConfigInForce(t, c)
 	t.Logf("cluster configuration checks took %.1fs", time.Since(start).Seconds())

@@ -723,6 +723,229 @@ func (x *CheckInResponse) GetNodeName() string {
 	return ""
 }
 
+// AdminChallengeRequest asks for a nonce.
+type AdminChallengeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdminChallengeRequest) Reset() {
+	*x = AdminChallengeRequest{}
+	mi := &file_join_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdminChallengeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdminChallengeRequest) ProtoMessage() {}
+
+func (x *AdminChallengeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_join_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdminChallengeRequest.ProtoReflect.Descriptor instead.
+func (*AdminChallengeRequest) Descriptor() ([]byte, []int) {
+	return file_join_proto_rawDescGZIP(), []int{8}
+}
+
+// AdminChallengeResponse carries a nonce, valid for one IssueAdminCredential call on the same
+// joinservice replica within a minute.
+type AdminChallengeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Nonce         []byte                 `protobuf:"bytes,1,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AdminChallengeResponse) Reset() {
+	*x = AdminChallengeResponse{}
+	mi := &file_join_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AdminChallengeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AdminChallengeResponse) ProtoMessage() {}
+
+func (x *AdminChallengeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_join_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AdminChallengeResponse.ProtoReflect.Descriptor instead.
+func (*AdminChallengeResponse) Descriptor() ([]byte, []int) {
+	return file_join_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *AdminChallengeResponse) GetNonce() []byte {
+	if x != nil {
+		return x.Nonce
+	}
+	return nil
+}
+
+// IssueAdminCredentialRequest asks for a cluster-admin client certificate.
+type IssueAdminCredentialRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// nonce is AdminChallengeResponse.nonce.
+	Nonce []byte `protobuf:"bytes,1,opt,name=nonce,proto3" json:"nonce,omitempty"`
+	// public_key is the DER SubjectPublicKeyInfo of the key the operator generated (ECDSA P-256,
+	// Ed25519 or RSA of at least 2048 bits); the private key never leaves the operator's machine.
+	PublicKey []byte `protobuf:"bytes,2,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	// validity_seconds is how long the certificate is valid, within the joinservice's bounds.
+	ValiditySeconds int64 `protobuf:"varint,3,opt,name=validity_seconds,json=validitySeconds,proto3" json:"validity_seconds,omitempty"`
+	// proof is clusterkeys.AdminProof(nonce, public_key, validity_seconds): an HMAC under a key
+	// derived from the master secret for this purpose only.
+	Proof         []byte `protobuf:"bytes,4,opt,name=proof,proto3" json:"proof,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IssueAdminCredentialRequest) Reset() {
+	*x = IssueAdminCredentialRequest{}
+	mi := &file_join_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IssueAdminCredentialRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IssueAdminCredentialRequest) ProtoMessage() {}
+
+func (x *IssueAdminCredentialRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_join_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IssueAdminCredentialRequest.ProtoReflect.Descriptor instead.
+func (*IssueAdminCredentialRequest) Descriptor() ([]byte, []int) {
+	return file_join_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *IssueAdminCredentialRequest) GetNonce() []byte {
+	if x != nil {
+		return x.Nonce
+	}
+	return nil
+}
+
+func (x *IssueAdminCredentialRequest) GetPublicKey() []byte {
+	if x != nil {
+		return x.PublicKey
+	}
+	return nil
+}
+
+func (x *IssueAdminCredentialRequest) GetValiditySeconds() int64 {
+	if x != nil {
+		return x.ValiditySeconds
+	}
+	return 0
+}
+
+func (x *IssueAdminCredentialRequest) GetProof() []byte {
+	if x != nil {
+		return x.Proof
+	}
+	return nil
+}
+
+// IssueAdminCredentialResponse is everything a kubeconfig needs besides the operator's private key.
+type IssueAdminCredentialResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// certificate is the client certificate (PEM) for public_key, in the group kubeadm gives its
+	// admin.conf (kubeadm:cluster-admins).
+	Certificate []byte `protobuf:"bytes,1,opt,name=certificate,proto3" json:"certificate,omitempty"`
+	// cluster_ca_cert is the cluster CA certificate (PEM) the API server's certificate chains to.
+	ClusterCaCert []byte `protobuf:"bytes,2,opt,name=cluster_ca_cert,json=clusterCaCert,proto3" json:"cluster_ca_cert,omitempty"`
+	// api_server_endpoint is HOST:PORT of the Kubernetes API server.
+	ApiServerEndpoint string `protobuf:"bytes,3,opt,name=api_server_endpoint,json=apiServerEndpoint,proto3" json:"api_server_endpoint,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *IssueAdminCredentialResponse) Reset() {
+	*x = IssueAdminCredentialResponse{}
+	mi := &file_join_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IssueAdminCredentialResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IssueAdminCredentialResponse) ProtoMessage() {}
+
+func (x *IssueAdminCredentialResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_join_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IssueAdminCredentialResponse.ProtoReflect.Descriptor instead.
+func (*IssueAdminCredentialResponse) Descriptor() ([]byte, []int) {
+	return file_join_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *IssueAdminCredentialResponse) GetCertificate() []byte {
+	if x != nil {
+		return x.Certificate
+	}
+	return nil
+}
+
+func (x *IssueAdminCredentialResponse) GetClusterCaCert() []byte {
+	if x != nil {
+		return x.ClusterCaCert
+	}
+	return nil
+}
+
+func (x *IssueAdminCredentialResponse) GetApiServerEndpoint() string {
+	if x != nil {
+		return x.ApiServerEndpoint
+	}
+	return ""
+}
+
 var File_join_proto protoreflect.FileDescriptor
 
 const file_join_proto_rawDesc = "" +
@@ -774,7 +997,20 @@ const file_join_proto_rawDesc = "" +
 	"\n" +
 	"cluster_id\x18\x02 \x01(\fR\tclusterId\".\n" +
 	"\x0fCheckInResponse\x12\x1b\n" +
-	"\tnode_name\x18\x01 \x01(\tR\bnodeName*E\n" +
+	"\tnode_name\x18\x01 \x01(\tR\bnodeName\"\x17\n" +
+	"\x15AdminChallengeRequest\".\n" +
+	"\x16AdminChallengeResponse\x12\x14\n" +
+	"\x05nonce\x18\x01 \x01(\fR\x05nonce\"\x93\x01\n" +
+	"\x1bIssueAdminCredentialRequest\x12\x14\n" +
+	"\x05nonce\x18\x01 \x01(\fR\x05nonce\x12\x1d\n" +
+	"\n" +
+	"public_key\x18\x02 \x01(\fR\tpublicKey\x12)\n" +
+	"\x10validity_seconds\x18\x03 \x01(\x03R\x0fvaliditySeconds\x12\x14\n" +
+	"\x05proof\x18\x04 \x01(\fR\x05proof\"\x98\x01\n" +
+	"\x1cIssueAdminCredentialResponse\x12 \n" +
+	"\vcertificate\x18\x01 \x01(\fR\vcertificate\x12&\n" +
+	"\x0fcluster_ca_cert\x18\x02 \x01(\fR\rclusterCaCert\x12.\n" +
+	"\x13api_server_endpoint\x18\x03 \x01(\tR\x11apiServerEndpoint*E\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vROLE_WORKER\x10\x01\x12\x16\n" +
@@ -782,11 +1018,13 @@ const file_join_proto_rawDesc = "" +
 	"\bFileRoot\x12\x19\n" +
 	"\x15FILE_ROOT_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14FILE_ROOT_KUBERNETES\x10\x01\x12\x15\n" +
-	"\x11FILE_ROOT_PATCHES\x10\x022\xa1\x02\n" +
+	"\x11FILE_ROOT_PATCHES\x10\x022\xf1\x03\n" +
 	"\vJoinService\x12`\n" +
 	"\x0fIssueJoinTicket\x12%.berth.join.v1.IssueJoinTicketRequest\x1a&.berth.join.v1.IssueJoinTicketResponse\x12f\n" +
 	"\x11IssueRejoinTicket\x12'.berth.join.v1.IssueRejoinTicketRequest\x1a(.berth.join.v1.IssueRejoinTicketResponse\x12H\n" +
-	"\aCheckIn\x12\x1d.berth.join.v1.CheckInRequest\x1a\x1e.berth.join.v1.CheckInResponseB0Z.github.com/berth-k8s/berth/joinproto;joinprotob\x06proto3"
+	"\aCheckIn\x12\x1d.berth.join.v1.CheckInRequest\x1a\x1e.berth.join.v1.CheckInResponse\x12]\n" +
+	"\x0eAdminChallenge\x12$.berth.join.v1.AdminChallengeRequest\x1a%.berth.join.v1.AdminChallengeResponse\x12o\n" +
+	"\x14IssueAdminCredential\x12*.berth.join.v1.IssueAdminCredentialRequest\x1a+.berth.join.v1.IssueAdminCredentialResponseB0Z.github.com/berth-k8s/berth/joinproto;joinprotob\x06proto3"
 
 var (
 	file_join_proto_rawDescOnce sync.Once
@@ -801,34 +1039,42 @@ func file_join_proto_rawDescGZIP() []byte {
 }
 
 var file_join_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_join_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_join_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
 var file_join_proto_goTypes = []any{
-	(Role)(0),                         // 0: berth.join.v1.Role
-	(FileRoot)(0),                     // 1: berth.join.v1.FileRoot
-	(*IssueJoinTicketRequest)(nil),    // 2: berth.join.v1.IssueJoinTicketRequest
-	(*File)(nil),                      // 3: berth.join.v1.File
-	(*IssueJoinTicketResponse)(nil),   // 4: berth.join.v1.IssueJoinTicketResponse
-	(*KMSKey)(nil),                    // 5: berth.join.v1.KMSKey
-	(*IssueRejoinTicketRequest)(nil),  // 6: berth.join.v1.IssueRejoinTicketRequest
-	(*IssueRejoinTicketResponse)(nil), // 7: berth.join.v1.IssueRejoinTicketResponse
-	(*CheckInRequest)(nil),            // 8: berth.join.v1.CheckInRequest
-	(*CheckInResponse)(nil),           // 9: berth.join.v1.CheckInResponse
-	(*timestamppb.Timestamp)(nil),     // 10: google.protobuf.Timestamp
+	(Role)(0),                            // 0: berth.join.v1.Role
+	(FileRoot)(0),                        // 1: berth.join.v1.FileRoot
+	(*IssueJoinTicketRequest)(nil),       // 2: berth.join.v1.IssueJoinTicketRequest
+	(*File)(nil),                         // 3: berth.join.v1.File
+	(*IssueJoinTicketResponse)(nil),      // 4: berth.join.v1.IssueJoinTicketResponse
+	(*KMSKey)(nil),                       // 5: berth.join.v1.KMSKey
+	(*IssueRejoinTicketRequest)(nil),     // 6: berth.join.v1.IssueRejoinTicketRequest
+	(*IssueRejoinTicketResponse)(nil),    // 7: berth.join.v1.IssueRejoinTicketResponse
+	(*CheckInRequest)(nil),               // 8: berth.join.v1.CheckInRequest
+	(*CheckInResponse)(nil),              // 9: berth.join.v1.CheckInResponse
+	(*AdminChallengeRequest)(nil),        // 10: berth.join.v1.AdminChallengeRequest
+	(*AdminChallengeResponse)(nil),       // 11: berth.join.v1.AdminChallengeResponse
+	(*IssueAdminCredentialRequest)(nil),  // 12: berth.join.v1.IssueAdminCredentialRequest
+	(*IssueAdminCredentialResponse)(nil), // 13: berth.join.v1.IssueAdminCredentialResponse
+	(*timestamppb.Timestamp)(nil),        // 14: google.protobuf.Timestamp
 }
 var file_join_proto_depIdxs = []int32{
 	0,  // 0: berth.join.v1.IssueJoinTicketRequest.role:type_name -> berth.join.v1.Role
 	1,  // 1: berth.join.v1.File.root:type_name -> berth.join.v1.FileRoot
-	10, // 2: berth.join.v1.IssueJoinTicketResponse.bootstrap_token_expiry:type_name -> google.protobuf.Timestamp
+	14, // 2: berth.join.v1.IssueJoinTicketResponse.bootstrap_token_expiry:type_name -> google.protobuf.Timestamp
 	3,  // 3: berth.join.v1.IssueJoinTicketResponse.control_plane_files:type_name -> berth.join.v1.File
 	5,  // 4: berth.join.v1.IssueJoinTicketResponse.kms_keys:type_name -> berth.join.v1.KMSKey
 	2,  // 5: berth.join.v1.JoinService.IssueJoinTicket:input_type -> berth.join.v1.IssueJoinTicketRequest
 	6,  // 6: berth.join.v1.JoinService.IssueRejoinTicket:input_type -> berth.join.v1.IssueRejoinTicketRequest
 	8,  // 7: berth.join.v1.JoinService.CheckIn:input_type -> berth.join.v1.CheckInRequest
-	4,  // 8: berth.join.v1.JoinService.IssueJoinTicket:output_type -> berth.join.v1.IssueJoinTicketResponse
-	7,  // 9: berth.join.v1.JoinService.IssueRejoinTicket:output_type -> berth.join.v1.IssueRejoinTicketResponse
-	9,  // 10: berth.join.v1.JoinService.CheckIn:output_type -> berth.join.v1.CheckInResponse
-	8,  // [8:11] is the sub-list for method output_type
-	5,  // [5:8] is the sub-list for method input_type
+	10, // 8: berth.join.v1.JoinService.AdminChallenge:input_type -> berth.join.v1.AdminChallengeRequest
+	12, // 9: berth.join.v1.JoinService.IssueAdminCredential:input_type -> berth.join.v1.IssueAdminCredentialRequest
+	4,  // 10: berth.join.v1.JoinService.IssueJoinTicket:output_type -> berth.join.v1.IssueJoinTicketResponse
+	7,  // 11: berth.join.v1.JoinService.IssueRejoinTicket:output_type -> berth.join.v1.IssueRejoinTicketResponse
+	9,  // 12: berth.join.v1.JoinService.CheckIn:output_type -> berth.join.v1.CheckInResponse
+	11, // 13: berth.join.v1.JoinService.AdminChallenge:output_type -> berth.join.v1.AdminChallengeResponse
+	13, // 14: berth.join.v1.JoinService.IssueAdminCredential:output_type -> berth.join.v1.IssueAdminCredentialResponse
+	10, // [10:15] is the sub-list for method output_type
+	5,  // [5:10] is the sub-list for method input_type
 	5,  // [5:5] is the sub-list for extension type_name
 	5,  // [5:5] is the sub-list for extension extendee
 	0,  // [0:5] is the sub-list for field type_name
@@ -845,7 +1091,7 @@ func file_join_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_join_proto_rawDesc), len(file_join_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   8,
+			NumMessages:   12,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,9 +21,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	JoinService_IssueJoinTicket_FullMethodName   = "/berth.join.v1.JoinService/IssueJoinTicket"
-	JoinService_IssueRejoinTicket_FullMethodName = "/berth.join.v1.JoinService/IssueRejoinTicket"
-	JoinService_CheckIn_FullMethodName           = "/berth.join.v1.JoinService/CheckIn"
+	JoinService_IssueJoinTicket_FullMethodName      = "/berth.join.v1.JoinService/IssueJoinTicket"
+	JoinService_IssueRejoinTicket_FullMethodName    = "/berth.join.v1.JoinService/IssueRejoinTicket"
+	JoinService_CheckIn_FullMethodName              = "/berth.join.v1.JoinService/CheckIn"
+	JoinService_AdminChallenge_FullMethodName       = "/berth.join.v1.JoinService/AdminChallenge"
+	JoinService_IssueAdminCredential_FullMethodName = "/berth.join.v1.JoinService/IssueAdminCredential"
 )
 
 // JoinServiceClient is the client API for JoinService service.
@@ -41,6 +43,13 @@ type JoinServiceClient interface {
 	// sealed key may run: it answers, or refuses with reason REVOKED when an operator removed the
 	// machine. It hands out nothing.
 	CheckIn(ctx context.Context, in *CheckInRequest, opts ...grpc.CallOption) (*CheckInResponse, error)
+	// AdminChallenge hands the operator's CLI (berth kubeconfig) a fresh single-use nonce for
+	// IssueAdminCredential. Anyone may ask; it costs the server no state.
+	AdminChallenge(ctx context.Context, in *AdminChallengeRequest, opts ...grpc.CallOption) (*AdminChallengeResponse, error)
+	// IssueAdminCredential signs a cluster-admin client certificate for an operator who proves, over
+	// a nonce of AdminChallenge, that they hold the cluster's master secret, without sending it
+	// (clusterkeys.AdminProof). A wrong proof is refused with reason ADMIN_PROOF_MISMATCH.
+	IssueAdminCredential(ctx context.Context, in *IssueAdminCredentialRequest, opts ...grpc.CallOption) (*IssueAdminCredentialResponse, error)
 }
 
 type joinServiceClient struct {
@@ -81,6 +90,26 @@ func (c *joinServiceClient) CheckIn(ctx context.Context, in *CheckInRequest, opt
 	return out, nil
 }
 
+func (c *joinServiceClient) AdminChallenge(ctx context.Context, in *AdminChallengeRequest, opts ...grpc.CallOption) (*AdminChallengeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AdminChallengeResponse)
+	err := c.cc.Invoke(ctx, JoinService_AdminChallenge_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *joinServiceClient) IssueAdminCredential(ctx context.Context, in *IssueAdminCredentialRequest, opts ...grpc.CallOption) (*IssueAdminCredentialResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(IssueAdminCredentialResponse)
+	err := c.cc.Invoke(ctx, JoinService_IssueAdminCredential_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // JoinServiceServer is the server API for JoinService service.
 // All implementations must embed UnimplementedJoinServiceServer
 // for forward compatibility.
@@ -96,6 +125,13 @@ type JoinServiceServer interface {
 	// sealed key may run: it answers, or refuses with reason REVOKED when an operator removed the
 	// machine. It hands out nothing.
 	CheckIn(context.Context, *CheckInRequest) (*CheckInResponse, error)
+	// AdminChallenge hands the operator's CLI (berth kubeconfig) a fresh single-use nonce for
+	// IssueAdminCredential. Anyone may ask; it costs the server no state.
+	AdminChallenge(context.Context, *AdminChallengeRequest) (*AdminChallengeResponse, error)
+	// IssueAdminCredential signs a cluster-admin client certificate for an operator who proves, over
+	// a nonce of AdminChallenge, that they hold the cluster's master secret, without sending it
+	// (clusterkeys.AdminProof). A wrong proof is refused with reason ADMIN_PROOF_MISMATCH.
+	IssueAdminCredential(context.Context, *IssueAdminCredentialRequest) (*IssueAdminCredentialResponse, error)
 	mustEmbedUnimplementedJoinServiceServer()
 }
 
@@ -114,6 +150,12 @@ func (UnimplementedJoinServiceServer) IssueRejoinTicket(context.Context, *IssueR
 }
 func (UnimplementedJoinServiceServer) CheckIn(context.Context, *CheckInRequest) (*CheckInResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CheckIn not implemented")
+}
+func (UnimplementedJoinServiceServer) AdminChallenge(context.Context, *AdminChallengeRequest) (*AdminChallengeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AdminChallenge not implemented")
+}
+func (UnimplementedJoinServiceServer) IssueAdminCredential(context.Context, *IssueAdminCredentialRequest) (*IssueAdminCredentialResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method IssueAdminCredential not implemented")
 }
 func (UnimplementedJoinServiceServer) mustEmbedUnimplementedJoinServiceServer() {}
 func (UnimplementedJoinServiceServer) testEmbeddedByValue()                     {}
@@ -190,6 +232,42 @@ func _JoinService_CheckIn_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
+func _JoinService_AdminChallenge_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AdminChallengeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(JoinServiceServer).AdminChallenge(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: JoinService_AdminChallenge_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(JoinServiceServer).AdminChallenge(ctx, req.(*AdminChallengeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _JoinService_IssueAdminCredential_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(IssueAdminCredentialRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(JoinServiceServer).IssueAdminCredential(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: JoinService_IssueAdminCredential_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(JoinServiceServer).IssueAdminCredential(ctx, req.(*IssueAdminCredentialRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // JoinService_ServiceDesc is the grpc.ServiceDesc for JoinService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -208,6 +286,14 @@ var JoinService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckIn",
 			Handler:    _JoinService_CheckIn_Handler,
+		},
+		{
+			MethodName: "AdminChallenge",
+			Handler:    _JoinService_AdminChallenge_Handler,
+		},
+		{
+			MethodName: "IssueAdminCredential",
+			Handler:    _JoinService_IssueAdminCredential_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

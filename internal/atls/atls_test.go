@@ -349,3 +349,33 @@ func TestServerRefusesClientWithoutNonce(t *testing.T) {
 		t.Fatal("plain TLS client got a handshake with an attesting server")
 	}
 }
+
+// TestOptionalClientAttestation: a validating server with WithOptionalClientAttestation serves a
+// client that presents no certificate, whose handlers see no evidence, still validates a client that
+// attests and refuses one whose attestation fails; without the option the certificate-less client is
+// refused in the handshake.
+func TestOptionalClientAttestation(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	iss, val := atlstest.Issuer{}, atlstest.Validator{}
+	addr, seen := serveGRPC(t, mustCreds(t, iss, val, atls.WithOptionalClientAttestation()))
+	if err := check(ctx, addr, mustCreds(t, nil, val)); err != nil {
+		t.Fatalf("a client without attestation: %v", err)
+	}
+	if ev := seen(); ev != nil {
+		t.Fatalf("the handler saw evidence %v from a client that presented none", ev)
+	}
+	if err := check(ctx, addr, mustCreds(t, iss, val)); err != nil {
+		t.Fatalf("an attesting client: %v", err)
+	}
+	if seen() == nil {
+		t.Fatal("the handler saw no evidence of an attesting client")
+	}
+	if err := check(ctx, addr, mustCreds(t, otherKeyIssuer{}, val)); err == nil {
+		t.Fatal("a client with a document bound to another key was served")
+	}
+	strict, _ := serveGRPC(t, mustCreds(t, iss, val))
+	if err := check(ctx, strict, mustCreds(t, nil, val)); err == nil {
+		t.Fatal("without the option a client without attestation was served")
+	}
+}

@@ -35,6 +35,8 @@ type options struct {
 	now           func() time.Time
 	// knownPeers says which remote IPs are the cluster's own instances (their own attested budget).
 	knownPeers func(peer string) bool
+	// clientOptional: a validating server also accepts a client that presents no certificate.
+	clientOptional bool
 }
 
 // known reports whether the server knows peer as its cluster's instance.
@@ -58,6 +60,13 @@ func WithObserver(f func(Evidence, error)) Option { return func(o *options) { o.
 func WithKnownPeers(known func(peer string) bool) Option {
 	return func(o *options) { o.knownPeers = known }
 }
+
+// WithOptionalClientAttestation lets a server with a validator accept a client that presents no
+// certificate at all (an operator's machine, which has nothing to attest with): its connection
+// carries no Evidence (PeerEvidence reports false), so every handler must refuse what needs an
+// attested peer. A client that presents a certificate is validated as without the option; an invalid
+// one is refused in the handshake.
+func WithOptionalClientAttestation() Option { return func(o *options) { o.clientOptional = true } }
 
 // WithLogger sets the logger (default: no logging).
 func WithLogger(l *zap.Logger) Option { return func(o *options) { o.log = l } }
@@ -240,7 +249,13 @@ func serverConfig(issuer Issuer, validator Validator, o options, certs *serverCe
 				}
 				cfg.ClientCAs = pool
 				cfg.ClientAuth = tls.RequireAnyClientCert
+				if o.clientOptional {
+					cfg.ClientAuth = tls.RequestClientCert
+				}
 				cfg.VerifyPeerCertificate = func(rawCerts [][]byte, _ [][]*x509.Certificate) error {
+					if len(rawCerts) == 0 && o.clientOptional {
+						return nil // no evidence: the handlers refuse what needs it
+					}
 					err := verifyPeer(ctx, chk, rawCerts, o.observe)
 					if err != nil {
 						o.log.Info("rejected client attestation", zap.String("peer", peer), zap.Error(err))

@@ -26,7 +26,8 @@ const exitCodesHelp = `Exit codes:
   1    failure: the work could not be done (node or API server unreachable, I/O, a timeout)
   2    usage: unknown command or flag, wrong arguments, a missing or invalid flag value, or an
        input file (config, policy, evidence, kubeconfig) that cannot be read or is invalid
-  3    rejected: attestation or policy said no (verify, policy check, init, recover), or etcd's
+  3    rejected: attestation or policy said no (verify, policy check, init, recover, kubeconfig),
+       the master secret is not the cluster's (recover, kubeconfig), or etcd's
        quorum would not survive the removal (node remove)
   130  interrupted by SIGINT or SIGTERM`
 

@@ -11,6 +11,15 @@
 //	KMS key             "berth/v1/kms-kek/" + generation (decimal, 1, 2, ...)
 //	AK CA seed          "berth/v1/ak-ca" (the Ed25519 seed of vtpm.ClusterAKCA)
 //	backup key          "berth/v1/backup-key" (wraps the file key of every etcd snapshot, internal/backup)
+//	admin access key    "berth/v1/admin-access" (the MAC key of AdminProof, berth kubeconfig)
+//
+// An admin proof is how an operator shows a joinservice that they hold the master secret without
+// sending it: HMAC-SHA256 under the admin access key over a fixed label, the joinservice's nonce,
+// the public key to certify and the validity asked for, each length-prefixed. The joinservice holds
+// the master secret too, computes the same MAC and compares. The nonce makes a proof good for one
+// request only; covering the key and the validity means that whoever sees a proof cannot use it
+// for a key of their own or a longer validity. The key serves no other purpose, so a proof tells
+// nothing about any other derived key.
 //
 // A KMS key is the key-encryption key of the KMS v2 plugin every control plane runs (etcd encryption
 // at rest, internal/kmsplugin): it encrypts the API servers' data-encryption keys. Each generation
@@ -39,6 +48,7 @@ import (
 	"crypto/hkdf"
 	"crypto/hmac"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -117,6 +127,31 @@ func (k *Keys) KMSKey(generation uint32) []byte {
 // BackupKey wraps the key of every etcd snapshot the cluster takes (internal/backup): whoever holds
 // the master secret and salt opens the cluster's snapshots, nobody else does.
 func (k *Keys) BackupKey() []byte { return k.derive("berth/v1/backup-key") }
+
+// AdminProof is the proof of possession of the master secret for a request of an admin credential
+// (see the package documentation): the joinservice's nonce, the DER SubjectPublicKeyInfo of the
+// key to certify and the validity in seconds.
+func (k *Keys) AdminProof(nonce, publicKey []byte, validitySeconds int64) []byte {
+	mac := hmac.New(sha256.New, k.derive("berth/v1/admin-access"))
+	var n [8]byte
+	for _, field := range [][]byte{[]byte("berth admin credential v1"), nonce, publicKey} {
+		binary.BigEndian.PutUint64(n[:], uint64(len(field)))
+		mac.Write(n[:])
+		mac.Write(field)
+	}
+	binary.BigEndian.PutUint64(n[:], uint64(validitySeconds))
+	mac.Write(n[:])
+	return mac.Sum(nil)
+}
+
+// VerifyAdminProof reports whether proof is AdminProof(nonce, publicKey, validitySeconds). The
+// comparison takes the same time wherever the proof differs; an empty nonce or key never verifies.
+func (k *Keys) VerifyAdminProof(nonce, publicKey []byte, validitySeconds int64, proof []byte) bool {
+	if len(nonce) == 0 || len(publicKey) == 0 {
+		return false
+	}
+	return hmac.Equal(proof, k.AdminProof(nonce, publicKey, validitySeconds))
+}
 
 // DiskBinding binds the state disk with the given UUID (case-insensitive) to the machine with the
 // given identity. It returns nil for an empty UUID or identity: those bind to nothing.

@@ -121,3 +121,31 @@ func TestDiskBinding(t *testing.T) {
 		}
 	}
 }
+
+func TestAdminProof(t *testing.T) {
+	k, _ := New(bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32))
+	wrong, _ := New(bytes.Repeat([]byte{9}, 32), bytes.Repeat([]byte{2}, 32))
+	nonce, key := []byte("nonce-0123456789"), []byte("public key DER")
+	proof := k.AdminProof(nonce, key, 3600)
+	if !k.VerifyAdminProof(nonce, key, 3600, proof) {
+		t.Fatal("the right secret's proof does not verify")
+	}
+	if bytes.Equal(proof, k.DiskBinding("x", []byte("y"))) || bytes.Equal(proof[:16], k.BackupKey()[:16]) {
+		t.Error("the proof repeats another derivation")
+	}
+	for name, ok := range map[string]bool{
+		"wrong secret":    k.VerifyAdminProof(nonce, key, 3600, wrong.AdminProof(nonce, key, 3600)),
+		"other nonce":     k.VerifyAdminProof([]byte("nonce-0123456788"), key, 3600, proof),
+		"other key":       k.VerifyAdminProof(nonce, []byte("public key DES"), 3600, proof),
+		"longer validity": k.VerifyAdminProof(nonce, key, 3601, proof),
+		"truncated proof": k.VerifyAdminProof(nonce, key, 3600, proof[:31]),
+		"empty proof":     k.VerifyAdminProof(nonce, key, 3600, nil),
+		"empty nonce":     k.VerifyAdminProof(nil, key, 3600, k.AdminProof(nil, key, 3600)),
+		"empty key":       k.VerifyAdminProof(nonce, nil, 3600, k.AdminProof(nonce, nil, 3600)),
+		"fields run into": k.VerifyAdminProof([]byte("nonce-0123456789p"), []byte("ublic key DER"), 3600, proof),
+	} {
+		if ok {
+			t.Errorf("%s: verifies", name)
+		}
+	}
+}

@@ -54,6 +54,11 @@ const (
 	OutcomeRejected = "rejected"
 )
 
+// RPCAdminCredential is the RPC of an operator's request for an admin credential (berth
+// kubeconfig): accepted entries are the audit trail of issued credentials (serial and expiry in the
+// message), refused ones come from peers that proved nothing (KindUnverified).
+const RPCAdminCredential = "admin-credential"
+
 // RPCs of the membership events.
 const (
 	// RPCControlPlaneJoin: the control-plane join slot was freed, accepted when the joinservice saw
@@ -123,7 +128,7 @@ type Entry struct {
 	// Role is the role the node claimed.
 	Role string `json:"role,omitempty"`
 	// RPC is the method: join, rejoin, checkin (a joined node asking whether it may run before its
-	// kubelet starts), handshake, or a membership event's.
+	// kubelet starts), handshake, RPCAdminCredential, or a membership event's.
 	RPC string `json:"rpc,omitempty"`
 	// EvidenceSHA256 is the hex SHA-256 of the peer's attestation document; empty without attestation.
 	EvidenceSHA256 string `json:"evidenceSHA256,omitempty"`

@@ -36,6 +36,7 @@ func (e Entry) Short() string {
 
 // Where refusals appear.
 const (
+	whereAdmin     = "joinservice admin RPC (berth kubeconfig's error; join ledger RPC \"admin-credential\")"
 	whereRPC       = "joinservice RPC (gRPC ErrorInfo, domain berth.joinservice); join ledger and JoinRecords"
 	whereHandshake = "joinservice attested TLS handshake (join ledger RPC \"handshake\"); JoinRecords"
 	whereCSR       = "certificate keeper: the CSR's Denied condition (kubectl get csr) and berth_certkeeper_csr_decisions_total"
@@ -43,6 +44,20 @@ const (
 
 // catalog is every reason, sorted by Code (TestCatalogSorted).
 var catalog = []Entry{
+	{
+		Code:  "ADMIN_CHALLENGE_STALE",
+		Where: whereAdmin,
+		Cause: "The admin credential request's nonce is not one this joinservice replica issued in the last minute, or it was used already.",
+		Check: "Whether the request went to the same control plane as its challenge (one --endpoint) and the operator machine's clock.",
+		Next:  "Run berth kubeconfig again; it asks for a fresh challenge.",
+	},
+	{
+		Code:  "ADMIN_PROOF_MISMATCH",
+		Where: whereAdmin,
+		Cause: "The admin credential request's proof was not made with this cluster's master secret.",
+		Check: "Which master secret file berth kubeconfig read (--master-secret, --workspace) and which cluster --endpoint names.",
+		Next:  "Use the master secret berth init wrote for this cluster; repeated refusals from one address are someone guessing.",
+	},
 	{
 		Code:  "AddressNotOfNode",
 		Where: whereCSR,
@@ -65,11 +80,25 @@ var catalog = []Entry{
 		Next:  "A genuine bootstrapper never sends one: re-provision the node's state disk.",
 	},
 	{
+		Code:  "BAD_PUBLIC_KEY",
+		Where: whereAdmin,
+		Cause: "The public key of an admin credential request does not parse or is of a type or size the cluster CA does not certify.",
+		Check: "The berth CLI's version against the cluster's.",
+		Next:  "Use a berth CLI of the cluster's version; it generates a key the CA certifies.",
+	},
+	{
 		Code:  "BAD_SIGNATURE",
 		Where: whereHandshake,
 		Cause: "The attestation's quote or report signature does not verify against its attestation key.",
 		Check: "berth status (the peer and count); a garbage certificate from a scanner looks like this.",
 		Next:  "Nothing for a stranger; for a node of yours, its TPM or TDX module is broken: replace the machine.",
+	},
+	{
+		Code:  "BAD_VALIDITY",
+		Where: whereAdmin,
+		Cause: "An admin credential request asks for a validity outside the bounds the joinservice issues (one minute to one week).",
+		Check: "The --validity given to berth kubeconfig.",
+		Next:  "Ask for a validity within the bounds.",
 	},
 	{
 		Code:  "BadRequest",

@@ -27,6 +27,17 @@ import (
 // ErrBadCSR is returned for a CSR that does not parse or whose key cannot be certified.
 var ErrBadCSR = errors.New("invalid certificate signing request")
 
+// ErrBadPublicKey is returned for an admin's public key that does not parse or cannot be certified.
+var ErrBadPublicKey = errors.New("invalid public key")
+
+// The subject of an admin credential (SignAdminClient): the group is the one kubeadm puts its
+// admin.conf in and binds to cluster-admin (a ClusterRoleBinding that an operator can change, unlike
+// system:masters, which no authorizer can take anything from).
+const (
+	AdminUser  = "berth-admin"
+	AdminGroup = "kubeadm:cluster-admins"
+)
+
 // Authority is the cluster CA.
 type Authority struct {
 	cert    *x509.Certificate
@@ -111,14 +122,8 @@ func (a *Authority) SignKubeletClient(csrDER []byte, nodeName string, ips []net.
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadCSR, err)
 	}
-	switch k := csr.PublicKey.(type) {
-	case *ecdsa.PublicKey, ed25519.PublicKey:
-	case *rsa.PublicKey:
-		if k.N.BitLen() < 2048 {
-			return nil, fmt.Errorf("%w: an RSA key of %d bits, want at least 2048", ErrBadCSR, k.N.BitLen())
-		}
-	default:
-		return nil, fmt.Errorf("%w: a public key of type %T", ErrBadCSR, csr.PublicKey)
+	if err := checkKey(csr.PublicKey); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadCSR, err)
 	}
 	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
 	if err != nil {
@@ -140,4 +145,52 @@ func (a *Authority) SignKubeletClient(csrDER []byte, nodeName string, ips []net.
 		return nil, fmt.Errorf("signing kubelet certificate: %w", err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
+}
+
+// checkKey refuses keys the cluster would not trust: other types than ECDSA, Ed25519 and RSA, and
+// RSA keys under 2048 bits.
+func checkKey(pub any) error {
+	switch k := pub.(type) {
+	case *ecdsa.PublicKey, ed25519.PublicKey:
+	case *rsa.PublicKey:
+		if k.N.BitLen() < 2048 {
+			return fmt.Errorf("an RSA key of %d bits, want at least 2048", k.N.BitLen())
+		}
+	default:
+		return fmt.Errorf("a public key of type %T", pub)
+	}
+	return nil
+}
+
+// SignAdminClient issues an admin client certificate (AdminUser in AdminGroup) over the public key
+// publicKeyDER (a DER SubjectPublicKeyInfo), valid from now for validity. It returns the certificate
+// (PEM) and its serial number, for the audit log. The caller has checked who asks.
+func (a *Authority) SignAdminClient(publicKeyDER []byte, validity time.Duration) (certPEM []byte, serial *big.Int, err error) {
+	pub, err := x509.ParsePKIXPublicKey(publicKeyDER)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrBadPublicKey, err)
+	}
+	if err := checkKey(pub); err != nil {
+		return nil, nil, fmt.Errorf("%w: %w", ErrBadPublicKey, err)
+	}
+	serial, err = rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, nil, fmt.Errorf("generating serial: %w", err)
+	}
+	now := a.now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: AdminUser, Organization: []string{AdminGroup}},
+		// No backdating beyond a minute: the validity asked for is what the operator gets, and a
+		// short one must end when it says.
+		NotBefore:   now.Add(-time.Minute),
+		NotAfter:    now.Add(validity),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := certsign.Create(rand.Reader, tmpl, a.cert, pub, a.key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("signing admin certificate: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), serial, nil
 }

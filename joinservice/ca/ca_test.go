@@ -104,3 +104,17 @@ func BenchmarkSignKubeletClient(b *testing.B) {
 		}
 	}
 }
+
+func TestSignAdminClientRefusesBadKeys(t *testing.T) {
+	authority := testCA(t)
+	weak, err := rsa.GenerateKey(rand.Reader, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	weakDER, _ := x509.MarshalPKIXPublicKey(weak.Public())
+	for name, der := range map[string][]byte{"not DER": []byte("nonsense"), "RSA 1024": weakDER, "empty": nil} {
+		if _, _, err := authority.SignAdminClient(der, time.Hour); !errors.Is(err, ErrBadPublicKey) {
+			t.Errorf("%s: %v, want ErrBadPublicKey", name, err)
+		}
+	}
+}

@@ -2,8 +2,8 @@
 //
 // Metrics (namespace berth_joinservice):
 //   - attempts_total{rpc,outcome,reason}: finished IssueJoinTicket ("join"), IssueRejoinTicket
-//     ("rejoin") and CheckIn ("checkin") calls, and attested TLS handshakes refused before any call
-//     ("handshake"); reason is the rejection's reason code, "" when accepted.
+//     ("rejoin"), CheckIn ("checkin") and IssueAdminCredential ("admin-credential") calls, and
+//     attested TLS handshakes refused before any call ("handshake"); reason is the rejection's reason code, "" when accepted.
 //   - duration_seconds{rpc,stage}: latency histogram; stage "validate" is the attestation check, the
 //     metadata lookup and the role check, "issue" the CSR signature, the control-plane lock and the
 //     bootstrap token, "total" the whole call from after the rate limit to the answer.

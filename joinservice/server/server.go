@@ -69,6 +69,11 @@
 // them leaves a genuine node without its ticket. A call over its peer's limit or the unverified budget
 // gets ResourceExhausted with reason RATE_LIMITED before any cryptography, metadata lookup or API
 // call: its cost is one map lookup under a mutex. The limits are flags of the joinservice binary.
+//
+// An operator whose admin credential expired gets a new one from IssueAdminCredential (admin.go,
+// berth kubeconfig): a cluster-admin client certificate for a key the operator generated, after an
+// HMAC proof of the master secret over a nonce of AdminChallenge. The operator does not attest; the
+// calls are charged to the peer and unverified budgets and go to the ledger like a join's.
 package server
 
 import (
@@ -173,6 +178,9 @@ type Server struct {
 	kmsSpec KMSSpec
 	// clusterFiles are the cluster configuration's files a control-plane ticket carries.
 	clusterFiles ClusterFiles
+	// adminNonces are AdminChallenge's nonces (admin.go).
+	adminNonces *adminNonces
+	now         func() time.Time
 }
 
 // ClusterFiles returns the files the cluster configuration in force puts on every control plane
@@ -242,7 +250,7 @@ func WithClusterFiles(f ClusterFiles) Option { return func(s *Server) { s.cluste
 // New returns a Server. attest may be nil only when the service runs without attestation.
 func New(cfg Config, log *zap.Logger, keys *clusterkeys.Keys, salt []byte, authority *ca.Authority, meta peerLister, attest AttestationCheck, opts ...Option) *Server {
 	s := &Server{cfg: cfg, log: log, keys: keys, salt: salt, ca: authority, meta: meta, attest: attest,
-		limits: DefaultLimits, refusalLimits: DefaultRefusalLimits}
+		limits: DefaultLimits, refusalLimits: DefaultRefusalLimits, adminNonces: newAdminNonces(), now: time.Now}
 	for _, o := range opts {
 		o(s)
 	}
