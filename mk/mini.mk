@@ -27,8 +27,9 @@ mini-restart: build ## power-cycle every node of the mini cluster in MINI_DIR (r
 # The e2e tests `make test` runs: the cluster itself, attested init, the rejection of a tampered
 # worker, and the image-policy webhook (rollout restarts under load, every backend gone, a power cut, the
 # installer's re-check after a restart), and three control planes (serialized joins, the loss of the
-# init node, node removal and revocation, certificates that renew themselves without the init node).
-E2E_RUN ?= TestMiniCluster|TestMiniAttestedInit|TestMiniTamperedWorkerRejected|TestMiniWebhook|TestMiniHA
+# init node, node removal and revocation, certificates that renew themselves without the init node),
+# and a cluster at the previous supported Kubernetes minor (about 2 min).
+E2E_RUN ?= TestMiniCluster|TestMiniAttestedInit|TestMiniTamperedWorkerRejected|TestMiniWebhook|TestMiniHA|TestMiniPreviousMinor
 
 test-e2e: build mini-build ## end-to-end tests on a real mini cluster (root; build tag e2e; E2E_RUN selects)
 	$(GO) test -tags e2e -count=1 -v -timeout 60m -run '$(E2E_RUN)' ./e2e/...
