@@ -51,6 +51,10 @@ func checkKubeconfigWithMasterSecret(t testing.TB, c *cluster) {
 	if got, err := getNodes(short); err != nil || !strings.Contains(got, "node/cp1") {
 		t.Fatalf("kubectl get nodes with the new kubeconfig: %v\n%s", err, got)
 	}
+	// berth status names the credential it reads with and when it ends.
+	if got, err := c.run(time.Minute, c.berth, "status", "--kubeconfig", short); err != nil || !strings.Contains(got, "Your credential: berth-admin, valid until") {
+		t.Errorf("berth status with the new kubeconfig does not show the credential: %v\n%s", err, got)
+	}
 	// An existing kubeconfig is not replaced without --force.
 	if out, err := kubeconfig(secret, short, "--validity", "1m"); err == nil || !strings.Contains(out, "pass --force") {
 		t.Errorf("berth kubeconfig over an existing file: %v\n%s", err, out)
@@ -65,6 +69,10 @@ func checkKubeconfigWithMasterSecret(t testing.TB, c *cluster) {
 		t.Fatalf("the 1m credential is still accepted %.0fs after it was issued: %v\n%s", time.Since(issued).Seconds(), err, got)
 	}
 	t.Logf("the 1m credential was refused %.1fs after it was issued: %s", time.Since(issued).Seconds(), strings.TrimSpace(got))
+	// berth status says so itself, with the way back, before it connects.
+	if got, err := c.run(time.Minute, c.berth, "status", "--kubeconfig", short); err == nil || !strings.Contains(got, "expired at") || !strings.Contains(got, "berth kubeconfig --endpoint") {
+		t.Errorf("berth status with the expired kubeconfig: %v, want the expiry and berth kubeconfig named\n%s", err, got)
+	}
 
 	// With the master secret again: working access.
 	start = time.Now()

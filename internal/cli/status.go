@@ -53,6 +53,11 @@ by that control plane itself, which records their earliest expiry on its Node).
 Then the encryption at rest of Secrets: the API server's kms-providers check and every control
 plane's KMS plugin (berth secrets status prints the same section).
 
+Then your own credential: the client certificate of the kubeconfig status reads with, until when
+it is valid, and a warning once less than a quarter of its validity (at most a week) is left. With
+a certificate that has already expired, status stops before connecting and says how to get a new
+one (berth kubeconfig).
+
 Then the backups: the last etcd snapshot the schedule stored, its age and size, and a warning when
 it is older than two intervals, when none succeeded, or when the last attempt failed (berth backup).
 
@@ -74,6 +79,10 @@ applies to both.`,
 			if err != nil {
 				return err
 			}
+			cred, err := readOperatorCredential(cfg, time.Now())
+			if err != nil {
+				return err
+			}
 			client, err := kubeclient.Clientset(cfg)
 			if err != nil {
 				return err
@@ -88,7 +97,7 @@ applies to both.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			return runStatusRecords(ctx, cmd.OutOrStdout(), client, rc, namespace, node, limit, output)
+			return runStatusRecords(ctx, cmd.OutOrStdout(), client, rc, cred, namespace, node, limit, output)
 		},
 	}
 	f := cmd.Flags()
@@ -135,6 +144,9 @@ type statusReport struct {
 	// ClusterConfig is the configuration the cluster keeps (status_config.go); absent when it
 	// keeps none.
 	ClusterConfig *clusterConfigReport `json:"clusterConfig,omitempty"`
+	// OperatorCredential is the client certificate this status was read with (status_credential.go);
+	// absent when the kubeconfig authenticates otherwise.
+	OperatorCredential *operatorCredential `json:"operatorCredential,omitempty"`
 }
 
 // ledgerRecord is one ledger entry in statusReport.
@@ -154,12 +166,12 @@ type ledgerRecord struct {
 }
 
 func runStatus(ctx context.Context, out io.Writer, client kubernetes.Interface, namespace string, limit int, output outputFormat) error {
-	return runStatusRecords(ctx, out, client, nil, namespace, "", limit, output)
+	return runStatusRecords(ctx, out, client, nil, nil, namespace, "", limit, output)
 }
 
-// runStatusRecords is runStatus with the record API's client (nil: the section is left out) and,
-// for berth status NODE, the node.
-func runStatusRecords(ctx context.Context, out io.Writer, client kubernetes.Interface, rc clientset.Interface, namespace, node string, limit int, output outputFormat) error {
+// runStatusRecords is runStatus with the record API's client (nil: the section is left out), the
+// operator's own credential (nil: not a client certificate) and, for berth status NODE, the node.
+func runStatusRecords(ctx context.Context, out io.Writer, client kubernetes.Interface, rc clientset.Interface, cred *operatorCredential, namespace, node string, limit int, output outputFormat) error {
 	var recs *recordsReport
 	if rc != nil {
 		var err error
@@ -199,6 +211,7 @@ func runStatusRecords(ctx context.Context, out io.Writer, client kubernetes.Inte
 		}
 		r.RecordAPI = recs
 		r.ClusterConfig = clusterCfg
+		r.OperatorCredential = cred
 		return output.encode(out, r)
 	}
 	if !found {
@@ -210,6 +223,7 @@ func runStatusRecords(ctx context.Context, out io.Writer, client kubernetes.Inte
 	printRecords(out, recs)
 	printCertificates(out, certs, time.Now())
 	printEncryptionSection(out, enc, encErr)
+	printOperatorCredential(out, cred, time.Now())
 	printBackupSection(out, backups, backupErr)
 	printClusterConfig(out, clusterCfg, clusterCfgErr)
 	return nil

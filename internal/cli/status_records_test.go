@@ -64,7 +64,7 @@ func TestStatusReadsRecords(t *testing.T) {
 	client := env.Client(t, apiservertest.AdminUser)
 
 	var out bytes.Buffer
-	if err := runStatusRecords(ctx, &out, client, rc, ns, "", 0, outputText); err != nil {
+	if err := runStatusRecords(ctx, &out, client, rc, nil, ns, "", 0, outputText); err != nil {
 		t.Fatal(err)
 	}
 	text := out.String()
@@ -78,7 +78,7 @@ func TestStatusReadsRecords(t *testing.T) {
 	}
 
 	out.Reset()
-	if err := runStatusRecords(ctx, &out, client, rc, ns, "w1", 0, outputText); err != nil {
+	if err := runStatusRecords(ctx, &out, client, rc, nil, ns, "w1", 0, outputText); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"Node w1: machine 7e7e7e7e7e7e7e7e (worker), Admitted", "last join", "evidence sha256:abababababababab (tpm)", " 4  aabb", "15  ccdd"} {
@@ -87,7 +87,7 @@ func TestStatusReadsRecords(t *testing.T) {
 		}
 	}
 	out.Reset()
-	if err := runStatusRecords(ctx, &out, client, rc, ns, "w2", 0, outputJSON); err != nil {
+	if err := runStatusRecords(ctx, &out, client, rc, nil, ns, "w2", 0, outputJSON); err != nil {
 		t.Fatal(err)
 	}
 	var r recordsReport
