@@ -236,6 +236,8 @@ func TestMiniCluster(tt *testing.T) {
 			t.Errorf("API server -> pod on %s = %q", n, got)
 		}
 	}
+	// Prometheus in the cluster reaches every Berth metrics target (deploy/monitoring).
+	checkMetricsReachableFromPods(t, c, pods["w1"].name)
 
 	// A removed worker that keeps its TPM, state disk and kubelet certificate stays out.
 	start = time.Now()

@@ -153,6 +153,11 @@ func unknownMetrics(expr string, known map[string]bool) ([]string, error) {
 		switch {
 		case name == "":
 			errs = append(errs, fmt.Errorf("%q has a selector without a metric name: %s", expr, vs))
+		case name == "up":
+			// Prometheus's own series of a target; Berth's only when its job is one of Berth's.
+			if !namesBerthJobs(vs.LabelMatchers) {
+				unknown = append(unknown, name)
+			}
 		case !known[name]:
 			unknown = append(unknown, name)
 		}
@@ -312,6 +317,12 @@ func TestCheckCatchesUnknownMetrics(t *testing.T) {
 		{expr: `rate(berth_joinservice_attempt_total[5m])`, unknown: []string{"berth_joinservice_attempt_total"}},
 		{expr: `berth_webhook_decision_seconds`, unknown: []string{"berth_webhook_decision_seconds"}}, // a histogram's base name is no series
 		{expr: `up == 0 or berth_webhook_ready == 0`, unknown: []string{"up"}},
+		{expr: `up{job="berth-kms"} == 0`},
+		{expr: `absent(up{job="berth-webhook"})`},
+		{expr: `up{job=~"berth-joinservice|berth-kms"} == 0`},
+		{expr: `up{job="node"} == 0`, unknown: []string{"up"}},
+		{expr: `up{job=~"berth-.*"} == 0`, unknown: []string{"up"}},
+		{expr: `up{job!="berth-kms"} == 0`, unknown: []string{"up"}},
 		{expr: `{job="berth"}`, err: true},
 		{expr: `{__name__=~"berth_.*"}`, err: true},
 		{expr: `rate(berth_webhook_ready[$job])`, err: true},

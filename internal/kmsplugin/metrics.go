@@ -18,8 +18,9 @@ import (
 )
 
 // MetricsPort is the plugin's default metrics port: Berth's host ports are the block 9000-9004
-// (internal/joinconfig explains the choice; 9004 is this one). The bootstrapper binds it to loopback
-// unless told otherwise (--kms-metrics-listen).
+// (internal/joinconfig explains the choice; 9004 is this one). The bootstrapper binds it on every address
+// of the control plane unless told otherwise (--kms-metrics-listen), so that Prometheus in the
+// cluster reaches it.
 const MetricsPort = 9004
 
 const metricsNamespace = "berth_kms"

@@ -83,7 +83,7 @@ func defaultConfig() *config {
 		recoverListen: ":9001",
 		sealPCRs:      []uint{4, 7, 9, 11, 12},
 		kmsSocket:     kmsplugin.DefaultSocket,
-		kmsMetrics:    net.JoinHostPort("127.0.0.1", strconv.Itoa(kmsplugin.MetricsPort)),
+		kmsMetrics:    net.JoinHostPort("", strconv.Itoa(kmsplugin.MetricsPort)),
 	}
 }
 
@@ -125,7 +125,7 @@ func (c *config) register(f *pflag.FlagSet) {
 	f.BoolVar(&c.sealFresh, "seal-fresh-disk", c.sealFresh, "also seal the random key of a freshly formatted state disk to the TPM (--attestation=tpm): a node rebooted before init or join opens its disk unattended instead of wiping it")
 	f.UintVar(&c.phasePCR, "phase-pcr", c.phasePCR, "PCR (--attestation=tpm) the boot stage extends once the state disk is open; the state disk key is sealed to it being zero, so it unseals only once per boot, and a quote tells before the disk was opened (zero) from after; 0 marks nothing")
 	f.StringVar(&c.kmsSocket, "kms-socket", c.kmsSocket, "unix socket of the KMS plugin a control plane runs for its API server (Secrets are encrypted at rest through it); kubeadm mounts its directory into the API server's pod")
-	f.StringVar(&c.kmsMetrics, "kms-metrics-listen", c.kmsMetrics, "HOST:PORT where a control plane's KMS plugin serves /metrics (berth_kms_*); empty serves none")
+	f.StringVar(&c.kmsMetrics, "kms-metrics-listen", c.kmsMetrics, "HOST:PORT where a control plane's KMS plugin serves /metrics (berth_kms_*; no secrets, only health and key generations), by default on every address of the node so that Prometheus in the cluster scrapes it (job berth-kms in deploy/monitoring); empty serves none")
 	c.log.AddFlags(f)
 }
 

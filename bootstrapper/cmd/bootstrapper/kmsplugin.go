@@ -29,7 +29,7 @@ cluster's key-encryption keys on its standard input; it reports on its standard 
 its API server encrypts under. It exits when its standard input ends, so it never outlives the
 bootstrapper that holds its keys. Its log goes to standard error.`,
 		Example: `  # what the bootstrapper runs on a control plane (keys arrive on stdin):
-  bootstrapper kms-plugin --socket /run/berth/kms/kms.sock --metrics-listen 127.0.0.1:9004`,
+  bootstrapper kms-plugin --socket /run/berth/kms/kms.sock --metrics-listen :9004`,
 		Hidden:        true,
 		Args:          cobra.NoArgs,
 		SilenceUsage:  true,
