@@ -190,6 +190,7 @@ func TestMiniCluster(tt *testing.T) {
 	}
 	checkInClusterConventions(t, c)
 	checkRecordAPI(t, c)
+	checkSupportBundle(t, c)
 	// The operator's way back in after the admin credential expired: berth kubeconfig with the
 	// master secret.
 	start = time.Now()

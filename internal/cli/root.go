@@ -51,7 +51,7 @@ warnings and errors go to stderr.
 		newMiniCmd(),
 		newVerifyCmd(), newPolicyCmd(),
 		newStatusCmd(), newNodeCmd(), newMetadataCmd(), newSecretsCmd(), newBackupCmd(),
-		newManifestsCmd(), newConfigCmd(), newExplainCmd(),
+		newManifestsCmd(), newConfigCmd(), newExplainCmd(), newSupportCmd(),
 		newVersionCmd(),
 	)
 	return root
