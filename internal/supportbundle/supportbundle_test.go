@@ -95,7 +95,9 @@ func TestCollectFromRealAPIServer(t *testing.T) {
 		Data: map[string]string{"leaked.pem": privateKey, "settings": "token: " + secretValue}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = kube.CoreV1().ConfigMaps(ns).Delete(context.Background(), "support-test-leak", metav1.DeleteOptions{}) })
+	t.Cleanup(func() {
+		_ = kube.CoreV1().ConfigMaps(ns).Delete(context.Background(), "support-test-leak", metav1.DeleteOptions{})
+	})
 	now := metav1.NewTime(time.Now().UTC().Truncate(time.Second))
 	id := strings.Repeat("4c", 32)
 	if _, err := rc.RecordsV1alpha1().Machines(ns).Create(ctx, &v1alpha1.Machine{
@@ -164,7 +166,7 @@ func TestCollectFromRealAPIServer(t *testing.T) {
 // when it restarted; a list the caller may not read is a problem in the manifest, not a failure.
 func TestCollectLogsAndProblems(t *testing.T) {
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "berth-joinservice-x", Namespace: "berth-system"},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "joinservice"}}},
+		Spec:   corev1.PodSpec{Containers: []corev1.Container{{Name: "joinservice"}}},
 		Status: corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{Name: "joinservice", RestartCount: 2}}}}
 	kube := fake.NewClientset(pod)
 	kube.PrependReactor("list", "configmaps", func(k8stesting.Action) (bool, runtime.Object, error) {
