@@ -26,7 +26,8 @@ var ErrNoCheckIn = errors.New("no joinservice answered the check-in")
 // CheckInBackoff is a worker's check-in before its kubelet starts: eight rounds over about twenty
 // seconds (waits from 1 s growing by 30 %, jittered by up to 20 %). A worker restarted alone checks
 // in on its first round; after a power cut of the whole cluster its kubelet waits only that long for
-// a control plane's joinservice, then starts and the node checks in beside it (bootstrapper).
+// a control plane's joinservice, then starts and the node checks in beside it
+// (bootstage.Stage.KeepCheckingIn, owned by the daemon).
 var CheckInBackoff = wait.Backoff{Duration: time.Second, Factor: 1.3, Jitter: 0.2, Steps: 8}
 
 // errRoundsOver ends the rounds of a check-in.
