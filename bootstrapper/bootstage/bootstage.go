@@ -152,7 +152,9 @@ type Config struct {
 	// key opened the disk and before the lock register is extended: the cluster's policy admits
 	// only a node whose lock register is still zero, as for a rejoin. revoked: the cluster answered
 	// REVOKED; an error: no joinservice answered within the function's bound, and the boot goes on
-	// with the sealed key. Nil: no check-in.
+	// with the sealed key, asking again once the node runs (KeepCheckingIn); an error wrapping
+	// ErrNoOneToAsk: no other joinservice exists (the cluster's only control plane), the boot goes
+	// on with the sealed key and nothing is asked again. Nil: no check-in.
 	CheckIn func(ctx context.Context, diskUUID string, clusterID []byte) (revoked bool, err error)
 	// SealFresh seals the random key of a freshly formatted disk to the TPM as well, so that a node
 	// rebooted before init or join unseals its disk unattended instead of wiping it (see the package
@@ -230,7 +232,11 @@ var (
 	// opened the disk: the header was not written with this disk's key.
 	ErrHeaderNotAuthentic = errors.New("state disk header is not authentic: its MAC does not verify under the disk's key")
 	// ErrRevoked means a check-in after the boot was answered REVOKED and the node was locked.
-	ErrRevoked     = errors.New("this machine was removed from the cluster: the node is locked")
+	ErrRevoked = errors.New("this machine was removed from the cluster: the node is locked")
+	// ErrNoOneToAsk is wrapped by a Config.CheckIn error when no other joinservice exists that could
+	// judge this machine: it is the cluster's only control plane (its own joinservice runs on it, and
+	// only after its kubelet). Nothing is asked, now or later.
+	ErrNoOneToAsk  = errors.New("no other control plane to check in with")
 	errAlreadyOpen = errors.New("state disk is already open")
 )
 
@@ -762,6 +768,9 @@ func (s *Stage) checkIn(ctx context.Context, res Result) (Result, error) {
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return res, fmt.Errorf("checking in: %w", err)
+	case errors.Is(err, ErrNoOneToAsk):
+		s.log.Info("this node is the cluster's only control plane: no other joinservice can judge it, booting on the sealed key without a check-in", zap.Error(err))
+		return res, nil
 	case err != nil:
 		s.log.Warn("no joinservice answered the check-in: booting on the sealed key, checking in again once the node runs", zap.Error(err))
 		s.mu.Lock()
@@ -800,7 +809,8 @@ func (s *Stage) CheckInPending() bool {
 
 // KeepCheckingIn checks in with the cluster (Config.CheckIn) after a boot whose check-in nobody
 // answered, waiting LaterCheckIns between the attempts, until a joinservice answers or ctx ends.
-// It returns nil at once when no check-in is pending, and nil once the cluster admitted the node.
+// It returns nil at once when no check-in is pending, nil once the cluster admitted the node, and
+// nil when CheckIn reports that nobody is left to ask (ErrNoOneToAsk).
 // A REVOKED answer locks the node as the boot stage does: the sealed key is destroyed, stop stops
 // what runs on the state disk (the kubelet), the disk's directories are unmounted and the disk is
 // closed, the reason is logged, and an error wrapping ErrRevoked is returned. A disk that cannot be
@@ -830,6 +840,13 @@ func (s *Stage) KeepCheckingIn(ctx context.Context, stop func(context.Context) e
 		switch {
 		case ctx.Err() != nil:
 			return fmt.Errorf("checking in after the boot: %w", ctx.Err())
+		case errors.Is(err, ErrNoOneToAsk):
+			// The other control planes were removed meanwhile: nobody is left to ask.
+			s.mu.Lock()
+			s.checkInPending = false
+			s.mu.Unlock()
+			s.log.Info("this node is now the cluster's only control plane: no other joinservice can judge it, no more check-ins", zap.Int("attempt", attempt))
+			return nil
 		case err != nil:
 			s.log.Info("still no joinservice answers the check-in; asking again", zap.Int("attempt", attempt), zap.Error(err))
 			continue

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -250,4 +251,46 @@ func TestKeepCheckingInNothingPending(t *testing.T) {
 	if err := s.KeepCheckingIn(testCtx(t), f.stopper()); err != nil || script.calls.Load() != 1 {
 		t.Errorf("KeepCheckingIn() = %v with %d check-ins; want nil and only the boot's", err, script.calls.Load())
 	}
+}
+
+// TestCheckInNoOneToAsk: the cluster's only control plane has nobody to check in with
+// (ErrNoOneToAsk): it boots on its sealed key without a pending check-in, so nothing asks again;
+// a node whose other control planes were removed while it waited stops asking, nothing locked.
+func TestCheckInNoOneToAsk(t *testing.T) {
+	nobody := checkInReply{err: fmt.Errorf("%w: this node is the cluster's only control plane", ErrNoOneToAsk)}
+	t.Run("at boot", func(t *testing.T) {
+		f := newFixture(t)
+		key, cluster := randomBytes(t, 32), randomBytes(t, 32)
+		f.boundDisk(key, cluster)
+		f.sealer.key, f.sealer.unsealErr = key, nil
+		script := f.scriptCheckIn(nobody)
+		s := New(f.cfg)
+		if res, err := s.Open(testCtx(t)); err != nil || res.Source != SourceSealed {
+			t.Fatalf("Open() = %+v, %v; want the sealed key to boot the node", res, err)
+		}
+		if s.CheckInPending() {
+			t.Error("a check-in is pending on the only control plane")
+		}
+		if err := s.KeepCheckingIn(testCtx(t), f.stopper()); err != nil || script.calls.Load() != 1 {
+			t.Errorf("KeepCheckingIn() = %v after %d check-ins; want nil and only the boot's", err, script.calls.Load())
+		}
+		if f.logs.FilterMessageSnippet("only control plane").Len() != 1 {
+			t.Error("the boot without a check-in is not logged")
+		}
+	})
+	t.Run("later", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture(t)
+			s, script := f.bootWithoutAnswer(t, checkInReply{err: errNoAnswer}, nobody, checkInReply{revoked: true})
+			if err := s.KeepCheckingIn(testCtx(t), f.stopper()); err != nil {
+				t.Fatalf("KeepCheckingIn() = %v; want nil once nobody is left to ask", err)
+			}
+			if script.calls.Load() != 3 || s.CheckInPending() {
+				t.Errorf("%d check-ins, pending %v; want 3 and nothing pending", script.calls.Load(), s.CheckInPending())
+			}
+			if f.rec.count("kubelet.Stop") != 0 || f.rec.count("disk.Close") != 0 {
+				t.Error("the node was locked without a REVOKED answer")
+			}
+		})
+	})
 }
