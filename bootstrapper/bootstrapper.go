@@ -21,7 +21,9 @@
 //
 // The kubelet supervisor runs in the same group for the daemon's whole life, and so do the
 // control-plane certificate renewer where the daemon is the node's supervisor (no systemd), and on
-// a control plane the KMS plugin's supervisor and its key keeper (package kmskeeper).
+// a control plane the KMS plugin's supervisor and its key keeper (package kmskeeper). When the boot
+// stage booted on the sealed key because no joinservice answered its check-in, the group also owns
+// the later check-ins (Deps.CheckIn) until one answers.
 package bootstrapper
 
 import (
@@ -90,6 +92,13 @@ type Deps struct {
 	CertRenewer interface {
 		Run(ctx context.Context) error
 	}
+	// CheckIn checks in with the cluster after a boot whose check-in no joinservice answered
+	// (bootstage.Stage.KeepCheckingIn): it runs in the group, after the kubelet was started, until
+	// one answers. A REVOKED answer locks the node (sealed key destroyed, kubelet stopped, state disk
+	// closed) and CheckIn returns an error, which is logged and never ends the daemon: the daemon
+	// keeps running without a kubelet, so that nothing in this boot starts the node again. Nil means
+	// no later check-in.
+	CheckIn func(ctx context.Context) error
 	// Notify tells the service manager the daemon is ready; nil means sd_notify.
 	Notify func() error
 }
@@ -180,6 +189,14 @@ func Run(ctx context.Context, d Deps) error {
 		if err := d.Kubelet.Start(gctx); err != nil {
 			log.Error("starting kubelet", zap.Error(err))
 		}
+	}
+	if d.CheckIn != nil {
+		g.Go(func() error {
+			if err := d.CheckIn(gctx); err != nil && gctx.Err() == nil {
+				log.Error("the check-in after the boot locked the node", zap.Error(err))
+			}
+			return nil
+		})
 	}
 	notify := d.Notify
 	if notify == nil {

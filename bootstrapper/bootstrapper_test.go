@@ -307,3 +307,35 @@ func TestRestartRestoresKMSKeysFirst(t *testing.T) {
 		}
 	}
 }
+
+// TestLaterCheckInRunsAndItsErrorKeepsTheDaemon: the later check-in runs in the daemon's group once
+// the kubelet was started; its error (a lock after REVOKED) is logged and the daemon keeps running
+// until its context ends; the check-in's context ends with it.
+func TestLaterCheckInRunsAndItsErrorKeepsTheDaemon(t *testing.T) {
+	n := newNode(t)
+	if err := n.deps.Lock.lock.TryLockOnce(context.Background(), "join", []byte{1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.state.Save(&nodestate.State{Role: nodestate.RoleJoin, ClusterID: "01", NodeName: "w", Done: true}); err != nil {
+		t.Fatal(err)
+	}
+	n.deps.Lock = NewRace(nodelock.New(nodelock.NewFileMarker(n.fs, "/state/bootstrapped")))
+	checkedIn := make(chan error, 1)
+	n.deps.CheckIn = func(context.Context) error {
+		select {
+		case <-n.kubelet.started:
+		default:
+			checkedIn <- errors.New("the check-in ran before the kubelet was started")
+			return nil
+		}
+		checkedIn <- nil
+		return errors.New("this machine was removed from the cluster: the node is locked")
+	}
+	stop := n.run(t)
+	if err := <-checkedIn; err != nil {
+		t.Fatal(err)
+	}
+	if err := stop(); err != nil {
+		t.Fatalf("Run() = %v; want the daemon to outlive the check-in's error until its context ends", err)
+	}
+}

@@ -128,7 +128,9 @@ func (c *cluster) kubeEventually(timeout time.Duration, want string, args ...str
 // join through the joinservice by themselves), runs a pod on every node,
 // gets a fresh admin kubeconfig with the master secret after a short one expired
 // (checkKubeconfigWithMasterSecret), checks logs, exec, Service DNS and pod-to-pod traffic across nodes, removes w2 and checks that its
-// restart does not bring it back (checkRevocationHolds), power-cycles all nodes, and checks that
+// restart does not bring it back (checkRevocationHolds), boots w2 while no joinservice answers it
+// and checks that it checks in later, REVOKED then locking it (checkCheckInAfterBootWithoutAnswer),
+// power-cycles all nodes, and checks that
 // berth mini down leaves nothing behind.
 func TestMiniCluster(tt *testing.T) {
 	t := recordFailures(tt)
@@ -244,6 +246,10 @@ func TestMiniCluster(tt *testing.T) {
 	start = time.Now()
 	checkRevocationHolds(t, c)
 	t.Logf("revocation checks took %.1fs", time.Since(start).Seconds())
+	// A worker that booted while no joinservice answered checks in once one does; REVOKED then locks it.
+	start = time.Now()
+	checkCheckInAfterBootWithoutAnswer(t, c)
+	t.Logf("check-in after a boot without an answer took %.1fs", time.Since(start).Seconds())
 
 	// Secrets at rest, through cp1's KMS plugin: etcd holds them encrypted (and its files no master
 	// secret), the API server's health follows the plugin's, and the key rotates under load.

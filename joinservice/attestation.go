@@ -27,32 +27,39 @@ import (
 )
 
 // transportCredentials builds the server's transport credentials and the hot-reloadable policy from the
-// cluster's attestation policy (self-contained YAML from the join configuration). The holder is nil
-// without attestation.
-func transportCredentials(d Deps, policyYAML string, journal server.HandshakeJournal, m *metrics.Metrics, session *atls.SessionProof,
-	known func(peer string) bool) (credentials.TransportCredentials, *policywatch.Holder, error) {
+// cluster's attestation policy (self-contained YAML from the join configuration), and the check-in's
+// view of that policy for the cluster clusterID (server.CheckInPolicy). The holder and the check-in
+// policy are nil without attestation.
+//
+// The handshake judges a node's claimed measurements before it knows which RPC the node will call,
+// so it judges them by the check-in's policy, the widest any RPC admits (a booted node of this
+// cluster checking in passes its claims); the handler then judges the verified evidence by the RPC's
+// own policy, and join and rejoin refuse a lock register that is not zero there.
+func transportCredentials(d Deps, policyYAML string, clusterID []byte, journal server.HandshakeJournal, m *metrics.Metrics, session *atls.SessionProof,
+	known func(peer string) bool) (credentials.TransportCredentials, *policywatch.Holder, *server.CheckInPolicy, error) {
 	log := d.Log
 	if d.Attestation == "insecure-none" {
 		log.Warn("attestation is disabled: tickets go to any node metadata knows, over plaintext gRPC; development only")
-		return insecure.NewCredentials(), nil, nil
+		return insecure.NewCredentials(), nil, nil, nil
 	}
 	holder, err := policywatch.NewHolder(d.Attestation, "ConfigMap "+joinconfig.Namespace+"/"+joinconfig.JoinConfigName, policyYAML,
 		func(p *policy.Policy) (atls.Validator, error) {
 			return server.NewHandshakeValidator(p, log.Named("validator"))
 		})
 	if err != nil {
-		return nil, nil, fmt.Errorf("cluster attestation policy: %w", err)
+		return nil, nil, nil, fmt.Errorf("cluster attestation policy: %w", err)
 	}
+	checkIn := server.NewCheckInPolicy(holder.Policy, clusterID)
 	creds, err := atls.NewCredentials(countedIssuer(d.Issuer, metrics.PurposeConnection, m), holder.Validator(), atls.WithLimiter(atls.NewLimiter(d.AttestLimits)),
-		atls.WithClaimCheck(server.ClaimCheck(holder.Policy, journal, m)), atls.WithLogger(log.Named("atls")), atls.WithSessionProof(session),
+		atls.WithClaimCheck(server.ClaimCheck(checkIn.Policy, journal, m)), atls.WithLogger(log.Named("atls")), atls.WithSessionProof(session),
 		atls.WithKnownPeers(known),
 		// An operator's berth kubeconfig attests nothing; every join RPC refuses a peer without
 		// evidence (NO_EVIDENCE), charged to the unverified budget.
 		atls.WithOptionalClientAttestation())
 	if err != nil {
-		return nil, nil, fmt.Errorf("creating attested TLS credentials: %w", err)
+		return nil, nil, nil, fmt.Errorf("creating attested TLS credentials: %w", err)
 	}
-	return creds, holder, nil
+	return creds, holder, checkIn, nil
 }
 
 // opCounter counts attestation operations (metrics.Metrics).

@@ -219,7 +219,7 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 		records = recordwriter.New(d.Records, d.Client, d.Namespace, d.Replica, log.Named("records"))
 		journalTo = teeJournal{journal, records}
 	}
-	creds, holder, err := transportCredentials(d, string(cfg.AttestationPolicy), journalTo, m, session, known.Known)
+	creds, holder, checkIn, err := transportCredentials(d, string(cfg.AttestationPolicy), keys.ClusterID(), journalTo, m, session, known.Known)
 	probes.Set(condJoinConfig, err)
 	if err != nil {
 		return err
@@ -239,6 +239,11 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 	}
 	members := newMembership(d, journal)
 	opts := []server.Option{server.WithJournal(journalTo)}
+	if checkIn != nil {
+		// A node that booted on its sealed key while no joinservice answered checks in with its lock
+		// register extended: this cluster's lock values pass for CheckIn alone.
+		opts = append(opts, server.WithCheckInAttestation(checkIn.Check))
+	}
 	if records != nil {
 		members.record.OnChange(records.SyncRemovals)
 		opts = append(opts, server.WithAdmissions(records))

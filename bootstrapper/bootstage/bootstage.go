@@ -19,7 +19,10 @@
 // After the sealed key opened the disk, and before the lock register is extended, the node checks in
 // with the cluster (Config.CheckIn): a REVOKED answer destroys the sealed key, closes the disk and
 // waits for a key from the cluster as in the last row (refused while the machine is removed); no
-// answer within the check-in's bound lets the boot go on with the sealed key.
+// answer within the check-in's bound lets the boot go on with the sealed key (a full power cut:
+// no control plane is up yet). Such a node keeps checking in once it runs (KeepCheckingIn, owned
+// by the daemon): the first joinservice that answers decides, and a REVOKED answer then locks the
+// node as the boot stage does (sealed key destroyed, kubelet stopped, state disk closed).
 //
 // A disk whose node state says "join, not done" is wiped and the node starts fresh (a join that
 // failed after the lock was taken can never finish). A key that came from a rejoin ticket or from
@@ -56,6 +59,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -148,7 +152,9 @@ type Config struct {
 	// key opened the disk and before the lock register is extended: the cluster's policy admits
 	// only a node whose lock register is still zero, as for a rejoin. revoked: the cluster answered
 	// REVOKED; an error: no joinservice answered within the function's bound, and the boot goes on
-	// with the sealed key. Nil: no check-in.
+	// with the sealed key, asking again once the node runs (KeepCheckingIn); an error wrapping
+	// ErrNoOneToAsk: no other joinservice exists (the cluster's only control plane), the boot goes
+	// on with the sealed key and nothing is asked again. Nil: no check-in.
 	CheckIn func(ctx context.Context, diskUUID string, clusterID []byte) (revoked bool, err error)
 	// SealFresh seals the random key of a freshly formatted disk to the TPM as well, so that a node
 	// rebooted before init or join unseals its disk unattended instead of wiping it (see the package
@@ -157,7 +163,16 @@ type Config struct {
 	// BootID names this boot (the kernel's random boot_id). When set, Open records it on the open
 	// disk and logs the boot ID recorded there by the boot that opened the disk before.
 	BootID string
+	// LaterCheckIns are the waits between the check-ins of KeepCheckingIn, each of which is one
+	// CheckIn call with its own rounds (default LaterCheckInBackoff).
+	LaterCheckIns wait.Backoff
 }
+
+// LaterCheckInBackoff is how often a node that booted without a check-in answer asks again: after
+// 10 s, then waits doubling up to a minute (jittered by up to 20 %), for as long as it runs. Each
+// ask is a whole CheckIn (a worker's eight rounds over about twenty seconds), so a joinservice
+// that comes back is asked within about a minute and a half.
+var LaterCheckInBackoff = wait.Backoff{Duration: 10 * time.Second, Factor: 2, Jitter: 0.2, Steps: math.MaxInt32, Cap: time.Minute}
 
 // Mounter bind-mounts directories.
 type Mounter interface {
@@ -202,6 +217,10 @@ type Stage struct {
 	header statedisk.Header
 	// freshKey is the random key of a disk formatted in this boot, until Bind re-keys it.
 	freshKey []byte
+	// checkInPending: the sealed key opened the disk and no joinservice answered the check-in.
+	checkInPending bool
+	// checkedIn is the Result of the boot whose check-in is pending.
+	checkedIn Result
 }
 
 // Errors of the stage.
@@ -212,7 +231,13 @@ var (
 	// ErrHeaderNotAuthentic means the state disk header's MAC does not verify under the key that
 	// opened the disk: the header was not written with this disk's key.
 	ErrHeaderNotAuthentic = errors.New("state disk header is not authentic: its MAC does not verify under the disk's key")
-	errAlreadyOpen        = errors.New("state disk is already open")
+	// ErrRevoked means a check-in after the boot was answered REVOKED and the node was locked.
+	ErrRevoked = errors.New("this machine was removed from the cluster: the node is locked")
+	// ErrNoOneToAsk is wrapped by a Config.CheckIn error when no other joinservice exists that could
+	// judge this machine: it is the cluster's only control plane (its own joinservice runs on it, and
+	// only after its kubelet). Nothing is asked, now or later.
+	ErrNoOneToAsk  = errors.New("no other control plane to check in with")
+	errAlreadyOpen = errors.New("state disk is already open")
 )
 
 // New returns a Stage.
@@ -743,8 +768,14 @@ func (s *Stage) checkIn(ctx context.Context, res Result) (Result, error) {
 	switch {
 	case err != nil && ctx.Err() != nil:
 		return res, fmt.Errorf("checking in: %w", err)
+	case errors.Is(err, ErrNoOneToAsk):
+		s.log.Info("this node is the cluster's only control plane: no other joinservice can judge it, booting on the sealed key without a check-in", zap.Error(err))
+		return res, nil
 	case err != nil:
-		s.log.Warn("no joinservice answered the check-in: booting on the sealed key", zap.Error(err))
+		s.log.Warn("no joinservice answered the check-in: booting on the sealed key, checking in again once the node runs", zap.Error(err))
+		s.mu.Lock()
+		s.checkInPending, s.checkedIn = true, res
+		s.mu.Unlock()
 		return res, nil
 	case !revoked:
 		return res, nil
@@ -766,6 +797,93 @@ func (s *Stage) checkIn(ctx context.Context, res Result) (Result, error) {
 	}
 	res.Source = src
 	return s.afterOpen(ctx, res, key)
+}
+
+// CheckInPending reports whether Open booted on the sealed key without a check-in answer: then the
+// node must keep checking in (KeepCheckingIn).
+func (s *Stage) CheckInPending() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.checkInPending
+}
+
+// KeepCheckingIn checks in with the cluster (Config.CheckIn) after a boot whose check-in nobody
+// answered, waiting LaterCheckIns between the attempts, until a joinservice answers or ctx ends.
+// It returns nil at once when no check-in is pending, nil once the cluster admitted the node, and
+// nil when CheckIn reports that nobody is left to ask (ErrNoOneToAsk).
+// A REVOKED answer locks the node as the boot stage does: the sealed key is destroyed, stop stops
+// what runs on the state disk (the kubelet), the disk's directories are unmounted and the disk is
+// closed, the reason is logged, and an error wrapping ErrRevoked is returned. A disk that cannot be
+// closed (files of processes stop did not end are still open) is logged and stays open until the
+// node reboots; with its sealed key destroyed, that boot waits for a key from the cluster or berth
+// recover. ctx's end returns ctx's error. The caller owns the call: run it in the daemon's group.
+func (s *Stage) KeepCheckingIn(ctx context.Context, stop func(context.Context) error) error {
+	s.mu.Lock()
+	pending, res := s.checkInPending, s.checkedIn
+	s.mu.Unlock()
+	if !pending {
+		return nil
+	}
+	backoff := s.cfg.LaterCheckIns
+	if backoff.Duration == 0 {
+		backoff = LaterCheckInBackoff
+	}
+	for attempt := 1; ; attempt++ {
+		t := time.NewTimer(backoff.Step())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("checking in after the boot: %w", ctx.Err())
+		case <-t.C:
+		}
+		revoked, err := s.cfg.CheckIn(ctx, res.UUID, res.ClusterID)
+		switch {
+		case ctx.Err() != nil:
+			return fmt.Errorf("checking in after the boot: %w", ctx.Err())
+		case errors.Is(err, ErrNoOneToAsk):
+			// The other control planes were removed meanwhile: nobody is left to ask.
+			s.mu.Lock()
+			s.checkInPending = false
+			s.mu.Unlock()
+			s.log.Info("this node is now the cluster's only control plane: no other joinservice can judge it, no more check-ins", zap.Int("attempt", attempt))
+			return nil
+		case err != nil:
+			s.log.Info("still no joinservice answers the check-in; asking again", zap.Int("attempt", attempt), zap.Error(err))
+			continue
+		case !revoked:
+			s.mu.Lock()
+			s.checkInPending = false
+			s.mu.Unlock()
+			s.log.Info("checked in with the cluster after booting on the sealed key", zap.Int("attempt", attempt))
+			return nil
+		}
+		return s.lockRunning(ctx, res, stop)
+	}
+}
+
+// lockRunning locks a node that runs on its state disk after a REVOKED check-in: sealed key
+// destroyed, stop (the kubelet), the disk's directories unmounted and the disk closed.
+func (s *Stage) lockRunning(ctx context.Context, res Result, stop func(context.Context) error) error {
+	s.log.Error("this machine was removed from the cluster: locking the running node (sealed key destroyed, kubelet stopped, state disk closed); it waits for berth node readmit and a reboot, or berth recover",
+		zap.String("diskUUID", res.UUID), zap.String("clusterID", hex.EncodeToString(res.ClusterID)))
+	if err := s.lock(ctx); err != nil {
+		return fmt.Errorf("%w, but: %w", ErrRevoked, err)
+	}
+	s.mu.Lock()
+	s.checkInPending = false
+	s.mu.Unlock()
+	if err := stop(ctx); err != nil {
+		s.log.Error("stopping the kubelet of the locked node failed", zap.Error(err))
+	} else {
+		s.log.Warn("kubelet stopped: this machine was removed from the cluster")
+	}
+	if err := s.release(ctx); err != nil {
+		s.log.Error("closing the state disk of the locked node failed (files on it still open); it stays open until the node reboots, and that boot cannot open it without a key from the cluster or berth recover",
+			zap.Error(err))
+		return fmt.Errorf("%w (state disk not closed: %w)", ErrRevoked, err)
+	}
+	s.log.Warn("state disk closed: this machine was removed from the cluster")
+	return ErrRevoked
 }
 
 // lock destroys the key sealed to the TPM (the header's sealed blob cleared; the MAC does not cover

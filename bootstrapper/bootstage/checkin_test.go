@@ -4,10 +4,16 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"slices"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // checkInAnswer scripts the cluster's answer to the check-in and records it.
@@ -79,5 +85,212 @@ func TestOpenRevokedLocksAndWaits(t *testing.T) {
 		if f.logs.FilterMessageSnippet("this machine was removed from the cluster").Len() != 1 {
 			t.Error("the lock is not logged")
 		}
+	})
+}
+
+// laterCheckIns are the check-ins of KeepCheckingIn in the tests: every ten seconds, fake time.
+var laterCheckIns = wait.Backoff{Duration: 10 * time.Second, Factor: 1, Steps: math.MaxInt32}
+
+// checkInScript answers the check-in from answers, one a call; the boot's check-in takes the first.
+// Past the end it answers with no joinservice reachable.
+type checkInScript struct {
+	answers []checkInReply
+	calls   atomic.Int64
+}
+
+type checkInReply struct {
+	revoked bool
+	err     error
+}
+
+var errNoAnswer = errors.New("no joinservice answered the check-in after 8 rounds")
+
+func (f *fixture) scriptCheckIn(answers ...checkInReply) *checkInScript {
+	s := &checkInScript{answers: answers}
+	f.cfg.CheckIn = func(_ context.Context, diskUUID string, _ []byte) (bool, error) {
+		i := int(s.calls.Add(1)) - 1
+		f.rec.add("checkin %s", diskUUID)
+		if i >= len(s.answers) {
+			return false, errNoAnswer
+		}
+		return s.answers[i].revoked, s.answers[i].err
+	}
+	return s
+}
+
+// bootWithoutAnswer opens a bound disk with its sealed key while no joinservice answers the check-in.
+func (f *fixture) bootWithoutAnswer(t *testing.T, answers ...checkInReply) (*Stage, *checkInScript) {
+	t.Helper()
+	key, cluster := randomBytes(t, 32), randomBytes(t, 32)
+	f.boundDisk(key, cluster)
+	f.sealer.key, f.sealer.unsealErr = key, nil
+	f.cfg.LaterCheckIns = laterCheckIns
+	script := f.scriptCheckIn(append([]checkInReply{{err: errNoAnswer}}, answers...)...)
+	s := New(f.cfg)
+	if res, err := s.Open(testCtx(t)); err != nil || res.Source != SourceSealed {
+		t.Fatalf("Open() = %+v, %v; want the sealed key to boot the node", res, err)
+	}
+	if !s.CheckInPending() {
+		t.Fatal("no check-in pending after a boot that nobody answered")
+	}
+	return s, script
+}
+
+// stopper records the kubelet's stop.
+func (f *fixture) stopper() func(context.Context) error {
+	return func(context.Context) error { f.rec.add("kubelet.Stop"); return nil }
+}
+
+// TestKeepCheckingInUntilAnswered: a node that booted without an answer asks again in the background
+// until a joinservice answers; admitted on the fourth later ask, it stops asking and leaves the node
+// running (nothing locked, nothing stopped, nothing unmounted).
+func TestKeepCheckingInUntilAnswered(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t)
+		s, script := f.bootWithoutAnswer(t, checkInReply{err: errNoAnswer}, checkInReply{err: errNoAnswer}, checkInReply{err: errNoAnswer}, checkInReply{})
+		start := time.Now()
+		if err := s.KeepCheckingIn(testCtx(t), f.stopper()); err != nil {
+			t.Fatalf("KeepCheckingIn() = %v; want nil once admitted", err)
+		}
+		if got := script.calls.Load(); got != 5 {
+			t.Errorf("%d check-ins; want 5 (the boot's and four later ones, the last admitted)", got)
+		}
+		if took := time.Since(start); took != 40*time.Second {
+			t.Errorf("admitted after %s; want four waits of 10 s", took)
+		}
+		for _, c := range f.rec.list() {
+			if c == "kubelet.Stop" || strings.HasPrefix(c, "disk.SetSealed") || c == "disk.Close" || strings.HasPrefix(c, "mount.Unmount") {
+				t.Errorf("an admitted node was touched: %s", c)
+			}
+		}
+		if s.CheckInPending() {
+			t.Error("the check-in is still pending after the cluster admitted the node")
+		}
+		// Asked again, nothing is pending: it returns at once without a check-in.
+		if err := s.KeepCheckingIn(testCtx(t), f.stopper()); err != nil || script.calls.Load() != 5 {
+			t.Errorf("KeepCheckingIn() after the admission = %v with %d check-ins; want nil and no new check-in", err, script.calls.Load())
+		}
+		if f.logs.FilterMessage("checked in with the cluster after booting on the sealed key").Len() != 1 {
+			t.Error("the late check-in is not logged")
+		}
+	})
+}
+
+// TestKeepCheckingInRevokedLocks: the first joinservice to answer after the boot says REVOKED. The
+// node is locked as in the boot stage: the sealed key destroyed first, then the kubelet stopped, then
+// the disk's directories unmounted and the disk closed, and the reason logged; KeepCheckingIn
+// returns ErrRevoked.
+func TestKeepCheckingInRevokedLocks(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t)
+		s, script := f.bootWithoutAnswer(t, checkInReply{err: errNoAnswer}, checkInReply{revoked: true})
+		booted := len(f.rec.list())
+		err := s.KeepCheckingIn(testCtx(t), f.stopper())
+		if !errors.Is(err, ErrRevoked) {
+			t.Fatalf("KeepCheckingIn() = %v; want ErrRevoked", err)
+		}
+		if script.calls.Load() != 3 {
+			t.Errorf("%d check-ins; want 3", script.calls.Load())
+		}
+		want := slices.Concat([]string{"checkin " + testUUID, "checkin " + testUUID, "disk.SetSealed ", "kubelet.Stop"}, unmountCalls(), []string{"disk.Close"})
+		if got := f.rec.list()[booted:]; !slices.Equal(got, want) {
+			t.Errorf("calls after the boot:\n got  %q\n want %q", got, want)
+		}
+		if len(f.disk.header.Sealed) != 0 || f.disk.isOpen() {
+			t.Error("the sealed key survived or the disk is still open")
+		}
+		if f.logs.FilterMessageSnippet("this machine was removed from the cluster: locking the running node").Len() != 1 {
+			t.Error("the lock and its reason are not logged")
+		}
+		if s.CheckInPending() {
+			t.Error("the check-in is still pending after the node was locked")
+		}
+	})
+}
+
+// TestKeepCheckingInStopsWithContext: with no joinservice ever answering, the loop asks until its
+// context ends and then returns the context's error, its timer stopped (synctest fails a test whose
+// goroutines outlive it).
+func TestKeepCheckingInStopsWithContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t)
+		s, script := f.bootWithoutAnswer(t)
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan error, 1)
+		go func() { done <- s.KeepCheckingIn(ctx, f.stopper()) }()
+		time.Sleep(35 * time.Second) // fake time: three later check-ins
+		synctest.Wait()
+		if got := script.calls.Load(); got != 4 {
+			t.Errorf("%d check-ins after 35 s; want the boot's and three later ones", got)
+		}
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("KeepCheckingIn() after cancel = %v; want context.Canceled", err)
+		}
+		if f.rec.count("kubelet.Stop") != 0 || f.rec.count("disk.Close") != 0 {
+			t.Error("the node was locked without a REVOKED answer")
+		}
+	})
+}
+
+// TestKeepCheckingInNothingPending: after a boot whose check-in was answered, or that did not boot
+// on the sealed key, there is nothing to ask again.
+func TestKeepCheckingInNothingPending(t *testing.T) {
+	f := newFixture(t)
+	key, cluster := randomBytes(t, 32), randomBytes(t, 32)
+	f.boundDisk(key, cluster)
+	f.sealer.key, f.sealer.unsealErr = key, nil
+	script := f.scriptCheckIn(checkInReply{})
+	s := New(f.cfg)
+	if _, err := s.Open(testCtx(t)); err != nil {
+		t.Fatal(err)
+	}
+	if s.CheckInPending() {
+		t.Fatal("a check-in is pending after the cluster admitted the node at boot")
+	}
+	if err := s.KeepCheckingIn(testCtx(t), f.stopper()); err != nil || script.calls.Load() != 1 {
+		t.Errorf("KeepCheckingIn() = %v with %d check-ins; want nil and only the boot's", err, script.calls.Load())
+	}
+}
+
+// TestCheckInNoOneToAsk: the cluster's only control plane has nobody to check in with
+// (ErrNoOneToAsk): it boots on its sealed key without a pending check-in, so nothing asks again;
+// a node whose other control planes were removed while it waited stops asking, nothing locked.
+func TestCheckInNoOneToAsk(t *testing.T) {
+	nobody := checkInReply{err: fmt.Errorf("%w: this node is the cluster's only control plane", ErrNoOneToAsk)}
+	t.Run("at boot", func(t *testing.T) {
+		f := newFixture(t)
+		key, cluster := randomBytes(t, 32), randomBytes(t, 32)
+		f.boundDisk(key, cluster)
+		f.sealer.key, f.sealer.unsealErr = key, nil
+		script := f.scriptCheckIn(nobody)
+		s := New(f.cfg)
+		if res, err := s.Open(testCtx(t)); err != nil || res.Source != SourceSealed {
+			t.Fatalf("Open() = %+v, %v; want the sealed key to boot the node", res, err)
+		}
+		if s.CheckInPending() {
+			t.Error("a check-in is pending on the only control plane")
+		}
+		if err := s.KeepCheckingIn(testCtx(t), f.stopper()); err != nil || script.calls.Load() != 1 {
+			t.Errorf("KeepCheckingIn() = %v after %d check-ins; want nil and only the boot's", err, script.calls.Load())
+		}
+		if f.logs.FilterMessageSnippet("only control plane").Len() != 1 {
+			t.Error("the boot without a check-in is not logged")
+		}
+	})
+	t.Run("later", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			f := newFixture(t)
+			s, script := f.bootWithoutAnswer(t, checkInReply{err: errNoAnswer}, nobody, checkInReply{revoked: true})
+			if err := s.KeepCheckingIn(testCtx(t), f.stopper()); err != nil {
+				t.Fatalf("KeepCheckingIn() = %v; want nil once nobody is left to ask", err)
+			}
+			if script.calls.Load() != 3 || s.CheckInPending() {
+				t.Errorf("%d check-ins, pending %v; want 3 and nothing pending", script.calls.Load(), s.CheckInPending())
+			}
+			if f.rec.count("kubelet.Stop") != 0 || f.rec.count("disk.Close") != 0 {
+				t.Error("the node was locked without a REVOKED answer")
+			}
+		})
 	})
 }

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/joinledger"
+	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 )
 
@@ -26,8 +27,15 @@ var ErrNoCheckIn = errors.New("no joinservice answered the check-in")
 // CheckInBackoff is a worker's check-in before its kubelet starts: eight rounds over about twenty
 // seconds (waits from 1 s growing by 30 %, jittered by up to 20 %). A worker restarted alone checks
 // in on its first round; after a power cut of the whole cluster its kubelet waits only that long for
-// a control plane's joinservice, then starts and the node checks in beside it (bootstrapper).
+// a control plane's joinservice, then starts and the node checks in beside it
+// (bootstage.Stage.KeepCheckingIn, owned by the daemon).
 var CheckInBackoff = wait.Backoff{Duration: time.Second, Factor: 1.3, Jitter: 0.2, Steps: 8}
+
+// ErrOnlyControlPlane means this node is a control plane and metadata lists no other: no other
+// joinservice exists that could judge this machine (its own runs on it, and only after its kubelet),
+// so CheckIn asks nobody. Removing a cluster's only control plane is refused anyway (its etcd member
+// cannot go without losing quorum), so there is no REVOKED answer it could miss.
+var ErrOnlyControlPlane = errors.New("this node is the cluster's only control plane")
 
 // errRoundsOver ends the rounds of a check-in.
 var errRoundsOver = errors.New("rounds over")
@@ -37,10 +45,15 @@ var errRoundsOver = errors.New("rounds over")
 // internal/joindial) whether this joined node of cluster clusterID may run: backoff.Steps rounds
 // separated by backoff's waits (Step; after Cap every wait is Cap, jittered). It returns nil once one admits the node; an error wrapping ErrRevoked (the
 // joinservice's message, escaped, in it) once one answers REVOKED; an error wrapping ErrNoCheckIn
-// with the last round's outcome when backoff ran out without either; ctx's error when ctx ended.
+// with the last round's outcome when backoff ran out without either; an error wrapping
+// ErrOnlyControlPlane at once, without asking, when this node is a control plane and metadata lists
+// no other; ctx's error when ctx ended.
 // Any other refusal is logged and asked again: only REVOKED locks a node, and a joinservice that
 // cannot tell (its machine record unread) says so with another reason.
 func CheckIn(ctx context.Context, log *zap.Logger, meta metadataAPI, dial dialFunc, port int, diskUUID string, clusterID []byte, backoff wait.Backoff) error {
+	if onlyControlPlane(ctx, meta) {
+		return fmt.Errorf("checking in: %w", ErrOnlyControlPlane)
+	}
 	req := &joinproto.CheckInRequest{DiskUuid: diskUUID, ClusterId: clusterID}
 	var (
 		revoked error
@@ -120,4 +133,23 @@ func askCheckIn(ctx context.Context, dial dialFunc, endpoint string, req *joinpr
 	}
 	defer func() { _ = closer.Close() }() // the call's outcome is decided; closing frees the connection
 	return client.CheckIn(ctx, req)
+}
+
+// onlyControlPlane reports whether metadata says this node is a control plane and lists no other.
+// When metadata cannot tell (an error), the check-in asks as usual.
+func onlyControlPlane(ctx context.Context, meta metadataAPI) bool {
+	self, err := meta.Self(ctx)
+	if err != nil || self.Role != metadata.RoleControlPlane {
+		return false
+	}
+	peers, err := meta.Peers(ctx)
+	if err != nil {
+		return false
+	}
+	for _, p := range peers {
+		if p.Role == metadata.RoleControlPlane && p.Name != self.Name {
+			return false
+		}
+	}
+	return true
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -16,6 +17,8 @@ import (
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/joinledger"
+	"github.com/berth-k8s/berth/internal/metadata"
+	"github.com/berth-k8s/berth/joinproto"
 )
 
 func checkIn(ctx context.Context, dial dialFunc, b wait.Backoff) error {
@@ -100,4 +103,34 @@ func TestCheckInEndsWithContext(t *testing.T) {
 			t.Fatalf("CheckIn() = %v, want the context's error", err)
 		}
 	})
+}
+
+// TestCheckInOnlyControlPlane: the cluster's only control plane has no other joinservice to ask: the
+// check-in says so at once (ErrOnlyControlPlane), dialing nothing. A worker whose metadata lists no
+// control plane, and a control plane with another one listed, still ask for their rounds.
+func TestCheckInOnlyControlPlane(t *testing.T) {
+	alone := metadata.Instance{Name: "cp-0", Role: metadata.RoleControlPlane, IPs: []string{"198.51.100.10"}}
+	worker := metadata.Instance{Name: "worker-0", Role: metadata.RoleWorker, IPs: []string{"198.51.100.20"}}
+	dialed := 0
+	dial := func(context.Context, string) (joinproto.JoinServiceClient, io.Closer, error) {
+		dialed++
+		return nil, nil, errors.New("connection refused")
+	}
+	err := CheckIn(context.Background(), zap.NewNop(), staticMeta{self: alone, peers: []metadata.Instance{alone, worker}}, dial, 9002, rejoinDiskUUID, rejoinCluster, CheckInBackoff)
+	if !errors.Is(err, ErrOnlyControlPlane) || dialed != 0 {
+		t.Fatalf("CheckIn() of the only control plane = %v after %d dials, want ErrOnlyControlPlane and none", err, dialed)
+	}
+	for name, meta := range map[string]staticMeta{
+		"a worker without a control plane listed": {self: worker, peers: []metadata.Instance{worker}},
+		"a control plane with another listed":     {self: alone, peers: []metadata.Instance{alone, {Name: "cp-1", Role: metadata.RoleControlPlane, IPs: []string{"198.51.100.11"}}}},
+	} {
+		synctest.Test(t, func(t *testing.T) {
+			b := CheckInBackoff
+			b.Steps = 2
+			err := CheckIn(context.Background(), zap.NewNop(), meta, serveRejoin(t, nil, ""), 9002, rejoinDiskUUID, rejoinCluster, b)
+			if !errors.Is(err, ErrNoCheckIn) || errors.Is(err, ErrOnlyControlPlane) {
+				t.Errorf("%s: CheckIn() = %v, want ErrNoCheckIn after its rounds", name, err)
+			}
+		})
+	}
 }

@@ -180,8 +180,8 @@ var catalog = []Entry{
 	{
 		Code:  "MEASUREMENT_MISMATCH",
 		Where: whereRPC + "; also in the handshake, on the measurements a node claims",
-		Cause: "The node's measured boot (PCRs or TDX registers) differs from the cluster's attestation policy.",
-		Check: "berth status NODE or the ledger's message (the index and the expected value); berth verify against the node.",
+		Cause: "The node's measured boot (PCRs or TDX registers) differs from the cluster's attestation policy. On join and rejoin the lock register (TPM PCR 15, TDX RTMR3) must still be zero; on a check-in it may also hold this cluster's worker or control-plane value, and any other value there means the node booted into another cluster.",
+		Check: "berth status NODE or the ledger's message (the index and the expected value; index 15 or RTMR3 is the lock register); berth verify against the node.",
 		Next:  "If the node runs an image you meant to admit, add its measurements to the policy (berth policy diff OLD NEW first); otherwise the node is not trusted.",
 	},
 	{

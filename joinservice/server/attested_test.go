@@ -29,6 +29,7 @@ import (
 	"github.com/berth-k8s/berth/joinservice/ca"
 	"github.com/berth-k8s/berth/joinservice/ca/catest"
 	"github.com/berth-k8s/berth/joinservice/ledger"
+	"github.com/berth-k8s/berth/nodelock"
 )
 
 // TestAttestedJoin runs a join over mutual attested TLS between two swtpm-backed parties: the
@@ -335,6 +336,44 @@ func TestAttestedJoin(t *testing.T) {
 			t.Fatalf("IssueJoinTicket() = %v, want a failed handshake naming PCR 15", err)
 		}
 		t.Logf("refusal: %v", err)
+	})
+	t.Run("check-in: a node that booted checks in with its lock register extended, and only that", func(t *testing.T) {
+		// The joinservice as the binary runs it: claims and the check-in judged by the check-in's
+		// policy, join and rejoin by the cluster's.
+		checkIn := NewCheckInPolicy(func() *policy.Policy { return clusterPolicy }, keys.ClusterID())
+		addr := startWith(t, keys.ClusterID(), []Option{WithCheckInAttestation(checkIn.Check)}, false,
+			atls.WithClaimCheck(ClaimCheck(checkIn.Policy, j, nil)))
+		// booted is a node whose boot stage extended lock into its lock register (real PCR 15).
+		booted := func(t *testing.T, lock []byte) joinproto.JoinServiceClient {
+			sw := vtpmtest.StartSwtpm(t, swCA)
+			if err := vtpm.NewLockRegister(sw.Open, 15).MarkBootstrapped(ctx, lock); err != nil {
+				t.Fatal(err)
+			}
+			return dialAs(t, addr, sw)
+		}
+		req := &joinproto.CheckInRequest{DiskUuid: testDiskUUID, ClusterId: keys.ClusterID()}
+		for name, lock := range map[string][]byte{"worker": keys.ClusterID(), "control plane": nodelock.ControlPlaneLockID(keys.ClusterID())} {
+			resp, err := booted(t, lock).CheckIn(ctx, req)
+			if err != nil || resp.GetNodeName() != "worker-0" {
+				t.Fatalf("check-in of a booted %s of this cluster = %v, %v; want admitted", name, resp, err)
+			}
+		}
+		// A node locked to another cluster: refused on its claims, before the joinservice quotes.
+		_, err := booted(t, []byte("some other cluster")).CheckIn(ctx, req)
+		if rej, ok := atls.ParseRejection(status.Convert(err).Message()); !ok || rej.Reason != ReasonMeasurements {
+			t.Fatalf("check-in of a node locked to another cluster = %v; want refused %s", err, ReasonMeasurements)
+		}
+		// A booted node gets no ticket: its claims pass (the handshake cannot know the RPC), its
+		// verified evidence is refused by the join's policy.
+		c := booted(t, keys.ClusterID())
+		_, err = c.IssueJoinTicket(ctx, &joinproto.IssueJoinTicketRequest{KubeletCsr: csr(t, "x"), Role: joinproto.Role_ROLE_WORKER, DiskUuid: testDiskUUID})
+		if status.Code(err) != codes.PermissionDenied || reason(err) != ReasonMeasurements || !strings.Contains(status.Convert(err).Message(), "index 15") {
+			t.Fatalf("join of a booted node = %v (reason %q); want PermissionDenied %s naming index 15", err, reason(err), ReasonMeasurements)
+		}
+		_, err = c.IssueRejoinTicket(ctx, &joinproto.IssueRejoinTicketRequest{DiskUuid: testDiskUUID, DiskBinding: []byte("any")})
+		if status.Code(err) != codes.PermissionDenied || reason(err) != ReasonMeasurements {
+			t.Fatalf("rejoin of a booted node = %v (reason %q); want PermissionDenied %s", err, reason(err), ReasonMeasurements)
+		}
 	})
 }
 

@@ -49,6 +49,11 @@
 // policy and the kubeadm patches, which the API server flags kubeadm uploaded name; a configuration
 // the joinservice cannot read refuses the join.
 //
+// CheckIn judges the peer by a policy of its own (WithCheckInAttestation, CheckInPolicy): a node
+// that booted on its sealed key while no joinservice answered checks in once it runs, with its lock
+// register extended, so the check-in also admits this cluster's worker and control-plane lock values
+// there. Join and rejoin keep requiring a fresh (zero) lock register.
+//
 // Every rejection is a gRPC status whose message
 // states the reason and whose ErrorInfo detail carries a stable reason code (see the Reason* constants).
 //
@@ -163,6 +168,8 @@ type Server struct {
 	meta peerLister
 	// attest judges the peer's attestation; nil accepts every peer (insecure-none).
 	attest AttestationCheck
+	// checkInAttest judges a check-in's attestation (WithCheckInAttestation); attest without it.
+	checkInAttest AttestationCheck
 	// cpLock serializes control-plane joins: etcd grows one member at a time.
 	cpLock ControlPlaneLock
 	// record knows the machines the cluster admitted and the ones an operator removed; nil: none.
@@ -236,6 +243,13 @@ func WithRefusalLimits(l RefusalLimits) Option {
 	}
 }
 
+// WithCheckInAttestation judges the attestation of a check-in (CheckIn) with check instead of the
+// server's AttestationCheck: CheckInPolicy's Check, which admits, besides a fresh node's lock
+// register, this cluster's lock values of a node that booted. Join and rejoin keep the server's.
+func WithCheckInAttestation(check AttestationCheck) Option {
+	return func(s *Server) { s.checkInAttest = check }
+}
+
 // WithControlPlaneLock replaces the in-process lock that serializes control-plane joins.
 func WithControlPlaneLock(l ControlPlaneLock) Option { return func(s *Server) { s.cpLock = l } }
 
@@ -255,6 +269,9 @@ func New(cfg Config, log *zap.Logger, keys *clusterkeys.Keys, salt []byte, autho
 		o(s)
 	}
 	s.budgets = newBudgets(s.limits, s.refusalLimits)
+	if s.checkInAttest == nil {
+		s.checkInAttest = s.attest
+	}
 	if s.cpLock == nil {
 		s.cpLock = NewLocalLock()
 	}
@@ -308,10 +325,15 @@ func reject(code codes.Code, reason, msg string) error {
 
 // checkAttestation applies the attestation check, if any, and turns a failure into a rejection.
 func (s *Server) checkAttestation(ctx context.Context, log *callLog) error {
-	if s.attest == nil {
+	return checkAttestationWith(ctx, s.attest, log)
+}
+
+// checkAttestationWith applies check, if any, and turns a failure into a rejection.
+func checkAttestationWith(ctx context.Context, check AttestationCheck, log *callLog) error {
+	if check == nil {
 		return nil
 	}
-	warnings, err := s.attest(ctx)
+	warnings, err := check(ctx)
 	if errors.Is(err, ErrNoEvidence) {
 		log.Warn("join rejected", zap.String("reason", ReasonNoEvidence))
 		return reject(codes.Unauthenticated, ReasonNoEvidence, "no attestation: connect with attested TLS")
@@ -588,7 +610,9 @@ func (s *Server) IssueRejoinTicket(ctx context.Context, req *joinproto.IssueRejo
 }
 
 // CheckIn implements the RPC: a joined node that opened its state disk with its own sealed key asks
-// whether it may run before its kubelet starts. It is admitted (its attested instance name in the
+// whether it may run: before its kubelet starts, or, when no joinservice answered during its boot (a
+// full power cut), while it runs (its lock register extended then: WithCheckInAttestation admits this
+// cluster's lock values for this RPC alone). It is admitted (its attested instance name in the
 // answer) unless an operator removed the machine (REVOKED, in the ledger with the machine's identity,
 // node and disk). It hands out nothing, so it charges no tickets budget; refusals are charged like
 // every other call's (begin, finish).
@@ -599,7 +623,9 @@ func (s *Server) CheckIn(ctx context.Context, req *joinproto.CheckInRequest) (re
 	}
 	defer func() { s.finish(a, err) }()
 	log := &callLog{log: s.log, fields: []zap.Field{zap.String("peer", a.entry.Peer)}}
-	if err := s.checkAttestation(ctx, log); err != nil {
+	// The check-in's own judgement: a node that booted has extended its lock register with this
+	// cluster's lock value (CheckInPolicy); everything else as for a join.
+	if err := checkAttestationWith(ctx, s.checkInAttest, log); err != nil {
 		return nil, err
 	}
 	inst, err := s.instanceFor(ctx, peerIP)

@@ -211,6 +211,11 @@ func daemon(ctx context.Context, cfg *config) error {
 		// (bootstrapper renew-certs).
 		deps.CertRenewer = certrenew.New(certrenew.Config{KubernetesDir: cfg.kubernetesDir}, log.Named("certrenew"), fs, adm)
 	}
+	if stage != nil && stage.CheckInPending() {
+		// No joinservice answered the boot's check-in (a full power cut): ask again while the node
+		// runs; a REVOKED answer then stops the kubelet as part of the lock.
+		deps.CheckIn = func(ctx context.Context) error { return stage.KeepCheckingIn(ctx, kube.Stop) }
+	}
 	if cfg.webhookImage != "" {
 		// Only the webhook has anything to check after a restart; without it there is nothing to log.
 		webhook := install.Config{Image: cfg.webhookImage, ImagePullPolicy: pullPolicy(cfg.neverPull)}

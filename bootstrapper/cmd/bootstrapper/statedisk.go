@@ -86,8 +86,11 @@ func openStateDisk(ctx context.Context, cfg *config, log *zap.Logger, meta metad
 				backoff.Steps = 1
 			}
 			err := joinclient.CheckIn(ctx, log.Named("checkin"), meta, att.dialJoin, cfg.joinPort, diskUUID, clusterID, backoff)
-			if errors.Is(err, joinclient.ErrRevoked) {
+			switch {
+			case errors.Is(err, joinclient.ErrRevoked):
 				return true, nil
+			case errors.Is(err, joinclient.ErrOnlyControlPlane):
+				return false, fmt.Errorf("%w: %w", bootstage.ErrNoOneToAsk, err)
 			}
 			return false, err
 		}
