@@ -60,8 +60,9 @@ type Summary struct {
 	Problems []string
 	// LeftOut is what the bundle does not hold on purpose, and where it is.
 	LeftOut []string
-	// Redacted counts the values redaction replaced, by kind.
-	Redacted map[string]int
+	// Redacted counts the values redaction replaced, by kind, and RedactedIn by file and kind.
+	Redacted   map[string]int
+	RedactedIn map[string]map[string]int
 }
 
 // listPage is how many objects one list request asks for.
@@ -81,7 +82,15 @@ type file struct {
 }
 
 func (b *bundle) add(name string, data []byte) {
-	b.files = append(b.files, file{name: name, data: redact(data, b.redacted)})
+	counts := map[string]int{}
+	b.files = append(b.files, file{name: name, data: redact(data, counts)})
+	for kind, n := range counts {
+		b.redacted[kind] += n
+		if b.summary.RedactedIn == nil {
+			b.summary.RedactedIn = map[string]map[string]int{}
+		}
+		b.summary.RedactedIn[name] = counts
+	}
 }
 
 func (b *bundle) addYAML(name string, obj any) {
@@ -323,6 +332,14 @@ func Manifest(s Summary) []byte {
 		m.WriteString("\n")
 		for _, k := range slices.Sorted(maps.Keys(s.Redacted)) {
 			fmt.Fprintf(&m, "  %s: %d\n", k, s.Redacted[k])
+		}
+		m.WriteString("in:\n")
+		for _, f := range slices.Sorted(maps.Keys(s.RedactedIn)) {
+			var kinds []string
+			for _, k := range slices.Sorted(maps.Keys(s.RedactedIn[f])) {
+				kinds = append(kinds, fmt.Sprintf("%s %d", k, s.RedactedIn[f][k]))
+			}
+			fmt.Fprintf(&m, "  %s: %s\n", f, strings.Join(kinds, ", "))
 		}
 	}
 	return m.Bytes()

@@ -156,6 +156,9 @@ func TestCollectFromRealAPIServer(t *testing.T) {
 	if s.Redacted["private key"] != 1 || s.Redacted["secret value"] != 1 {
 		t.Errorf("redacted %v, want the ConfigMap's private key and token", s.Redacted)
 	}
+	if in := s.RedactedIn[ns+"/configmaps.yaml"]; in["private key"] != 1 || in["secret value"] != 1 || !strings.Contains(files["MANIFEST.txt"], "  "+ns+"/configmaps.yaml: private key 1, secret value 1\n") {
+		t.Errorf("the manifest does not say where the values were redacted: %v\n%s", s.RedactedIn, files["MANIFEST.txt"])
+	}
 	if !strings.Contains(files[ns+"/configmaps.yaml"], "[REDACTED PRIVATE KEY]") {
 		t.Errorf("the ConfigMap's private key is not marked redacted")
 	}
@@ -202,6 +205,8 @@ func TestRedact(t *testing.T) {
 		{"Authorization: Bearer abcdefgh12345678", "Authorization: Bearer [REDACTED]", "bearer token"},
 		{"token=eyJhbGciOiJSUzI1NiJ9.eyJzdWIiOiJ4In0.c2lnbmF0dXJlLXZhbHVl", "token=[REDACTED TOKEN]", "JSON web token"},
 		{"kubeadm join --token abcdef.0123456789abcdef", "kubeadm join --token [REDACTED BOOTSTRAP TOKEN]", "bootstrap token"},
+		{"abcdef.0123456789abcdef", "[REDACTED BOOTSTRAP TOKEN]", "bootstrap token"},
+		{`"token":"abcdef.0123456789abcdef"`, `"token":"[REDACTED BOOTSTRAP TOKEN]"`, "bootstrap token"},
 		{`{"password": "hunter22"}`, `{"password": "[REDACTED]"}`, "secret value"},
 		{"certificate-key=0123456789abcdef0123", "certificate-key=[REDACTED]", "secret value"},
 	} {
@@ -215,6 +220,8 @@ func TestRedact(t *testing.T) {
 		"peer 198.51.100.7:43122 node w1.example.internal reason MEASUREMENT_MISMATCH",
 		`{"level":"info","msg":"token budget spent","peer":"10.0.0.1"}`,
 		"kekGeneration: 2",
+		"name: berth-join-ledger.187b2c3d4e5f6a7b",
+		"event w1ledge.187b2c3d4e5f6a7b",
 	} {
 		counts := map[string]int{}
 		if got := string(redact([]byte(keep), counts)); got != keep || len(counts) != 0 {
