@@ -241,7 +241,7 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 	opts := []server.Option{server.WithJournal(journalTo)}
 	if records != nil {
 		members.record.OnChange(records.SyncRemovals)
-		opts = append(opts, server.WithAdmissions(records))
+		opts = append(opts, server.WithAdmissions(records), traceOption(records, holder, keys.ClusterID()))
 	}
 	srv := server.New(server.Config{
 		APIServerEndpoint: cfg.APIServerEndpoint,
