@@ -30,7 +30,7 @@ import (
 // cluster's attestation policy (self-contained YAML from the join configuration). The holder is nil
 // without attestation.
 func transportCredentials(d Deps, policyYAML string, journal server.HandshakeJournal, m *metrics.Metrics, session *atls.SessionProof,
-	known func(peer string) bool) (credentials.TransportCredentials, *policywatch.Holder, error) {
+	known func(peer string) bool, clusterID []byte) (credentials.TransportCredentials, *policywatch.Holder, error) {
 	log := d.Log
 	if d.Attestation == "insecure-none" {
 		log.Warn("attestation is disabled: tickets go to any node metadata knows, over plaintext gRPC; development only")
@@ -44,7 +44,7 @@ func transportCredentials(d Deps, policyYAML string, journal server.HandshakeJou
 		return nil, nil, fmt.Errorf("cluster attestation policy: %w", err)
 	}
 	creds, err := atls.NewCredentials(countedIssuer(d.Issuer, metrics.PurposeConnection, m), holder.Validator(), atls.WithLimiter(atls.NewLimiter(d.AttestLimits)),
-		atls.WithClaimCheck(server.ClaimCheck(holder.Policy, journal, m)), atls.WithLogger(log.Named("atls")), atls.WithSessionProof(session),
+		atls.WithClaimCheck(joinedClaims(server.ClaimCheck(holder.Policy, journal, m), d.Attestation, clusterID)), atls.WithLogger(log.Named("atls")), atls.WithSessionProof(session),
 		atls.WithKnownPeers(known),
 		// An operator's berth kubeconfig attests nothing; every join RPC refuses a peer without
 		// evidence (NO_EVIDENCE), charged to the unverified budget.

@@ -219,7 +219,7 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 		records = recordwriter.New(d.Records, d.Client, d.Namespace, d.Replica, log.Named("records"))
 		journalTo = teeJournal{journal, records}
 	}
-	creds, holder, err := transportCredentials(d, string(cfg.AttestationPolicy), journalTo, m, session, known.Known)
+	creds, holder, err := transportCredentials(d, string(cfg.AttestationPolicy), journalTo, m, session, known.Known, keys.ClusterID())
 	probes.Set(condJoinConfig, err)
 	if err != nil {
 		return err

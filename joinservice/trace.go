@@ -1,6 +1,7 @@
 package joinservice
 
 import (
+	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/tdx"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/joinservice/policywatch"
@@ -25,4 +26,11 @@ func traceOption(store server.TraceStore, holder *policywatch.Holder, clusterID 
 	}
 	index, joined := joinedLocks(holder.Policy().Variant, clusterID)
 	return server.WithTraceStore(store, server.JoinedPolicyCheck(holder.Policy, index, joined...))
+}
+
+// joinedClaims lets a joined node of this cluster past the handshake's claim check, so that it can
+// report its join trace (server.JoinedClaims); the handlers judge its evidence again.
+func joinedClaims(check atls.ClaimCheck, variant string, clusterID []byte) atls.ClaimCheck {
+	index, joined := joinedLocks(variant, clusterID)
+	return server.JoinedClaims(check, index, joined...)
 }

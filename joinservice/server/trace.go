@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/attestation"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/jointrace"
 	"github.com/berth-k8s/berth/internal/records/v1alpha1"
@@ -65,13 +66,31 @@ func JoinedPolicyCheck(current func() *policy.Policy, index uint32, joined ...[]
 		if ev.Variant != p.Variant {
 			return nil, fmt.Errorf("variant %q, the policy wants %q", ev.Variant, p.Variant)
 		}
-		ms := ev.Result.Measurements
-		if got, ok := ms[index]; ok && slices.ContainsFunc(joined, func(v []byte) bool { return bytes.Equal(got, v) }) {
-			ms = maps.Clone(ms)
-			ms[index] = make([]byte, len(got))
-		}
-		return p.Evaluate(ms)
+		return p.Evaluate(asFresh(ev.Result.Measurements, index, joined))
 	}
+}
+
+// JoinedClaims lets the handshake's claim check (ClaimCheck) pass the claims of a node that joined
+// this cluster: a claimed lock register at index holding one of joined is judged as if it were
+// still zero; every other claim is judged as before. Claims only ever refuse, never admit: each
+// handler judges the verified evidence again, Join and Rejoin with the policy (a zero register),
+// ReportTrace with JoinedPolicyCheck.
+func JoinedClaims(check atls.ClaimCheck, index uint32, joined ...[]byte) atls.ClaimCheck {
+	return func(ctx context.Context, peer string, claims attestation.Measurements) error {
+		return check(ctx, peer, asFresh(claims, index, joined))
+	}
+}
+
+// asFresh returns ms with the register at index zeroed when it holds one of joined (a copy; ms
+// is left as it was).
+func asFresh(ms attestation.Measurements, index uint32, joined [][]byte) attestation.Measurements {
+	got, ok := ms[index]
+	if !ok || !slices.ContainsFunc(joined, func(v []byte) bool { return bytes.Equal(got, v) }) {
+		return ms
+	}
+	ms = maps.Clone(ms)
+	ms[index] = make([]byte, len(got))
+	return ms
 }
 
 // ReportTrace implements the RPC: it stores the caller's join trace on the caller's own Machine.

@@ -158,3 +158,38 @@ func TestJoinedPolicyCheck(t *testing.T) {
 		t.Errorf("check changed the peer's evidence or refused it: %v", err)
 	}
 }
+
+// TestJoinedClaims: the handshake's claim check passes a joined node of this cluster (its lock
+// register holding the worker or control-plane value) and still refuses any other register value
+// and any other deviation.
+func TestJoinedClaims(t *testing.T) {
+	zero := strings.Repeat("00", 32)
+	p, err := policy.Parse([]byte("variant: tpm\nmeasurements:\n  4: {expected: "+zero+"}\n  15: {expected: "+zero+"}\n"), "test policy", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker, cp, other := bytes.Repeat([]byte{0x11}, 32), bytes.Repeat([]byte{0x22}, 32), bytes.Repeat([]byte{0x33}, 32)
+	j := &journal{}
+	plain := ClaimCheck(func() *policy.Policy { return p }, j, nil)
+	check := JoinedClaims(plain, 15, worker, cp)
+	z := make([]byte, 32)
+	for name, tc := range map[string]struct {
+		claims attestation.Measurements
+		ok     bool
+	}{
+		"fresh":                {attestation.Measurements{4: z, 15: z}, true},
+		"joined worker":        {attestation.Measurements{4: z, 15: worker}, true},
+		"joined control plane": {attestation.Measurements{4: z, 15: cp}, true},
+		"another cluster":      {attestation.Measurements{4: z, 15: other}, false},
+		"wrong image":          {attestation.Measurements{4: other, 15: worker}, false},
+		"register left out":    {attestation.Measurements{4: z}, false},
+	} {
+		if err := check(context.Background(), "198.51.100.7", tc.claims); (err == nil) != tc.ok {
+			t.Errorf("%s: claims check = %v, want ok %v", name, err, tc.ok)
+		}
+	}
+	// Without the wrapper a joined node is refused in the handshake: it could not report.
+	if err := plain(context.Background(), "198.51.100.7", attestation.Measurements{4: z, 15: worker}); err == nil {
+		t.Error("the plain claim check passed a set lock register; the test shows nothing")
+	}
+}
