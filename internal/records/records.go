@@ -7,7 +7,8 @@
 //
 // Both live in Berth's namespace. A Machine says who the machine is (identity, node, role), where it
 // stands (Admitted, Locked, Removed), its latest accepted join and the evidence of its latest verified
-// attestation, with its measurements, so that a policy can judge it again offline. A JoinRecord
+// attestation, with its measurements, so that a policy can judge it again offline, and the phases
+// of its join as its node reported them (internal/jointrace). A JoinRecord
 // counts the refusals of one machine (or of one peer address, when nothing was verified) for one
 // reason; each class of refusal has a bounded number of records (ClassQuota), so that a flood of
 // unverified refusals never displaces the records of attested machines.
