@@ -299,7 +299,7 @@ func reasonCode(s string) bool {
 	if len(s) > MaxReason {
 		return false
 	}
-	return strings.IndexFunc(s, func(r rune) bool { return !('A' <= r && r <= 'Z' || '0' <= r && r <= '9' || r == '_') }) < 0
+	return strings.IndexFunc(s, func(r rune) bool { return (r < 'A' || r > 'Z') && (r < '0' || r > '9') && r != '_' }) < 0
 }
 
 // code bounds a reason to MaxReason characters of A-Z, 0-9 and _, replacing any other with _: a
