@@ -151,8 +151,10 @@ func checkRefusalVisible(t testing.TB, c *cluster, node, ip string) {
 // where exactly one machine differs from all the others; a policy that enforces the others' value
 // there is stricter than the cluster's, and berth policy diff must name that one machine and no
 // other. Without such an index (every machine recorded the same measurements) no policy on
-// measurements can tell one machine apart; the check then says so and shows that diff names every
-// machine for a policy that pins the boot register to another value.
+// measurements can tell one machine apart (berth mini boots every genuine node from the same
+// simulated image, and a Machine's evidence is recorded at its join, before its lock register is
+// extended: all 24 PCRs agree); the check then says so and shows that diff names every machine for
+// a policy that pins the boot register to another value.
 func checkPolicyDiffNamesOne(t testing.TB, c *cluster) {
 	t.Helper()
 	var list v1alpha1.MachineList
@@ -206,7 +208,9 @@ func checkPolicyDiffNamesOne(t testing.TB, c *cluster) {
 		t.Logf("POLICY DIFF: the %d admitted machines (%v) recorded the same value at every index: no measurement tells one apart", len(admitted), admitted)
 		index, common, wantRefused = "4", strings.Repeat("ee", 32), admitted
 	}
-	oldPolicy := filepath.Join(c.dir, "join-policy.yaml")
+	// The policy the joinservice judges nodes by (berth mini's policy.yaml), not the join policy
+	// nodes judge the joinservice by.
+	oldPolicy := filepath.Join(c.dir, "policy.yaml")
 	newPolicy := filepath.Join(t.TempDir(), "stricter-policy.yaml")
 	writeStricterPolicy(t, oldPolicy, newPolicy, index, common)
 	out := c.must(time.Minute, c.berth, "policy", "diff", oldPolicy, newPolicy, "--kubeconfig", filepath.Join(c.dir, "admin.conf"), "-o", "json")

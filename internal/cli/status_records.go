@@ -104,8 +104,10 @@ func readRecords(ctx context.Context, rc clientset.Interface, namespace, node st
 	sort.SliceStable(all, func(i, j int) bool { return all[i].Last.After(all[j].Last) })
 	if node != "" {
 		r.Node = &nodeReport{Name: node, Machines: nodeMachines}
+		// A refusal of what a node sent before it proved anything (the handshake's) carries only its
+		// address: berth status ADDRESS shows those.
 		for _, rr := range all {
-			if rr.Node == node {
+			if rr.Node == node || rr.Peer == node {
 				r.Node.Refusals = append(r.Node.Refusals, rr)
 			}
 		}
@@ -175,7 +177,8 @@ func printNode(out io.Writer, r *recordsReport) {
 	if len(n.Machines) == 0 {
 		_, _ = fmt.Fprintf(out, "No machine joined as node %s: the cluster never admitted it.\n", printable(n.Name))
 		if len(n.Refusals) == 0 {
-			_, _ = fmt.Fprintln(out, "No joinservice refused it either: it never reached one (its own trace, "+jointrace.FileName+" in its state directory, and its log say how far it got).")
+			_, _ = fmt.Fprintln(out, "No refusal names it. A refusal in the handshake, before the node proved anything, carries only its address: try berth status ADDRESS. "+
+				"The node's own trace is "+jointrace.FileName+" in its state directory.")
 		} else {
 			_, _ = fmt.Fprintln(out, "What the joinservices saw of it is below; its own trace is "+jointrace.FileName+" in its state directory.")
 		}

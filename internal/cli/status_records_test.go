@@ -121,4 +121,19 @@ func TestStatusReadsRecords(t *testing.T) {
 		}
 	}
 	t.Logf("berth status w2:\n%s", out.String())
+	// By address: the refusals of that peer, whatever node they name.
+	out.Reset()
+	if err := runStatusRecords(ctx, &out, client, rc, ns, "198.51.100.2", 0, outputText); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "MEASUREMENT_MISMATCH") || !strings.Contains(out.String(), "198.51.100.2") {
+		t.Errorf("berth status 198.51.100.2 lacks the peer's refusal:\n%s", out.String())
+	}
+	out.Reset()
+	if err := runStatusRecords(ctx, &out, client, rc, ns, "w9", 0, outputText); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(out.String(), "No refusal names it") || !strings.Contains(out.String(), "berth status ADDRESS") {
+		t.Errorf("berth status w9 does not say where to look:\n%s", out.String())
+	}
 }
