@@ -145,6 +145,11 @@ func checkRefusalVisible(t testing.TB, c *cluster, node, ip string) {
 	if !strings.Contains(nodeOut, "never admitted") {
 		t.Errorf("berth status %s does not say the cluster never admitted it", node)
 	}
+	ipOut := c.must(time.Minute, c.berth, "status", ip, "--kubeconfig", kubeconfig)
+	t.Logf("berth status %s:\n%s", ip, ipOut)
+	if !strings.Contains(ipOut, "MEASUREMENT_MISMATCH") || !strings.Contains(ipOut, "What the reasons mean") {
+		t.Errorf("berth status %s does not show the address's refusals with their explanation", ip)
+	}
 }
 
 // checkPolicyDiffNamesOne (must-show 4): from the Machines' recorded measurements, find an index
