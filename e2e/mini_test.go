@@ -276,6 +276,7 @@ func TestMiniCluster(tt *testing.T) {
 	}
 	checkSecretsAfterRestart(t, c, 2)
 	checkDayTwo(t, c, out)
+	checkPolicyDiffNamesOne(t, c)
 }
 
 type pod struct{ name, ip string }
@@ -778,6 +779,7 @@ func TestMiniTamperedWorkerRejected(tt *testing.T) {
 	if !found {
 		t.Errorf("berth status does not list the tampered worker (%s) as rejected with MEASUREMENT_MISMATCH", tampered)
 	}
+	checkRefusalVisible(t, c, "t1", tampered)
 }
 
 // nodeIP is the address of node name in the cluster recorded in dir's state file.

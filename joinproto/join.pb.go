@@ -11,6 +11,7 @@ package joinproto
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -946,12 +947,194 @@ func (x *IssueAdminCredentialResponse) GetApiServerEndpoint() string {
 	return ""
 }
 
+// JoinPhase is one phase of a node's join as the node saw it.
+type JoinPhase struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the phase (jointrace.Phase*: metadata, ticket, kubeadm-join, node-ready).
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// start is when the phase began, by the node's clock.
+	Start *timestamppb.Timestamp `protobuf:"bytes,2,opt,name=start,proto3" json:"start,omitempty"`
+	// duration is how long the phase took, or ran until the trace was sent.
+	Duration *durationpb.Duration `protobuf:"bytes,3,opt,name=duration,proto3" json:"duration,omitempty"`
+	// outcome is succeeded, failed or running.
+	Outcome string `protobuf:"bytes,4,opt,name=outcome,proto3" json:"outcome,omitempty"`
+	// reason is a failed phase's reason code (the joinservice's, or the node's own); empty otherwise.
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// message says more about the outcome (attempts, the last refusal); plain text, bounded.
+	Message       string `protobuf:"bytes,6,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinPhase) Reset() {
+	*x = JoinPhase{}
+	mi := &file_join_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinPhase) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinPhase) ProtoMessage() {}
+
+func (x *JoinPhase) ProtoReflect() protoreflect.Message {
+	mi := &file_join_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinPhase.ProtoReflect.Descriptor instead.
+func (*JoinPhase) Descriptor() ([]byte, []int) {
+	return file_join_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *JoinPhase) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *JoinPhase) GetStart() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Start
+	}
+	return nil
+}
+
+func (x *JoinPhase) GetDuration() *durationpb.Duration {
+	if x != nil {
+		return x.Duration
+	}
+	return nil
+}
+
+func (x *JoinPhase) GetOutcome() string {
+	if x != nil {
+		return x.Outcome
+	}
+	return ""
+}
+
+func (x *JoinPhase) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *JoinPhase) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// ReportTraceRequest carries the node's join trace, oldest phase first.
+type ReportTraceRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Phases        []*JoinPhase           `protobuf:"bytes,1,rep,name=phases,proto3" json:"phases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportTraceRequest) Reset() {
+	*x = ReportTraceRequest{}
+	mi := &file_join_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportTraceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportTraceRequest) ProtoMessage() {}
+
+func (x *ReportTraceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_join_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportTraceRequest.ProtoReflect.Descriptor instead.
+func (*ReportTraceRequest) Descriptor() ([]byte, []int) {
+	return file_join_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ReportTraceRequest) GetPhases() []*JoinPhase {
+	if x != nil {
+		return x.Phases
+	}
+	return nil
+}
+
+// ReportTraceResponse acknowledges a stored trace.
+type ReportTraceResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// machine is the name of the Machine the trace was stored on.
+	Machine       string `protobuf:"bytes,1,opt,name=machine,proto3" json:"machine,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportTraceResponse) Reset() {
+	*x = ReportTraceResponse{}
+	mi := &file_join_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportTraceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportTraceResponse) ProtoMessage() {}
+
+func (x *ReportTraceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_join_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportTraceResponse.ProtoReflect.Descriptor instead.
+func (*ReportTraceResponse) Descriptor() ([]byte, []int) {
+	return file_join_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ReportTraceResponse) GetMachine() string {
+	if x != nil {
+		return x.Machine
+	}
+	return ""
+}
+
 var File_join_proto protoreflect.FileDescriptor
 
 const file_join_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"join.proto\x12\rberth.join.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x7f\n" +
+	"join.proto\x12\rberth.join.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x7f\n" +
 	"\x16IssueJoinTicketRequest\x12\x1f\n" +
 	"\vkubelet_csr\x18\x01 \x01(\fR\n" +
 	"kubeletCsr\x12'\n" +
@@ -1010,7 +1193,18 @@ const file_join_proto_rawDesc = "" +
 	"\x1cIssueAdminCredentialResponse\x12 \n" +
 	"\vcertificate\x18\x01 \x01(\fR\vcertificate\x12&\n" +
 	"\x0fcluster_ca_cert\x18\x02 \x01(\fR\rclusterCaCert\x12.\n" +
-	"\x13api_server_endpoint\x18\x03 \x01(\tR\x11apiServerEndpoint*E\n" +
+	"\x13api_server_endpoint\x18\x03 \x01(\tR\x11apiServerEndpoint\"\xd4\x01\n" +
+	"\tJoinPhase\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x120\n" +
+	"\x05start\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampR\x05start\x125\n" +
+	"\bduration\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bduration\x12\x18\n" +
+	"\aoutcome\x18\x04 \x01(\tR\aoutcome\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12\x18\n" +
+	"\amessage\x18\x06 \x01(\tR\amessage\"F\n" +
+	"\x12ReportTraceRequest\x120\n" +
+	"\x06phases\x18\x01 \x03(\v2\x18.berth.join.v1.JoinPhaseR\x06phases\"/\n" +
+	"\x13ReportTraceResponse\x12\x18\n" +
+	"\amachine\x18\x01 \x01(\tR\amachine*E\n" +
 	"\x04Role\x12\x14\n" +
 	"\x10ROLE_UNSPECIFIED\x10\x00\x12\x0f\n" +
 	"\vROLE_WORKER\x10\x01\x12\x16\n" +
@@ -1018,13 +1212,14 @@ const file_join_proto_rawDesc = "" +
 	"\bFileRoot\x12\x19\n" +
 	"\x15FILE_ROOT_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14FILE_ROOT_KUBERNETES\x10\x01\x12\x15\n" +
-	"\x11FILE_ROOT_PATCHES\x10\x022\xf1\x03\n" +
+	"\x11FILE_ROOT_PATCHES\x10\x022\xc7\x04\n" +
 	"\vJoinService\x12`\n" +
 	"\x0fIssueJoinTicket\x12%.berth.join.v1.IssueJoinTicketRequest\x1a&.berth.join.v1.IssueJoinTicketResponse\x12f\n" +
 	"\x11IssueRejoinTicket\x12'.berth.join.v1.IssueRejoinTicketRequest\x1a(.berth.join.v1.IssueRejoinTicketResponse\x12H\n" +
 	"\aCheckIn\x12\x1d.berth.join.v1.CheckInRequest\x1a\x1e.berth.join.v1.CheckInResponse\x12]\n" +
 	"\x0eAdminChallenge\x12$.berth.join.v1.AdminChallengeRequest\x1a%.berth.join.v1.AdminChallengeResponse\x12o\n" +
-	"\x14IssueAdminCredential\x12*.berth.join.v1.IssueAdminCredentialRequest\x1a+.berth.join.v1.IssueAdminCredentialResponseB0Z.github.com/berth-k8s/berth/joinproto;joinprotob\x06proto3"
+	"\x14IssueAdminCredential\x12*.berth.join.v1.IssueAdminCredentialRequest\x1a+.berth.join.v1.IssueAdminCredentialResponse\x12T\n" +
+	"\vReportTrace\x12!.berth.join.v1.ReportTraceRequest\x1a\".berth.join.v1.ReportTraceResponseB0Z.github.com/berth-k8s/berth/joinproto;joinprotob\x06proto3"
 
 var (
 	file_join_proto_rawDescOnce sync.Once
@@ -1039,7 +1234,7 @@ func file_join_proto_rawDescGZIP() []byte {
 }
 
 var file_join_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_join_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_join_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_join_proto_goTypes = []any{
 	(Role)(0),                            // 0: berth.join.v1.Role
 	(FileRoot)(0),                        // 1: berth.join.v1.FileRoot
@@ -1055,29 +1250,38 @@ var file_join_proto_goTypes = []any{
 	(*AdminChallengeResponse)(nil),       // 11: berth.join.v1.AdminChallengeResponse
 	(*IssueAdminCredentialRequest)(nil),  // 12: berth.join.v1.IssueAdminCredentialRequest
 	(*IssueAdminCredentialResponse)(nil), // 13: berth.join.v1.IssueAdminCredentialResponse
-	(*timestamppb.Timestamp)(nil),        // 14: google.protobuf.Timestamp
+	(*JoinPhase)(nil),                    // 14: berth.join.v1.JoinPhase
+	(*ReportTraceRequest)(nil),           // 15: berth.join.v1.ReportTraceRequest
+	(*ReportTraceResponse)(nil),          // 16: berth.join.v1.ReportTraceResponse
+	(*timestamppb.Timestamp)(nil),        // 17: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),          // 18: google.protobuf.Duration
 }
 var file_join_proto_depIdxs = []int32{
 	0,  // 0: berth.join.v1.IssueJoinTicketRequest.role:type_name -> berth.join.v1.Role
 	1,  // 1: berth.join.v1.File.root:type_name -> berth.join.v1.FileRoot
-	14, // 2: berth.join.v1.IssueJoinTicketResponse.bootstrap_token_expiry:type_name -> google.protobuf.Timestamp
+	17, // 2: berth.join.v1.IssueJoinTicketResponse.bootstrap_token_expiry:type_name -> google.protobuf.Timestamp
 	3,  // 3: berth.join.v1.IssueJoinTicketResponse.control_plane_files:type_name -> berth.join.v1.File
 	5,  // 4: berth.join.v1.IssueJoinTicketResponse.kms_keys:type_name -> berth.join.v1.KMSKey
-	2,  // 5: berth.join.v1.JoinService.IssueJoinTicket:input_type -> berth.join.v1.IssueJoinTicketRequest
-	6,  // 6: berth.join.v1.JoinService.IssueRejoinTicket:input_type -> berth.join.v1.IssueRejoinTicketRequest
-	8,  // 7: berth.join.v1.JoinService.CheckIn:input_type -> berth.join.v1.CheckInRequest
-	10, // 8: berth.join.v1.JoinService.AdminChallenge:input_type -> berth.join.v1.AdminChallengeRequest
-	12, // 9: berth.join.v1.JoinService.IssueAdminCredential:input_type -> berth.join.v1.IssueAdminCredentialRequest
-	4,  // 10: berth.join.v1.JoinService.IssueJoinTicket:output_type -> berth.join.v1.IssueJoinTicketResponse
-	7,  // 11: berth.join.v1.JoinService.IssueRejoinTicket:output_type -> berth.join.v1.IssueRejoinTicketResponse
-	9,  // 12: berth.join.v1.JoinService.CheckIn:output_type -> berth.join.v1.CheckInResponse
-	11, // 13: berth.join.v1.JoinService.AdminChallenge:output_type -> berth.join.v1.AdminChallengeResponse
-	13, // 14: berth.join.v1.JoinService.IssueAdminCredential:output_type -> berth.join.v1.IssueAdminCredentialResponse
-	10, // [10:15] is the sub-list for method output_type
-	5,  // [5:10] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	17, // 5: berth.join.v1.JoinPhase.start:type_name -> google.protobuf.Timestamp
+	18, // 6: berth.join.v1.JoinPhase.duration:type_name -> google.protobuf.Duration
+	14, // 7: berth.join.v1.ReportTraceRequest.phases:type_name -> berth.join.v1.JoinPhase
+	2,  // 8: berth.join.v1.JoinService.IssueJoinTicket:input_type -> berth.join.v1.IssueJoinTicketRequest
+	6,  // 9: berth.join.v1.JoinService.IssueRejoinTicket:input_type -> berth.join.v1.IssueRejoinTicketRequest
+	8,  // 10: berth.join.v1.JoinService.CheckIn:input_type -> berth.join.v1.CheckInRequest
+	10, // 11: berth.join.v1.JoinService.AdminChallenge:input_type -> berth.join.v1.AdminChallengeRequest
+	12, // 12: berth.join.v1.JoinService.IssueAdminCredential:input_type -> berth.join.v1.IssueAdminCredentialRequest
+	15, // 13: berth.join.v1.JoinService.ReportTrace:input_type -> berth.join.v1.ReportTraceRequest
+	4,  // 14: berth.join.v1.JoinService.IssueJoinTicket:output_type -> berth.join.v1.IssueJoinTicketResponse
+	7,  // 15: berth.join.v1.JoinService.IssueRejoinTicket:output_type -> berth.join.v1.IssueRejoinTicketResponse
+	9,  // 16: berth.join.v1.JoinService.CheckIn:output_type -> berth.join.v1.CheckInResponse
+	11, // 17: berth.join.v1.JoinService.AdminChallenge:output_type -> berth.join.v1.AdminChallengeResponse
+	13, // 18: berth.join.v1.JoinService.IssueAdminCredential:output_type -> berth.join.v1.IssueAdminCredentialResponse
+	16, // 19: berth.join.v1.JoinService.ReportTrace:output_type -> berth.join.v1.ReportTraceResponse
+	14, // [14:20] is the sub-list for method output_type
+	8,  // [8:14] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_join_proto_init() }
@@ -1091,7 +1295,7 @@ func file_join_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_join_proto_rawDesc), len(file_join_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   12,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,7 @@ const (
 	JoinService_CheckIn_FullMethodName              = "/berth.join.v1.JoinService/CheckIn"
 	JoinService_AdminChallenge_FullMethodName       = "/berth.join.v1.JoinService/AdminChallenge"
 	JoinService_IssueAdminCredential_FullMethodName = "/berth.join.v1.JoinService/IssueAdminCredential"
+	JoinService_ReportTrace_FullMethodName          = "/berth.join.v1.JoinService/ReportTrace"
 )
 
 // JoinServiceClient is the client API for JoinService service.
@@ -50,6 +51,10 @@ type JoinServiceClient interface {
 	// a nonce of AdminChallenge, that they hold the cluster's master secret, without sending it
 	// (clusterkeys.AdminProof). A wrong proof is refused with reason ADMIN_PROOF_MISMATCH.
 	IssueAdminCredential(ctx context.Context, in *IssueAdminCredentialRequest, opts ...grpc.CallOption) (*IssueAdminCredentialResponse, error)
+	// ReportTrace stores the phases of an attested node's join (internal/jointrace) on the Machine of
+	// the attested caller, and only on it: the request names no machine. A caller the cluster has not
+	// admitted is refused with reason NO_MACHINE; the node keeps its trace locally.
+	ReportTrace(ctx context.Context, in *ReportTraceRequest, opts ...grpc.CallOption) (*ReportTraceResponse, error)
 }
 
 type joinServiceClient struct {
@@ -110,6 +115,16 @@ func (c *joinServiceClient) IssueAdminCredential(ctx context.Context, in *IssueA
 	return out, nil
 }
 
+func (c *joinServiceClient) ReportTrace(ctx context.Context, in *ReportTraceRequest, opts ...grpc.CallOption) (*ReportTraceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReportTraceResponse)
+	err := c.cc.Invoke(ctx, JoinService_ReportTrace_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // JoinServiceServer is the server API for JoinService service.
 // All implementations must embed UnimplementedJoinServiceServer
 // for forward compatibility.
@@ -132,6 +147,10 @@ type JoinServiceServer interface {
 	// a nonce of AdminChallenge, that they hold the cluster's master secret, without sending it
 	// (clusterkeys.AdminProof). A wrong proof is refused with reason ADMIN_PROOF_MISMATCH.
 	IssueAdminCredential(context.Context, *IssueAdminCredentialRequest) (*IssueAdminCredentialResponse, error)
+	// ReportTrace stores the phases of an attested node's join (internal/jointrace) on the Machine of
+	// the attested caller, and only on it: the request names no machine. A caller the cluster has not
+	// admitted is refused with reason NO_MACHINE; the node keeps its trace locally.
+	ReportTrace(context.Context, *ReportTraceRequest) (*ReportTraceResponse, error)
 	mustEmbedUnimplementedJoinServiceServer()
 }
 
@@ -156,6 +175,9 @@ func (UnimplementedJoinServiceServer) AdminChallenge(context.Context, *AdminChal
 }
 func (UnimplementedJoinServiceServer) IssueAdminCredential(context.Context, *IssueAdminCredentialRequest) (*IssueAdminCredentialResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method IssueAdminCredential not implemented")
+}
+func (UnimplementedJoinServiceServer) ReportTrace(context.Context, *ReportTraceRequest) (*ReportTraceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportTrace not implemented")
 }
 func (UnimplementedJoinServiceServer) mustEmbedUnimplementedJoinServiceServer() {}
 func (UnimplementedJoinServiceServer) testEmbeddedByValue()                     {}
@@ -268,6 +290,24 @@ func _JoinService_IssueAdminCredential_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _JoinService_ReportTrace_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportTraceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(JoinServiceServer).ReportTrace(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: JoinService_ReportTrace_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(JoinServiceServer).ReportTrace(ctx, req.(*ReportTraceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // JoinService_ServiceDesc is the grpc.ServiceDesc for JoinService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -294,6 +334,10 @@ var JoinService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "IssueAdminCredential",
 			Handler:    _JoinService_IssueAdminCredential_Handler,
+		},
+		{
+			MethodName: "ReportTrace",
+			Handler:    _JoinService_ReportTrace_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -27,6 +27,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/clock"
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/cpfiles"
@@ -87,6 +88,8 @@ type Deps struct {
 	// Records reaches the record API (internal/records) with the joinservice's identity; nil writes
 	// no Machines or JoinRecords.
 	Records clientset.Interface
+	// RefusalRetention is how long a JoinRecord is kept after its latest refusal; 0 keeps them.
+	RefusalRetention time.Duration
 	// Dynamic reaches the API server with the joinservice's identity for the certificate keeper
 	// (package certkeeper); nil leaves the keeper out.
 	Dynamic dynamic.Interface
@@ -246,7 +249,7 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 	}
 	if records != nil {
 		members.record.OnChange(records.SyncRemovals)
-		opts = append(opts, server.WithAdmissions(records))
+		opts = append(opts, server.WithAdmissions(records), traceOption(records, checkIn))
 	}
 	srv := server.New(server.Config{
 		APIServerEndpoint: cfg.APIServerEndpoint,
@@ -287,6 +290,9 @@ func start(ctx context.Context, g *errgroup.Group, d Deps, probes *health.Probes
 			err := records.Run(ledgerCtx)
 			recordsEnded(err)
 			return err
+		})
+		g.Go(func() error {
+			return records.RunPruning(ctx, clock.RealClock{}, d.RefusalRetention, recordwriter.PruneInterval)
 		})
 	}
 	members.run(ctx, g, d, probes)

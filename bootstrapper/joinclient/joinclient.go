@@ -32,6 +32,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/jointrace"
 	"github.com/berth-k8s/berth/internal/metadata"
 	"github.com/berth-k8s/berth/joinproto"
 )
@@ -53,11 +54,15 @@ type Client struct {
 	joiner   clusterJoiner
 	port     int
 	diskUUID string
+	// trace records the join's phases (trace.go); ready waits for the Node, nil: no wait.
+	trace *jointrace.Recorder
+	ready nodeReadiness
 }
 
 // New returns a Client. dial opens a joinservice client for HOST:PORT.
 func New(log *zap.Logger, meta metadataAPI, dial dialFunc, joiner clusterJoiner, diskUUID string) *Client {
-	return &Client{log: log, meta: meta, dial: dial, joiner: joiner, port: joinconfig.JoinPort, diskUUID: diskUUID}
+	return &Client{log: log, meta: meta, dial: dial, joiner: joiner, port: joinconfig.JoinPort, diskUUID: diskUUID,
+		trace: jointrace.NewRecorder(log, nil, "")}
 }
 
 // WithPort sets the joinservice port (default joinconfig.JoinPort).
@@ -69,10 +74,13 @@ func (c *Client) WithPort(port int) *Client {
 // Run waits for a ticket and joins. It returns nil when the node joined or when ctx ended (the
 // InitServer won the lock), and an error when the join failed after the lock was taken.
 func (c *Client) Run(ctx context.Context) error {
+	c.trace.Begin(jointrace.PhaseMetadata)
 	self, err := c.waitForSelf(ctx)
 	if err != nil {
 		return nil //nolint:nilerr // ctx ended: the init side won or the daemon stops
 	}
+	c.trace.Succeed("instance " + self.Name + ", role " + string(self.Role))
+	c.trace.Begin(jointrace.PhaseTicket)
 	log := c.log.With(zap.String("node", self.Name), zap.String("role", string(self.Role)))
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -118,6 +126,7 @@ func (c *Client) Run(ctx context.Context) error {
 				}
 				log.Warn("join ticket rejected", zap.String("endpoint", ep), zap.String("code", r.code.String()),
 					zap.String("reason", r.reason), zap.String("message", r.message))
+				c.trace.Note(r.reason, fmt.Sprintf("attempt %d: %s refused: %s", attempt, ep, r.message))
 				continue
 			}
 			if st, ok := status.FromError(err); ok && strings.Contains(st.Message(), "handshake failed") {
@@ -134,7 +143,15 @@ func (c *Client) Run(ctx context.Context) error {
 		return nil //nolint:nilerr // ctx ended: the init side won or the daemon stops
 	}
 	log.Info("join ticket received", zap.String("endpoint", endpoint), zap.Int("attempt", attempt))
-	return c.joiner.Join(ctx, self, ticket, key)
+	c.trace.Succeed(fmt.Sprintf("attempt %d, from %s", attempt, endpoint))
+	c.trace.Begin(jointrace.PhaseJoin)
+	err = c.joiner.Join(ctx, self, ticket, key)
+	if ctx.Err() != nil {
+		// The init side took the lock, or the daemon stops: no join to report.
+		return err
+	}
+	c.afterJoin(ctx, log, self, ticket.GetNodeName(), err)
+	return err
 }
 
 // retryDelay is the wait between two attempts: a wait.Backoff whose cap follows the last

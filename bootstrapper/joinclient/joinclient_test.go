@@ -102,7 +102,7 @@ func dial(_ context.Context, endpoint string) (joinproto.JoinServiceClient, io.C
 // startBufJoinService serves svc on an in-memory listener and returns a dial function that
 // reaches it for the endpoint want. Inside a synctest bubble, everything it starts belongs to the
 // bubble.
-func startBufJoinService(t *testing.T, svc *joinService, want string) dialFunc {
+func startBufJoinService(t *testing.T, svc joinproto.JoinServiceServer, want string) dialFunc {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()

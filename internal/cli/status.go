@@ -43,7 +43,9 @@ REVOKED (ConfigMap berth-machines), whose nodes' credentials the API server refu
 Then the record API (kubectl get machines, kubectl get joinrecords): the Machines by state and the
 refused joins aggregated per machine or peer and reason, latest first. berth status NODE prints
 only what the record API holds about one node: its machine, state, latest join, the evidence of
-its latest attestation with its measurements, and its refused joins.
+its latest attestation with its measurements, the phases of its join with their durations as the
+node reported them, and its refused joins. NODE may also be a peer address: refusals in the
+handshake, before a node proved anything, carry only its address.
 
 Then it prints the certificates Berth renews, the earliest expiry first: the image-policy webhook's
 serving certificate and CA bundle (renewed by the certificate keeper, the joinservice replica that

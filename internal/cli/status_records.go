@@ -14,6 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/berth-k8s/berth/internal/jointrace"
 	"github.com/berth-k8s/berth/internal/machines"
 	"github.com/berth-k8s/berth/internal/records"
 	"github.com/berth-k8s/berth/internal/records/clientset"
@@ -103,8 +104,10 @@ func readRecords(ctx context.Context, rc clientset.Interface, namespace, node st
 	sort.SliceStable(all, func(i, j int) bool { return all[i].Last.After(all[j].Last) })
 	if node != "" {
 		r.Node = &nodeReport{Name: node, Machines: nodeMachines}
+		// A refusal of what a node sent before it proved anything (the handshake's) carries only its
+		// address: berth status ADDRESS shows those.
 		for _, rr := range all {
-			if rr.Node == node {
+			if rr.Node == node || rr.Peer == node {
 				r.Node.Refusals = append(r.Node.Refusals, rr)
 			}
 		}
@@ -172,7 +175,13 @@ func printNode(out io.Writer, r *recordsReport) {
 		return
 	}
 	if len(n.Machines) == 0 {
-		_, _ = fmt.Fprintf(out, "No machine joined as node %s.\n", printable(n.Name))
+		_, _ = fmt.Fprintf(out, "No machine joined as node %s: the cluster never admitted it.\n", printable(n.Name))
+		if len(n.Refusals) == 0 {
+			_, _ = fmt.Fprintln(out, "No refusal names it. A refusal in the handshake, before the node proved anything, carries only its address: try berth status ADDRESS. "+
+				"The node's own trace is "+jointrace.FileName+" in its state directory.")
+		} else {
+			_, _ = fmt.Fprintln(out, "What the joinservices saw of it is below; its own trace is "+jointrace.FileName+" in its state directory.")
+		}
 	}
 	for _, m := range n.Machines {
 		_, _ = fmt.Fprintf(out, "Node %s: machine %s (%s), %s, admitted %s\n", printable(m.Spec.Node), machines.Short(m.Spec.Identity), m.Spec.Role,
@@ -196,9 +205,44 @@ func printNode(out io.Writer, r *recordsReport) {
 				_, _ = fmt.Fprintf(out, "    %2d  %s\n", i, printable(ev.Measurements[strconv.Itoa(i)]))
 			}
 		}
+		printTrace(out, m.Status.JoinTrace)
 	}
 	if len(n.Refusals) > 0 {
 		_, _ = fmt.Fprintln(out, "Refused joins of this node, latest first:")
 		printRefusals(out, n.Refusals)
 	}
+}
+
+// printTrace prints a Machine's join trace: one line per phase with its outcome, duration and
+// start, a failed phase's reason and its explanation, and the total.
+func printTrace(out io.Writer, tr *v1alpha1.JoinTrace) {
+	if tr == nil {
+		_, _ = fmt.Fprintln(out, "  join trace: not reported (a node reports it once its join ended; its own copy is "+jointrace.FileName+" in its state directory)")
+		return
+	}
+	_, _ = fmt.Fprintf(out, "  join trace, reported %s:\n", tr.Reported.UTC().Format(time.RFC3339))
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)
+	_, _ = fmt.Fprintln(tw, "    PHASE\tOUTCOME\tDURATION\tSTARTED\tREASON\tMESSAGE")
+	var codes []string
+	for _, p := range tr.Phases {
+		_, _ = fmt.Fprintf(tw, "    %s\t%s\t%s\t%s\t%s\t%s\n", printable(p.Name), printable(p.Outcome), formatDuration(p.Duration.Duration),
+			p.Start.UTC().Format(time.RFC3339), printable(dash(p.Reason)), printable(dash(oneLine(p.Message))))
+		if p.Reason != "" {
+			codes = append(codes, p.Reason)
+		}
+	}
+	_ = tw.Flush()
+	if n := len(tr.Phases); n > 0 {
+		end := tr.Phases[n-1].Start.Add(tr.Phases[n-1].Duration.Duration)
+		_, _ = fmt.Fprintf(out, "    in all %s, from the first phase's start to the last one's end\n", formatDuration(end.Sub(tr.Phases[0].Start.Time)))
+	}
+	printReasonLegend(out, codes)
+}
+
+// formatDuration prints d to the millisecond below a minute and to the second above.
+func formatDuration(d time.Duration) string {
+	if d >= time.Minute {
+		return d.Round(time.Second).String()
+	}
+	return d.Round(time.Millisecond).String()
 }

@@ -94,6 +94,13 @@ var catalog = []Entry{
 		Next:  "Nothing for a stranger; for a node of yours, its TPM or TDX module is broken: replace the machine.",
 	},
 	{
+		Code:  "BAD_TRACE",
+		Where: "joinservice ReportTrace RPC (the node's log: \"reporting the join trace\")",
+		Cause: "A node sent a join trace the joinservice will not store: an unknown or repeated phase, too many phases, a duration out of range, text that is not printable.",
+		Check: "The node's own trace, join-trace.json in its state directory, and whether node and joinservice run the same Berth version.",
+		Next:  "Nothing is lost: the node keeps its trace. Update the node's image to the cluster's version.",
+	},
+	{
 		Code:  "BAD_VALIDITY",
 		Where: whereAdmin,
 		Cause: "An admin credential request asks for a validity outside the bounds the joinservice issues (one minute to one week).",
@@ -164,6 +171,13 @@ var catalog = []Entry{
 		Next:  "Treat it as an attack from that peer: find who relays the quote of which machine.",
 	},
 	{
+		Code:  "KUBEADM_JOIN_FAILED",
+		Where: "the node's join trace (phase kubeadm-join): berth status NODE, the Machine's status.joinTrace, join-trace.json",
+		Cause: "The node got a ticket, but kubeadm join failed, or kept failing, on it.",
+		Check: "The phase's message, then the node's bootstrapper log (kubeadm's output at debug level) and the API server's reachability from the node.",
+		Next:  "Fix what kubeadm names; a node whose join failed after it took the lock starts fresh after a reboot.",
+	},
+	{
 		Code:  "MACHINE_RECORD_UNAVAILABLE",
 		Where: whereRPC,
 		Cause: "This joinservice replica has not read the machine record yet, so it cannot tell whether the machine was removed.",
@@ -185,6 +199,13 @@ var catalog = []Entry{
 		Next:  "If the node runs an image you meant to admit, add its measurements to the policy (berth policy diff OLD NEW first); otherwise the node is not trusted.",
 	},
 	{
+		Code:  "NODE_NOT_READY",
+		Where: "the node's join trace (phase node-ready): berth status NODE, the Machine's status.joinTrace, join-trace.json",
+		Cause: "kubeadm join succeeded, but the Node did not report Ready within the node's wait.",
+		Check: "kubectl describe node NODE (its conditions), the node's kubelet log and the cluster's network plugin.",
+		Next:  "Fix what the Node's conditions name; the Node becomes Ready by itself once it can.",
+	},
+	{
 		Code:  "NONCE_MISMATCH",
 		Where: whereHandshake,
 		Cause: "A genuine quote signed for another handshake's nonce was presented: a replayed attestation.",
@@ -204,6 +225,13 @@ var catalog = []Entry{
 		Cause: "The request came without an attestation: the client did not connect over attested TLS.",
 		Check: "The client's version and the address it dialed.",
 		Next:  "Connect with a Berth bootstrapper; nothing else is admitted.",
+	},
+	{
+		Code:  "NO_MACHINE",
+		Where: "joinservice ReportTrace RPC (the node's log: \"reporting the join trace\")",
+		Cause: "A node reported its join trace, but the cluster holds no Machine for its attested identity: it was never admitted, or its Machine was deleted.",
+		Check: "kubectl get bm and berth status NODE (the node's JoinRecords show why it was refused).",
+		Next:  "Nothing to do for the trace itself: it stays in join-trace.json on the node.",
 	},
 	{
 		Code:  "NameNotOfNode",

@@ -7,7 +7,8 @@
 //
 // Both live in Berth's namespace. A Machine says who the machine is (identity, node, role), where it
 // stands (Admitted, Locked, Removed), its latest accepted join and the evidence of its latest verified
-// attestation, with its measurements, so that a policy can judge it again offline. A JoinRecord
+// attestation, with its measurements, so that a policy can judge it again offline, and the phases
+// of its join as its node reported them (internal/jointrace). A JoinRecord
 // counts the refusals of one machine (or of one peer address, when nothing was verified) for one
 // reason; each class of refusal has a bounded number of records (ClassQuota), so that a flood of
 // unverified refusals never displaces the records of attested machines.
@@ -182,6 +183,7 @@ func machineCRD() *apiextensionsv1.CustomResourceDefinition {
 					},
 				},
 			},
+			"joinTrace": joinTraceSchema(),
 		},
 		XValidations: apiextensionsv1.ValidationRules{{
 			Rule: "has(self.removed) == (self.state != 'Admitted')", Message: "removed is set exactly when the machine is not admitted",
@@ -198,6 +200,32 @@ func machineCRD() *apiextensionsv1.CustomResourceDefinition {
 			{Name: "Identity", Type: "string", JSONPath: ".spec.identity", Priority: 1},
 			{Name: "Age", Type: "date", JSONPath: ".metadata.creationTimestamp"},
 		})
+}
+
+// joinTraceSchema is the schema of a Machine's join trace (internal/jointrace checks what a node
+// sends; the schema bounds what any writer may store).
+func joinTraceSchema() apiextensionsv1.JSONSchemaProps {
+	phase := apiextensionsv1.JSONSchemaProps{
+		Type: "object", Required: []string{"name", "start", "duration", "outcome"},
+		Properties: map[string]apiextensionsv1.JSONSchemaProps{
+			"name":     enum("the phase", v1alpha1.JoinPhases...),
+			"start":    timestamp("when the phase began, by the node's clock"),
+			"duration": str("how long the phase took, or ran until the report", 32),
+			"outcome":  enum("how the phase ended", v1alpha1.PhaseOutcomeSucceeded, v1alpha1.PhaseOutcomeFailed, v1alpha1.PhaseOutcomeRunning),
+			"reason":   {Type: "string", Description: "a failed phase's reason code", MaxLength: ptr(int64(v1alpha1.MaxTraceReason)), Pattern: "^[A-Z0-9_]*$"},
+			"message":  str("more about the outcome", v1alpha1.MaxTraceMessage),
+		},
+	}
+	return apiextensionsv1.JSONSchemaProps{
+		Type: "object", Description: "the phases of the machine's latest join as its node reported them", Required: []string{"reported", "phases"},
+		Properties: map[string]apiextensionsv1.JSONSchemaProps{
+			"reported": timestamp("when a joinservice stored the trace"),
+			"phases": {
+				Type: "array", MaxItems: ptr(int64(v1alpha1.MaxTracePhases)),
+				Items: &apiextensionsv1.JSONSchemaPropsOrArray{Schema: &phase},
+			},
+		},
+	}
 }
 
 func joinRecordCRD() *apiextensionsv1.CustomResourceDefinition {

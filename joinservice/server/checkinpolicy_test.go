@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"strings"
 	"testing"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
 	"github.com/berth-k8s/berth/internal/machines"
 	"github.com/berth-k8s/berth/internal/metadata"
+	"github.com/berth-k8s/berth/internal/records/v1alpha1"
 	"github.com/berth-k8s/berth/joinproto"
 	"github.com/berth-k8s/berth/joinservice/ledger"
 	"github.com/berth-k8s/berth/nodelock"
@@ -190,5 +192,27 @@ func TestClaimCheckOfCheckInPolicy(t *testing.T) {
 	}
 	if err := check(context.Background(), "198.51.100.20", claims(vtpm.ExpectedLockValue(bytes.Repeat([]byte{0xee}, 32)))); err == nil {
 		t.Error("claims with another cluster's lock value passed")
+	}
+}
+
+// TestReportTraceJudgedByCheckInPolicy: a joined node reports its trace with its lock register
+// extended; judged by the check-in's policy (as the joinservice wires it) this cluster's worker
+// value is admitted and stored, another cluster's refused and nothing stored.
+func TestReportTraceJudgedByCheckInPolicy(t *testing.T) {
+	p := tpmClusterPolicy(t)
+	cluster := testKeys().ClusterID()
+	worker := peers{{Name: "worker-0", Role: metadata.RoleWorker, IPs: []string{"127.0.0.1"}}}
+	joined := lockedAt("machine A", bootPCR, vtpm.ExpectedLockValue(cluster))
+	stranger := lockedAt("machine A", bootPCR, vtpm.ExpectedLockValue(bytes.Repeat([]byte{0xee}, 32)))
+	id := hex.EncodeToString(joined.Result.Identity)
+	traces := &fakeTraces{known: map[string]bool{id: true}, stored: map[string]*v1alpha1.JoinTrace{}}
+	s := newServer(t, worker, PolicyCheck(p), WithMachineRecord(&fakeRecord{byID: map[string]machines.Machine{}}),
+		WithTraceStore(traces, NewCheckInPolicy(func() *policy.Policy { return p }, cluster).Check),
+		WithLimits(atls.Limits{PerPeer: 1000, PerPeerBurst: 1000, Global: 1000, GlobalBurst: 1000, MaxPeers: 10}))
+	if _, err := s.ReportTrace(peerCtx(stranger), &joinproto.ReportTraceRequest{Phases: tracePhases()}); reason(err) != ReasonMeasurements || traces.stored[id] != nil {
+		t.Errorf("another cluster's lock value: %v, stored %v; want %s and nothing stored", err, traces.stored[id], ReasonMeasurements)
+	}
+	if _, err := s.ReportTrace(peerCtx(joined), &joinproto.ReportTraceRequest{Phases: tracePhases()}); err != nil || traces.stored[id] == nil {
+		t.Errorf("this cluster's worker value: %v; want the trace stored", err)
 	}
 }

@@ -185,6 +185,9 @@ type Server struct {
 	kmsSpec KMSSpec
 	// clusterFiles are the cluster configuration's files a control-plane ticket carries.
 	clusterFiles ClusterFiles
+	// traces stores join traces (trace.go); joinedCheck judges a joined node's attestation.
+	traces      TraceStore
+	joinedCheck AttestationCheck
 	// adminNonces are AdminChallenge's nonces (admin.go).
 	adminNonces *adminNonces
 	now         func() time.Time

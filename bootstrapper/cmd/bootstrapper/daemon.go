@@ -27,6 +27,7 @@ import (
 	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/command"
 	"github.com/berth-k8s/berth/internal/joinconfig"
+	"github.com/berth-k8s/berth/internal/jointrace"
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/kubelet"
@@ -194,7 +195,9 @@ func daemon(ctx context.Context, cfg *config) error {
 	if stage != nil {
 		joiner = joiner.WithDisk(stage)
 	}
-	joinClient := joinclient.New(log.Named("joinclient"), meta, att.dialJoin, joiner, diskUUID).WithPort(cfg.joinPort)
+	joinClient := joinclient.New(log.Named("joinclient"), meta, att.dialJoin, joiner, diskUUID).WithPort(cfg.joinPort).
+		WithTrace(jointrace.NewRecorder(log.Named("jointrace"), fs, filepath.Join(cfg.stateDir, jointrace.FileName)),
+			joinclient.KubeletReadiness{Kubeconfig: filepath.Join(cfg.kubernetesDir, "kubelet.conf")})
 
 	var lc net.ListenConfig
 	lis, err := lc.Listen(ctx, "tcp", cfg.initListen)

@@ -18,6 +18,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 	// Group=records.berth.dev, Version=v1alpha1
 	case v1alpha1.SchemeGroupVersion.WithKind("Evidence"):
 		return &recordsv1alpha1.EvidenceApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("JoinPhase"):
+		return &recordsv1alpha1.JoinPhaseApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("JoinRecord"):
 		return &recordsv1alpha1.JoinRecordApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("JoinRecordSpec"):
@@ -26,6 +28,8 @@ func ForKind(kind schema.GroupVersionKind) interface{} {
 		return &recordsv1alpha1.JoinRecordStatusApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("JoinSeen"):
 		return &recordsv1alpha1.JoinSeenApplyConfiguration{}
+	case v1alpha1.SchemeGroupVersion.WithKind("JoinTrace"):
+		return &recordsv1alpha1.JoinTraceApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("Machine"):
 		return &recordsv1alpha1.MachineApplyConfiguration{}
 	case v1alpha1.SchemeGroupVersion.WithKind("MachineSpec"):

@@ -55,6 +55,62 @@ type MachineStatus struct {
 	Evidence *Evidence `json:"evidence,omitempty"`
 	// Removed is when an operator removed the machine; unset while it is admitted.
 	Removed *metav1.Time `json:"removed,omitempty"`
+	// JoinTrace is the phases of the machine's latest join as its node reported them
+	// (internal/jointrace); unset until the node reports.
+	JoinTrace *JoinTrace `json:"joinTrace,omitempty"`
+}
+
+// JoinTrace is a node's own account of its join: phase by phase, with durations and a failed
+// phase's reason.
+type JoinTrace struct {
+	// Reported is when a joinservice stored the trace.
+	Reported metav1.Time `json:"reported"`
+	// Phases are the join's phases, oldest first.
+	Phases []JoinPhase `json:"phases"`
+}
+
+// Phases of a join (internal/jointrace), in their order.
+const (
+	PhaseMetadata = "metadata"
+	PhaseTicket   = "ticket"
+	PhaseJoin     = "kubeadm-join"
+	PhaseReady    = "node-ready"
+)
+
+// JoinPhases lists the phases of a join in their order.
+var JoinPhases = []string{PhaseMetadata, PhaseTicket, PhaseJoin, PhaseReady}
+
+// Outcomes of a phase.
+const (
+	PhaseOutcomeSucceeded = "succeeded"
+	PhaseOutcomeFailed    = "failed"
+	PhaseOutcomeRunning   = "running"
+)
+
+// Bounds of a join trace.
+const (
+	// MaxTracePhases bounds a trace's phases.
+	MaxTracePhases = 8
+	// MaxTraceReason bounds a phase's reason code.
+	MaxTraceReason = 64
+	// MaxTraceMessage bounds a phase's message.
+	MaxTraceMessage = 400
+)
+
+// JoinPhase is one phase of a join, by the node's clock.
+type JoinPhase struct {
+	// Name is metadata, ticket, kubeadm-join or node-ready.
+	Name string `json:"name"`
+	// Start is when the phase began.
+	Start metav1.Time `json:"start"`
+	// Duration is how long it took (or ran until the report).
+	Duration metav1.Duration `json:"duration"`
+	// Outcome is succeeded, failed or running.
+	Outcome string `json:"outcome"`
+	// Reason is a failed phase's reason code.
+	Reason string `json:"reason,omitempty"`
+	// Message says more about the outcome.
+	Message string `json:"message,omitempty"`
 }
 
 // JoinSeen is one accepted join as a joinservice replica saw it.

@@ -27,6 +27,7 @@ import (
 	metachoose "github.com/berth-k8s/berth/internal/metadata/choose"
 	"github.com/berth-k8s/berth/internal/records/clientset"
 	"github.com/berth-k8s/berth/joinservice"
+	"github.com/berth-k8s/berth/joinservice/recordwriter"
 	"github.com/berth-k8s/berth/joinservice/server"
 )
 
@@ -50,6 +51,8 @@ type options struct {
 	log          logging.Config
 	joinTimeout  time.Duration
 	backup       joinservice.BackupConfig
+	// refusalRetention is how long a JoinRecord is kept after its latest refusal.
+	refusalRetention time.Duration
 }
 
 func main() {
@@ -151,6 +154,7 @@ BERTH_LOG_FORMAT; the bootstrapper passes its own to the DaemonSet.`,
 	f.StringVar(&o.backup.Dir, "backup-dir", o.backup.Dir, "directory of the etcd snapshots on this control plane's state disk (the DaemonSet passes "+joinconfig.BackupDir+"); empty turns the backup schedule off")
 	f.DurationVar(&o.backup.Interval, "backup-interval", o.backup.Interval, "time between two scheduled etcd snapshots (at most 6h)")
 	f.IntVar(&o.backup.Keep, "backup-keep", o.backup.Keep, "etcd snapshots kept in every store (at least 5)")
+	f.DurationVar(&o.refusalRetention, "join-record-retention", recordwriter.DefaultRefusalRetention, "how long a JoinRecord (kubectl get bjr) is kept after its latest refusal; 0 keeps them all")
 	o.log.AddFlags(f)
 	cmd.SetArgs(os.Args[1:])
 	if err := cmd.ExecuteContext(ctx); err != nil {
@@ -186,6 +190,10 @@ func deps(ctx context.Context, o options, log *zap.Logger) (joinservice.Deps, er
 		Log: log, Listen: &net.ListenConfig{}, Attestation: o.attestation,
 		Address: o.listen, MetricsAddress: o.metricsAddr, Namespace: o.namespace, PKIDir: o.pkiDir, Replica: o.replica,
 		Limits: o.limits, AttestLimits: o.attestLimits, RefusalLimits: o.refusals, ControlPlaneJoinTimeout: o.joinTimeout,
+		RefusalRetention: o.refusalRetention,
+	}
+	if o.refusalRetention < 0 {
+		return d, fmt.Errorf("--join-record-retention %v: want 0 (keep) or a positive duration", o.refusalRetention)
 	}
 	if o.backup.Interval <= 0 || o.backup.Interval > backup.DefaultInterval || o.backup.Keep < backup.DefaultKeep {
 		return d, fmt.Errorf("--backup-interval %v, --backup-keep %d: want at most %v and at least %d", o.backup.Interval, o.backup.Keep, backup.DefaultInterval, backup.DefaultKeep)

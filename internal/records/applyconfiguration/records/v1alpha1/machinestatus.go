@@ -10,11 +10,12 @@ import (
 // MachineStatusApplyConfiguration represents a declarative configuration of the MachineStatus type for use
 // with apply.
 type MachineStatusApplyConfiguration struct {
-	State    *recordsv1alpha1.MachineState `json:"state,omitempty"`
-	Admitted *v1.Time                      `json:"admitted,omitempty"`
-	LastJoin *JoinSeenApplyConfiguration   `json:"lastJoin,omitempty"`
-	Evidence *EvidenceApplyConfiguration   `json:"evidence,omitempty"`
-	Removed  *v1.Time                      `json:"removed,omitempty"`
+	State     *recordsv1alpha1.MachineState `json:"state,omitempty"`
+	Admitted  *v1.Time                      `json:"admitted,omitempty"`
+	LastJoin  *JoinSeenApplyConfiguration   `json:"lastJoin,omitempty"`
+	Evidence  *EvidenceApplyConfiguration   `json:"evidence,omitempty"`
+	Removed   *v1.Time                      `json:"removed,omitempty"`
+	JoinTrace *JoinTraceApplyConfiguration  `json:"joinTrace,omitempty"`
 }
 
 // MachineStatusApplyConfiguration constructs a declarative configuration of the MachineStatus type for use with
@@ -60,5 +61,13 @@ func (b *MachineStatusApplyConfiguration) WithEvidence(value *EvidenceApplyConfi
 // If called multiple times, the Removed field is set to the value of the last call.
 func (b *MachineStatusApplyConfiguration) WithRemoved(value v1.Time) *MachineStatusApplyConfiguration {
 	b.Removed = &value
+	return b
+}
+
+// WithJoinTrace sets the JoinTrace field in the declarative configuration to the given value
+// and returns the receiver, so that objects can be built by chaining "With" function invocations.
+// If called multiple times, the JoinTrace field is set to the value of the last call.
+func (b *MachineStatusApplyConfiguration) WithJoinTrace(value *JoinTraceApplyConfiguration) *MachineStatusApplyConfiguration {
+	b.JoinTrace = value
 	return b
 }
