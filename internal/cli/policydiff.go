@@ -8,14 +8,12 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/policy/policydiff"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/machines"
 	"github.com/berth-k8s/berth/internal/records/clientset"
-	"github.com/berth-k8s/berth/internal/records/v1alpha1"
 )
 
 func newPolicyDiffCmd() *cobra.Command {
@@ -56,7 +54,7 @@ evidence was recorded.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			ms, err := listMachines(ctx, rc, namespace)
+			ms, err := policydiff.ListMachines(ctx, rc, namespace)
 			if err != nil {
 				return err
 			}
@@ -74,22 +72,6 @@ evidence was recorded.`,
 	f.StringVarP(&namespace, "namespace", "n", joinconfig.Namespace, "namespace of Berth's components")
 	f.DurationVar(&timeout, "timeout", 30*time.Second, "how long to wait for the API server")
 	return cmd
-}
-
-// listMachines lists every Machine in namespace, in pages.
-func listMachines(ctx context.Context, rc clientset.Interface, namespace string) ([]v1alpha1.Machine, error) {
-	var out []v1alpha1.Machine
-	opts := metav1.ListOptions{Limit: recordsPage}
-	for {
-		list, err := rc.RecordsV1alpha1().Machines(namespace).List(ctx, opts)
-		if err != nil {
-			return nil, fmt.Errorf("listing machines: %w", err)
-		}
-		out = append(out, list.Items...)
-		if opts.Continue = list.Continue; opts.Continue == "" {
-			return out, nil
-		}
-	}
 }
 
 func printPolicyDiff(out io.Writer, d policydiff.Report) {

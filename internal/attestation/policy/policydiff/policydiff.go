@@ -9,13 +9,17 @@
 package policydiff
 
 import (
+	"context"
 	"encoding/hex"
 	"fmt"
 	"sort"
 	"strconv"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/berth-k8s/berth/internal/attestation"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/records/clientset"
 	"github.com/berth-k8s/berth/internal/records/v1alpha1"
 )
 
@@ -104,4 +108,23 @@ func Measurements(ev *v1alpha1.Evidence) (attestation.Measurements, error) {
 		out[uint32(i)] = b
 	}
 	return out, nil
+}
+
+// machinesPage is how many Machines one list request of ListMachines asks for.
+const machinesPage = 1000
+
+// ListMachines lists every Machine in namespace, in pages: what Judge takes.
+func ListMachines(ctx context.Context, rc clientset.Interface, namespace string) ([]v1alpha1.Machine, error) {
+	var out []v1alpha1.Machine
+	opts := metav1.ListOptions{Limit: machinesPage}
+	for {
+		list, err := rc.RecordsV1alpha1().Machines(namespace).List(ctx, opts)
+		if err != nil {
+			return nil, fmt.Errorf("listing machines: %w", err)
+		}
+		out = append(out, list.Items...)
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			return out, nil
+		}
+	}
 }
