@@ -60,7 +60,8 @@ func checkImages(t testing.TB, c *cluster, selector, image string) {
 // TestMiniPreviousMinor brings up a small cluster (one control plane, one worker that joins through
 // the joinservice) at the previous supported Kubernetes minor with berth mini up
 // --kubernetes-version MINOR, and checks that the API server and every kubelet run that release, and
-// etcd and CoreDNS the versions its kubeadm names, then that berth mini down leaves nothing behind.
+// etcd and CoreDNS the versions its kubeadm names, that berth upgrade plan shows the step to the
+// default minor (checkUpgradePlan), then that berth mini down leaves nothing behind.
 func TestMiniPreviousMinor(tt *testing.T) {
 	t := recordFailures(tt)
 	if os.Geteuid() != 0 {
@@ -113,5 +114,6 @@ func TestMiniPreviousMinor(tt *testing.T) {
 	checkImages(t, c, "component=etcd", im.Etcd)
 	checkImages(t, c, "component=kube-apiserver", im.KubeAPIServer)
 	checkImages(t, c, "k8s-app=kube-dns", im.CoreDNS)
+	checkUpgradePlan(t, c, prev)
 	t.Logf("the cluster at %s was up and checked %.1fs after berth mini up started", prev.Kubernetes, time.Since(start).Seconds())
 }

@@ -2,23 +2,18 @@ package cli
 
 import (
 	"context"
-	"encoding/hex"
 	"fmt"
 	"io"
-	"sort"
-	"strconv"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/berth-k8s/berth/internal/attestation"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
+	"github.com/berth-k8s/berth/internal/attestation/policy/policydiff"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/machines"
 	"github.com/berth-k8s/berth/internal/records/clientset"
-	"github.com/berth-k8s/berth/internal/records/v1alpha1"
 )
 
 func newPolicyDiffCmd() *cobra.Command {
@@ -59,11 +54,11 @@ evidence was recorded.`,
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
-			ms, err := listMachines(ctx, rc, namespace)
+			ms, err := policydiff.ListMachines(ctx, rc, namespace)
 			if err != nil {
 				return err
 			}
-			d := diffPolicies(oldPolicy, newPolicy, ms)
+			d := policydiff.Judge(oldPolicy, newPolicy, ms)
 			if output.structured() {
 				return output.encode(cmd.OutOrStdout(), d)
 			}
@@ -79,109 +74,9 @@ evidence was recorded.`,
 	return cmd
 }
 
-// listMachines lists every Machine in namespace, in pages.
-func listMachines(ctx context.Context, rc clientset.Interface, namespace string) ([]v1alpha1.Machine, error) {
-	var out []v1alpha1.Machine
-	opts := metav1.ListOptions{Limit: recordsPage}
-	for {
-		list, err := rc.RecordsV1alpha1().Machines(namespace).List(ctx, opts)
-		if err != nil {
-			return nil, fmt.Errorf("listing machines: %w", err)
-		}
-		out = append(out, list.Items...)
-		if opts.Continue = list.Continue; opts.Continue == "" {
-			return out, nil
-		}
-	}
-}
-
-// policyDiff is what berth policy diff reports. Its field names are stable.
-type policyDiff struct {
-	// Judged counts the admitted machines with recorded evidence of the policies' variant.
-	Judged int `json:"judged"`
-	// NewlyRefused are the machines NEW refuses and OLD accepts; NewlyAccepted the other way round.
-	NewlyRefused  []machineVerdict `json:"newlyRefused"`
-	NewlyAccepted []machineVerdict `json:"newlyAccepted"`
-	// Unjudged are the admitted machines without recorded evidence of the variant.
-	Unjudged []machineVerdict `json:"unjudged"`
-}
-
-// machineVerdict is one machine in policyDiff.
-type machineVerdict struct {
-	Node     string `json:"node"`
-	Identity string `json:"identity"`
-	Role     string `json:"role"`
-	// Evidence is the digest of the judged attestation.
-	Evidence string `json:"evidence,omitempty"`
-	// Reason is the refusing policy's mismatch, or why the machine was not judged.
-	Reason string `json:"reason"`
-}
-
-// diffPolicies judges the recorded measurements of the admitted machines in ms against both
-// policies.
-func diffPolicies(oldPolicy, newPolicy *policy.Policy, ms []v1alpha1.Machine) policyDiff {
-	d := policyDiff{NewlyRefused: []machineVerdict{}, NewlyAccepted: []machineVerdict{}, Unjudged: []machineVerdict{}}
-	for _, m := range ms {
-		if m.Status.State != v1alpha1.StateAdmitted {
-			continue
-		}
-		v := machineVerdict{Node: m.Spec.Node, Identity: m.Spec.Identity, Role: m.Spec.Role}
-		ev := m.Status.Evidence
-		switch {
-		case ev == nil:
-			v.Reason = "no recorded evidence"
-			d.Unjudged = append(d.Unjudged, v)
-			continue
-		case ev.Variant != newPolicy.Variant:
-			v.Reason = "evidence of variant " + ev.Variant + ", the new policy's is " + newPolicy.Variant
-			d.Unjudged = append(d.Unjudged, v)
-			continue
-		}
-		measured, err := decodeMeasurements(ev.Measurements)
-		if err != nil {
-			v.Reason = err.Error()
-			d.Unjudged = append(d.Unjudged, v)
-			continue
-		}
-		d.Judged++
-		v.Evidence = ev.SHA256
-		_, oldErr := oldPolicy.Evaluate(measured)
-		_, newErr := newPolicy.Evaluate(measured)
-		switch {
-		case oldErr == nil && newErr != nil:
-			v.Reason = newErr.Error()
-			d.NewlyRefused = append(d.NewlyRefused, v)
-		case oldErr != nil && newErr == nil:
-			v.Reason = oldErr.Error()
-			d.NewlyAccepted = append(d.NewlyAccepted, v)
-		}
-	}
-	for _, l := range [][]machineVerdict{d.NewlyRefused, d.NewlyAccepted, d.Unjudged} {
-		sort.Slice(l, func(i, j int) bool { return l[i].Node < l[j].Node })
-	}
-	return d
-}
-
-// decodeMeasurements turns a Machine's recorded measurements back into attestation's form.
-func decodeMeasurements(in map[string]string) (attestation.Measurements, error) {
-	out := make(attestation.Measurements, len(in))
-	for k, v := range in {
-		i, err := strconv.ParseUint(k, 10, 32)
-		if err != nil {
-			return nil, fmt.Errorf("recorded measurement index %q: %w", k, err)
-		}
-		b, err := hex.DecodeString(v)
-		if err != nil {
-			return nil, fmt.Errorf("recorded measurement %d: %w", i, err)
-		}
-		out[uint32(i)] = b
-	}
-	return out, nil
-}
-
-func printPolicyDiff(out io.Writer, d policyDiff) {
+func printPolicyDiff(out io.Writer, d policydiff.Report) {
 	_, _ = fmt.Fprintf(out, "Judged the recorded evidence of %d admitted machines.\n", d.Judged)
-	section := func(title string, l []machineVerdict) {
+	section := func(title string, l []policydiff.Verdict) {
 		_, _ = fmt.Fprintf(out, "\n%s: %d\n", title, len(l))
 		if len(l) == 0 {
 			return

@@ -50,7 +50,7 @@ warnings and errors go to stderr.
 		newInitCmd(), newRecoverCmd(), newKubeconfigCmd(),
 		newMiniCmd(),
 		newVerifyCmd(), newPolicyCmd(),
-		newStatusCmd(), newNodeCmd(), newMetadataCmd(), newSecretsCmd(), newBackupCmd(),
+		newStatusCmd(), newNodeCmd(), newUpgradeCmd(), newMetadataCmd(), newSecretsCmd(), newBackupCmd(),
 		newManifestsCmd(), newConfigCmd(), newExplainCmd(), newSupportCmd(),
 		newVersionCmd(),
 	)
