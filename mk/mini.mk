@@ -28,8 +28,9 @@ mini-restart: build ## power-cycle every node of the mini cluster in MINI_DIR (r
 # worker, and the image-policy webhook (rollout restarts under load, every backend gone, a power cut, the
 # installer's re-check after a restart), and three control planes (serialized joins, the loss of the
 # init node, node removal and revocation, certificates that renew themselves without the init node),
-# and a cluster at the previous supported Kubernetes minor (about 2 min).
-E2E_RUN ?= TestMiniCluster|TestMiniAttestedInit|TestMiniTamperedWorkerRejected|TestMiniWebhook|TestMiniHA|TestMiniPreviousMinor
+# a cluster at the previous supported Kubernetes minor (about 2 min), and the restore drill (a
+# snapshot restored into fresh nodes with berth restore).
+E2E_RUN ?= TestMiniCluster|TestMiniAttestedInit|TestMiniTamperedWorkerRejected|TestMiniWebhook|TestMiniHA|TestMiniPreviousMinor|TestMiniRestore
 
 test-e2e: build mini-build ## end-to-end tests on a real mini cluster (root; build tag e2e; E2E_RUN selects)
 	$(GO) test -tags e2e -count=1 -v -timeout 60m -run '$(E2E_RUN)' ./e2e/...
