@@ -18,6 +18,7 @@ import (
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeclient"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 // restoreDirName is where restore-etcd builds the member directory inside the etcd directory (on the
@@ -84,20 +85,21 @@ func snapshotKeySet(k backup.KMSKeys) (kmsplugin.KeySet, error) {
 
 // restoreCleanup removes the old cluster's machines from the restored one: the Node objects of every
 // node but this one, and the machine record (the components phase applies it again, empty), so that
-// fresh machines join as new ones.
+// fresh machines join as new ones; and the image-policy webhook's configuration, whose backends were
+// the old machines' pods (the components phase installs it again).
 func (i *Initializer) restoreCleanup(ctx context.Context, job *Job) error {
 	removed, err := i.cleaner.Clean(ctx, i.adminConfPath(), job.Self.Name)
 	if err != nil {
 		return fmt.Errorf("clearing the old machines: %w", err)
 	}
-	_, _ = fmt.Fprintf(job.Out, "[berth] deleted the machine record and %d Node objects of the old cluster %v\n", len(removed), removed)
+	_, _ = fmt.Fprintf(job.Out, "[berth] deleted the machine record, the image-policy webhook's configuration and %d Node objects of the old cluster %v\n", len(removed), removed)
 	return nil
 }
 
 // restoreCleaner clears the old machines out of a restored cluster.
 type restoreCleaner interface {
-	// Clean deletes every Node but self and the machine record through kubeconfig's API server,
-	// returning the deleted Nodes' names.
+	// Clean deletes every Node but self, the machine record and the image-policy webhook's
+	// configuration through kubeconfig's API server, returning the deleted Nodes' names.
 	Clean(ctx context.Context, kubeconfig, self string) ([]string, error)
 }
 
@@ -130,6 +132,13 @@ func (kubeCleaner) Clean(ctx context.Context, kubeconfig, self string) ([]string
 	err = cs.CoreV1().ConfigMaps(joinconfig.Namespace).Delete(ctx, joinconfig.MachinesName, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
 		return removed, fmt.Errorf("deleting the machine record: %w", err)
+	}
+	// The image-policy webhook's configuration names the old cluster's pods, which are gone: armed,
+	// it would refuse every workload the components phase applies. That phase installs and arms it
+	// again once its new pods serve.
+	err = cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, webhookconfig.ConfigName, metav1.DeleteOptions{})
+	if err != nil && !apierrors.IsNotFound(err) {
+		return removed, fmt.Errorf("deleting the image-policy webhook's configuration: %w", err)
 	}
 	return removed, nil
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	admissionv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,6 +24,7 @@ import (
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeadm"
 	"github.com/berth-k8s/berth/internal/proctest"
+	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
 func TestMain(m *testing.M) { os.Exit(apiservertest.StoppingShared(m).Run()) }
@@ -206,7 +208,8 @@ func TestRestoreEtcdWrongSecret(t *testing.T) {
 	}
 }
 
-// restore-cleanup on a real API server deletes every Node but this one and the machine record.
+// restore-cleanup on a real API server deletes every Node but this one, the machine record and the
+// image-policy webhook's configuration.
 func TestRestoreCleanupRealAPIServer(t *testing.T) {
 	env := apiservertest.Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -220,6 +223,14 @@ func TestRestoreCleanupRealAPIServer(t *testing.T) {
 	_, _ = client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: joinconfig.Namespace}}, metav1.CreateOptions{})
 	if _, err := client.CoreV1().ConfigMaps(joinconfig.Namespace).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: joinconfig.MachinesName},
 		Data: map[string]string{"machines.json": `[{"identity":"old"}]`}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	none := admissionv1.SideEffectClassNone
+	if _, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, &admissionv1.ValidatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: webhookconfig.ConfigName},
+		Webhooks: []admissionv1.ValidatingWebhook{{Name: "old.berth.example", SideEffects: &none, AdmissionReviewVersions: []string{"v1"},
+			ClientConfig: admissionv1.WebhookClientConfig{Service: &admissionv1.ServiceReference{Namespace: joinconfig.Namespace, Name: "berth-webhook"}}}},
+	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	kubeconfig, err := env.WriteKubeconfig(apiservertest.AdminUser)
@@ -244,6 +255,9 @@ func TestRestoreCleanupRealAPIServer(t *testing.T) {
 	}
 	if _, err := client.CoreV1().ConfigMaps(joinconfig.Namespace).Get(ctx, joinconfig.MachinesName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the machine record after the cleanup: %v, want NotFound", err)
+	}
+	if _, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the old image-policy webhook configuration after the cleanup: %v, want NotFound", err)
 	}
 	// A second run (a resumed restore) finds nothing left to delete.
 	if removed, err := i.cleaner.Clean(ctx, kubeconfig, "cp-0"); err != nil || len(removed) != 0 {

@@ -25,6 +25,12 @@
 // connection carried about 3,600 guesses a second, each logged). Rejections are logged sampled per
 // peer: the first, then one line at most every rejectLogInterval with the number in between.
 //
+// Restore is Init with a sealed etcd snapshot (restore.go): its first message is Init's request,
+// checked the same way before a byte of the snapshot is read; the snapshot's chunks follow, and the
+// node opens the whole file with the request's master secret before it takes the node lock, so that
+// another cluster's or a damaged snapshot leaves the node fresh (INVALID_REQUEST). A node whose
+// unfinished attempt was a restore resumes only as a restore.
+//
 // Everything in the request is checked before the node lock is taken: the fields (names, versions,
 // CIDRs, the API server's certificate SANs, the cluster's attestation policy and image policy must
 // parse), and the node's role in metadata (a node that metadata calls a worker answers

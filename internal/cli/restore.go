@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -71,6 +72,9 @@ the snapshot's cluster. A failed restore resumes like init: run the same command
 			}
 			_, _ = fmt.Fprintf(cmd.ErrOrStderr(), "Snapshot of cluster %s taken %s: %s, KMS generation %d active; it opens with %s\n",
 				src.manifest.ClusterID, src.manifest.Taken.UTC().Format(time.RFC3339), byteSize(src.size), src.manifest.KMS.Active, masterSecret)
+			if err := checkRestoreWorkspace(o.workspace, src); err != nil {
+				return err
+			}
 			o.restore = src
 			return runInit(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), o)
 		},
@@ -112,6 +116,19 @@ func checkSnapshot(path, secretPath string) (*restoreSource, error) {
 		return nil, err
 	}
 	return &restoreSource{path: path, master: master, salt: salt, manifest: m, size: size}, nil
+}
+
+// checkRestoreWorkspace refuses, before the node is contacted, a workspace that holds another
+// master secret than the snapshot's.
+func checkRestoreWorkspace(dir string, src *restoreSource) error {
+	master, salt, ok, err := workspace.ReadSecret(dir)
+	if err != nil {
+		return usageErr("%w", err)
+	}
+	if ok && (!bytes.Equal(master, src.master) || !bytes.Equal(salt, src.salt)) {
+		return usageErr("workspace %s holds another cluster's %s; use another --workspace", dir, workspace.MasterSecret)
+	}
+	return nil
 }
 
 // adoptWorkspace makes the snapshot's master secret the workspace's, before anything is sent.
