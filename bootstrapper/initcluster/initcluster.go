@@ -15,8 +15,9 @@
 //	                  checks included, certs skipped)                           restore-etcd), then kubeadm
 //	                                                                            init again
 //	wait-apiserver    polls the API server's /readyz                            safe
-//	restore-cleanup   restoring only: the old machines' Node objects and the     safe (deletes what is
-//	                  machine record deleted                                    there)
+//	restore-cleanup   restoring only: the old machines' Node objects, every      safe (deletes what is
+//	                  pod bound to a node, the machine record and the image-    there)
+//	                  policy webhook's configuration deleted
 //	components        server-side applies the cluster components in order       safe (apply is idempotent)
 //	admin-kubeconfig  reads admin.conf for the operator                         safe
 //

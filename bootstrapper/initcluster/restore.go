@@ -25,6 +25,9 @@ import (
 // same file system, so that the finished member moves into place in one rename).
 const restoreDirName = ".berth-restore"
 
+// mirrorPodAnnotation marks the kubelet's mirror of a static pod.
+const mirrorPodAnnotation = "kubernetes.io/config.mirror"
+
 // etcdPeerPort is the peer port of kubeadm's local etcd.
 const etcdPeerPort = "2380"
 
@@ -84,22 +87,24 @@ func snapshotKeySet(k backup.KMSKeys) (kmsplugin.KeySet, error) {
 }
 
 // restoreCleanup removes the old cluster's machines from the restored one: the Node objects of every
-// node but this one, and the machine record (the components phase applies it again, empty), so that
-// fresh machines join as new ones; and the image-policy webhook's configuration, whose backends were
-// the old machines' pods (the components phase installs it again).
+// node but this one, every pod bound to a node (they ran on the old machines; their controllers make
+// new ones), and the machine record (the components phase applies it again, empty), so that fresh
+// machines join as new ones; and the image-policy webhook's configuration, whose backends were the
+// old machines' pods (the components phase installs it again).
 func (i *Initializer) restoreCleanup(ctx context.Context, job *Job) error {
 	removed, err := i.cleaner.Clean(ctx, i.adminConfPath(), job.Self.Name)
 	if err != nil {
 		return fmt.Errorf("clearing the old machines: %w", err)
 	}
-	_, _ = fmt.Fprintf(job.Out, "[berth] deleted the machine record, the image-policy webhook's configuration and %d Node objects of the old cluster %v\n", len(removed), removed)
+	_, _ = fmt.Fprintf(job.Out, "[berth] deleted the old cluster's pods, machine record, image-policy webhook configuration and %d Node objects %v\n", len(removed), removed)
 	return nil
 }
 
 // restoreCleaner clears the old machines out of a restored cluster.
 type restoreCleaner interface {
-	// Clean deletes every Node but self, the machine record and the image-policy webhook's
-	// configuration through kubeconfig's API server, returning the deleted Nodes' names.
+	// Clean deletes every Node but self, every pod bound to a node but mirror pods, the machine
+	// record and the image-policy webhook's configuration through kubeconfig's API server,
+	// returning the deleted Nodes' names.
 	Clean(ctx context.Context, kubeconfig, self string) ([]string, error)
 }
 
@@ -128,6 +133,24 @@ func (kubeCleaner) Clean(ctx context.Context, kubeconfig, self string) ([]string
 			return removed, fmt.Errorf("deleting Node %s: %w", n.Name, err)
 		}
 		removed = append(removed, n.Name)
+	}
+	// Every pod bound to a node ran on an old machine, this node's name included: its status tells
+	// of containers that do not exist here, and a kubelet given such a pod does not run its init
+	// containers again (flannel's install-cni), so it never becomes ready. Deleted, their controllers
+	// create them anew. Mirror pods are the kubelet's own.
+	pods, err := cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName!="})
+	if err != nil {
+		return removed, fmt.Errorf("listing pods: %w", err)
+	}
+	now := int64(0)
+	for _, p := range pods.Items {
+		if _, mirror := p.Annotations[mirrorPodAnnotation]; mirror {
+			continue
+		}
+		err := cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &now})
+		if err != nil && !apierrors.IsNotFound(err) {
+			return removed, fmt.Errorf("deleting pod %s/%s: %w", p.Namespace, p.Name, err)
+		}
 	}
 	err = cs.CoreV1().ConfigMaps(joinconfig.Namespace).Delete(ctx, joinconfig.MachinesName, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {

@@ -208,8 +208,8 @@ func TestRestoreEtcdWrongSecret(t *testing.T) {
 	}
 }
 
-// restore-cleanup on a real API server deletes every Node but this one, the machine record and the
-// image-policy webhook's configuration.
+// restore-cleanup on a real API server deletes every Node but this one, every pod bound to a node
+// (this one's too) but mirror pods, the machine record and the image-policy webhook's configuration.
 func TestRestoreCleanupRealAPIServer(t *testing.T) {
 	env := apiservertest.Shared(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -224,6 +224,22 @@ func TestRestoreCleanupRealAPIServer(t *testing.T) {
 	if _, err := client.CoreV1().ConfigMaps(joinconfig.Namespace).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: joinconfig.MachinesName},
 		Data: map[string]string{"machines.json": `[{"identity":"old"}]`}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
+	}
+	podNS := "restore-cleanup"
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: podNS}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = client.CoreV1().ServiceAccounts(podNS).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{})
+	no := false
+	for name, node := range map[string]string{"on-self": "cp-0", "on-old": "old-worker-0", "unbound": "", "mirror": "cp-0"} {
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PodSpec{NodeName: node, AutomountServiceAccountToken: &no,
+			Containers: []corev1.Container{{Name: "c", Image: "registry.example/c:1"}}}}
+		if name == "mirror" {
+			pod.Annotations = map[string]string{mirrorPodAnnotation: "hash"}
+		}
+		if _, err := client.CoreV1().Pods(podNS).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	none := admissionv1.SideEffectClassNone
 	if _, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Create(ctx, &admissionv1.ValidatingWebhookConfiguration{
@@ -258,6 +274,18 @@ func TestRestoreCleanupRealAPIServer(t *testing.T) {
 	}
 	if _, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the old image-policy webhook configuration after the cleanup: %v, want NotFound", err)
+	}
+	pods, err := client.CoreV1().Pods(podNS).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var left []string
+	for _, p := range pods.Items {
+		left = append(left, p.Name)
+	}
+	slices.Sort(left)
+	if !slices.Equal(left, []string{"mirror", "unbound"}) {
+		t.Errorf("pods left: %v, want the mirror pod and the unbound one", left)
 	}
 	// A second run (a resumed restore) finds nothing left to delete.
 	if removed, err := i.cleaner.Clean(ctx, kubeconfig, "cp-0"); err != nil || len(removed) != 0 {
