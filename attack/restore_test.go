@@ -109,18 +109,20 @@ func TestRestoreRefusals(t *testing.T) {
 		t.Errorf("the refused snapshot was left on the node: %v", left)
 	}
 
-	// The real CLI, with the right master secret: the node opens the snapshot, then its phases run
-	// (the stand-in kubeadm fails the preflight: this test has no kubeadm).
+	// The real CLI, with the right master secret, attesting the node: the node opens the snapshot,
+	// then its phases run (the stand-in kubeadm fails the preflight: this test has no kubeadm).
 	berth := proctest.Build(t, "github.com/berth-k8s/berth/cmd/berth")
 	dir := t.TempDir()
 	master, salt := bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)
 	secretPath := filepath.Join(dir, "old-master-secret.json")
 	snapPath := filepath.Join(dir, "etcd.berth-snapshot")
 	config := filepath.Join(dir, "cluster.yaml")
+	policyPath := filepath.Join(dir, "policy.yaml")
 	for path, data := range map[string][]byte{
+		policyPath: []byte(fmt.Sprintf("variant: tpm\nmeasurements:\n  15: {expected: %x}\n%s", freshLock, n.roots)),
 		secretPath: workspace.EncodeSecret(master, salt),
 		snapPath:   sealedFor(t, 1, 6<<20),
-		config:     []byte(fmt.Sprintf("kubernetesVersion: v1.37.2\ninitSecret: %x\n", n.secret)),
+		config:     []byte(fmt.Sprintf("kubernetesVersion: v1.37.2\ninitSecret: %x\nattestationPolicyFile: %s\n", n.secret, policyPath)),
 	} {
 		if err := os.WriteFile(path, data, 0o600); err != nil {
 			t.Fatal(err)
@@ -128,7 +130,7 @@ func TestRestoreRefusals(t *testing.T) {
 	}
 	ws := filepath.Join(dir, "ws")
 	cmd := exec.CommandContext(ctx, berth, "restore", "--from", snapPath, "--master-secret", secretPath, "--endpoint", n.addr,
-		"--config", config, "--workspace", ws, "--insecure-skip-attestation", "--connect-timeout", "1m")
+		"--config", config, "--workspace", ws, "--connect-timeout", "1m")
 	out, err := cmd.CombinedOutput()
 	t.Logf("berth restore (%v):\n%s", err, out)
 	initLog, _ := os.ReadFile(filepath.Join(ws, workspace.InitLog))
