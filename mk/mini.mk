@@ -40,3 +40,8 @@ test-e2e: build mini-build ## end-to-end tests on a real mini cluster (root; bui
 .PHONY: test-e2e-ha
 test-e2e-ha: build mini-build ## only TestMiniHA (part of make test, about 16 min): 3 control planes, cp1 lost for good, node remove/readmit, then kubelet serving CSRs, caBundle repair, webhook renewals and a CA rotation under load beside control-plane certificate renewals (root)
 	$(GO) test -tags e2e -count=1 -v -timeout 45m -run '^TestMiniHA$$' ./e2e/...
+
+# TestMiniRestore alone: the restore drill (also part of make test).
+.PHONY: test-e2e-restore
+test-e2e-restore: build mini-build ## only TestMiniRestore (part of make test): a snapshot of a cluster with a canary Secret restored with berth restore into fresh nodes, the canary read back, the worker joined, restore-to-Ready time printed (root)
+	$(GO) test -tags e2e -count=1 -v -timeout 40m -run '^TestMiniRestore$$' ./e2e/...
