@@ -16,8 +16,9 @@
 //	                                                                            init again
 //	wait-apiserver    polls the API server's /readyz                            safe
 //	restore-cleanup   restoring only: the old machines' Node objects, every      safe (deletes what is
-//	                  pod bound to a node, the machine record and the image-    there)
-//	                  policy webhook's configuration deleted
+//	                  pod bound to a node, the admitted machines (record and    there)
+//	                  Machines; removed ones stay) and the image-policy
+//	                  webhook's configuration deleted
 //	components        server-side applies the cluster components in order       safe (apply is idempotent)
 //	admin-kubeconfig  reads admin.conf for the operator                         safe
 //

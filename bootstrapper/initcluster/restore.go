@@ -13,11 +13,14 @@ import (
 	"go.uber.org/zap"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/berth-k8s/berth/internal/backup"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeclient"
+	"github.com/berth-k8s/berth/internal/machines"
+	recordsclient "github.com/berth-k8s/berth/internal/records/clientset"
 	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
@@ -88,51 +91,70 @@ func snapshotKeySet(k backup.KMSKeys) (kmsplugin.KeySet, error) {
 
 // restoreCleanup removes the old cluster's machines from the restored one: the Node objects of every
 // node but this one, every pod bound to a node (they ran on the old machines; their controllers make
-// new ones), and the machine record (the components phase applies it again, empty), so that fresh
-// machines join as new ones; and the image-policy webhook's configuration, whose backends were the
-// old machines' pods (the components phase installs it again).
+// new ones), the machines the old cluster admitted from its machine record and their Machines, so
+// that fresh machines join as new ones and `kubectl get machines` lists only what joined the
+// restored cluster; and the image-policy webhook's configuration, whose backends were the old
+// machines' pods (the components phase installs it again). Machines an operator removed stay in the
+// record, and their Machines with them: a restore must not re-admit a lost or stolen machine.
 func (i *Initializer) restoreCleanup(ctx context.Context, job *Job) error {
-	removed, err := i.cleaner.Clean(ctx, i.adminConfPath(), job.Self.Name)
+	c, err := i.cleaner.Clean(ctx, i.adminConfPath(), job.Self.Name)
 	if err != nil {
 		return fmt.Errorf("clearing the old machines: %w", err)
 	}
-	_, _ = fmt.Fprintf(job.Out, "[berth] deleted the old cluster's pods, machine record, image-policy webhook configuration and %d Node objects %v\n", len(removed), removed)
+	_, _ = fmt.Fprintf(job.Out, "[berth] cleared the old cluster: %d Node objects %v, %d pods, %d admitted machines (record and Machines), "+
+		"the image-policy webhook configuration; %d removed machines stay refused\n", len(c.Nodes), c.Nodes, c.Pods, c.Machines, c.KeptRemoved)
 	return nil
+}
+
+// cleanup is what a restore's cleanup deleted and kept.
+type cleanup struct {
+	// Nodes are the names of the deleted Node objects.
+	Nodes []string
+	// Pods is how many pods were deleted.
+	Pods int
+	// Machines is how many admitted machines left the machine record or lost their Machine.
+	Machines int
+	// KeptRemoved is how many removed machines the record keeps.
+	KeptRemoved int
 }
 
 // restoreCleaner clears the old machines out of a restored cluster.
 type restoreCleaner interface {
-	// Clean deletes every Node but self, every pod bound to a node but mirror pods, the machine
-	// record and the image-policy webhook's configuration through kubeconfig's API server,
-	// returning the deleted Nodes' names.
-	Clean(ctx context.Context, kubeconfig, self string) ([]string, error)
+	// Clean deletes, through kubeconfig's API server, every Node but self, every pod bound to a node
+	// but mirror pods, every machine of the machine record but the removed ones, every Machine but
+	// those of the removed machines, and the image-policy webhook's configuration.
+	Clean(ctx context.Context, kubeconfig, self string) (cleanup, error)
 }
 
 // kubeCleaner is the restoreCleaner of a real API server.
 type kubeCleaner struct{}
 
-func (kubeCleaner) Clean(ctx context.Context, kubeconfig, self string) ([]string, error) {
+func (kubeCleaner) Clean(ctx context.Context, kubeconfig, self string) (cleanup, error) {
+	var c cleanup
 	cfg, err := kubeclient.FromFile(kubeconfig)
 	if err != nil {
-		return nil, err
+		return c, err
 	}
 	cs, err := kubeclient.Clientset(cfg)
 	if err != nil {
-		return nil, err
+		return c, err
+	}
+	rc, err := recordsclient.NewForConfig(cfg)
+	if err != nil {
+		return c, fmt.Errorf("the record API's client: %w", err)
 	}
 	nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("listing Nodes: %w", err)
+		return c, fmt.Errorf("listing Nodes: %w", err)
 	}
-	var removed []string
 	for _, n := range nodes.Items {
 		if n.Name == self {
 			continue
 		}
 		if err := cs.CoreV1().Nodes().Delete(ctx, n.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return removed, fmt.Errorf("deleting Node %s: %w", n.Name, err)
+			return c, fmt.Errorf("deleting Node %s: %w", n.Name, err)
 		}
-		removed = append(removed, n.Name)
+		c.Nodes = append(c.Nodes, n.Name)
 	}
 	// Every pod bound to a node ran on an old machine, this node's name included: its status tells
 	// of containers that do not exist here, and a kubelet given such a pod does not run its init
@@ -140,7 +162,7 @@ func (kubeCleaner) Clean(ctx context.Context, kubeconfig, self string) ([]string
 	// create them anew. Mirror pods are the kubelet's own.
 	pods, err := cs.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName!="})
 	if err != nil {
-		return removed, fmt.Errorf("listing pods: %w", err)
+		return c, fmt.Errorf("listing pods: %w", err)
 	}
 	now := int64(0)
 	for _, p := range pods.Items {
@@ -149,19 +171,75 @@ func (kubeCleaner) Clean(ctx context.Context, kubeconfig, self string) ([]string
 		}
 		err := cs.CoreV1().Pods(p.Namespace).Delete(ctx, p.Name, metav1.DeleteOptions{GracePeriodSeconds: &now})
 		if err != nil && !apierrors.IsNotFound(err) {
-			return removed, fmt.Errorf("deleting pod %s/%s: %w", p.Namespace, p.Name, err)
+			return c, fmt.Errorf("deleting pod %s/%s: %w", p.Namespace, p.Name, err)
 		}
+		c.Pods++
 	}
-	err = cs.CoreV1().ConfigMaps(joinconfig.Namespace).Delete(ctx, joinconfig.MachinesName, metav1.DeleteOptions{})
-	if err != nil && !apierrors.IsNotFound(err) {
-		return removed, fmt.Errorf("deleting the machine record: %w", err)
+	kept, err := clearAdmitted(ctx, cs, rc, &c)
+	if err != nil {
+		return c, err
 	}
+	c.KeptRemoved = len(kept)
 	// The image-policy webhook's configuration names the old cluster's pods, which are gone: armed,
 	// it would refuse every workload the components phase applies. That phase installs and arms it
 	// again once its new pods serve.
 	err = cs.AdmissionregistrationV1().ValidatingWebhookConfigurations().Delete(ctx, webhookconfig.ConfigName, metav1.DeleteOptions{})
 	if err != nil && !apierrors.IsNotFound(err) {
-		return removed, fmt.Errorf("deleting the image-policy webhook's configuration: %w", err)
+		return c, fmt.Errorf("deleting the image-policy webhook's configuration: %w", err)
 	}
-	return removed, nil
+	return c, nil
+}
+
+// clearAdmitted removes the machines the old cluster admitted from the machine record, keeping the
+// removed ones (so that the joinservice still refuses them and the API server still refuses their
+// node names until an operator re-admits them), then deletes every Machine but the kept machines'.
+// It returns the kept identities and counts what it cleared in c.
+func clearAdmitted(ctx context.Context, cs kubernetes.Interface, rc recordsclient.Interface, c *cleanup) (map[string]bool, error) {
+	kept := map[string]bool{}
+	cleared := map[string]bool{}
+	_, err := machines.Update(ctx, cs, joinconfig.Namespace, func(ms []machines.Machine) ([]machines.Machine, error) {
+		clear(kept)
+		clear(cleared)
+		var left []machines.Machine
+		for _, m := range ms {
+			if m.Revoked() {
+				kept[m.Identity] = true
+				left = append(left, m)
+				continue
+			}
+			cleared[m.Identity] = true
+		}
+		if len(left) == len(ms) {
+			return nil, machines.ErrUnchanged
+		}
+		return left, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("clearing the machine record: %w", err)
+	}
+	opts := metav1.ListOptions{Limit: 500}
+	for {
+		list, err := rc.RecordsV1alpha1().Machines(joinconfig.Namespace).List(ctx, opts)
+		if apierrors.IsNotFound(err) {
+			break // a snapshot of a cluster without the record API
+		}
+		if err != nil {
+			return nil, fmt.Errorf("listing Machines: %w", err)
+		}
+		for _, m := range list.Items {
+			if kept[m.Spec.Identity] {
+				continue
+			}
+			err := rc.RecordsV1alpha1().Machines(joinconfig.Namespace).Delete(ctx, m.Name, metav1.DeleteOptions{})
+			if err != nil && !apierrors.IsNotFound(err) {
+				return nil, fmt.Errorf("deleting Machine %s: %w", m.Name, err)
+			}
+			cleared[m.Spec.Identity] = true
+		}
+		if opts.Continue = list.Continue; opts.Continue == "" {
+			break
+		}
+	}
+	c.Machines = len(cleared)
+	return kept, nil
 }

@@ -23,7 +23,11 @@ import (
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kubeadm"
+	"github.com/berth-k8s/berth/internal/machines"
 	"github.com/berth-k8s/berth/internal/proctest"
+	"github.com/berth-k8s/berth/internal/records"
+	recordsclient "github.com/berth-k8s/berth/internal/records/clientset"
+	recordsv1alpha1 "github.com/berth-k8s/berth/internal/records/v1alpha1"
 	"github.com/berth-k8s/berth/internal/webhookconfig"
 )
 
@@ -209,21 +213,48 @@ func TestRestoreEtcdWrongSecret(t *testing.T) {
 }
 
 // restore-cleanup on a real API server deletes every Node but this one, every pod bound to a node
-// (this one's too) but mirror pods, the machine record and the image-policy webhook's configuration.
+// (this one's too) but mirror pods, the admitted machines of the machine record and their Machines
+// (a Machine the record no longer holds too), and the image-policy webhook's configuration; a
+// removed machine stays in the record, refused, with its Machine and its node name revoked.
 func TestRestoreCleanupRealAPIServer(t *testing.T) {
 	env := apiservertest.Shared(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	if err := env.InstallBerth(ctx, "variant: tpm\n"); err != nil {
+		t.Fatal(err)
+	}
 	client := env.Client(t, apiservertest.AdminUser)
+	rc, err := recordsclient.NewForConfig(env.Config(apiservertest.AdminUser))
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, n := range []string{"cp-0", "old-cp-1", "old-worker-0"} {
 		if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	_, _ = client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: joinconfig.Namespace}}, metav1.CreateOptions{})
-	if _, err := client.CoreV1().ConfigMaps(joinconfig.Namespace).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: joinconfig.MachinesName},
-		Data: map[string]string{"machines.json": `[{"identity":"old"}]`}}, metav1.CreateOptions{}); err != nil {
+	// The old cluster's record: two admitted machines and one an operator removed (stolen, say).
+	id := func(c string) string { return strings.Repeat(c, 64) }
+	admitted := time.Now().Add(-time.Hour).UTC().Truncate(time.Second)
+	old := []machines.Machine{
+		{Identity: id("a"), Node: "old-cp-1", Role: machines.RoleControlPlane, Admitted: admitted},
+		{Identity: id("b"), Node: "old-worker-0", Role: machines.RoleWorker, Admitted: admitted},
+		{Identity: id("c"), Node: "old-worker-1", Role: machines.RoleWorker, Admitted: admitted, Removal: &machines.Removal{Time: admitted}},
+	}
+	if _, err := machines.Update(ctx, client, joinconfig.Namespace, func([]machines.Machine) ([]machines.Machine, error) { return old, nil }); err != nil {
 		t.Fatal(err)
+	}
+	for _, m := range append(old, machines.Machine{Identity: id("d"), Node: "old-worker-2", Role: machines.RoleWorker}) {
+		mc := &recordsv1alpha1.Machine{ObjectMeta: metav1.ObjectMeta{Name: records.NameFor(m.Identity)},
+			Spec:   recordsv1alpha1.MachineSpec{Identity: m.Identity, Node: m.Node, Role: m.Role},
+			Status: recordsv1alpha1.MachineStatus{State: recordsv1alpha1.StateAdmitted, Admitted: metav1.NewTime(admitted)}}
+		if m.Revoked() {
+			removed := metav1.NewTime(admitted)
+			mc.Status.State, mc.Status.Removed = recordsv1alpha1.StateRemoved, &removed
+		}
+		if _, err := rc.RecordsV1alpha1().Machines(joinconfig.Namespace).Create(ctx, mc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	podNS := "restore-cleanup"
 	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: podNS}}, metav1.CreateOptions{}); err != nil {
@@ -254,13 +285,13 @@ func TestRestoreCleanupRealAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	i, _, _, _ := setup("v1.34.2")
-	removed, err := i.cleaner.Clean(ctx, kubeconfig, "cp-0")
+	c, err := i.cleaner.Clean(ctx, kubeconfig, "cp-0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	slices.Sort(removed)
-	if !slices.Equal(removed, []string{"old-cp-1", "old-worker-0"}) {
-		t.Errorf("removed %v", removed)
+	slices.Sort(c.Nodes)
+	if !slices.Equal(c.Nodes, []string{"old-cp-1", "old-worker-0"}) || c.Pods != 2 || c.Machines != 3 || c.KeptRemoved != 1 {
+		t.Errorf("cleanup = %+v, want Nodes old-cp-1 old-worker-0, 2 pods, 3 machines, 1 removed kept", c)
 	}
 	nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
@@ -269,8 +300,30 @@ func TestRestoreCleanupRealAPIServer(t *testing.T) {
 	if len(nodes.Items) != 1 || nodes.Items[0].Name != "cp-0" {
 		t.Errorf("Nodes left: %d, want only cp-0", len(nodes.Items))
 	}
-	if _, err := client.CoreV1().ConfigMaps(joinconfig.Namespace).Get(ctx, joinconfig.MachinesName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Errorf("the machine record after the cleanup: %v, want NotFound", err)
+	record, err := machines.Read(ctx, client, joinconfig.Namespace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(record) != 1 || record[0].Identity != id("c") || !record[0].Revoked() {
+		t.Errorf("the machine record after the cleanup: %+v, want only the removed machine", record)
+	}
+	cm, err := client.CoreV1().ConfigMaps(joinconfig.Namespace).Get(ctx, joinconfig.MachinesName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cm.Data[machines.RevokedNodesKey]; got != "old-worker-1" {
+		t.Errorf("revoked node names after the cleanup: %q, want old-worker-1", got)
+	}
+	left, err := rc.RecordsV1alpha1().Machines(joinconfig.Namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(left.Items) != 1 || left.Items[0].Spec.Identity != id("c") {
+		var names []string
+		for _, m := range left.Items {
+			names = append(names, m.Spec.Node)
+		}
+		t.Errorf("Machines after the cleanup: %v, want only the removed machine's (old-worker-1)", names)
 	}
 	if _, err := client.AdmissionregistrationV1().ValidatingWebhookConfigurations().Get(ctx, webhookconfig.ConfigName, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the old image-policy webhook configuration after the cleanup: %v, want NotFound", err)
@@ -279,16 +332,16 @@ func TestRestoreCleanupRealAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var left []string
+	var podsLeft []string
 	for _, p := range pods.Items {
-		left = append(left, p.Name)
+		podsLeft = append(podsLeft, p.Name)
 	}
-	slices.Sort(left)
-	if !slices.Equal(left, []string{"mirror", "unbound"}) {
-		t.Errorf("pods left: %v, want the mirror pod and the unbound one", left)
+	slices.Sort(podsLeft)
+	if !slices.Equal(podsLeft, []string{"mirror", "unbound"}) {
+		t.Errorf("pods left: %v, want the mirror pod and the unbound one", podsLeft)
 	}
-	// A second run (a resumed restore) finds nothing left to delete.
-	if removed, err := i.cleaner.Clean(ctx, kubeconfig, "cp-0"); err != nil || len(removed) != 0 {
-		t.Errorf("second Clean = %v, %v", removed, err)
+	// A second run (a resumed restore) finds nothing left to delete and keeps the removed machine.
+	if c, err := i.cleaner.Clean(ctx, kubeconfig, "cp-0"); err != nil || len(c.Nodes) != 0 || c.Pods != 0 || c.Machines != 0 || c.KeptRemoved != 1 {
+		t.Errorf("second Clean = %+v, %v", c, err)
 	}
 }
