@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,9 @@ import (
 	"github.com/berth-k8s/berth/internal/backup/backuptest"
 	"github.com/berth-k8s/berth/internal/prereq"
 )
+
+// machinesByNode prints each Machine as node=identity.
+const machinesByNode = `{range .items[*]}{.spec.node}={.spec.identity} {end}`
 
 // restoreCanary is the value of the Secret the restore drill carries from one cluster to the next.
 const restoreCanary = "restore-drill-canary-2f9e41c7"
@@ -26,7 +30,8 @@ const restoreCanary = "restore-drill-canary-2f9e41c7"
 // backup now), the sealed file is copied off cp1's state disk and holds the canary in no encoding,
 // the cluster goes, fresh nodes come up waiting for init, berth restore builds the cluster on them
 // from the snapshot, the canary reads back through the new API server (so the KMS keys came along),
-// the old admin kubeconfig no longer works (new PKI), the fresh worker joins, and the time from
+// the old admin kubeconfig no longer works (new PKI), the fresh worker joins and is the only Machine
+// (the old worker's is cleared), and the time from
 // berth restore to every node Ready is printed. A snapshot opened with another master secret is
 // refused before any node is touched.
 func TestMiniRestore(tt *testing.T) {
@@ -55,6 +60,11 @@ func TestMiniRestore(tt *testing.T) {
 		t.Fatalf("berth mini up: %v", err)
 	}
 	old.kube("create", "secret", "generic", "restore-canary", "-n", "default", "--from-literal=v="+restoreCanary)
+	// The old worker's Machine is in the snapshot, so that the restore has an old machine to clear.
+	oldMachines, ok := old.kubeEventually(2*time.Minute, "w1=", "-n", "berth-system", "get", "machines", "-o", "jsonpath="+machinesByNode)
+	if !ok {
+		t.Fatalf("the old cluster's Machines: %s, want w1's", oldMachines)
+	}
 	out = old.must(10*time.Minute, old.berth, "backup", "now", "--kubeconfig", filepath.Join(old.dir, "admin.conf"), "--timeout", "5m")
 	t.Logf("berth backup now:\n%s", out)
 	m := regexp.MustCompile(`Snapshot (\S+\.berth-snapshot) taken`).FindStringSubmatch(out)
@@ -141,7 +151,7 @@ func TestMiniRestore(tt *testing.T) {
 
 	// The fresh worker joins the restored cluster; every node Ready.
 	ready := `{range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status} {end}`
-	out, ok := fresh.kubeEventually(10*time.Minute, "cp1=True w1=True", "get", "nodes", "-o", "jsonpath="+ready)
+	out, ok = fresh.kubeEventually(10*time.Minute, "cp1=True w1=True", "get", "nodes", "-o", "jsonpath="+ready)
 	toReady := time.Since(start)
 	if !ok {
 		fresh.diagnose()
@@ -149,6 +159,12 @@ func TestMiniRestore(tt *testing.T) {
 	}
 	if nodes := strings.Fields(fresh.kube("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}")); strings.Join(nodes, " ") != "cp1 w1" {
 		t.Errorf("nodes after the restore: %v, want cp1 w1", nodes)
+	}
+	// The record API lists only the machines that joined the restored cluster: the fresh w1, not the
+	// old one (restore-cleanup cleared the old cluster's admitted machines).
+	newMachines, ok := fresh.kubeEventually(2*time.Minute, "w1=", "-n", "berth-system", "get", "machines", "-o", "jsonpath="+machinesByNode)
+	if got := strings.Fields(newMachines); !ok || len(got) != 1 || slices.Contains(strings.Fields(oldMachines), got[0]) {
+		t.Errorf("Machines after the restore: %s, want only the fresh w1 (the old cluster's: %s)", newMachines, oldMachines)
 	}
 	t.Logf("RESTORE DRILL: snapshot %d bytes; berth restore took %.1fs; restore to every node Ready (1 control plane, 1 worker): %.1fs (goal: at most 5 minutes)",
 		len(raw), restored.Seconds(), toReady.Seconds())
