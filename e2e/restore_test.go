@@ -21,19 +21,21 @@ import (
 // machinesByNode prints each Machine as node=identity.
 const machinesByNode = `{range .items[*]}{.spec.node}={.spec.identity} {end}`
 
+// restoreNodes are the nodes of both clusters of the restore drill.
+var restoreNodes = []string{"cp1", "cp2", "cp3", "w1"}
+
 // restoreCanary is the value of the Secret the restore drill carries from one cluster to the next.
 const restoreCanary = "restore-drill-canary-2f9e41c7"
 
-// TestMiniRestore is the restore drill, on 1 control plane and 1 worker (3 control planes would
-// triple the time for no other path: the restore runs on the first control plane, later ones join
-// it as usual): a cluster holding a canary Secret takes a snapshot through its schedule (berth
-// backup now), the sealed file is copied off cp1's state disk and holds the canary in no encoding,
-// the cluster goes, fresh nodes come up waiting for init, berth restore builds the cluster on them
-// from the snapshot, the canary reads back through the new API server (so the KMS keys came along),
-// the old admin kubeconfig no longer works (new PKI), the fresh worker joins and is the only Machine
-// (the old worker's is cleared), and the time from
-// berth restore to every node Ready is printed. A snapshot opened with another master secret is
-// refused before any node is touched.
+// TestMiniRestore is the restore drill, on 3 control planes and 1 worker: a cluster holding a
+// canary Secret takes a snapshot through its schedule (berth backup now), the sealed file is copied
+// off the state disk of the control plane that took it and holds the canary in no encoding, the
+// cluster goes, fresh nodes come up waiting for init, berth restore builds the cluster on cp1 from
+// the snapshot, the canary reads back through the new API server (so the KMS keys came along), the
+// old admin kubeconfig no longer works (new PKI), the fresh cp2, cp3 and w1 join, the Machines are
+// the fresh machines' only (the old ones' are cleared), and the time from berth restore to every
+// node Ready is printed. A snapshot opened with another master secret is refused before any node is
+// touched.
 func TestMiniRestore(tt *testing.T) {
 	t := recordFailures(tt)
 	if os.Geteuid() != 0 {
@@ -48,7 +50,7 @@ func TestMiniRestore(tt *testing.T) {
 	saved := t.TempDir()
 	old := &cluster{t: t, root: root, dir: filepath.Join(t.TempDir(), "old"), berth: filepath.Join(root, "bin", "berth")}
 	old.kubectl = filepath.Join(strings.TrimSpace(old.must(30*time.Minute, filepath.Join(root, "scripts", "build-k8s.sh"), "k8s")), "kubectl")
-	up := []string{"mini", "up", "--name", clusterName, "--subnet", subnet, "--control-planes", "1", "--workers", "1"}
+	up := []string{"mini", "up", "--name", clusterName, "--subnet", subnet, "--control-planes", "3", "--workers", "1"}
 
 	start := time.Now()
 	out, err := old.run(30*time.Minute, old.berth, append(up, "--dir", old.dir)...)
@@ -60,19 +62,16 @@ func TestMiniRestore(tt *testing.T) {
 		t.Fatalf("berth mini up: %v", err)
 	}
 	old.kube("create", "secret", "generic", "restore-canary", "-n", "default", "--from-literal=v="+restoreCanary)
-	// The old worker's Machine is in the snapshot, so that the restore has an old machine to clear.
-	oldMachines, ok := old.kubeEventually(2*time.Minute, "w1=", "-n", "berth-system", "get", "machines", "-o", "jsonpath="+machinesByNode)
-	if !ok {
-		t.Fatalf("the old cluster's Machines: %s, want w1's", oldMachines)
-	}
+	// Every old machine's Machine is in the snapshot, so that the restore has old machines to clear.
+	oldMachines := old.machinesEventually(2*time.Minute, restoreNodes)
 	out = old.must(10*time.Minute, old.berth, "backup", "now", "--kubeconfig", filepath.Join(old.dir, "admin.conf"), "--timeout", "5m")
 	t.Logf("berth backup now:\n%s", out)
-	m := regexp.MustCompile(`Snapshot (\S+\.berth-snapshot) taken`).FindStringSubmatch(out)
+	m := regexp.MustCompile(`Snapshot (\S+\.berth-snapshot) taken by (cp[0-9]+):`).FindStringSubmatch(out)
 	if m == nil {
 		t.Fatalf("berth backup now names no snapshot:\n%s", out)
 	}
 	snapshot := filepath.Join(saved, m[1])
-	raw := old.must(time.Minute, "nsenter", "--mount="+filepath.Join(old.dir, "ns", "cp1.mnt"), "--", "cat", "/var/lib/berth/backups/"+m[1])
+	raw := old.must(time.Minute, "nsenter", "--mount="+filepath.Join(old.dir, "ns", m[2]+".mnt"), "--", "cat", "/var/lib/berth/backups/"+m[1])
 	if err := os.WriteFile(snapshot, []byte(raw), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -140,9 +139,11 @@ func TestMiniRestore(tt *testing.T) {
 
 	// The canary decrypts: the API server reads it through the KMS plugin with the snapshot's keys.
 	got := fresh.kube("get", "secret", "restore-canary", "-n", "default", "-o", "jsonpath={.data.v}")
-	if v, err := base64.StdEncoding.DecodeString(strings.TrimSpace(got)); err != nil || string(v) != restoreCanary {
+	v, err := base64.StdEncoding.DecodeString(strings.TrimSpace(got))
+	if err != nil || string(v) != restoreCanary {
 		t.Errorf("the restored canary reads %q (%v), want %q", got, err, restoreCanary)
 	}
+	t.Logf("the canary Secret read back through the restored API server: %q", v)
 	// New PKI: the old cluster's admin credential does not open the restored one.
 	if out, err := fresh.run(time.Minute, fresh.kubectl, "--kubeconfig", filepath.Join(saved, "admin.conf"), "--server",
 		"https://"+nodeIP(t, fresh.dir, "cp1")+":6443", "get", "secrets", "-n", "default"); err == nil {
@@ -151,23 +152,39 @@ func TestMiniRestore(tt *testing.T) {
 
 	// The fresh worker joins the restored cluster; every node Ready.
 	ready := `{range .items[*]}{.metadata.name}={.status.conditions[?(@.type=="Ready")].status} {end}`
-	out, ok = fresh.kubeEventually(10*time.Minute, "cp1=True w1=True", "get", "nodes", "-o", "jsonpath="+ready)
+	allReady := strings.Join(restoreNodes, "=True ") + "=True"
+	out, ok := fresh.kubeEventually(10*time.Minute, allReady, "get", "nodes", "-o", "jsonpath="+ready)
 	toReady := time.Since(start)
 	if !ok {
 		fresh.diagnose()
-		t.Fatalf("nodes after the restore: %s, want cp1 and w1 Ready", out)
+		t.Fatalf("nodes after the restore: %s, want %s", out, allReady)
 	}
-	if nodes := strings.Fields(fresh.kube("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}")); strings.Join(nodes, " ") != "cp1 w1" {
-		t.Errorf("nodes after the restore: %v, want cp1 w1", nodes)
+	if nodes := strings.Fields(fresh.kube("get", "nodes", "-o", "jsonpath={.items[*].metadata.name}")); !slices.Equal(nodes, restoreNodes) {
+		t.Errorf("nodes after the restore: %v, want %v", nodes, restoreNodes)
 	}
-	// The record API lists only the machines that joined the restored cluster: the fresh w1, not the
-	// old one (restore-cleanup cleared the old cluster's admitted machines).
-	newMachines, ok := fresh.kubeEventually(2*time.Minute, "w1=", "-n", "berth-system", "get", "machines", "-o", "jsonpath="+machinesByNode)
-	if got := strings.Fields(newMachines); !ok || len(got) != 1 || slices.Contains(strings.Fields(oldMachines), got[0]) {
-		t.Errorf("Machines after the restore: %s, want only the fresh w1 (the old cluster's: %s)", newMachines, oldMachines)
+	// The record API lists only the machines of the restored cluster: the fresh ones, under the old
+	// names, with new identities (restore-cleanup cleared the old cluster's admitted machines).
+	newMachines := fresh.machinesEventually(2*time.Minute, restoreNodes)
+	if len(newMachines) != len(restoreNodes) || slices.ContainsFunc(newMachines, func(m string) bool { return slices.Contains(oldMachines, m) }) {
+		t.Errorf("Machines after the restore: %v, want one fresh one per node (the old cluster's: %v)", newMachines, oldMachines)
 	}
-	t.Logf("RESTORE DRILL: snapshot %d bytes; berth restore took %.1fs; restore to every node Ready (1 control plane, 1 worker): %.1fs (goal: at most 5 minutes)",
+	t.Logf("RESTORE DRILL: snapshot %d bytes; berth restore took %.1fs; restore to every node Ready (3 control planes, 1 worker): %.1fs (goal: at most 5 minutes)",
 		len(raw), restored.Seconds(), toReady.Seconds())
+}
+
+// machinesEventually waits until c has a Machine for each of nodes and returns every Machine as
+// node=identity.
+func (c *cluster) machinesEventually(timeout time.Duration, nodes []string) []string {
+	c.t.Helper()
+	var out string
+	deadline := time.Now().Add(timeout)
+	for _, n := range nodes {
+		var ok bool
+		if out, ok = c.kubeEventually(time.Until(deadline), n+"=", "-n", "berth-system", "get", "machines", "-o", "jsonpath="+machinesByNode); !ok {
+			c.t.Fatalf("Machines: %s, want one for each of %v", out, nodes)
+		}
+	}
+	return strings.Fields(out)
 }
 
 // downOnce returns a function that removes c's mini cluster the first time it is called and checks
