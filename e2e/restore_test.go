@@ -168,6 +168,7 @@ func TestMiniRestore(tt *testing.T) {
 	if len(newMachines) != len(restoreNodes) || slices.ContainsFunc(newMachines, func(m string) bool { return slices.Contains(oldMachines, m) }) {
 		t.Errorf("Machines after the restore: %v, want one fresh one per node (the old cluster's: %v)", newMachines, oldMachines)
 	}
+	t.Logf("Machines (node=identity) of the old cluster: %v; of the restored one: %v", oldMachines, newMachines)
 	t.Logf("RESTORE DRILL: snapshot %d bytes; berth restore took %.1fs; restore to every node Ready (3 control planes, 1 worker): %.1fs (goal: at most 5 minutes)",
 		len(raw), restored.Seconds(), toReady.Seconds())
 }
