@@ -44,7 +44,7 @@ type initNode struct {
 	proc   *proctest.Process
 }
 
-func startInitNode(t *testing.T, role string) *initNode {
+func startInitNode(t *testing.T, role string, extraArgs ...string) *initNode {
 	t.Helper()
 	swCA := vtpmtest.NewSwtpmCA(t) // skips without swtpm (fails under CI=true)
 	tpm := vtpmtest.StartSwtpm(t, swCA)
@@ -66,12 +66,12 @@ func startInitNode(t *testing.T, role string) *initNode {
 	}
 	n.proc = proctest.Start(t, proctest.Cmd{
 		Name: "bootstrapper", Path: proctest.Build(t, "github.com/berth-k8s/berth/bootstrapper/cmd/bootstrapper"), Grace: 20 * time.Second,
-		Args: []string{"--metadata=static", "--metadata-file=" + filepath.Join(dir, "metadata.yaml"),
+		Args: append([]string{"--metadata=static", "--metadata-file=" + filepath.Join(dir, "metadata.yaml"),
 			"--attestation=tpm", "--tpm=" + tpm.Spec, "--lock-pcr=15",
 			"--state-dir=" + filepath.Join(dir, "state"), "--run-dir=" + filepath.Join(dir, "run"), "--init-listen=" + n.addr,
 			"--kubelet=process", "--kubelet-path=" + filepath.Join(dir, "kubelet"), "--kubeadm-path=" + filepath.Join(dir, "kubeadm"),
 			"--kubernetes-dir=" + filepath.Join(dir, "etc-kubernetes"), "--kubelet-dir=" + filepath.Join(dir, "var-lib-kubelet"),
-			"--cri-socket=unix://" + filepath.Join(dir, "cri.sock"), "--never-pull"},
+			"--cri-socket=unix://" + filepath.Join(dir, "cri.sock"), "--never-pull"}, extraArgs...),
 	})
 	if err := proctest.WaitReady(context.Background(), 50*time.Millisecond, time.Minute, func(ctx context.Context) error {
 		var d net.Dialer

@@ -35,7 +35,7 @@ func (h hash) InitSecretHash(context.Context) ([]byte, error) { return h, nil }
 type noPhases struct{}
 
 func (noPhases) Prepare(context.Context, *initcluster.Job) error { return nil }
-func (noPhases) Phases() []initcluster.Phase {
+func (noPhases) Phases(bool) []initcluster.Phase {
 	return []initcluster.Phase{{Name: initcluster.PhaseAdminKubeconfig, Run: func(_ context.Context, j *initcluster.Job) error {
 		j.Kubeconfig = []byte("kind: Config\n")
 		return nil

@@ -156,6 +156,90 @@ func (FailureCode) EnumDescriptor() ([]byte, []int) {
 	return file_init_proto_rawDescGZIP(), []int{1}
 }
 
+// RestoreRequest is one message of the Restore call: the first carries init, every later one a
+// piece of the sealed snapshot, in order.
+type RestoreRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*RestoreRequest_Init
+	//	*RestoreRequest_Snapshot
+	Kind          isRestoreRequest_Kind `protobuf_oneof:"kind"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreRequest) Reset() {
+	*x = RestoreRequest{}
+	mi := &file_init_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreRequest) ProtoMessage() {}
+
+func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_init_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreRequest.ProtoReflect.Descriptor instead.
+func (*RestoreRequest) Descriptor() ([]byte, []int) {
+	return file_init_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *RestoreRequest) GetKind() isRestoreRequest_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *RestoreRequest) GetInit() *InitRequest {
+	if x != nil {
+		if x, ok := x.Kind.(*RestoreRequest_Init); ok {
+			return x.Init
+		}
+	}
+	return nil
+}
+
+func (x *RestoreRequest) GetSnapshot() []byte {
+	if x != nil {
+		if x, ok := x.Kind.(*RestoreRequest_Snapshot); ok {
+			return x.Snapshot
+		}
+	}
+	return nil
+}
+
+type isRestoreRequest_Kind interface {
+	isRestoreRequest_Kind()
+}
+
+type RestoreRequest_Init struct {
+	Init *InitRequest `protobuf:"bytes,1,opt,name=init,proto3,oneof"`
+}
+
+type RestoreRequest_Snapshot struct {
+	Snapshot []byte `protobuf:"bytes,2,opt,name=snapshot,proto3,oneof"`
+}
+
+func (*RestoreRequest_Init) isRestoreRequest_Kind() {}
+
+func (*RestoreRequest_Snapshot) isRestoreRequest_Kind() {}
+
 // InitRequest carries everything the node needs to run kubeadm init and install the cluster's components.
 type InitRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -190,7 +274,7 @@ type InitRequest struct {
 
 func (x *InitRequest) Reset() {
 	*x = InitRequest{}
-	mi := &file_init_proto_msgTypes[0]
+	mi := &file_init_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -202,7 +286,7 @@ func (x *InitRequest) String() string {
 func (*InitRequest) ProtoMessage() {}
 
 func (x *InitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_init_proto_msgTypes[0]
+	mi := &file_init_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -215,7 +299,7 @@ func (x *InitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitRequest.ProtoReflect.Descriptor instead.
 func (*InitRequest) Descriptor() ([]byte, []int) {
-	return file_init_proto_rawDescGZIP(), []int{0}
+	return file_init_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *InitRequest) GetInitSecret() []byte {
@@ -310,7 +394,7 @@ type Components struct {
 
 func (x *Components) Reset() {
 	*x = Components{}
-	mi := &file_init_proto_msgTypes[1]
+	mi := &file_init_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -322,7 +406,7 @@ func (x *Components) String() string {
 func (*Components) ProtoMessage() {}
 
 func (x *Components) ProtoReflect() protoreflect.Message {
-	mi := &file_init_proto_msgTypes[1]
+	mi := &file_init_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -335,7 +419,7 @@ func (x *Components) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Components.ProtoReflect.Descriptor instead.
 func (*Components) Descriptor() ([]byte, []int) {
-	return file_init_proto_rawDescGZIP(), []int{1}
+	return file_init_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Components) GetSkipKubeProxy() bool {
@@ -375,7 +459,7 @@ type InitResponse struct {
 
 func (x *InitResponse) Reset() {
 	*x = InitResponse{}
-	mi := &file_init_proto_msgTypes[2]
+	mi := &file_init_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -387,7 +471,7 @@ func (x *InitResponse) String() string {
 func (*InitResponse) ProtoMessage() {}
 
 func (x *InitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_init_proto_msgTypes[2]
+	mi := &file_init_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -400,7 +484,7 @@ func (x *InitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitResponse.ProtoReflect.Descriptor instead.
 func (*InitResponse) Descriptor() ([]byte, []int) {
-	return file_init_proto_rawDescGZIP(), []int{2}
+	return file_init_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *InitResponse) GetKind() isInitResponse_Kind {
@@ -492,7 +576,7 @@ type Progress struct {
 
 func (x *Progress) Reset() {
 	*x = Progress{}
-	mi := &file_init_proto_msgTypes[3]
+	mi := &file_init_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -504,7 +588,7 @@ func (x *Progress) String() string {
 func (*Progress) ProtoMessage() {}
 
 func (x *Progress) ProtoReflect() protoreflect.Message {
-	mi := &file_init_proto_msgTypes[3]
+	mi := &file_init_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -517,7 +601,7 @@ func (x *Progress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Progress.ProtoReflect.Descriptor instead.
 func (*Progress) Descriptor() ([]byte, []int) {
-	return file_init_proto_rawDescGZIP(), []int{3}
+	return file_init_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Progress) GetPhase() string {
@@ -572,7 +656,7 @@ type LogChunk struct {
 
 func (x *LogChunk) Reset() {
 	*x = LogChunk{}
-	mi := &file_init_proto_msgTypes[4]
+	mi := &file_init_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -584,7 +668,7 @@ func (x *LogChunk) String() string {
 func (*LogChunk) ProtoMessage() {}
 
 func (x *LogChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_init_proto_msgTypes[4]
+	mi := &file_init_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -597,7 +681,7 @@ func (x *LogChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogChunk.ProtoReflect.Descriptor instead.
 func (*LogChunk) Descriptor() ([]byte, []int) {
-	return file_init_proto_rawDescGZIP(), []int{4}
+	return file_init_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *LogChunk) GetData() []byte {
@@ -620,7 +704,7 @@ type InitSuccess struct {
 
 func (x *InitSuccess) Reset() {
 	*x = InitSuccess{}
-	mi := &file_init_proto_msgTypes[5]
+	mi := &file_init_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -632,7 +716,7 @@ func (x *InitSuccess) String() string {
 func (*InitSuccess) ProtoMessage() {}
 
 func (x *InitSuccess) ProtoReflect() protoreflect.Message {
-	mi := &file_init_proto_msgTypes[5]
+	mi := &file_init_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -645,7 +729,7 @@ func (x *InitSuccess) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitSuccess.ProtoReflect.Descriptor instead.
 func (*InitSuccess) Descriptor() ([]byte, []int) {
-	return file_init_proto_rawDescGZIP(), []int{5}
+	return file_init_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *InitSuccess) GetKubeconfig() []byte {
@@ -678,7 +762,7 @@ type InitFailure struct {
 
 func (x *InitFailure) Reset() {
 	*x = InitFailure{}
-	mi := &file_init_proto_msgTypes[6]
+	mi := &file_init_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -690,7 +774,7 @@ func (x *InitFailure) String() string {
 func (*InitFailure) ProtoMessage() {}
 
 func (x *InitFailure) ProtoReflect() protoreflect.Message {
-	mi := &file_init_proto_msgTypes[6]
+	mi := &file_init_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -703,7 +787,7 @@ func (x *InitFailure) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitFailure.ProtoReflect.Descriptor instead.
 func (*InitFailure) Descriptor() ([]byte, []int) {
-	return file_init_proto_rawDescGZIP(), []int{6}
+	return file_init_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *InitFailure) GetCode() FailureCode {
@@ -739,7 +823,11 @@ var File_init_proto protoreflect.FileDescriptor
 const file_init_proto_rawDesc = "" +
 	"\n" +
 	"\n" +
-	"init.proto\x12\rberth.init.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb8\x03\n" +
+	"init.proto\x12\rberth.init.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"h\n" +
+	"\x0eRestoreRequest\x120\n" +
+	"\x04init\x18\x01 \x01(\v2\x1a.berth.init.v1.InitRequestH\x00R\x04init\x12\x1c\n" +
+	"\bsnapshot\x18\x02 \x01(\fH\x00R\bsnapshotB\x06\n" +
+	"\x04kind\"\xb8\x03\n" +
 	"\vInitRequest\x12\x1f\n" +
 	"\vinit_secret\x18\x01 \x01(\fR\n" +
 	"initSecret\x12#\n" +
@@ -802,9 +890,10 @@ const file_init_proto_rawDesc = "" +
 	"\x19FAILURE_CODE_PHASE_FAILED\x10\x04\x12\x15\n" +
 	"\x11FAILURE_CODE_BUSY\x10\x05\x12!\n" +
 	"\x1dFAILURE_CODE_CLUSTER_MISMATCH\x10\x06\x12\"\n" +
-	"\x1eFAILURE_CODE_NOT_CONTROL_PLANE\x10\a2P\n" +
+	"\x1eFAILURE_CODE_NOT_CONTROL_PLANE\x10\a2\x9b\x01\n" +
 	"\vInitService\x12A\n" +
-	"\x04Init\x12\x1a.berth.init.v1.InitRequest\x1a\x1b.berth.init.v1.InitResponse0\x01B0Z.github.com/berth-k8s/berth/initproto;initprotob\x06proto3"
+	"\x04Init\x12\x1a.berth.init.v1.InitRequest\x1a\x1b.berth.init.v1.InitResponse0\x01\x12I\n" +
+	"\aRestore\x12\x1d.berth.init.v1.RestoreRequest\x1a\x1b.berth.init.v1.InitResponse(\x010\x01B0Z.github.com/berth-k8s/berth/initproto;initprotob\x06proto3"
 
 var (
 	file_init_proto_rawDescOnce sync.Once
@@ -819,35 +908,39 @@ func file_init_proto_rawDescGZIP() []byte {
 }
 
 var file_init_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_init_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_init_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_init_proto_goTypes = []any{
 	(PhaseState)(0),               // 0: berth.init.v1.PhaseState
 	(FailureCode)(0),              // 1: berth.init.v1.FailureCode
-	(*InitRequest)(nil),           // 2: berth.init.v1.InitRequest
-	(*Components)(nil),            // 3: berth.init.v1.Components
-	(*InitResponse)(nil),          // 4: berth.init.v1.InitResponse
-	(*Progress)(nil),              // 5: berth.init.v1.Progress
-	(*LogChunk)(nil),              // 6: berth.init.v1.LogChunk
-	(*InitSuccess)(nil),           // 7: berth.init.v1.InitSuccess
-	(*InitFailure)(nil),           // 8: berth.init.v1.InitFailure
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*RestoreRequest)(nil),        // 2: berth.init.v1.RestoreRequest
+	(*InitRequest)(nil),           // 3: berth.init.v1.InitRequest
+	(*Components)(nil),            // 4: berth.init.v1.Components
+	(*InitResponse)(nil),          // 5: berth.init.v1.InitResponse
+	(*Progress)(nil),              // 6: berth.init.v1.Progress
+	(*LogChunk)(nil),              // 7: berth.init.v1.LogChunk
+	(*InitSuccess)(nil),           // 8: berth.init.v1.InitSuccess
+	(*InitFailure)(nil),           // 9: berth.init.v1.InitFailure
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
 }
 var file_init_proto_depIdxs = []int32{
-	3, // 0: berth.init.v1.InitRequest.components:type_name -> berth.init.v1.Components
-	5, // 1: berth.init.v1.InitResponse.progress:type_name -> berth.init.v1.Progress
-	6, // 2: berth.init.v1.InitResponse.log:type_name -> berth.init.v1.LogChunk
-	7, // 3: berth.init.v1.InitResponse.success:type_name -> berth.init.v1.InitSuccess
-	8, // 4: berth.init.v1.InitResponse.failure:type_name -> berth.init.v1.InitFailure
-	0, // 5: berth.init.v1.Progress.state:type_name -> berth.init.v1.PhaseState
-	9, // 6: berth.init.v1.Progress.time:type_name -> google.protobuf.Timestamp
-	1, // 7: berth.init.v1.InitFailure.code:type_name -> berth.init.v1.FailureCode
-	2, // 8: berth.init.v1.InitService.Init:input_type -> berth.init.v1.InitRequest
-	4, // 9: berth.init.v1.InitService.Init:output_type -> berth.init.v1.InitResponse
-	9, // [9:10] is the sub-list for method output_type
-	8, // [8:9] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	3,  // 0: berth.init.v1.RestoreRequest.init:type_name -> berth.init.v1.InitRequest
+	4,  // 1: berth.init.v1.InitRequest.components:type_name -> berth.init.v1.Components
+	6,  // 2: berth.init.v1.InitResponse.progress:type_name -> berth.init.v1.Progress
+	7,  // 3: berth.init.v1.InitResponse.log:type_name -> berth.init.v1.LogChunk
+	8,  // 4: berth.init.v1.InitResponse.success:type_name -> berth.init.v1.InitSuccess
+	9,  // 5: berth.init.v1.InitResponse.failure:type_name -> berth.init.v1.InitFailure
+	0,  // 6: berth.init.v1.Progress.state:type_name -> berth.init.v1.PhaseState
+	10, // 7: berth.init.v1.Progress.time:type_name -> google.protobuf.Timestamp
+	1,  // 8: berth.init.v1.InitFailure.code:type_name -> berth.init.v1.FailureCode
+	3,  // 9: berth.init.v1.InitService.Init:input_type -> berth.init.v1.InitRequest
+	2,  // 10: berth.init.v1.InitService.Restore:input_type -> berth.init.v1.RestoreRequest
+	5,  // 11: berth.init.v1.InitService.Init:output_type -> berth.init.v1.InitResponse
+	5,  // 12: berth.init.v1.InitService.Restore:output_type -> berth.init.v1.InitResponse
+	11, // [11:13] is the sub-list for method output_type
+	9,  // [9:11] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_init_proto_init() }
@@ -855,7 +948,11 @@ func file_init_proto_init() {
 	if File_init_proto != nil {
 		return
 	}
-	file_init_proto_msgTypes[2].OneofWrappers = []any{
+	file_init_proto_msgTypes[0].OneofWrappers = []any{
+		(*RestoreRequest_Init)(nil),
+		(*RestoreRequest_Snapshot)(nil),
+	}
+	file_init_proto_msgTypes[3].OneofWrappers = []any{
 		(*InitResponse_Progress)(nil),
 		(*InitResponse_Log)(nil),
 		(*InitResponse_Success)(nil),
@@ -867,7 +964,7 @@ func file_init_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_init_proto_rawDesc), len(file_init_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   7,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -21,7 +21,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	InitService_Init_FullMethodName = "/berth.init.v1.InitService/Init"
+	InitService_Init_FullMethodName    = "/berth.init.v1.InitService/Init"
+	InitService_Restore_FullMethodName = "/berth.init.v1.InitService/Restore"
 )
 
 // InitServiceClient is the client API for InitService service.
@@ -34,6 +35,14 @@ type InitServiceClient interface {
 	// and ends with exactly one InitSuccess or InitFailure. A caller whose init secret does not match
 	// gets a PERMISSION_DENIED status with a generic message and no stream content.
 	Init(ctx context.Context, in *InitRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[InitResponse], error)
+	// Restore initializes the first control-plane node of a cluster restored from a sealed etcd
+	// snapshot (internal/backup). The caller sends one RestoreRequest with init, checked exactly as
+	// Init checks its request (a wrong init secret: PERMISSION_DENIED before a snapshot byte is
+	// read), then the sealed snapshot in snapshot chunks of at most 1 MiB each, then closes its side.
+	// The node opens the whole snapshot with the request's master secret before it takes the node
+	// lock: a snapshot that does not open, or is damaged, ends the stream with an InitFailure
+	// INVALID_REQUEST and the node stays fresh. The answer is the same stream as Init's.
+	Restore(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RestoreRequest, InitResponse], error)
 }
 
 type initServiceClient struct {
@@ -63,6 +72,19 @@ func (c *initServiceClient) Init(ctx context.Context, in *InitRequest, opts ...g
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type InitService_InitClient = grpc.ServerStreamingClient[InitResponse]
 
+func (c *initServiceClient) Restore(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[RestoreRequest, InitResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &InitService_ServiceDesc.Streams[1], InitService_Restore_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[RestoreRequest, InitResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InitService_RestoreClient = grpc.BidiStreamingClient[RestoreRequest, InitResponse]
+
 // InitServiceServer is the server API for InitService service.
 // All implementations must embed UnimplementedInitServiceServer
 // for forward compatibility.
@@ -73,6 +95,14 @@ type InitServiceServer interface {
 	// and ends with exactly one InitSuccess or InitFailure. A caller whose init secret does not match
 	// gets a PERMISSION_DENIED status with a generic message and no stream content.
 	Init(*InitRequest, grpc.ServerStreamingServer[InitResponse]) error
+	// Restore initializes the first control-plane node of a cluster restored from a sealed etcd
+	// snapshot (internal/backup). The caller sends one RestoreRequest with init, checked exactly as
+	// Init checks its request (a wrong init secret: PERMISSION_DENIED before a snapshot byte is
+	// read), then the sealed snapshot in snapshot chunks of at most 1 MiB each, then closes its side.
+	// The node opens the whole snapshot with the request's master secret before it takes the node
+	// lock: a snapshot that does not open, or is damaged, ends the stream with an InitFailure
+	// INVALID_REQUEST and the node stays fresh. The answer is the same stream as Init's.
+	Restore(grpc.BidiStreamingServer[RestoreRequest, InitResponse]) error
 	mustEmbedUnimplementedInitServiceServer()
 }
 
@@ -85,6 +115,9 @@ type UnimplementedInitServiceServer struct{}
 
 func (UnimplementedInitServiceServer) Init(*InitRequest, grpc.ServerStreamingServer[InitResponse]) error {
 	return status.Error(codes.Unimplemented, "method Init not implemented")
+}
+func (UnimplementedInitServiceServer) Restore(grpc.BidiStreamingServer[RestoreRequest, InitResponse]) error {
+	return status.Error(codes.Unimplemented, "method Restore not implemented")
 }
 func (UnimplementedInitServiceServer) mustEmbedUnimplementedInitServiceServer() {}
 func (UnimplementedInitServiceServer) testEmbeddedByValue()                     {}
@@ -118,6 +151,13 @@ func _InitService_Init_Handler(srv interface{}, stream grpc.ServerStream) error 
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type InitService_InitServer = grpc.ServerStreamingServer[InitResponse]
 
+func _InitService_Restore_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(InitServiceServer).Restore(&grpc.GenericServerStream[RestoreRequest, InitResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type InitService_RestoreServer = grpc.BidiStreamingServer[RestoreRequest, InitResponse]
+
 // InitService_ServiceDesc is the grpc.ServiceDesc for InitService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -130,6 +170,12 @@ var InitService_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "Init",
 			Handler:       _InitService_Init_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "Restore",
+			Handler:       _InitService_Restore_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "init.proto",

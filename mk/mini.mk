@@ -28,8 +28,9 @@ mini-restart: build ## power-cycle every node of the mini cluster in MINI_DIR (r
 # worker, and the image-policy webhook (rollout restarts under load, every backend gone, a power cut, the
 # installer's re-check after a restart), and three control planes (serialized joins, the loss of the
 # init node, node removal and revocation, certificates that renew themselves without the init node),
-# and a cluster at the previous supported Kubernetes minor (about 2 min).
-E2E_RUN ?= TestMiniCluster|TestMiniAttestedInit|TestMiniTamperedWorkerRejected|TestMiniWebhook|TestMiniHA|TestMiniPreviousMinor
+# a cluster at the previous supported Kubernetes minor (about 2 min), and the restore drill (a
+# snapshot of 3 control planes + 1 worker restored into fresh nodes with berth restore, about 3 min).
+E2E_RUN ?= TestMiniCluster|TestMiniAttestedInit|TestMiniTamperedWorkerRejected|TestMiniWebhook|TestMiniHA|TestMiniPreviousMinor|TestMiniRestore
 
 test-e2e: build mini-build ## end-to-end tests on a real mini cluster (root; build tag e2e; E2E_RUN selects)
 	$(GO) test -tags e2e -count=1 -v -timeout 60m -run '$(E2E_RUN)' ./e2e/...
@@ -39,3 +40,8 @@ test-e2e: build mini-build ## end-to-end tests on a real mini cluster (root; bui
 .PHONY: test-e2e-ha
 test-e2e-ha: build mini-build ## only TestMiniHA (part of make test, about 16 min): 3 control planes, cp1 lost for good, node remove/readmit, then kubelet serving CSRs, caBundle repair, webhook renewals and a CA rotation under load beside control-plane certificate renewals (root)
 	$(GO) test -tags e2e -count=1 -v -timeout 45m -run '^TestMiniHA$$' ./e2e/...
+
+# TestMiniRestore alone: the restore drill (also part of make test).
+.PHONY: test-e2e-restore
+test-e2e-restore: build mini-build ## only TestMiniRestore (part of make test): a snapshot of a 3 control plane + 1 worker cluster with a canary Secret restored with berth restore into fresh nodes, the canary read back, the nodes joined, restore-to-Ready time printed (root)
+	$(GO) test -tags e2e -count=1 -v -timeout 40m -run '^TestMiniRestore$$' ./e2e/...

@@ -6,16 +6,29 @@
 //	kubeadm-config    renders kubeadm's config from the v1beta4 types           rewrites the file
 //	certs             kubeadm init phase certs all                              keeps valid certs
 //	kms               the KMS plugin's key (generation 1 from the master         installs the same key again
-//	                  secret) on the state disk, the API server's encryption
-//	                  configuration, the plugin started
-//	kubeadm-init      starts the kubelet, runs kubeadm init (its own preflight   kubeadm reset, certs, then
-//	                  checks included, certs skipped)                           kubeadm init again
+//	                  secret; restoring: the snapshot's generations) on the
+//	                  state disk, the API server's encryption configuration,
+//	                  the plugin started
+//	restore-etcd      restoring only: the snapshot's etcd data into the etcd     removes its own partial
+//	                  directory as this node's one-member cluster               data, restores again
+//	kubeadm-init      starts the kubelet, runs kubeadm init (its own preflight   kubeadm reset, certs (and
+//	                  checks included, certs skipped)                           restore-etcd), then kubeadm
+//	                                                                            init again
 //	wait-apiserver    polls the API server's /readyz                            safe
+//	restore-cleanup   restoring only: the old machines' Node objects, every      safe (deletes what is
+//	                  pod bound to a node, the admitted machines (record and    there)
+//	                  Machines; removed ones stay) and the image-policy
+//	                  webhook's configuration deleted
 //	components        server-side applies the cluster components in order       safe (apply is idempotent)
 //	admin-kubeconfig  reads admin.conf for the operator                         safe
 //
 // The InitServer runs the phases in order, streams each start and end, records finished phases, and
 // resumes at the first unfinished one when the operator retries.
+//
+// A restore (`berth restore`) is an init whose request carries a sealed etcd snapshot (Restore):
+// kubeadm init then starts etcd on the restored data directory (its DirAvailable--var-lib-etcd
+// check ignored) with new certificates, so that every credential of the old cluster stops working,
+// and the API server reads the restored Secrets with the snapshot's KMS keys.
 package initcluster
 
 import (
@@ -30,6 +43,7 @@ import (
 
 	"github.com/spf13/afero"
 
+	"github.com/berth-k8s/berth/internal/backup"
 	"github.com/berth-k8s/berth/internal/clusterconfig"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/cpfiles"
@@ -48,6 +62,9 @@ const (
 	PhaseWaitAPIServer   = "wait-apiserver"
 	PhaseComponents      = "components"
 	PhaseAdminKubeconfig = "admin-kubeconfig"
+	// PhaseRestoreEtcd and PhaseRestoreCleanup run only when the request restores a snapshot.
+	PhaseRestoreEtcd    = "restore-etcd"
+	PhaseRestoreCleanup = "restore-cleanup"
 )
 
 // Request is a validated init request.
@@ -66,6 +83,17 @@ type Request struct {
 	SkipKubeProxy     bool
 	SkipCoreDNS       bool
 	ImagePolicy       []byte
+	// Restore, when set, makes this init restore the cluster of a sealed snapshot.
+	Restore *Restore
+}
+
+// Restore is the snapshot a restoring init starts from.
+type Restore struct {
+	// Snapshot is the path of the sealed snapshot on this node; the init server opened it to its
+	// end with Keys before the node lock was taken.
+	Snapshot string
+	// Manifest is the snapshot's manifest (its KMS keys among it).
+	Manifest backup.Manifest
 }
 
 // Job is the typed state the phases share during one init attempt.
@@ -107,6 +135,9 @@ type Config struct {
 	KubeletExtraArgs [][2]string
 	// APIServerTimeout bounds wait-apiserver (default 3 minutes).
 	APIServerTimeout time.Duration
+	// EtcdDir is etcd's data directory as kubeadm's local etcd uses it (default /var/lib/etcd); a
+	// restore writes its member directory there.
+	EtcdDir string
 }
 
 // Initializer provides the init phases.
@@ -122,6 +153,8 @@ type Initializer struct {
 	// initializes without encryption at rest.
 	kms        kmsInstaller
 	encryption *kubeadm.Encryption
+	// cleaner clears the old machines out of a restored cluster.
+	cleaner restoreCleaner
 }
 
 // New returns an Initializer.
@@ -132,7 +165,11 @@ func New(cfg Config, fsys afero.Fs, meta metadataAPI, kubeadm kubeadmRunner, kub
 	if cfg.APIServerTimeout == 0 {
 		cfg.APIServerTimeout = 3 * time.Minute
 	}
-	return &Initializer{cfg: cfg, fs: fsys, meta: meta, kubeadm: kubeadm, kubelet: kubelet, waiter: waiter, components: components}
+	if cfg.EtcdDir == "" {
+		cfg.EtcdDir = "/var/lib/etcd"
+	}
+	return &Initializer{cfg: cfg, fs: fsys, meta: meta, kubeadm: kubeadm, kubelet: kubelet, waiter: waiter, components: components,
+		cleaner: kubeCleaner{}}
 }
 
 // WithKMS makes the cluster encrypt Secrets at rest through the KMS plugin: the kubeadm configuration
@@ -176,18 +213,22 @@ func (i *Initializer) Prepare(ctx context.Context, job *Job) error {
 	return nil
 }
 
-// Phases returns the init phases in order.
-func (i *Initializer) Phases() []Phase {
-	return []Phase{
+// Phases returns the init phases in order; restore adds the phases of a restore.
+func (i *Initializer) Phases(restore bool) []Phase {
+	phases := []Phase{
 		{PhasePreflight, i.preflight},
 		{PhaseKubeadmConfig, i.writeConfig},
 		{PhaseCerts, i.certs},
 		{PhaseKMS, i.installKMS},
-		{PhaseKubeadmInit, i.kubeadmInit},
-		{PhaseWaitAPIServer, i.waitAPIServer},
-		{PhaseComponents, i.installComponents},
-		{PhaseAdminKubeconfig, i.adminKubeconfig},
 	}
+	if restore {
+		phases = append(phases, Phase{PhaseRestoreEtcd, i.restoreEtcd})
+	}
+	phases = append(phases, Phase{PhaseKubeadmInit, i.kubeadmInit}, Phase{PhaseWaitAPIServer, i.waitAPIServer})
+	if restore {
+		phases = append(phases, Phase{PhaseRestoreCleanup, i.restoreCleanup})
+	}
+	return append(phases, Phase{PhaseComponents, i.installComponents}, Phase{PhaseAdminKubeconfig, i.adminKubeconfig})
 }
 
 func (i *Initializer) preflight(ctx context.Context, job *Job) error {
@@ -274,13 +315,20 @@ func (i *Initializer) certs(ctx context.Context, job *Job) error {
 	return i.kubeadm.Certs(ctx, job.Out, i.configPath())
 }
 
-// installKMS installs generation 1 of the KMS key, derived from the request's master secret.
+// installKMS installs generation 1 of the KMS key, derived from the request's master secret; a
+// restore installs the snapshot's generations instead, under which its Secrets are encrypted.
 func (i *Initializer) installKMS(ctx context.Context, job *Job) error {
 	if i.kms == nil {
 		return nil
 	}
 	const first = 1
 	set := kmsplugin.KeySet{Active: first, Keys: []kmsplugin.Key{{Generation: first, KEK: job.Req.Keys.KMSKey(first)}}}
+	if r := job.Req.Restore; r != nil {
+		var err error
+		if set, err = snapshotKeySet(r.Manifest.KMS); err != nil {
+			return err
+		}
+	}
 	if err := i.kms.Install(ctx, set); err != nil {
 		return fmt.Errorf("installing the KMS key: %w", err)
 	}
@@ -312,6 +360,12 @@ func (i *Initializer) kubeadmInit(ctx context.Context, job *Job) error {
 		if err := i.kubeadm.Certs(ctx, job.Out, i.configPath()); err != nil {
 			return err
 		}
+		if job.Req.Restore != nil {
+			// kubeadm reset emptied etcd's data directory.
+			if err := i.restoreEtcd(ctx, job); err != nil {
+				return err
+			}
+		}
 	}
 	// The kubelet must be running (or ready to start once kubeadm wrote its config) before kubeadm
 	// waits for the control-plane static pods.
@@ -320,6 +374,10 @@ func (i *Initializer) kubeadmInit(ctx context.Context, job *Job) error {
 	}
 	if err := afero.WriteFile(i.fs, attempted, nil, 0o600); err != nil {
 		return fmt.Errorf("recording kubeadm init attempt: %w", err)
+	}
+	if job.Req.Restore != nil {
+		// etcd's data directory holds the restored member: kubeadm's local etcd starts on it.
+		return i.kubeadm.InitOnEtcdData(ctx, job.Out, i.configPath(), skip...)
 	}
 	return i.kubeadm.Init(ctx, job.Out, i.configPath(), skip...)
 }
@@ -372,6 +430,7 @@ type kubeadmRunner interface {
 	Version(ctx context.Context, out io.Writer) error
 	Certs(ctx context.Context, out io.Writer, configPath string) error
 	Init(ctx context.Context, out io.Writer, configPath string, skipPhases ...string) error
+	InitOnEtcdData(ctx context.Context, out io.Writer, configPath string, skipPhases ...string) error
 	Reset(ctx context.Context, out io.Writer, criSocket string) error
 }
 

@@ -68,7 +68,7 @@ func newJob(t *testing.T, i *Initializer) *Job {
 func TestPreflightChecksKubeadmVersion(t *testing.T) {
 	i, _, _, _ := setup("v1.33.6")
 	job := newJob(t, i)
-	err := i.Phases()[0].Run(context.Background(), job)
+	err := i.Phases(false)[0].Run(context.Background(), job)
 	if err == nil || !strings.Contains(err.Error(), "v1.33.6") {
 		t.Fatalf("preflight = %v, want a version mismatch naming v1.33.6", err)
 	}
@@ -82,7 +82,7 @@ func TestPhasesAndRetryOfKubeadmInit(t *testing.T) {
 	}
 	ctx := context.Background()
 	byName := map[string]Phase{}
-	for _, p := range i.Phases() {
+	for _, p := range i.Phases(false) {
 		byName[p.Name] = p
 	}
 	for _, name := range []string{PhasePreflight, PhaseKubeadmConfig, PhaseCerts, PhaseKubeadmInit, PhaseKubeadmInit} {
@@ -129,7 +129,7 @@ func TestPhasesAndRetryOfKubeadmInit(t *testing.T) {
 func TestPreflightNeedsCRISocket(t *testing.T) {
 	i, _, fsys, _ := setup("v1.34.2")
 	_ = fsys.Remove("/run/cri.sock")
-	if err := i.Phases()[0].Run(context.Background(), newJob(t, i)); err == nil || !strings.Contains(err.Error(), "cri.sock") {
+	if err := i.Phases(false)[0].Run(context.Background(), newJob(t, i)); err == nil || !strings.Contains(err.Error(), "cri.sock") {
 		t.Fatalf("preflight = %v, want an error naming the socket", err)
 	}
 }
@@ -168,7 +168,7 @@ func TestKMSPhase(t *testing.T) {
 	k := &kmsRecorder{}
 	i.WithKMS(k, kubeadm.Encryption{ConfigFile: "/etc/kubernetes/berth/encryption-config.yaml", SocketDir: "/run/berth/kms"})
 	var names []string
-	for _, p := range i.Phases() {
+	for _, p := range i.Phases(false) {
 		names = append(names, p.Name)
 	}
 	if got := strings.Join(names, " "); !strings.Contains(got, PhaseCerts+" "+PhaseKMS+" "+PhaseKubeadmInit) {
@@ -181,7 +181,7 @@ func TestKMSPhase(t *testing.T) {
 	}
 	job.Req.Keys = keys
 	byName := map[string]Phase{}
-	for _, p := range i.Phases() {
+	for _, p := range i.Phases(false) {
 		byName[p.Name] = p
 	}
 	ctx := context.Background()
@@ -206,7 +206,7 @@ func TestKMSPhase(t *testing.T) {
 	plain, _, pfs, _ := setup("v1.34.2")
 	pjob := newJob(t, plain)
 	pjob.Req.Keys = keys
-	for _, p := range plain.Phases() {
+	for _, p := range plain.Phases(false) {
 		if p.Name == PhaseKubeadmConfig || p.Name == PhaseKMS {
 			if err := p.Run(ctx, pjob); err != nil {
 				t.Fatal(err)

@@ -25,6 +25,12 @@
 // connection carried about 3,600 guesses a second, each logged). Rejections are logged sampled per
 // peer: the first, then one line at most every rejectLogInterval with the number in between.
 //
+// Restore is Init with a sealed etcd snapshot (restore.go): its first message is Init's request,
+// checked the same way before a byte of the snapshot is read; the snapshot's chunks follow, and the
+// node opens the whole file with the request's master secret before it takes the node lock, so that
+// another cluster's or a damaged snapshot leaves the node fresh (INVALID_REQUEST). A node whose
+// unfinished attempt was a restore resumes only as a restore.
+//
 // Everything in the request is checked before the node lock is taken: the fields (names, versions,
 // CIDRs, the API server's certificate SANs, the cluster's attestation policy and image policy must
 // parse), and the node's role in metadata (a node that metadata calls a worker answers
@@ -104,6 +110,8 @@ type Server struct {
 	limits  atls.Limits
 	// rejects samples the log lines of rejected calls per peer.
 	rejects *rejectLog
+	// snapshotDir receives a Restore's snapshot.
+	snapshotDir string
 }
 
 // Option configures a Server.
@@ -170,22 +178,45 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 // Init implements the Init RPC.
 func (s *Server) Init(req *initproto.InitRequest, stream initproto.InitService_InitServer) error {
 	ctx := stream.Context()
-	peerHost := peerIP(ctx)
-	if !s.limiter.AllowPeer(peerHost) {
-		s.rejects.note(peerHost, reasonRateLimited)
+	if !s.allowPeer(ctx) {
 		return errRateLimited
 	}
-	if !s.secretMatches(ctx, req.GetInitSecret()) {
-		if !s.refused.Allow() {
-			s.rejects.note(peerHost, reasonRateLimited)
-			return errRateLimited
-		}
-		s.rejects.note(peerHost, reasonWrongSecret)
-		return errRejected
+	if err := s.admit(ctx, req); err != nil {
+		return err
 	}
 	log := s.log.With(zap.String("peer", peerAddr(ctx)))
 	log.Info("init request accepted")
-	send := &sender{stream: stream, now: s.now}
+	return s.run(ctx, log, req, &sender{stream: stream, now: s.now}, nil)
+}
+
+// allowPeer applies the per-peer rate limit, before anything of the call is looked at.
+func (s *Server) allowPeer(ctx context.Context) bool {
+	peerHost := peerIP(ctx)
+	if !s.limiter.AllowPeer(peerHost) {
+		s.rejects.note(peerHost, reasonRateLimited)
+		return false
+	}
+	return true
+}
+
+// admit checks req's init secret (a missing request is a wrong secret): nil, errRejected, or
+// errRateLimited when the budget of wrong secrets is spent.
+func (s *Server) admit(ctx context.Context, req *initproto.InitRequest) error {
+	if req != nil && s.secretMatches(ctx, req.GetInitSecret()) {
+		return nil
+	}
+	peerHost := peerIP(ctx)
+	if !s.refused.Allow() {
+		s.rejects.note(peerHost, reasonRateLimited)
+		return errRateLimited
+	}
+	s.rejects.note(peerHost, reasonWrongSecret)
+	return errRejected
+}
+
+// run is Init after the init secret matched; snapshot, for a Restore, receives the sealed snapshot
+// once the request is known to be valid for this node and opens it before the node lock is taken.
+func (s *Server) run(ctx context.Context, log *zap.Logger, req *initproto.InitRequest, send *sender, snapshot snapshotReceiver) error {
 
 	if !s.running.TryLock() {
 		return send.failure(initproto.FailureCode_FAILURE_CODE_BUSY, "another init is running on this node", "", true)
@@ -224,6 +255,20 @@ func (s *Server) Init(req *initproto.InitRequest, stream initproto.InitService_I
 		log.Error("preparing init", zap.Error(err))
 		return send.failure(initproto.FailureCode_FAILURE_CODE_PHASE_FAILED, "preparing init: "+err.Error(), "", true)
 	}
+	if st != nil && st.Completed(initcluster.PhaseRestoreEtcd) && snapshot == nil {
+		return send.failure(initproto.FailureCode_FAILURE_CODE_INVALID_REQUEST,
+			"this node is restoring a cluster from a snapshot; resume with berth restore and the same snapshot", "", false)
+	}
+	if snapshot != nil {
+		restore, cleanup, err := snapshot(ctx, parsed)
+		if err != nil {
+			return send.restoreFailure(log, err)
+		}
+		defer cleanup()
+		job.Req.Restore = restore
+		_, _ = fmt.Fprintf(job.Out, "[berth] received the snapshot of cluster %s taken %s; it opens with the request's master secret\n",
+			restore.Manifest.ClusterID, restore.Manifest.Taken.UTC().Format(time.RFC3339))
+	}
 	if st == nil {
 		if err := s.lock.TryLockOnce(ctx, LockOwner, clusterID); err != nil {
 			if errors.Is(err, nodelock.ErrLocked) {
@@ -248,7 +293,7 @@ func (s *Server) Init(req *initproto.InitRequest, stream initproto.InitService_I
 			return send.failure(initproto.FailureCode_FAILURE_CODE_PHASE_FAILED, "binding the node's state disk to the cluster failed; see the node's log", "", true)
 		}
 	}
-	phases := s.init.Phases()
+	phases := s.init.Phases(snapshot != nil)
 	for n, phase := range phases {
 		idx := uint32(n + 1)
 		if st.Completed(phase.Name) && phase.Name != initcluster.PhaseAdminKubeconfig {
@@ -288,7 +333,7 @@ func (s *Server) Init(req *initproto.InitRequest, stream initproto.InitService_I
 	if s.onSuccess != nil {
 		s.onSuccess()
 	}
-	return stream.Send(&initproto.InitResponse{Kind: &initproto.InitResponse_Success{Success: &initproto.InitSuccess{
+	return send.send(&initproto.InitResponse{Kind: &initproto.InitResponse_Success{Success: &initproto.InitSuccess{
 		Kubeconfig: job.Kubeconfig,
 		ClusterId:  clusterID,
 	}}})
@@ -448,8 +493,10 @@ func peerAddr(ctx context.Context) string {
 // sender serializes writes to the stream: phase output arrives from command goroutines.
 type sender struct {
 	mu     sync.Mutex
-	stream initproto.InitService_InitServer
-	now    func() time.Time
+	stream interface {
+		Send(*initproto.InitResponse) error
+	}
+	now func() time.Time
 }
 
 func (s *sender) send(resp *initproto.InitResponse) error {
@@ -515,8 +562,8 @@ type initSecretHasher interface {
 type clusterInitializer interface {
 	// Prepare fills in the job's node data before the first phase of an attempt.
 	Prepare(ctx context.Context, job *initcluster.Job) error
-	// Phases returns the phases in order.
-	Phases() []initcluster.Phase
+	// Phases returns the phases in order, a restore's when restore is set.
+	Phases(restore bool) []initcluster.Phase
 }
 
 // stateStore persists the node state.

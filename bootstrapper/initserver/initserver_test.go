@@ -15,6 +15,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -53,16 +54,24 @@ type fakeInit struct {
 	failAt     map[string]int // phase → remaining failures
 	block      chan struct{}  // if set, the first phase waits on it
 	prepareErr error          // what Prepare returns
+	restored   string         // what the restore-etcd phase found in the job
 }
 
 func (f *fakeInit) Prepare(context.Context, *initcluster.Job) error { return f.prepareErr }
 
-func (f *fakeInit) Phases() []initcluster.Phase {
+func (f *fakeInit) Phases(restore bool) []initcluster.Phase {
 	var ps []initcluster.Phase
-	for _, name := range []string{"preflight", "kubeadm-config", "certs", "kubeadm-init", "wait-apiserver", "components", initcluster.PhaseAdminKubeconfig} {
+	names := []string{"preflight", "kubeadm-config", "certs", "kubeadm-init", "wait-apiserver", "components", initcluster.PhaseAdminKubeconfig}
+	if restore {
+		names = slices.Insert(names, 3, initcluster.PhaseRestoreEtcd)
+	}
+	for _, name := range names {
 		ps = append(ps, initcluster.Phase{Name: name, Run: func(ctx context.Context, job *initcluster.Job) error {
 			f.mu.Lock()
 			f.ran = append(f.ran, name)
+			if name == initcluster.PhaseRestoreEtcd {
+				f.restored = readRestore(job)
+			}
 			fail := f.failAt[name] > 0
 			if fail {
 				f.failAt[name]--

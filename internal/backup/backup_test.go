@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/berth-k8s/berth/internal/apiservertest"
+	"github.com/berth-k8s/berth/internal/backup/backuptest"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 )
 
@@ -130,16 +131,6 @@ func TestNames(t *testing.T) {
 	}
 }
 
-// canaryEncodings are the forms in which a Secret's value could appear in a snapshot: as it is, in
-// base64 (a Secret's data in JSON), and in the protobuf etcd stores when nothing encrypts it.
-func canaryEncodings(value string) map[string][]byte {
-	return map[string][]byte{
-		"plain":            []byte(value),
-		"base64":           []byte(base64.StdEncoding.EncodeToString([]byte(value))),
-		"base64 (raw URL)": []byte(base64.RawURLEncoding.EncodeToString([]byte(value))),
-	}
-}
-
 // TestTakeFromRealEtcd takes a snapshot of a real API server's etcd that holds a canary Secret in
 // plain text (no KMS here, so that the test can see the canary where it would leak): etcd's own
 // snapshot contains it, the sealed one does not in any encoding, and the sealed one opens back into
@@ -206,7 +197,7 @@ func TestTakeFromRealEtcd(t *testing.T) {
 			t.Fatalf("the sealed snapshot contains bytes %d..%d of the canary as etcd stores it", i, i+32)
 		}
 	}
-	for enc, b := range canaryEncodings(canary) {
+	for enc, b := range backuptest.Encodings(canary) {
 		if enc == "plain" && !bytes.Contains(raw, b) {
 			t.Fatalf("etcd's own snapshot has no plain canary: the check below could not see one")
 		}

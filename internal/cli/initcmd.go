@@ -43,6 +43,8 @@ type initOptions struct {
 	connectTimeout time.Duration
 	timeout        time.Duration
 	verbose        bool
+	// restore, when set, makes this init a restore of the snapshot (berth restore).
+	restore *restoreSource
 }
 
 func newInitCmd() *cobra.Command {
@@ -110,6 +112,12 @@ The node's progress goes to stderr; the result (cluster ID, admin kubeconfig, jo
 			return runInit(cmd.Context(), cmd.OutOrStdout(), cmd.ErrOrStderr(), o)
 		},
 	}
+	addInitFlags(cmd, &o)
+	return cmd
+}
+
+// addInitFlags registers the flags init and restore share.
+func addInitFlags(cmd *cobra.Command, o *initOptions) {
 	f := cmd.Flags()
 	f.StringVar(&o.endpoint, "endpoint", "", "HOST:PORT of the node's InitServer (required)")
 	f.StringVar(&o.configPath, "config", "", "cluster config file (required)")
@@ -120,7 +128,6 @@ The node's progress goes to stderr; the result (cluster ID, admin kubeconfig, jo
 	f.BoolVarP(&o.verbose, "verbose", "v", false, "also print the node's init output (always saved to the workspace's init.log)")
 	_ = cmd.MarkFlagRequired("endpoint")
 	_ = cmd.MarkFlagRequired("config")
-	return cmd
 }
 
 // loadInitConfig reads the config file and its init secret, printing its warnings to errOut; its
@@ -258,7 +265,12 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 	}
 	// Only now, with the node verified, the cluster's secrets come into being (or are reloaded to
 	// resume an earlier attempt); they reach the disk before they reach the wire.
-	master, salt, err := prepareWorkspace(o.workspace, errOut)
+	var master, salt []byte
+	if o.restore != nil {
+		master, salt, err = adoptWorkspace(o.workspace, o.restore, errOut)
+	} else {
+		master, salt, err = prepareWorkspace(o.workspace, errOut)
+	}
 	if err != nil {
 		return err
 	}
@@ -269,7 +281,7 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	stream, err := initproto.NewInitServiceClient(conn).Init(ctx, &initproto.InitRequest{
+	req := &initproto.InitRequest{
 		InitSecret:        secret,
 		MasterSecret:      master,
 		Salt:              salt,
@@ -285,7 +297,13 @@ func runInit(ctx context.Context, out, errOut io.Writer, o initOptions) error {
 			SkipCoredns:   cfg.Components.SkipCoreDNS,
 			ImagePolicy:   imagePolicy,
 		},
-	})
+	}
+	var stream initclient.Stream
+	if o.restore != nil {
+		stream, err = sendRestore(ctx, initproto.NewInitServiceClient(conn), req, o.restore, errOut)
+	} else {
+		stream, err = initproto.NewInitServiceClient(conn).Init(ctx, req)
+	}
 	if err != nil {
 		return fmt.Errorf("starting init: %w", err)
 	}
@@ -324,7 +342,7 @@ func publishJoinPolicy(dir string, joinPolicy, master, salt []byte, errOut io.Wr
 
 // receiveInit shows the node's progress on errOut (and its output with --verbose) and writes the
 // result to out.
-func receiveInit(stream initproto.InitService_InitClient, out, errOut, logFile io.Writer, o initOptions, joinPolicyPath string) error {
+func receiveInit(stream initclient.Stream, out, errOut, logFile io.Writer, o initOptions, joinPolicyPath string) error {
 	start := time.Now()
 	started := map[string]time.Time{}
 	success, err := initclient.Receive(stream, initclient.Handler{
@@ -352,7 +370,11 @@ func receiveInit(stream initproto.InitService_InitClient, out, errOut, logFile i
 	var failure *initclient.FailureError
 	switch {
 	case err == nil:
-		return writeInitResult(out, o.workspace, success, time.Since(start), joinPolicyPath)
+		verb := "initialized"
+		if o.restore != nil {
+			verb = "restored"
+		}
+		return writeInitResult(out, o.workspace, verb, success, time.Since(start), joinPolicyPath)
 	case errors.Is(err, initclient.ErrNoResult):
 		return errors.New("the node ended init without a result; see the node's log")
 	case errors.Is(err, initclient.ErrRejected):
@@ -371,7 +393,7 @@ func receiveInit(stream initproto.InitService_InitClient, out, errOut, logFile i
 	}
 }
 
-func writeInitResult(out io.Writer, dir string, s *initproto.InitSuccess, took time.Duration, joinPolicyPath string) error {
+func writeInitResult(out io.Writer, dir, verb string, s *initproto.InitSuccess, took time.Duration, joinPolicyPath string) error {
 	if len(s.GetKubeconfig()) == 0 {
 		return errors.New("the node reported success without a kubeconfig")
 	}
@@ -383,7 +405,7 @@ func writeInitResult(out io.Writer, dir string, s *initproto.InitSuccess, took t
 	if abs, err := filepath.Abs(adminPath); err == nil {
 		adminPath = abs // the printed commands work from any directory
 	}
-	_, _ = fmt.Fprintf(out, "\nCluster initialized in %s.\nCluster ID: %s\nAdmin kubeconfig: %s\n", took.Round(time.Millisecond), idHex, adminPath)
+	_, _ = fmt.Fprintf(out, "\nCluster %s in %s.\nCluster ID: %s\nAdmin kubeconfig: %s\n", verb, took.Round(time.Millisecond), idHex, adminPath)
 	if joinPolicyPath != "" {
 		_, _ = fmt.Fprintf(out, "Join policy for new nodes (BERTH_JOIN_POLICY): %s\n", joinPolicyPath)
 	}

@@ -47,7 +47,7 @@ warnings and errors go to stderr.
 	}
 	diagnostics.AddFlags(root.PersistentFlags())
 	root.AddCommand(
-		newInitCmd(), newRecoverCmd(), newKubeconfigCmd(),
+		newInitCmd(), newRestoreCmd(), newRecoverCmd(), newKubeconfigCmd(),
 		newMiniCmd(),
 		newVerifyCmd(), newPolicyCmd(),
 		newStatusCmd(), newNodeCmd(), newUpgradeCmd(), newMetadataCmd(), newSecretsCmd(), newBackupCmd(),

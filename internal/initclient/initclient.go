@@ -171,11 +171,16 @@ type Handler struct {
 	Log      func([]byte)
 }
 
+// Stream is the answer stream of Init and of Restore.
+type Stream interface {
+	Recv() (*initproto.InitResponse, error)
+}
+
 // Receive reads the node's init stream, handing progress and output to h, until the result: the
 // node's InitSuccess, or an error: *FailureError (the node's InitFailure), ErrRejected
 // (PermissionDenied), ErrRateLimited (ResourceExhausted), ErrNoResult (the stream ended), or the
 // stream's error.
-func Receive(stream initproto.InitService_InitClient, h Handler) (*initproto.InitSuccess, error) {
+func Receive(stream Stream, h Handler) (*initproto.InitSuccess, error) {
 	for {
 		resp, err := stream.Recv()
 		if errors.Is(err, io.EOF) {

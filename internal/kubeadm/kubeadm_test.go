@@ -289,3 +289,30 @@ func TestRunnerArgv(t *testing.T) {
 		t.Fatalf("calls:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// InitOnEtcdData passes over the etcd directory check, beside the runner's own ignored checks; with
+// "all" it passes "all" alone, since kubeadm refuses "all" beside named checks.
+func TestInitOnEtcdDataArgv(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		ignore []string
+		want   string
+	}{
+		{nil, "--ignore-preflight-errors=DirAvailable--var-lib-etcd"},
+		{[]string{"Swap"}, "--ignore-preflight-errors=Swap,DirAvailable--var-lib-etcd"},
+		{[]string{"all"}, "--ignore-preflight-errors=all"},
+		{[]string{"All"}, "--ignore-preflight-errors=All"},
+	} {
+		rec := &commandtest.Recorder{}
+		r := &Runner{Path: "kubeadm", IgnorePreflightErrors: tc.ignore, Exec: rec}
+		if err := r.InitOnEtcdData(ctx, io.Discard, "/c.yaml"); err != nil {
+			t.Fatal(err)
+		}
+		if want := "kubeadm init --config /c.yaml --skip-token-print --skip-phases=certs " + tc.want; rec.String() != want {
+			t.Errorf("with %v: %s, want %s", tc.ignore, rec.String(), want)
+		}
+		if len(r.IgnorePreflightErrors) != len(tc.ignore) {
+			t.Errorf("the runner's own list changed: %v", r.IgnorePreflightErrors)
+		}
+	}
+}

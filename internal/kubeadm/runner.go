@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -38,11 +39,27 @@ func subcommand(args []string) []string {
 	return args
 }
 
-func (r *Runner) ignoreFlag() []string {
-	if len(r.IgnorePreflightErrors) == 0 {
+func (r *Runner) ignoreFlag(extra ...string) []string {
+	checks := r.IgnorePreflightErrors
+	if !slices.ContainsFunc(checks, func(c string) bool { return strings.EqualFold(c, "all") }) {
+		// kubeadm refuses "all" beside named checks; "all" covers them.
+		checks = append(slices.Clone(checks), extra...)
+	}
+	if len(checks) == 0 {
 		return nil
 	}
-	return []string{"--ignore-preflight-errors=" + strings.Join(r.IgnorePreflightErrors, ",")}
+	return []string{"--ignore-preflight-errors=" + strings.Join(checks, ",")}
+}
+
+// EtcdDataCheck is kubeadm's preflight check that etcd's data directory is empty.
+const EtcdDataCheck = "DirAvailable--var-lib-etcd"
+
+// InitOnEtcdData runs `kubeadm init` as Init does on a node whose etcd data directory already holds
+// the member kubeadm's local etcd is to run (a restore): EtcdDataCheck is passed over.
+func (r *Runner) InitOnEtcdData(ctx context.Context, out io.Writer, configPath string, skip ...string) error {
+	phases := append([]string{"certs"}, skip...)
+	args := []string{"init", "--config", configPath, "--skip-token-print", "--skip-phases=" + strings.Join(phases, ",")}
+	return r.run(ctx, out, append(args, r.ignoreFlag(EtcdDataCheck)...)...)
 }
 
 // Version writes kubeadm's version ("v1.37.2") to out.

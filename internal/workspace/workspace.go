@@ -16,6 +16,7 @@ package workspace
 
 import (
 	"crypto/rand"
+	"crypto/subtle"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -102,24 +103,61 @@ func ReadSecret(dir string) (master, salt []byte, ok bool, err error) {
 // LoadKeys reads a master-secret.json at path (a workspace's, or a copy of it) and derives the
 // cluster's keys from it. Its errors say what is wrong with the file.
 func LoadKeys(path string) (*clusterkeys.Keys, error) {
-	data, err := os.ReadFile(path)
+	master, salt, err := ReadSecretFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("reading the master secret: %w", err)
-	}
-	var f secretFile
-	if err := json.Unmarshal(data, &f); err != nil {
-		return nil, fmt.Errorf("%s is not a master-secret.json as berth init writes it", path)
-	}
-	master, err1 := base64.StdEncoding.DecodeString(f.MasterSecret)
-	salt, err2 := base64.StdEncoding.DecodeString(f.Salt)
-	if err1 != nil || err2 != nil {
-		return nil, fmt.Errorf("%s is damaged: masterSecret and salt must be base64", path)
+		return nil, err
 	}
 	keys, err := clusterkeys.New(master, salt)
 	if err != nil {
 		return nil, fmt.Errorf("%s is damaged: want a 32-byte master secret and salt", path)
 	}
 	return keys, nil
+}
+
+// ReadSecretFile reads the master secret and salt of a master-secret.json at path. Its errors say
+// what is wrong with the file and never hold its content.
+func ReadSecretFile(path string) (master, salt []byte, err error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reading the master secret: %w", err)
+	}
+	var f secretFile
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, nil, fmt.Errorf("%s is not a master-secret.json as berth init writes it", path)
+	}
+	master, err1 := base64.StdEncoding.DecodeString(f.MasterSecret)
+	salt, err2 := base64.StdEncoding.DecodeString(f.Salt)
+	if err1 != nil || err2 != nil {
+		return nil, nil, fmt.Errorf("%s is damaged: masterSecret and salt must be base64", path)
+	}
+	if len(master) != secretSize || len(salt) != secretSize {
+		return nil, nil, fmt.Errorf("%s is damaged: want a 32-byte master secret and salt", path)
+	}
+	return master, salt, nil
+}
+
+// ErrOtherSecret is returned by AdoptSecret for a workspace that holds another master secret.
+var ErrOtherSecret = errors.New("the workspace holds another master secret")
+
+// AdoptSecret makes master and salt the workspace's (a restore's: the restored cluster keeps its
+// master secret): written to dir when it holds none, accepted when it holds the same (resumed is
+// true), refused with ErrOtherSecret when it holds another. Like Create, it refuses a finished
+// workspace.
+func AdoptSecret(dir string, master, salt []byte) (resumed bool, err error) {
+	if err := Create(dir); err != nil {
+		return false, err
+	}
+	have, haveSalt, ok, err := ReadSecret(dir)
+	if err != nil {
+		return false, err
+	}
+	if ok {
+		if subtle.ConstantTimeCompare(have, master) != 1 || subtle.ConstantTimeCompare(haveSalt, salt) != 1 {
+			return false, ErrOtherSecret
+		}
+		return true, nil
+	}
+	return false, writeExclusive(filepath.Join(dir, MasterSecret), EncodeSecret(master, salt))
 }
 
 // Unfinished returns the keys of the workspace's unfinished init (a master secret and no

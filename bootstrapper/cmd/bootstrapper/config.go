@@ -53,6 +53,7 @@ type config struct {
 	diskBackend   string
 	stateMount    string
 	etcdDir       string
+	restoreDir    string
 	recoverListen string
 	sealPCRs      []uint
 	sealFresh     bool
@@ -120,6 +121,7 @@ func (c *config) register(f *pflag.FlagSet) {
 	f.StringVar(&c.diskBackend, "state-disk-backend", c.diskBackend, "how the state disk is encrypted: luks (LUKS2 with integrity, needs device-mapper), fscrypt (ext4 encryption on a loop-mounted image, where there is no device-mapper) or none (state stays unencrypted on the host's directories; development only)")
 	f.StringVar(&c.stateMount, "state-mount", c.stateMount, "where the opened state disk is mounted; its directories are then mounted over --kubernetes-dir, --kubelet-dir, --etcd-dir and --state-dir")
 	f.StringVar(&c.etcdDir, "etcd-dir", c.etcdDir, "etcd's data directory on control planes (kept on the state disk)")
+	f.StringVar(&c.restoreDir, "restore-snapshot-dir", c.restoreDir, "where a restore (berth restore) receives its sealed etcd snapshot before etcd's data is restored from it; it needs room for the snapshot (default: the system's temporary directory)")
 	f.StringVar(&c.recoverListen, "recovery-listen", c.recoverListen, "address the recovery server listens on while the state disk waits for 'berth recover'")
 	f.UintSliceVar(&c.sealPCRs, "seal-pcrs", c.sealPCRs, "boot PCRs the state disk key is sealed to (--attestation=tpm): the UKI (4), Secure Boot state (7), the kernel's command line and initrd (9), the UKI's sections (11), command line overrides and credentials (12); the lock PCR is always required to be zero")
 	f.BoolVar(&c.sealFresh, "seal-fresh-disk", c.sealFresh, "also seal the random key of a freshly formatted state disk to the TPM (--attestation=tpm): a node rebooted before init or join opens its disk unattended instead of wiping it")

@@ -147,7 +147,7 @@ func daemon(ctx context.Context, cfg *config) error {
 	initConfig := initcluster.Config{
 		StateDir: cfg.stateDir, KubernetesDir: cfg.kubernetesDir, CRISocket: cfg.criSocket, CgroupDriver: cfg.cgroupDriver,
 		KubeProxyMode: cfg.kubeProxyMode, NeverPull: cfg.neverPull, KubeletExtraArgs: cfg.kubeletExtraArgs(),
-		KubeProxyConntrackMaxPerCore: cfg.kubeProxyConntrackMaxPerCore(),
+		KubeProxyConntrackMaxPerCore: cfg.kubeProxyConntrackMaxPerCore(), EtcdDir: cfg.etcdDir,
 	}
 	installer := components.New(components.Config{
 		ManifestDir: cfg.componentsDir, JoinServiceImage: cfg.joinImage, ImagePullPolicy: pullPolicy(cfg.neverPull),
@@ -182,7 +182,7 @@ func daemon(ctx context.Context, cfg *config) error {
 	initOpts := []initserver.Option{initserver.WithServerOptions(
 		grpc.Creds(att.serverCreds),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 15 * time.Second}),
-	)}
+	), initserver.WithSnapshotDir(cfg.restoreDir)}
 	if stage != nil {
 		initOpts = append(initOpts, initserver.WithDisk(stage))
 	}
