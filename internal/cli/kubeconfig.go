@@ -11,6 +11,7 @@ import (
 
 	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/kubeclient"
+	"github.com/berth-k8s/berth/internal/records/clientset"
 )
 
 // ErrNoKubeconfig is returned by a command that talks to a cluster when no kubeconfig names one:
@@ -70,4 +71,27 @@ func (k *kubeOptions) client() (kubernetes.Interface, error) {
 		return nil, err
 	}
 	return kubeclient.Clientset(cfg)
+}
+
+// clients returns a Kubernetes client and the record API's client for the kubeconfig the flags
+// name.
+func (k *kubeOptions) clients() (kubernetes.Interface, clientset.Interface, error) {
+	cfg, err := k.restConfig()
+	if err != nil {
+		return nil, nil, err
+	}
+	return clientsFor(cfg)
+}
+
+// clientsFor returns a Kubernetes client and the record API's client for cfg.
+func clientsFor(cfg *rest.Config) (kubernetes.Interface, clientset.Interface, error) {
+	client, err := kubeclient.Clientset(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	rc, err := clientset.NewForConfig(cfg)
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating the record API's client: %w", err)
+	}
+	return client, rc, nil
 }

@@ -13,7 +13,6 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/policy/policydiff"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/machines"
-	"github.com/berth-k8s/berth/internal/records/clientset"
 )
 
 func newPolicyDiffCmd() *cobra.Command {
@@ -44,13 +43,9 @@ evidence was recorded.`,
 			if err != nil {
 				return &exitError{code: exitUsage, err: err}
 			}
-			cfg, err := kube.restConfig()
+			_, rc, err := kube.clients()
 			if err != nil {
 				return err
-			}
-			rc, err := clientset.NewForConfig(cfg)
-			if err != nil {
-				return fmt.Errorf("creating the record API's client: %w", err)
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()

@@ -17,7 +17,6 @@ import (
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/joinledger"
-	"github.com/berth-k8s/berth/internal/kubeclient"
 	"github.com/berth-k8s/berth/internal/records/clientset"
 )
 
@@ -85,13 +84,9 @@ applies to both.`,
 			if err != nil {
 				return err
 			}
-			client, err := kubeclient.Clientset(cfg)
+			client, rc, err := clientsFor(cfg)
 			if err != nil {
 				return err
-			}
-			rc, err := clientset.NewForConfig(cfg)
-			if err != nil {
-				return fmt.Errorf("creating the record API's client: %w", err)
 			}
 			node := ""
 			if len(args) == 1 {

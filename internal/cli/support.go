@@ -13,8 +13,6 @@ import (
 
 	"github.com/berth-k8s/berth/internal/atomicfile"
 	"github.com/berth-k8s/berth/internal/joinconfig"
-	"github.com/berth-k8s/berth/internal/kubeclient"
-	"github.com/berth-k8s/berth/internal/records/clientset"
 	"github.com/berth-k8s/berth/internal/supportbundle"
 )
 
@@ -70,17 +68,9 @@ cluster, --mini-dir adds every node's.`,
 					extra["nodes/"+node+"/bootstrapper.log"] = supportbundle.TailFile(l, tail)
 				}
 			}
-			cfg, err := kube.restConfig()
+			client, rc, err := kube.clients()
 			if err != nil {
 				return err
-			}
-			client, err := kubeclient.Clientset(cfg)
-			if err != nil {
-				return err
-			}
-			rc, err := clientset.NewForConfig(cfg)
-			if err != nil {
-				return fmt.Errorf("creating the record API's client: %w", err)
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()

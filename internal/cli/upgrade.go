@@ -14,9 +14,7 @@ import (
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/k8sversion"
-	"github.com/berth-k8s/berth/internal/kubeclient"
 	"github.com/berth-k8s/berth/internal/machines"
-	"github.com/berth-k8s/berth/internal/records/clientset"
 	"github.com/berth-k8s/berth/internal/upgradeplan"
 )
 
@@ -72,17 +70,9 @@ Supported Kubernetes versions: ` + k8sversion.SupportedList() + `.`,
 				}
 				opts.NewPolicy, opts.NewPolicySource = p, policyPath
 			}
-			cfg, err := kube.restConfig()
+			client, rc, err := kube.clients()
 			if err != nil {
 				return err
-			}
-			client, err := kubeclient.Clientset(cfg)
-			if err != nil {
-				return err
-			}
-			rc, err := clientset.NewForConfig(cfg)
-			if err != nil {
-				return fmt.Errorf("creating the record API's client: %w", err)
 			}
 			ctx, cancel := context.WithTimeout(cmd.Context(), timeout)
 			defer cancel()
