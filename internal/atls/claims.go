@@ -64,6 +64,10 @@ func ClaimsOf(m attestation.Measurements) (Claims, error) {
 	return Claims{encoded: b}, nil
 }
 
+// ClaimsEncoded are the claims whose encoding (as a client sends it, ClaimsOf) is b, decoded only when
+// asked (Measurements); b is not copied.
+func ClaimsEncoded(b []byte) Claims { return Claims{encoded: b} }
+
 // Encoded is the claims' encoding as the client sent it; the caller must not change it.
 func (c Claims) Encoded() []byte { return c.encoded }
 

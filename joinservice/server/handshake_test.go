@@ -209,3 +209,31 @@ func TestRememberedRefusalIsTheSame(t *testing.T) {
 		t.Fatalf("good claims with one more index: %v", err)
 	}
 }
+
+// TestMalformedClaimsRefused: claims whose encoding does not decode are refused and recorded as
+// MALFORMED_EVIDENCE, remembered or not; they never pass.
+func TestMalformedClaimsRefused(t *testing.T) {
+	zero := strings.Repeat("00", 32)
+	p := mustPolicy(t, "variant: tpm\nmeasurements:\n  4: {expected: "+zero+", source: the image}\n")
+	j := &journal{}
+	check := ClaimCheck(func() *policy.Policy { return p }, j, nil)
+	good, err := atls.ClaimsOf(attestation.Measurements{4: make([]byte, 32)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, enc := range map[string][]byte{
+		"cut short":            good.Encoded()[:len(good.Encoded())-1],
+		"an index twice":       append(append([]byte(nil), good.Encoded()...), good.Encoded()...),
+		"a length beyond them": {4, 200, 0},
+	} {
+		for range 2 {
+			err := check(context.Background(), "198.51.100.50", atls.ClaimsEncoded(enc))
+			if !errors.Is(err, attestation.ErrMalformed) {
+				t.Fatalf("%s: %v, want a refusal as malformed", name, err)
+			}
+		}
+	}
+	if es := j.all(); len(es) != 6 || es[5].Reason != ReasonMalformed || es[5].Kind != joinledger.KindUnverified {
+		t.Fatalf("ledger %+v: want six unverified MALFORMED_EVIDENCE entries", es)
+	}
+}
