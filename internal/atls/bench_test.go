@@ -19,7 +19,6 @@ import (
 
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/atls/atlstest"
-	"github.com/berth-k8s/berth/internal/attestation"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/tpmsim"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
@@ -207,7 +206,7 @@ func BenchmarkClaimRefusal(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	refuse := atls.ClaimCheck(func(context.Context, string, attestation.Measurements) error {
+	refuse := atls.ClaimCheck(func(context.Context, string, atls.Claims) error {
 		return errors.New("index 4: claimed 1111...")
 	})
 	srv, err := atls.NewCredentials(atlstest.Issuer{}, tpmValidator(b, nodeCA.PEM(), ""), atls.WithLimiter(unlimited()), atls.WithClaimCheck(refuse))

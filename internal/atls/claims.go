@@ -45,7 +45,40 @@ type Claimer interface {
 // ClaimCheck judges the measurements a client at peer (its IP address) claims; a non-nil error
 // refuses the handshake. The error stays with the server (its log): the client learns only that its
 // claims were refused.
-type ClaimCheck func(ctx context.Context, peer string, claims attestation.Measurements) error
+type ClaimCheck func(ctx context.Context, peer string, claims Claims) error
+
+// Claims are the measurements a client claims, as its ClientHello carries them: a check that
+// remembers its verdicts keys them by Encoded and decodes (Measurements) only claims it has not
+// judged yet. Equal encodings are equal claims; claims that decode alike but are encoded apart only
+// get verdicts of their own.
+type Claims struct {
+	encoded []byte
+}
+
+// ClaimsOf encodes m as a client claims it.
+func ClaimsOf(m attestation.Measurements) (Claims, error) {
+	b, err := encodeClaims(m)
+	if err != nil {
+		return Claims{}, err
+	}
+	return Claims{encoded: b}, nil
+}
+
+// ClaimsEncoded are the claims whose encoding (as a client sends it, ClaimsOf) is b, decoded only when
+// asked (Measurements); b is not copied.
+func ClaimsEncoded(b []byte) Claims { return Claims{encoded: b} }
+
+// Encoded is the claims' encoding as the client sent it; the caller must not change it.
+func (c Claims) Encoded() []byte { return c.encoded }
+
+// Measurements decodes the claims; claims that do not decode are attestation.ErrMalformed.
+func (c Claims) Measurements() (attestation.Measurements, error) {
+	m, err := decodeClaims(c.encoded)
+	if err != nil {
+		return nil, fmt.Errorf("claimed measurements: %w", err)
+	}
+	return m, nil
+}
 
 // WithClaimCheck makes a validating server judge the measurements clients claim before it attests,
 // activates or validates (see Claimer).
@@ -258,9 +291,9 @@ func claimProtos(ctx context.Context, issuer Issuer) ([]string, error) {
 }
 
 // judgeClaims applies the server's ClaimCheck to what the client claims in protos: the reason to
-// refuse, nil to go on. Claims whose triples do not decode are refused (attestation.ErrMalformed);
-// entries that are not base64 or exceed 4 KiB together count as no claims (fromALPN), and the
-// handshake runs in full.
+// refuse, nil to go on. The check decides on claims whose triples do not decode
+// (Claims.Measurements: attestation.ErrMalformed); entries that are not base64 or exceed 4 KiB
+// together count as no claims (fromALPN), and the handshake runs in full.
 func judgeClaims(ctx context.Context, o options, peer string, protos []string) error {
 	if o.claimCheck == nil {
 		return nil
@@ -269,12 +302,19 @@ func judgeClaims(ctx context.Context, o options, peer string, protos []string) e
 	if raw == nil {
 		return nil
 	}
-	m, err := decodeClaims(raw)
-	if err != nil {
-		return fmt.Errorf("claimed measurements: %w", err)
-	}
-	return o.claimCheck(ctx, peer, m)
+	return o.claimCheck(ctx, peer, Claims{encoded: raw})
 }
+
+// refusedClaims is the error a server's handshake ends with when it refused the client's claims
+// (errRefusedClaims). Its text is made only when someone reads it: the server's credentials answer a
+// refusal with io.EOF and never do, and a refusal is the path a flood takes.
+type refusedClaims struct{ why error }
+
+func (e refusedClaims) Error() string { return errRefusedClaims.Error() + ": " + e.why.Error() }
+
+// Unwrap gives errRefusedClaims only: the verdict was recorded by the ClaimCheck, and the handshake's
+// error must not be taken for a validation's.
+func (e refusedClaims) Unwrap() error { return errRefusedClaims }
 
 // parseRejection turns a peer's OIDClaimRejection value into the error its side reports.
 func parseRejection(value []byte) error {

@@ -421,7 +421,5 @@ func refuseClaims(ctx context.Context, o options, chi *tls.ClientHelloInfo, peer
 	if err := refuseWithAlert(chi.Conn); err != nil {
 		return fmt.Errorf("refusing claimed measurements: %w", err)
 	}
-	// Not wrapped: the verdict was recorded by the ClaimCheck, the handshake's error must not be taken
-	// for a validation's.
-	return fmt.Errorf("%w: %s", errRefusedClaims, why.Error())
+	return refusedClaims{why: why}
 }

@@ -187,7 +187,7 @@ var catalog = []Entry{
 	{
 		Code:  "MALFORMED_EVIDENCE",
 		Where: whereHandshake,
-		Cause: "The attestation document does not parse.",
+		Cause: "The attestation document does not parse, or the measurements a node claims in its handshake do not decode.",
 		Check: "berth status (the peer); a scanner or an incompatible bootstrapper version sends these.",
 		Next:  "For a node of yours, check that its image and the cluster run compatible Berth versions.",
 	},

@@ -185,7 +185,7 @@ func TestWithClusterLockValues(t *testing.T) {
 func TestClaimCheckOfCheckInPolicy(t *testing.T) {
 	cluster := testKeys().ClusterID()
 	p := tpmClusterPolicy(t)
-	check := ClaimCheck(NewCheckInPolicy(func() *policy.Policy { return p }, cluster).Policy, &journal{}, nil)
+	check := measuredCheck(t, ClaimCheck(NewCheckInPolicy(func() *policy.Policy { return p }, cluster).Policy, &journal{}, nil))
 	claims := func(lock []byte) attestation.Measurements { return attestation.Measurements{4: bootPCR, 15: lock} }
 	if err := check(context.Background(), "198.51.100.20", claims(vtpm.ExpectedLockValue(cluster))); err != nil {
 		t.Errorf("claims of a booted worker of this cluster refused: %v", err)

@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -151,7 +150,7 @@ func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer)
 		obs = nopObserver{}
 	}
 	verdicts := &claimVerdicts{}
-	return func(_ context.Context, peer string, claims attestation.Measurements) error {
+	return func(_ context.Context, peer string, claims atls.Claims) error {
 		p := current()
 		if p.Variant != vtpm.Variant {
 			// Claims are TPM PCRs; a node of another variant than the cluster's is refused by the
@@ -162,9 +161,9 @@ func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer)
 		if v.err == nil {
 			return nil
 		}
-		obs.Attempt("handshake", ledger.OutcomeRejected, ReasonMeasurements)
+		obs.Attempt("handshake", ledger.OutcomeRejected, v.reason)
 		j.Record(ledger.Entry{
-			Time: time.Now().UTC(), Peer: peer, RPC: "handshake", Outcome: ledger.OutcomeRejected, Reason: ReasonMeasurements,
+			Time: time.Now().UTC(), Peer: peer, RPC: "handshake", Outcome: ledger.OutcomeRejected, Reason: v.reason,
 			Message: v.message, EvidenceSHA256: v.digest, Kind: joinledger.KindUnverified,
 		})
 		return v.err
@@ -172,65 +171,71 @@ func ClaimCheck(current func() *policy.Policy, j HandshakeJournal, obs Observer)
 }
 
 // claimVerdicts remembers the verdicts on the claims judged last, keyed by the policy they were
-// judged by and the exact claims: the nodes of one image claim the same values, so a join (or a flood
-// of refusals) judges, words and digests each set of claims once per policy. At most
-// maxClaimVerdicts are kept; when full, all are forgotten.
+// judged by and the claims' exact encoding (atls.Claims.Encoded): the nodes of one image claim the
+// same values, so a join (or a flood of refusals) decodes, judges, words and digests each set of
+// claims once per policy, and a refusal remembered costs a map lookup. At most maxClaimVerdicts are
+// kept; when full, all are forgotten.
 type claimVerdicts struct {
 	mu sync.Mutex
 	// policy is the policy the verdicts were judged by; another one forgets them.
 	policy *policy.Policy
-	m      map[string]claimVerdict // by claimsKey
+	m      map[string]claimVerdict // by the claims' encoding
 }
 
 // maxClaimVerdicts bounds the verdicts on claims a joinservice remembers.
 const maxClaimVerdicts = 256
 
+// claimVerdict is a judgement with everything a refusal reports, made once: the error (its text
+// fixed), the ledger's reason, message and digest.
 type claimVerdict struct {
 	err     error
+	reason  string // ReasonMeasurements, or ReasonMalformed for claims that do not decode
 	message string // for the ledger: "claimed measurements: " and the reason
-	digest  string // claimsDigest, the ledger's evidence
+	digest  string // claimsDigest, the ledger's evidence; empty for claims that do not decode
 }
 
 // judge returns the verdict on claims under p.
-func (c *claimVerdicts) judge(p *policy.Policy, claims attestation.Measurements) claimVerdict {
-	key := claimsKey(claims)
+func (c *claimVerdicts) judge(p *policy.Policy, claims atls.Claims) claimVerdict {
 	c.mu.Lock()
-	v, ok := c.m[string(key)]
+	v, ok := c.m[string(claims.Encoded())]
 	ok = ok && c.policy == p
 	c.mu.Unlock()
 	if ok {
 		return v
 	}
-	v = claimVerdict{digest: claimsDigest(claims)}
-	if err := judgeClaims(p, claims); err != nil {
-		v.err, v.message = err, "claimed measurements: "+err.Error()
-	}
+	v = judgeEncoded(p, claims)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.policy != p || len(c.m) >= maxClaimVerdicts {
 		c.policy, c.m = p, map[string]claimVerdict{}
 	}
-	c.m[string(key)] = v
+	c.m[string(claims.Encoded())] = v
 	return v
 }
 
-// claimsKey is the exact claims: index, length and value of each, by ascending index.
-func claimsKey(m attestation.Measurements) []byte {
-	idx := make([]uint32, 0, len(m))
-	n := 0
-	for i, v := range m {
-		idx = append(idx, i)
-		n += 8 + len(v)
+// judgeEncoded decodes and judges claims under p.
+func judgeEncoded(p *policy.Policy, claims atls.Claims) claimVerdict {
+	m, err := claims.Measurements()
+	if err != nil {
+		return claimVerdict{err: verdictError{text: err.Error(), cause: err}, reason: ReasonMalformed, message: err.Error()}
 	}
-	slices.Sort(idx)
-	b := make([]byte, 0, n)
-	for _, i := range idx {
-		b = binary.BigEndian.AppendUint32(b, i)
-		b = binary.BigEndian.AppendUint32(b, uint32(len(m[i])))
-		b = append(b, m[i]...)
+	v := claimVerdict{digest: claimsDigest(m)}
+	if err := judgeClaims(p, m); err != nil {
+		text := err.Error()
+		v.err, v.reason, v.message = verdictError{text: text, cause: err}, ReasonMeasurements, "claimed measurements: "+text
 	}
-	return b
+	return v
 }
+
+// verdictError is a remembered verdict's error: its text is worded once, when the claims are judged,
+// not again for every refusal that repeats it.
+type verdictError struct {
+	text  string
+	cause error
+}
+
+func (e verdictError) Error() string { return e.text }
+func (e verdictError) Unwrap() error { return e.cause }
 
 // errUnclaimed names the enforced indices a node's claims leave out (for the ledger only).
 type errUnclaimed []uint32

@@ -5,9 +5,11 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"strings"
 	"testing"
 
+	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/joinledger"
@@ -49,7 +51,7 @@ func TestClaimCheck(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			j := &journal{}
-			refused := ClaimCheck(func() *policy.Policy { return tc.policy }, j, nil)(context.Background(), "198.51.100.20", tc.claims)
+			refused := measuredCheck(t, ClaimCheck(func() *policy.Policy { return tc.policy }, j, nil))(context.Background(), "198.51.100.20", tc.claims)
 			if tc.ledger == "" {
 				if refused != nil || len(j.all()) != 0 {
 					t.Fatalf("refused: %v, ledger %+v", refused, j.all())
@@ -66,7 +68,7 @@ func TestClaimCheck(t *testing.T) {
 	}
 	// A node claiming one random value at every index and one claiming only the indices the policy
 	// does not judge are both refused, and a refusal is the same alert whatever the reason.
-	check := ClaimCheck(func() *policy.Policy { return tpm }, &journal{}, nil)
+	check := measuredCheck(t, ClaimCheck(func() *policy.Policy { return tpm }, &journal{}, nil))
 	random := all(nil)
 	for i := range random {
 		random[i] = bytes.Repeat([]byte{byte(i + 1)}, 32)
@@ -126,7 +128,7 @@ func TestClaimVerdictsRemembered(t *testing.T) {
 	loose := mustPolicy(t, "variant: tpm\nmeasurements:\n  4: {anyOf: ["+zero+", "+strings.Repeat("9d", 32)+"], source: the image}\n")
 	current := strict
 	j := &journal{}
-	check := ClaimCheck(func() *policy.Policy { return current }, j, nil)
+	check := measuredCheck(t, ClaimCheck(func() *policy.Policy { return current }, j, nil))
 	ctx := context.Background()
 	good, wrong := attestation.Measurements{4: make([]byte, 32)}, attestation.Measurements{4: bytes.Repeat([]byte{0x9d}, 32)}
 	for range 3 {
@@ -157,5 +159,81 @@ func TestClaimVerdictsRemembered(t *testing.T) {
 	}
 	if check(ctx, "198.51.100.30", wrong) == nil {
 		t.Fatal("wrong claims accepted after the memory filled up")
+	}
+}
+
+// measuredCheck calls check with m encoded as a node claims it.
+func measuredCheck(t *testing.T, check atls.ClaimCheck) func(context.Context, string, attestation.Measurements) error {
+	return func(ctx context.Context, peer string, m attestation.Measurements) error {
+		claims, err := atls.ClaimsOf(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return check(ctx, peer, claims)
+	}
+}
+
+// TestRememberedRefusalIsTheSame: a refusal remembered reports what the first one did (reason, words,
+// digest, an error that still names its cause) without judging again, and the memory is keyed by the
+// exact claims: the verdict on one set of claims never answers for another, whichever was judged
+// first.
+func TestRememberedRefusalIsTheSame(t *testing.T) {
+	zero := strings.Repeat("00", 32)
+	p := mustPolicy(t, "variant: tpm\nmeasurements:\n  4: {expected: "+zero+", source: the image}\n")
+	j := &journal{}
+	check := measuredCheck(t, ClaimCheck(func() *policy.Policy { return p }, j, nil))
+	ctx := context.Background()
+	good := attestation.Measurements{4: make([]byte, 32)}
+	wrong := attestation.Measurements{4: bytes.Repeat([]byte{0x9d}, 32)}
+	first, again := check(ctx, "198.51.100.40", wrong), check(ctx, "198.51.100.41", wrong)
+	if first == nil || again == nil || first.Error() != again.Error() || !errors.Is(again, attestation.ErrMeasurementMismatch) {
+		t.Fatalf("refusals %v and %v: want the same verdict, naming a measurement mismatch", first, again)
+	}
+	if es := j.all(); len(es) != 2 || es[0].Message != es[1].Message || es[0].EvidenceSHA256 != es[1].EvidenceSHA256 ||
+		es[1].Reason != ReasonMeasurements || es[1].Peer != "198.51.100.41" {
+		t.Fatalf("ledger %+v: want two entries alike but for their peer", es)
+	}
+	// Good claims remembered first, then claims that share all but one byte with them: refused.
+	for i := range 32 {
+		if check(ctx, "198.51.100.42", good) != nil {
+			t.Fatal("good claims refused")
+		}
+		off := attestation.Measurements{4: make([]byte, 32)}
+		off[4][i] = 1
+		if check(ctx, "198.51.100.42", off) == nil {
+			t.Fatalf("claims off the good ones in byte %d passed", i)
+		}
+	}
+	// Good claims plus an index the policy ignores: judged on their own, and pass.
+	if err := check(ctx, "198.51.100.42", attestation.Measurements{4: make([]byte, 32), 9: {1}}); err != nil {
+		t.Fatalf("good claims with one more index: %v", err)
+	}
+}
+
+// TestMalformedClaimsRefused: claims whose encoding does not decode are refused and recorded as
+// MALFORMED_EVIDENCE, remembered or not; they never pass.
+func TestMalformedClaimsRefused(t *testing.T) {
+	zero := strings.Repeat("00", 32)
+	p := mustPolicy(t, "variant: tpm\nmeasurements:\n  4: {expected: "+zero+", source: the image}\n")
+	j := &journal{}
+	check := ClaimCheck(func() *policy.Policy { return p }, j, nil)
+	good, err := atls.ClaimsOf(attestation.Measurements{4: make([]byte, 32)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, enc := range map[string][]byte{
+		"cut short":            good.Encoded()[:len(good.Encoded())-1],
+		"an index twice":       append(append([]byte(nil), good.Encoded()...), good.Encoded()...),
+		"a length beyond them": {4, 200, 0},
+	} {
+		for range 2 {
+			err := check(context.Background(), "198.51.100.50", atls.ClaimsEncoded(enc))
+			if !errors.Is(err, attestation.ErrMalformed) {
+				t.Fatalf("%s: %v, want a refusal as malformed", name, err)
+			}
+		}
+	}
+	if es := j.all(); len(es) != 6 || es[5].Reason != ReasonMalformed || es[5].Kind != joinledger.KindUnverified {
+		t.Fatalf("ledger %+v: want six unverified MALFORMED_EVIDENCE entries", es)
 	}
 }

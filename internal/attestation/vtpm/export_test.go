@@ -1,6 +1,9 @@
 package vtpm
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // SetClock makes v judge certificate validity at now() (tests of the identity cache's expiry).
 func SetClock(v *Validator, now func() time.Time) { v.now = now }
@@ -14,3 +17,16 @@ func RememberedIdentities(v *Validator) int {
 	defer v.mu.Unlock()
 	return len(v.identities)
 }
+
+// ReadPCRs reads pcrs from the TPM open opens, as an Issuer does.
+func ReadPCRs(ctx context.Context, open OpenFunc, pcrs []uint) (map[uint32][]byte, error) {
+	c, err := openTPM(ctx, open)
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = c.Close() }()
+	return readPCRs(c, pcrs)
+}
+
+// DecodePCRRead decodes a TPM2_PCR_Read response as readPCRs does.
+func DecodePCRRead(rsp []byte) ([]uint, [][]byte, error) { return decodePCRRead(rsp) }

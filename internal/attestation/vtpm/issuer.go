@@ -404,16 +404,15 @@ func readPCRs(c transport.TPM, pcrs []uint) (map[uint32][]byte, error) {
 				batch = append(batch, q)
 			}
 		}
-		rsp, err := tpm2.PCRRead{PCRSelectionIn: sha256Selection(batch)}.Execute(c)
+		got, values, err := pcrReadBatch(c, batch)
 		if err != nil {
 			return nil, fmt.Errorf("reading PCRs: %w", err)
 		}
-		got := selectedPCRs(rsp.PCRSelectionOut)
-		if len(got) == 0 || len(got) != len(rsp.PCRValues.Digests) {
+		if len(got) == 0 || len(got) != len(values) {
 			return nil, errors.New("reading PCRs: TPM returned no values")
 		}
 		for k, idx := range got {
-			out[uint32(idx)] = rsp.PCRValues.Digests[k].Buffer
+			out[uint32(idx)] = values[k]
 		}
 	}
 	return out, nil
