@@ -130,8 +130,9 @@ func (c *cluster) kubeEventually(timeout time.Duration, want string, args ...str
 // (checkKubeconfigWithMasterSecret), checks logs, exec, Service DNS and pod-to-pod traffic across nodes, removes w2 and checks that its
 // restart does not bring it back (checkRevocationHolds), boots w2 while no joinservice answers it
 // and checks that it checks in later, REVOKED then locking it (checkCheckInAfterBootWithoutAnswer),
-// power-cycles all nodes, and checks that
-// berth mini down leaves nothing behind.
+// power-cycles all nodes, rolls w2 onto a new image under a widened policy and checks that berth
+// policy diff names exactly w2 for a policy that retires that image (checkPolicyDiffNamesOne), and
+// checks that berth mini down leaves nothing behind.
 func TestMiniCluster(tt *testing.T) {
 	t := recordFailures(tt)
 	if os.Geteuid() != 0 {

@@ -5,16 +5,12 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"os"
 	"path/filepath"
-	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
-	"go.yaml.in/yaml/v3"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/records/v1alpha1"
@@ -149,135 +145,5 @@ func checkRefusalVisible(t testing.TB, c *cluster, node, ip string) {
 	t.Logf("berth status %s:\n%s", ip, ipOut)
 	if !strings.Contains(ipOut, "MEASUREMENT_MISMATCH") || !strings.Contains(ipOut, "What the reasons mean") {
 		t.Errorf("berth status %s does not show the address's refusals with their explanation", ip)
-	}
-}
-
-// checkPolicyDiffNamesOne (must-show 4): from the Machines' recorded measurements, find an index
-// where exactly one machine differs from all the others; a policy that enforces the others' value
-// there is stricter than the cluster's, and berth policy diff must name that one machine and no
-// other. Without such an index (every machine recorded the same measurements) no policy on
-// measurements can tell one machine apart (berth mini boots every genuine node from the same
-// simulated image, and a Machine's evidence is recorded at its join, before its lock register is
-// extended: all 24 PCRs agree); the check then says so and shows that diff names every machine for
-// a policy that pins the boot register to another value.
-func checkPolicyDiffNamesOne(t testing.TB, c *cluster) {
-	t.Helper()
-	var list v1alpha1.MachineList
-	if err := json.Unmarshal([]byte(c.kube("-n", "berth-system", "get", "bm", "-o", "json")), &list); err != nil {
-		t.Fatal(err)
-	}
-	byIndex := map[string]map[string][]string{} // index -> value -> nodes
-	var admitted []string
-	for _, m := range list.Items {
-		if m.Status.State != v1alpha1.StateAdmitted || m.Status.Evidence == nil {
-			continue
-		}
-		admitted = append(admitted, m.Spec.Node)
-		t.Logf("machine %s (%s): evidence %s measurements %v", m.Spec.Node, m.Spec.Role, m.Status.Evidence.SHA256, m.Status.Evidence.Measurements)
-		for i, v := range m.Status.Evidence.Measurements {
-			if byIndex[i] == nil {
-				byIndex[i] = map[string][]string{}
-			}
-			byIndex[i][v] = append(byIndex[i][v], m.Spec.Node)
-		}
-	}
-	sort.Strings(admitted)
-	var index, common, odd string
-	indices := make([]string, 0, len(byIndex))
-	for i := range byIndex {
-		indices = append(indices, i)
-	}
-	sort.Strings(indices)
-	for _, i := range indices {
-		vals := byIndex[i]
-		if len(vals) != 2 {
-			continue
-		}
-		for v, nodes := range vals {
-			if len(nodes) == 1 && len(admitted) > 2 || len(nodes) == 1 && len(admitted) == 2 && nodes[0] == admitted[1] {
-				odd = nodes[0]
-				for w := range vals {
-					if w != v {
-						common = w
-					}
-				}
-			}
-		}
-		if odd != "" {
-			index = i
-			break
-		}
-	}
-	wantRefused := []string{odd}
-	if index == "" {
-		t.Logf("POLICY DIFF: the %d admitted machines (%v) recorded the same value at every index: no measurement tells one apart", len(admitted), admitted)
-		index, common, wantRefused = "4", strings.Repeat("ee", 32), admitted
-	}
-	// The policy the joinservice judges nodes by (berth mini's policy.yaml), not the join policy
-	// nodes judge the joinservice by.
-	oldPolicy := filepath.Join(c.dir, "policy.yaml")
-	newPolicy := filepath.Join(t.TempDir(), "stricter-policy.yaml")
-	writeStricterPolicy(t, oldPolicy, newPolicy, index, common)
-	out := c.must(time.Minute, c.berth, "policy", "diff", oldPolicy, newPolicy, "--kubeconfig", filepath.Join(c.dir, "admin.conf"), "-o", "json")
-	var d struct {
-		NewlyRefused []struct {
-			Node string `json:"node"`
-		} `json:"newlyRefused"`
-	}
-	if err := json.Unmarshal([]byte(out), &d); err != nil {
-		t.Fatalf("berth policy diff -o json: %v\n%s", err, out)
-	}
-	var refused []string
-	for _, v := range d.NewlyRefused {
-		refused = append(refused, v.Node)
-	}
-	sort.Strings(refused)
-	t.Logf("POLICY DIFF with index %s pinned to %s: %s", index, common,
-		c.must(time.Minute, c.berth, "policy", "diff", oldPolicy, newPolicy, "--kubeconfig", filepath.Join(c.dir, "admin.conf")))
-	if !slices.Equal(refused, wantRefused) {
-		t.Errorf("berth policy diff names %v as newly refused, want %v", refused, wantRefused)
-	}
-}
-
-// writeStricterPolicy writes the policy at from with index's expectation replaced by value, enforced,
-// to to.
-func writeStricterPolicy(t testing.TB, from, to, index, value string) {
-	t.Helper()
-	b, err := os.ReadFile(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc yaml.Node
-	if err := yaml.Unmarshal(b, &doc); err != nil {
-		t.Fatal(err)
-	}
-	root := doc.Content[0]
-	var ms *yaml.Node
-	for i := 0; i+1 < len(root.Content); i += 2 {
-		if root.Content[i].Value == "measurements" {
-			ms = root.Content[i+1]
-		}
-	}
-	if ms == nil {
-		t.Fatalf("%s has no measurements", from)
-	}
-	expectation := &yaml.Node{Kind: yaml.MappingNode, Style: yaml.FlowStyle, Content: []*yaml.Node{
-		{Kind: yaml.ScalarNode, Value: "expected"}, {Kind: yaml.ScalarNode, Value: value, Style: yaml.DoubleQuotedStyle},
-	}}
-	replaced := false
-	for i := 0; i+1 < len(ms.Content); i += 2 {
-		if ms.Content[i].Value == index {
-			ms.Content[i+1], replaced = expectation, true
-		}
-	}
-	if !replaced {
-		ms.Content = append(ms.Content, &yaml.Node{Kind: yaml.ScalarNode, Value: index}, expectation)
-	}
-	out, err := yaml.Marshal(&doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(to, out, 0o600); err != nil {
-		t.Fatal(err)
 	}
 }
