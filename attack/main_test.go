@@ -21,6 +21,8 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
@@ -119,6 +121,13 @@ func startJoinCluster(t *testing.T, extraArgs ...string) *joinCluster {
 	// its own EK against the policy before its attestation key is certified.
 	clusterPolicy := "variant: tpm\nmeasurements:\n  4: {expected: " + zero + ", source: the image}\n  15: {expected: " + zero + ", source: fresh node}\n" +
 		"trustRoots:\n  - pem: |\n" + indent(string(nodeCA.PEM())+string(swCA.RootPEM(t))+string(swCA.IssuerPEM(t)), "      ")
+	// The tests share one API server: each starts with an empty join ledger, so that what it reads
+	// there (a flood's last address, the evidence share) is its own and not an earlier test's, whose
+	// flood may have used the same addresses. InstallBerth creates the ConfigMap again.
+	admin := env.Client(t, apiservertest.AdminUser)
+	if err := admin.CoreV1().ConfigMaps(joinconfig.Namespace).Delete(ctx, joinconfig.JoinLedgerName, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
 	if err := env.InstallBerth(ctx, clusterPolicy); err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +163,7 @@ func startJoinCluster(t *testing.T, extraArgs ...string) *joinCluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &joinCluster{env: env, admin: env.Client(t, apiservertest.AdminUser), addr: proctest.FreeAddr(t), nodeCA: nodeCA, swCA: swCA,
+	c := &joinCluster{env: env, admin: admin, addr: proctest.FreeAddr(t), nodeCA: nodeCA, swCA: swCA,
 		joinPolicy: joinPolicy, activating: activating, metricsAddr: proctest.FreeAddr(t)}
 	// As many cores as its DaemonSet's CPU limit gives it (Go sizes GOMAXPROCS to the limit there).
 	c.js = proctest.Start(t, proctest.Cmd{
