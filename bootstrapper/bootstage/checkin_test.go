@@ -208,6 +208,35 @@ func TestKeepCheckingInRevokedLocks(t *testing.T) {
 	})
 }
 
+// TestKeepCheckingInRevokedStopFails: when stop fails (a pod sandbox the container runtime cannot
+// stop), the sealed key is still destroyed, but the disk's directories stay mounted and the disk
+// open (what did not stop may still write to it); the failure is logged and returned with ErrRevoked.
+func TestKeepCheckingInRevokedStopFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t)
+		s, _ := f.bootWithoutAnswer(t, checkInReply{revoked: true})
+		booted := len(f.rec.list())
+		refused := errors.New("1 of 3 pod sandboxes still there: stopping pod sandbox stuck: shim does not answer")
+		err := s.KeepCheckingIn(testCtx(t), func(context.Context) error { f.rec.add("kubelet.Stop"); return refused })
+		if !errors.Is(err, ErrRevoked) || !errors.Is(err, refused) {
+			t.Fatalf("KeepCheckingIn() = %v; want ErrRevoked wrapping the stop's error", err)
+		}
+		want := []string{"checkin " + testUUID, "disk.SetSealed ", "kubelet.Stop"}
+		if got := f.rec.list()[booted:]; !slices.Equal(got, want) {
+			t.Errorf("calls after the boot:\n got  %q\n want %q", got, want)
+		}
+		if len(f.disk.header.Sealed) != 0 {
+			t.Error("the sealed key survived a failed stop")
+		}
+		if !f.disk.isOpen() {
+			t.Error("the disk was closed although what runs on it did not stop")
+		}
+		if f.logs.FilterMessageSnippet("stopping what runs on the state disk of the locked node failed").Len() != 1 {
+			t.Error("the failed stop is not logged")
+		}
+	})
+}
+
 // TestKeepCheckingInStopsWithContext: with no joinservice ever answering, the loop asks until its
 // context ends and then returns the context's error, its timer stopped (synctest fails a test whose
 // goroutines outlive it).
