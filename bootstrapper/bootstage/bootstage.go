@@ -182,6 +182,11 @@ type Mounter interface {
 	IsBound(dst, name string) (bool, error)
 	// Unmount removes the mount at dst.
 	Unmount(dst string) error
+	// MountsOf lists the mount points that hold the state disk's file system (the one holding root),
+	// other than the disk's own mount, and every mount below them, in an order in which they can be
+	// unmounted (a mount before the one it lies on): the stage's binds, binds others made from the
+	// disk (mini's containerd root), the kubelet's volume mounts in its directory.
+	MountsOf(root string) ([]string, error)
 }
 
 // How the disk was opened.
@@ -881,6 +886,11 @@ func (s *Stage) lockRunning(ctx context.Context, res Result, stop func(context.C
 		return fmt.Errorf("%w (state disk not closed: %w)", ErrRevoked, err)
 	}
 	s.log.Warn("kubelet and its pods stopped: this machine was removed from the cluster")
+	if err := s.unmountAll(); err != nil {
+		s.log.Error("unmounting the state disk's mounts of the locked node failed (files on it still open); it stays open until the node reboots, and that boot cannot open it without a key from the cluster or berth recover",
+			zap.Error(err))
+		return fmt.Errorf("%w (state disk not closed: %w)", ErrRevoked, err)
+	}
 	if err := s.release(ctx); err != nil {
 		s.log.Error("closing the state disk of the locked node failed (files on it still open); it stays open until the node reboots, and that boot cannot open it without a key from the cluster or berth recover",
 			zap.Error(err))
@@ -888,6 +898,22 @@ func (s *Stage) lockRunning(ctx context.Context, res Result, stop func(context.C
 	}
 	s.log.Warn("state disk closed: this machine was removed from the cluster")
 	return ErrRevoked
+}
+
+// unmountAll unmounts every mount of the state disk's file system outside the disk's own mount and
+// every mount below them (Mounter.MountsOf), each logged; the first that fails ends it.
+func (s *Stage) unmountAll() error {
+	mounts, err := s.cfg.Mounter.MountsOf(s.cfg.Disk.Root())
+	if err != nil {
+		return fmt.Errorf("listing the state disk's mounts: %w", err)
+	}
+	for _, m := range mounts {
+		if err := s.cfg.Mounter.Unmount(m); err != nil {
+			return fmt.Errorf("unmounting %s: %w", m, err)
+		}
+		s.log.Info("unmounted a mount on the state disk", zap.String("path", m))
+	}
+	return nil
 }
 
 // lock destroys the key sealed to the TPM (the header's sealed blob cleared; the MAC does not cover
