@@ -81,7 +81,7 @@ func serve(t *testing.T, s *runtimeServer) string {
 	return "unix://" + sock
 }
 
-func stopAll(t *testing.T, endpoint string) (int, error, *observer.ObservedLogs) {
+func stopAll(t *testing.T, endpoint string) (int, *observer.ObservedLogs, error) {
 	t.Helper()
 	rt, closeConn, err := Dial(endpoint)
 	if err != nil {
@@ -92,13 +92,13 @@ func stopAll(t *testing.T, endpoint string) (int, error, *observer.ObservedLogs)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	n, err := StopAll(ctx, rt, zap.New(core))
-	return n, err, logs
+	return n, logs, err
 }
 
 // TestStopAll stops and removes every sandbox a real gRPC CRI server lists, through Dial's client.
 func TestStopAll(t *testing.T) {
 	s := &runtimeServer{sandboxes: []string{"a", "b", "c"}}
-	n, err, logs := stopAll(t, serve(t, s))
+	n, logs, err := stopAll(t, serve(t, s))
 	if err != nil || n != 3 {
 		t.Fatalf("StopAll = %d, %v; want 3, nil", n, err)
 	}
@@ -114,7 +114,7 @@ func TestStopAll(t *testing.T) {
 // does not keep the others from being stopped and removed.
 func TestStopAllRefused(t *testing.T) {
 	s := &runtimeServer{sandboxes: []string{"a", "stuck", "c"}, refuse: map[string]bool{"stuck": true}}
-	n, err, logs := stopAll(t, serve(t, s))
+	n, logs, err := stopAll(t, serve(t, s))
 	if err == nil {
 		t.Fatal("StopAll reported no error for a sandbox that refused to stop")
 	}
@@ -131,7 +131,7 @@ func TestStopAllRefused(t *testing.T) {
 
 // TestStopAllNoRuntime: a runtime that does not answer is an error, not zero sandboxes.
 func TestStopAllNoRuntime(t *testing.T) {
-	_, err, _ := stopAll(t, "unix://"+filepath.Join(t.TempDir(), "absent.sock"))
+	_, _, err := stopAll(t, "unix://"+filepath.Join(t.TempDir(), "absent.sock"))
 	if err == nil || !strings.Contains(err.Error(), "listing the pod sandboxes") {
 		t.Fatalf("StopAll without a runtime = %v, want a listing error", err)
 	}

@@ -98,7 +98,7 @@ func (p pidFileRuntime) Stop(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("opening process %d: %w", pid, err)
 	}
-	defer unix.Close(fd)
+	defer func() { _ = unix.Close(fd) }()
 	if err := unix.PidfdSendSignal(fd, unix.SIGTERM, nil, 0); err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("signalling process %d: %w", pid, err)
 	}
