@@ -64,6 +64,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spf13/afero"
@@ -908,7 +909,13 @@ func (s *Stage) unmountAll() error {
 		return fmt.Errorf("listing the state disk's mounts: %w", err)
 	}
 	for _, m := range mounts {
-		if err := s.cfg.Mounter.Unmount(m); err != nil {
+		err := s.cfg.Mounter.Unmount(m)
+		switch {
+		case errors.Is(err, syscall.EINVAL):
+			// Not a mount point any more: its peer's unmount propagated to it.
+			s.log.Info("a mount on the state disk was already gone", zap.String("path", m))
+			continue
+		case err != nil:
 			return fmt.Errorf("unmounting %s: %w", m, err)
 		}
 		s.log.Info("unmounted a mount on the state disk", zap.String("path", m))

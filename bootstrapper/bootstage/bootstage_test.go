@@ -332,6 +332,7 @@ type fakeMounter struct {
 	// mounts refuse Unmount.
 	others []string
 	busy   map[string]bool
+	gone   map[string]bool // already unmounted through a peer: Unmount says EINVAL
 }
 
 func (m *fakeMounter) BindMount(src, dst string) error {
@@ -358,6 +359,10 @@ func (m *fakeMounter) Unmount(dst string) error {
 	defer m.mu.Unlock()
 	if m.busy[dst] {
 		return unix.EBUSY
+	}
+	if m.gone[dst] {
+		m.others = slices.DeleteFunc(m.others, func(o string) bool { return o == dst })
+		return unix.EINVAL
 	}
 	delete(m.bound, dst)
 	m.others = slices.DeleteFunc(m.others, func(o string) bool { return o == dst })

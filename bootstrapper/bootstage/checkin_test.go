@@ -240,12 +240,13 @@ func TestKeepCheckingInRevokedStopFails(t *testing.T) {
 
 // TestKeepCheckingInRevokedUnmountsOthers: mounts of the disk the stage did not make (mini's
 // containerd root, bound by the node's own script) come off before the stage's binds, each logged,
-// and the disk closes.
+// one already gone with its peer (EINVAL) is passed over, and the disk closes.
 func TestKeepCheckingInRevokedUnmountsOthers(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture(t)
 		s, _ := f.bootWithoutAnswer(t, checkInReply{revoked: true})
 		f.mounter.others = []string{"/var/lib/containerd", "/var/log"}
+		f.mounter.gone = map[string]bool{"/var/log": true} // unmounted with a peer
 		booted := len(f.rec.list())
 		if err := s.KeepCheckingIn(testCtx(t), f.stopper()); !errors.Is(err, ErrRevoked) || strings.Contains(err.Error(), "not closed") {
 			t.Fatalf("KeepCheckingIn() = %v; want ErrRevoked with the disk closed", err)
@@ -258,8 +259,11 @@ func TestKeepCheckingInRevokedUnmountsOthers(t *testing.T) {
 		if f.disk.isOpen() {
 			t.Error("the disk is still open")
 		}
-		if got := f.logs.FilterMessage("unmounted a mount on the state disk").Len(); got != 2+len(unmountCalls()) {
-			t.Errorf("%d unmounts logged, want %d", got, 2+len(unmountCalls()))
+		if got := f.logs.FilterMessage("unmounted a mount on the state disk").Len(); got != 1+len(unmountCalls()) {
+			t.Errorf("%d unmounts logged, want %d", got, 1+len(unmountCalls()))
+		}
+		if f.logs.FilterMessage("a mount on the state disk was already gone").Len() != 1 {
+			t.Error("the mount unmounted with its peer is not logged")
 		}
 	})
 }
@@ -287,7 +291,8 @@ func TestKeepCheckingInRevokedMountBusy(t *testing.T) {
 
 // TestMountsOf picks the disk's mounts from a mount table: binds of the disk (not its own mount),
 // mounts below them (a pod's volume), in reverse order; a placeholder mounted under a bind before
-// it, other devices and the disk's own mount are left alone.
+// it, other devices and the disk's own mount are left alone, but a mount propagated below the
+// disk's own mount is not.
 func TestMountsOf(t *testing.T) {
 	table := strings.Join([]string{
 		"22 1 8:1 / / rw - ext4 /dev/sda1 rw",
@@ -300,10 +305,11 @@ func TestMountsOf(t *testing.T) {
 		"36 33 0:50 / /var/lib/kubelet/pods/p/volumes/kubernetes.io~projected/kube-api-access rw - tmpfs tmpfs rw",
 		"37 22 0:51 / /var/lib/kubeletx rw - tmpfs tmpfs rw",
 		"38 22 7:3 /data/var\\040log /var/log\\040x rw - ext4 /dev/loop3 rw",
+		"39 31 0:52 / /run/berth/state-disk/data/var-lib-kubelet/pods/p/volumes/v rw - tmpfs tmpfs rw",
 		"",
 	}, "\n")
 	got := mountsOf(table, "7:3", "/run/berth/state-disk/data")
-	want := []string{"/var/log x", "/var/lib/kubelet/pods/p/volumes/kubernetes.io~projected/kube-api-access", "/var/lib/containerd",
+	want := []string{"/run/berth/state-disk/data/var-lib-kubelet/pods/p/volumes/v", "/var/log x", "/var/lib/kubelet/pods/p/volumes/kubernetes.io~projected/kube-api-access", "/var/lib/containerd",
 		"/var/lib/berth", "/var/lib/kubelet", "/etc/kubernetes"}
 	if !slices.Equal(got, want) {
 		t.Errorf("mountsOf:\n got  %q\n want %q", got, want)

@@ -56,7 +56,8 @@ func (sysMounter) MountsOf(root string) ([]string, error) {
 }
 
 // mountsOf picks from a mountinfo table the mount points on device dev (major:minor) other than
-// the one holding root, and the mount points below them, in reverse order of the table.
+// the one holding root, and the mount points below any mount of dev (the one holding root
+// included), in reverse order of the table.
 func mountsOf(mountinfo, dev, root string) []string {
 	var holders, out []string
 	for _, line := range strings.Split(mountinfo, "\n") {
@@ -68,7 +69,11 @@ func mountsOf(mountinfo, dev, root string) []string {
 		below := slices.ContainsFunc(holders, func(h string) bool { return h == "/" || strings.HasPrefix(mp, h+"/") })
 		own := mp == root || strings.HasPrefix(root, strings.TrimSuffix(mp, "/")+"/")
 		switch {
-		case f[2] == dev && !own:
+		case f[2] == dev && own:
+			// The disk's own mount: what lies below it (a mount propagated into the disk's
+			// tree from a shared bind) holds the disk too.
+			holders = append(holders, mp)
+		case f[2] == dev:
 			holders = append(holders, mp)
 			out = append(out, mp)
 		case below && !own:
