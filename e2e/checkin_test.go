@@ -17,6 +17,8 @@ import (
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/joinledger"
+	"github.com/berth-k8s/berth/internal/mini"
+	"github.com/berth-k8s/berth/internal/statedisk"
 )
 
 // Log messages of w2's boot stage this check waits for.
@@ -24,6 +26,7 @@ const (
 	logBootedUnanswered = "no joinservice answered the check-in: booting on the sealed key"
 	logLateCheckIn      = "checked in with the cluster after booting on the sealed key"
 	logLockingRunning   = "this machine was removed from the cluster: locking the running node"
+	logDiskClosed       = "state disk closed: this machine was removed from the cluster"
 )
 
 // lateCheckInWithin bounds how long after the joinservice answers again the node that booted
@@ -37,7 +40,9 @@ const lateCheckInWithin = 2 * time.Minute
 // boot check-in gets no answer, it boots on its sealed key and its Node is Ready. Once w2 may reach
 // the joinservice again, it checks in (the ledger's accepted check-in of w2; the time printed). Then
 // the same with w2 removed while it boots unanswered: its first answered check-in is REVOKED and
-// locks the running node (kubelet stopped, sealed key destroyed; the ledger's REVOKED check-in).
+// locks the running node (kubelet stopped, sealed key destroyed; the ledger's REVOKED check-in) and
+// closes its state disk (required: no mount of it left in w2's mount namespace; the time from the
+// REVOKED answer to the disk closed printed).
 // berth node readmit and a restart bring w2 back Ready through a rejoin ticket.
 func checkCheckInAfterBootWithoutAnswer(t testing.TB, c *cluster) {
 	t.Helper()
@@ -85,12 +90,27 @@ func checkCheckInAfterBootWithoutAnswer(t testing.TB, c *cluster) {
 	waitLog(t, logW2, mark, logLockingRunning, lateCheckInWithin)
 	e = ledgerCheckIn(t, client, "w2", answered, joinledger.ReasonRevoked)
 	t.Logf("joinservice reachable again -> w2 told REVOKED (ledger %s): %.1fs", e.Time.Format(time.RFC3339), e.Time.Sub(answered).Seconds())
-	waitLog(t, logW2, mark, "kubelet stopped: this machine was removed from the cluster", time.Minute)
+	waitLog(t, logW2, mark, "kubelet and its pods stopped: this machine was removed from the cluster", time.Minute)
 	tail := logSince(t, logW2, mark)
 	if !strings.Contains(tail, "sealed disk key destroyed") {
 		t.Errorf("the locked w2 did not destroy its sealed disk key:\n%s", grepLines(tail, `"logger":"bootstage"`))
 	}
-	t.Logf("w2's lock:\n%s", grepLines(tail, `"logger":"bootstage"`, "the check-in after the boot"))
+	t.Logf("w2's lock:\n%s", grepLines(tail, `"logger":"bootstage"`, `"logger":"lockstop`, "the check-in after the boot"))
+	// The lock closes the state disk: pods, containerd (its root is on the disk) and every mount of
+	// the disk gone first. Required, not tolerated.
+	if err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 3*time.Minute, true, func(context.Context) (bool, error) {
+		return strings.Contains(logSince(t, logW2, mark), logDiskClosed), nil
+	}); err != nil {
+		t.Fatalf("the locked w2 did not close its state disk:\n%s", grepLines(logSince(t, logW2, mark), `"logger":"bootstage"`, `"logger":"lockstop`, `"logger":"statedisk"`))
+	}
+	closed := time.Now()
+	t.Logf("w2 told REVOKED -> state disk closed: %.1fs", closed.Sub(e.Time).Seconds())
+	mounts := c.must(time.Minute, "nsenter", "--mount="+filepath.Join(c.dir, "ns", "w2.mnt"), "--", "cat", "/proc/self/mountinfo")
+	for _, l := range strings.Split(mounts, "\n") {
+		if f := strings.Fields(l); len(f) > 4 && (strings.HasPrefix(f[4], mini.StateDiskMount) || strings.HasPrefix(f[3], "/"+statedisk.DataDir+"/")) {
+			t.Errorf("the locked w2 still mounts its state disk: %s", l)
+		}
+	}
 
 	// Back: re-admitted, w2 reboots, finds no sealed key and rejoins.
 	start := time.Now()

@@ -64,6 +64,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/spf13/afero"
@@ -182,6 +183,11 @@ type Mounter interface {
 	IsBound(dst, name string) (bool, error)
 	// Unmount removes the mount at dst.
 	Unmount(dst string) error
+	// MountsOf lists the mount points that hold the state disk's file system (the one holding root),
+	// other than the disk's own mount, and every mount below them, in an order in which they can be
+	// unmounted (a mount before the one it lies on): the stage's binds, binds others made from the
+	// disk (mini's containerd root), the kubelet's volume mounts in its directory.
+	MountsOf(root string) ([]string, error)
 }
 
 // How the disk was opened.
@@ -812,10 +818,11 @@ func (s *Stage) CheckInPending() bool {
 // It returns nil at once when no check-in is pending, nil once the cluster admitted the node, and
 // nil when CheckIn reports that nobody is left to ask (ErrNoOneToAsk).
 // A REVOKED answer locks the node as the boot stage does: the sealed key is destroyed, stop stops
-// what runs on the state disk (the kubelet), the disk's directories are unmounted and the disk is
-// closed, the reason is logged, and an error wrapping ErrRevoked is returned. A disk that cannot be
-// closed (files of processes stop did not end are still open) is logged and stays open until the
-// node reboots; with its sealed key destroyed, that boot waits for a key from the cluster or berth
+// what runs on the state disk (the kubelet, then its pod sandboxes through the container runtime),
+// the disk's directories are unmounted and the disk is closed, the reason is logged, and an error
+// wrapping ErrRevoked is returned. When stop fails the disk is not touched (what did not stop may
+// still write to it); a disk that cannot be closed (files of processes stop did not end are still
+// open) is logged too, and either way the disk stays open until the node reboots; with its sealed key destroyed, that boot waits for a key from the cluster or berth
 // recover. ctx's end returns ctx's error. The caller owns the call: run it in the daemon's group.
 func (s *Stage) KeepCheckingIn(ctx context.Context, stop func(context.Context) error) error {
 	s.mu.Lock()
@@ -862,7 +869,7 @@ func (s *Stage) KeepCheckingIn(ctx context.Context, stop func(context.Context) e
 }
 
 // lockRunning locks a node that runs on its state disk after a REVOKED check-in: sealed key
-// destroyed, stop (the kubelet), the disk's directories unmounted and the disk closed.
+// destroyed, stop (the kubelet and its pods), the disk's directories unmounted and the disk closed.
 func (s *Stage) lockRunning(ctx context.Context, res Result, stop func(context.Context) error) error {
 	s.log.Error("this machine was removed from the cluster: locking the running node (sealed key destroyed, kubelet stopped, state disk closed); it waits for berth node readmit and a reboot, or berth recover",
 		zap.String("diskUUID", res.UUID), zap.String("clusterID", hex.EncodeToString(res.ClusterID)))
@@ -873,9 +880,17 @@ func (s *Stage) lockRunning(ctx context.Context, res Result, stop func(context.C
 	s.checkInPending = false
 	s.mu.Unlock()
 	if err := stop(ctx); err != nil {
-		s.log.Error("stopping the kubelet of the locked node failed", zap.Error(err))
-	} else {
-		s.log.Warn("kubelet stopped: this machine was removed from the cluster")
+		// Whatever did not stop may still write to the disk: it stays open, and with its sealed
+		// key destroyed the next boot cannot open it without a key from the cluster or berth recover.
+		s.log.Error("stopping what runs on the state disk of the locked node failed; the state disk stays open until the node reboots",
+			zap.Error(err))
+		return fmt.Errorf("%w (state disk not closed: %w)", ErrRevoked, err)
+	}
+	s.log.Warn("kubelet and its pods stopped: this machine was removed from the cluster")
+	if err := s.unmountAll(); err != nil {
+		s.log.Error("unmounting the state disk's mounts of the locked node failed (files on it still open); it stays open until the node reboots, and that boot cannot open it without a key from the cluster or berth recover",
+			zap.Error(err))
+		return fmt.Errorf("%w (state disk not closed: %w)", ErrRevoked, err)
 	}
 	if err := s.release(ctx); err != nil {
 		s.log.Error("closing the state disk of the locked node failed (files on it still open); it stays open until the node reboots, and that boot cannot open it without a key from the cluster or berth recover",
@@ -884,6 +899,28 @@ func (s *Stage) lockRunning(ctx context.Context, res Result, stop func(context.C
 	}
 	s.log.Warn("state disk closed: this machine was removed from the cluster")
 	return ErrRevoked
+}
+
+// unmountAll unmounts every mount of the state disk's file system outside the disk's own mount and
+// every mount below them (Mounter.MountsOf), each logged; the first that fails ends it.
+func (s *Stage) unmountAll() error {
+	mounts, err := s.cfg.Mounter.MountsOf(s.cfg.Disk.Root())
+	if err != nil {
+		return fmt.Errorf("listing the state disk's mounts: %w", err)
+	}
+	for _, m := range mounts {
+		err := s.cfg.Mounter.Unmount(m)
+		switch {
+		case errors.Is(err, syscall.EINVAL):
+			// Not a mount point any more: its peer's unmount propagated to it.
+			s.log.Info("a mount on the state disk was already gone", zap.String("path", m))
+			continue
+		case err != nil:
+			return fmt.Errorf("unmounting %s: %w", m, err)
+		}
+		s.log.Info("unmounted a mount on the state disk", zap.String("path", m))
+	}
+	return nil
 }
 
 // lock destroys the key sealed to the TPM (the header's sealed blob cleared; the MAC does not cover

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+	"golang.org/x/sys/unix"
 
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 	"github.com/berth-k8s/berth/internal/nodestate"
@@ -326,6 +327,12 @@ type fakeMounter struct {
 
 	mu    sync.Mutex
 	bound map[string]string
+	order []string // targets in the order of their binds
+	// others are mounts of the disk that the stage did not make (mini's containerd root); busy
+	// mounts refuse Unmount.
+	others []string
+	busy   map[string]bool
+	gone   map[string]bool // already unmounted through a peer: Unmount says EINVAL
 }
 
 func (m *fakeMounter) BindMount(src, dst string) error {
@@ -336,6 +343,7 @@ func (m *fakeMounter) BindMount(src, dst string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.bound[dst] = filepath.Base(src)
+	m.order = append(m.order, dst)
 	return nil
 }
 
@@ -349,8 +357,30 @@ func (m *fakeMounter) Unmount(dst string) error {
 	m.rec.add("mount.Unmount %s", dst)
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.busy[dst] {
+		return unix.EBUSY
+	}
+	if m.gone[dst] {
+		m.others = slices.DeleteFunc(m.others, func(o string) bool { return o == dst })
+		return unix.EINVAL
+	}
 	delete(m.bound, dst)
+	m.others = slices.DeleteFunc(m.others, func(o string) bool { return o == dst })
 	return nil
+}
+
+// MountsOf lists the other mounts of the disk (others), then the bound targets in reverse order of
+// their binds.
+func (m *fakeMounter) MountsOf(string) ([]string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := slices.Clone(m.others)
+	for i := len(m.order) - 1; i >= 0; i-- {
+		if _, ok := m.bound[m.order[i]]; ok {
+			out = append(out, m.order[i])
+		}
+	}
+	return out, nil
 }
 
 type fixture struct {

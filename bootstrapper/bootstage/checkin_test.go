@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"math"
 	"slices"
 	"strings"
@@ -206,6 +207,113 @@ func TestKeepCheckingInRevokedLocks(t *testing.T) {
 			t.Error("the check-in is still pending after the node was locked")
 		}
 	})
+}
+
+// TestKeepCheckingInRevokedStopFails: when stop fails (a pod sandbox the container runtime cannot
+// stop), the sealed key is still destroyed, but the disk's directories stay mounted and the disk
+// open (what did not stop may still write to it); the failure is logged and returned with ErrRevoked.
+func TestKeepCheckingInRevokedStopFails(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t)
+		s, _ := f.bootWithoutAnswer(t, checkInReply{revoked: true})
+		booted := len(f.rec.list())
+		refused := errors.New("1 of 3 pod sandboxes still there: stopping pod sandbox stuck: shim does not answer")
+		err := s.KeepCheckingIn(testCtx(t), func(context.Context) error { f.rec.add("kubelet.Stop"); return refused })
+		if !errors.Is(err, ErrRevoked) || !errors.Is(err, refused) {
+			t.Fatalf("KeepCheckingIn() = %v; want ErrRevoked wrapping the stop's error", err)
+		}
+		want := []string{"checkin " + testUUID, "disk.SetSealed ", "kubelet.Stop"}
+		if got := f.rec.list()[booted:]; !slices.Equal(got, want) {
+			t.Errorf("calls after the boot:\n got  %q\n want %q", got, want)
+		}
+		if len(f.disk.header.Sealed) != 0 {
+			t.Error("the sealed key survived a failed stop")
+		}
+		if !f.disk.isOpen() {
+			t.Error("the disk was closed although what runs on it did not stop")
+		}
+		if f.logs.FilterMessageSnippet("stopping what runs on the state disk of the locked node failed").Len() != 1 {
+			t.Error("the failed stop is not logged")
+		}
+	})
+}
+
+// TestKeepCheckingInRevokedUnmountsOthers: mounts of the disk the stage did not make (mini's
+// containerd root, bound by the node's own script) come off before the stage's binds, each logged,
+// one already gone with its peer (EINVAL) is passed over, and the disk closes.
+func TestKeepCheckingInRevokedUnmountsOthers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t)
+		s, _ := f.bootWithoutAnswer(t, checkInReply{revoked: true})
+		f.mounter.others = []string{"/var/lib/containerd", "/var/log"}
+		f.mounter.gone = map[string]bool{"/var/log": true} // unmounted with a peer
+		booted := len(f.rec.list())
+		if err := s.KeepCheckingIn(testCtx(t), f.stopper()); !errors.Is(err, ErrRevoked) || strings.Contains(err.Error(), "not closed") {
+			t.Fatalf("KeepCheckingIn() = %v; want ErrRevoked with the disk closed", err)
+		}
+		want := slices.Concat([]string{"checkin " + testUUID, "disk.SetSealed ", "kubelet.Stop", "mount.Unmount /var/lib/containerd", "mount.Unmount /var/log"},
+			unmountCalls(), []string{"disk.Close"})
+		if got := f.rec.list()[booted:]; !slices.Equal(got, want) {
+			t.Errorf("calls after the boot:\n got  %q\n want %q", got, want)
+		}
+		if f.disk.isOpen() {
+			t.Error("the disk is still open")
+		}
+		if got := f.logs.FilterMessage("unmounted a mount on the state disk").Len(); got != 1+len(unmountCalls()) {
+			t.Errorf("%d unmounts logged, want %d", got, 1+len(unmountCalls()))
+		}
+		if f.logs.FilterMessage("a mount on the state disk was already gone").Len() != 1 {
+			t.Error("the mount unmounted with its peer is not logged")
+		}
+	})
+}
+
+// TestKeepCheckingInRevokedMountBusy: a mount of the disk that stays busy (a process still holds a
+// file in it) is reported by path and logged, and the disk stays open.
+func TestKeepCheckingInRevokedMountBusy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newFixture(t)
+		s, _ := f.bootWithoutAnswer(t, checkInReply{revoked: true})
+		f.mounter.others = []string{"/var/lib/containerd"}
+		f.mounter.busy = map[string]bool{"/var/lib/containerd": true}
+		err := s.KeepCheckingIn(testCtx(t), f.stopper())
+		if !errors.Is(err, ErrRevoked) || !errors.Is(err, unix.EBUSY) || !strings.Contains(err.Error(), "unmounting /var/lib/containerd") {
+			t.Fatalf("KeepCheckingIn() = %v; want ErrRevoked naming the busy mount", err)
+		}
+		if !f.disk.isOpen() || slices.Contains(f.rec.list(), "disk.Close") {
+			t.Error("the disk was closed although a mount of it is busy")
+		}
+		if f.logs.FilterMessageSnippet("unmounting the state disk's mounts of the locked node failed").Len() != 1 {
+			t.Error("the busy mount is not logged")
+		}
+	})
+}
+
+// TestMountsOf picks the disk's mounts from a mount table: binds of the disk (not its own mount),
+// mounts below them (a pod's volume), in reverse order; a placeholder mounted under a bind before
+// it, other devices and the disk's own mount are left alone, but a mount propagated below the
+// disk's own mount is not.
+func TestMountsOf(t *testing.T) {
+	table := strings.Join([]string{
+		"22 1 8:1 / / rw - ext4 /dev/sda1 rw",
+		"30 22 0:40 / /var/lib/berth ro - tmpfs berth-no-state-disk ro",
+		"31 22 7:3 / /run/berth/state-disk rw - ext4 /dev/loop3 rw",
+		"32 22 7:3 /data/etc-kubernetes /etc/kubernetes rw - ext4 /dev/loop3 rw",
+		"33 22 7:3 /data/var-lib-kubelet /var/lib/kubelet rw - ext4 /dev/loop3 rw",
+		"34 30 7:3 /data/var-lib-berth /var/lib/berth rw - ext4 /dev/loop3 rw",
+		"35 22 7:3 /data/var-lib-containerd /var/lib/containerd rw - ext4 /dev/loop3 rw",
+		"36 33 0:50 / /var/lib/kubelet/pods/p/volumes/kubernetes.io~projected/kube-api-access rw - tmpfs tmpfs rw",
+		"37 22 0:51 / /var/lib/kubeletx rw - tmpfs tmpfs rw",
+		"38 22 7:3 /data/var\\040log /var/log\\040x rw - ext4 /dev/loop3 rw",
+		"39 31 0:52 / /run/berth/state-disk/data/var-lib-kubelet/pods/p/volumes/v rw - tmpfs tmpfs rw",
+		"",
+	}, "\n")
+	got := mountsOf(table, "7:3", "/run/berth/state-disk/data")
+	want := []string{"/run/berth/state-disk/data/var-lib-kubelet/pods/p/volumes/v", "/var/log x", "/var/lib/kubelet/pods/p/volumes/kubernetes.io~projected/kube-api-access", "/var/lib/containerd",
+		"/var/lib/berth", "/var/lib/kubelet", "/etc/kubernetes"}
+	if !slices.Equal(got, want) {
+		t.Errorf("mountsOf:\n got  %q\n want %q", got, want)
+	}
 }
 
 // TestKeepCheckingInStopsWithContext: with no joinservice ever answering, the loop asks until its

@@ -3,6 +3,9 @@ package bootstage
 import (
 	"fmt"
 	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
@@ -36,4 +39,66 @@ func (sysMounter) IsBound(dst, name string) (bool, error) {
 		}
 	}
 	return bound, nil
+}
+
+// MountsOf reads /proc/self/mountinfo for the mounts whose device is the one holding root, except
+// the disk's own mount (the one root lies in), and the mounts below any of them, last mounted first.
+func (sysMounter) MountsOf(root string) ([]string, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(root, &st); err != nil {
+		return nil, fmt.Errorf("reading the state disk's device: %w", err)
+	}
+	b, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, fmt.Errorf("reading mount table: %w", err)
+	}
+	return mountsOf(string(b), fmt.Sprintf("%d:%d", unix.Major(st.Dev), unix.Minor(st.Dev)), filepath.Clean(root)), nil
+}
+
+// mountsOf picks from a mountinfo table the mount points on device dev (major:minor) other than
+// the one holding root, and the mount points below any mount of dev (the one holding root
+// included), in reverse order of the table.
+func mountsOf(mountinfo, dev, root string) []string {
+	var holders, out []string
+	for _, line := range strings.Split(mountinfo, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeMount(f[4])
+		below := slices.ContainsFunc(holders, func(h string) bool { return h == "/" || strings.HasPrefix(mp, h+"/") })
+		own := mp == root || strings.HasPrefix(root, strings.TrimSuffix(mp, "/")+"/")
+		switch {
+		case f[2] == dev && own:
+			// The disk's own mount: what lies below it (a mount propagated into the disk's
+			// tree from a shared bind) holds the disk too.
+			holders = append(holders, mp)
+		case f[2] == dev:
+			holders = append(holders, mp)
+			out = append(out, mp)
+		case below && !own:
+			out = append(out, mp)
+		}
+	}
+	slices.Reverse(out)
+	return slices.Compact(out)
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, "\\") {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }

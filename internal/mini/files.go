@@ -174,15 +174,22 @@ if [ "$(stat -f -c %%T %s)" = tmpfs ]; then mount --bind "$root/%s" %s; fi
 }
 
 // containerdWrapper is the script that runs a node's containerd: its directories first, then
-// containerd itself (exec: the recorded process is containerd's).
+// containerd itself (exec: the recorded process is containerd's). Its process ID goes to
+// ContainerdPidFile on the node's /run, where the bootstrapper of a node locked by a REVOKED
+// check-in finds it to stop containerd, whose root is on the state disk, before closing the disk.
 func containerdWrapper(stateDirs string) []byte {
 	return []byte(fmt.Sprintf(`#!/bin/sh
 # Written by berth mini: containerd for one namespace node, on its state disk.
 set -e
 %s
+echo $$ > %s
 exec containerd --config /etc/containerd/config.toml
-`, shellQuote(stateDirs)))
+`, shellQuote(stateDirs), shellQuote(ContainerdPidFile)))
 }
+
+// ContainerdPidFile is where a node's containerd wrapper writes containerd's process ID (the
+// node's /run, a tmpfs per boot).
+const ContainerdPidFile = "/run/berth-mini-containerd.pid"
 
 // kubeletWrapper is the script a node's bootstrapper runs as kubelet: it makes sure the node's
 // directories are on its state disk and containerd answers, then adds the node's cgroup root and

@@ -197,7 +197,7 @@ func TestHostsAndWrapper(t *testing.T) {
 		}
 	}
 	w = string(containerdWrapper("/c/nodes/w1/bin/state-dirs"))
-	if !strings.Contains(w, "\n'/c/nodes/w1/bin/state-dirs'\nexec containerd --config /etc/containerd/config.toml\n") {
+	if !strings.Contains(w, "\n'/c/nodes/w1/bin/state-dirs'\necho $$ > '/run/berth-mini-containerd.pid'\nexec containerd --config /etc/containerd/config.toml\n") {
 		t.Errorf("containerd wrapper = %s", w)
 	}
 	if got := shellQuote("a'b"); got != `'a'\''b'` {

@@ -394,6 +394,8 @@ func (c *Cluster) bootstrapperEnv(n Node) []string {
 		"BERTH_KUBELET_PATH=" + filepath.Join(nodeDir, "bin", "kubelet"),
 		"BERTH_KUBEADM_PATH=" + filepath.Join(c.cfg.Bins.K8s, "kubeadm"),
 		"BERTH_CRI_SOCKET=" + CRISocket,
+		// containerd's root is on the state disk: a node locked by a REVOKED check-in stops it.
+		"BERTH_CONTAINER_RUNTIME_PIDFILE=" + ContainerdPidFile,
 		fmt.Sprintf("BERTH_INIT_LISTEN=:%d", InitPort),
 		"BERTH_CGROUP_DRIVER=cgroupfs",
 		"BERTH_KUBE_PROXY_MODE=nftables",

@@ -20,46 +20,47 @@ import (
 
 // config is the daemon's configuration.
 type config struct {
-	metadata      string
-	metadataFile  string
-	metadataURL   string
-	metadataAPI   string
-	attestation   string
-	tpm           string
-	lockPCR       uint
-	joinPolicy    string
-	stateDir      string
-	runDir        string
-	initListen    string
-	kubelet       string
-	kubeletPath   string
-	kubeletArgs   []string
-	kubeadmPath   string
-	ignorePreflt  []string
-	kubernetesDir string
-	kubeletDir    string
-	criSocket     string
-	cgroupDriver  string
-	kubeProxyMode string
-	conntrackMax  int
-	neverPull     bool
-	componentsDir string
-	joinImage     string
-	webhookImage  string
-	joinPort      int
-	diskUUID      string
-	log           logging.Config
-	stateDisk     string
-	diskBackend   string
-	stateMount    string
-	etcdDir       string
-	restoreDir    string
-	recoverListen string
-	sealPCRs      []uint
-	sealFresh     bool
-	phasePCR      uint
-	kmsSocket     string
-	kmsMetrics    string
+	metadata       string
+	metadataFile   string
+	metadataURL    string
+	metadataAPI    string
+	attestation    string
+	tpm            string
+	lockPCR        uint
+	joinPolicy     string
+	stateDir       string
+	runDir         string
+	initListen     string
+	kubelet        string
+	kubeletPath    string
+	kubeletArgs    []string
+	kubeadmPath    string
+	ignorePreflt   []string
+	kubernetesDir  string
+	kubeletDir     string
+	criSocket      string
+	runtimePidFile string
+	cgroupDriver   string
+	kubeProxyMode  string
+	conntrackMax   int
+	neverPull      bool
+	componentsDir  string
+	joinImage      string
+	webhookImage   string
+	joinPort       int
+	diskUUID       string
+	log            logging.Config
+	stateDisk      string
+	diskBackend    string
+	stateMount     string
+	etcdDir        string
+	restoreDir     string
+	recoverListen  string
+	sealPCRs       []uint
+	sealFresh      bool
+	phasePCR       uint
+	kmsSocket      string
+	kmsMetrics     string
 }
 
 func defaultConfig() *config {
@@ -108,6 +109,7 @@ func (c *config) register(f *pflag.FlagSet) {
 	f.StringVar(&c.kubernetesDir, "kubernetes-dir", c.kubernetesDir, "kubeadm's configuration directory")
 	f.StringVar(&c.kubeletDir, "kubelet-dir", c.kubeletDir, "the kubelet's directory")
 	f.StringVar(&c.criSocket, "cri-socket", c.criSocket, "container runtime endpoint")
+	f.StringVar(&c.runtimePidFile, "container-runtime-pidfile", c.runtimePidFile, "where the container runtime's start wrote its process ID, when its root is on the state disk (the mini cluster's containerd): a node locked by a REVOKED check-in stops it (SIGTERM) before closing the disk; empty: the runtime keeps running")
 	f.StringVar(&c.cgroupDriver, "cgroup-driver", c.cgroupDriver, "kubelet cgroup driver: systemd or cgroupfs (default: systemd with --kubelet=systemd, else cgroupfs)")
 	f.StringVar(&c.kubeProxyMode, "kube-proxy-mode", c.kubeProxyMode, "kube-proxy mode (nftables, iptables); empty keeps kubeadm's default")
 	f.IntVar(&c.conntrackMax, "kube-proxy-conntrack-max-per-core", c.conntrackMax, "kube-proxy's conntrack.maxPerCore; 0 leaves the host's nf_conntrack_max alone (nodes sharing a kernel), -1 keeps kube-proxy's default")

@@ -118,6 +118,7 @@ func daemon(ctx context.Context, cfg *config) error {
 	}
 
 	exec := command.Runner{Children: children}
+	var closeKubeletLog func() error
 	var kube interface {
 		Start(ctx context.Context) error
 		Stop(ctx context.Context) error
@@ -135,6 +136,7 @@ func daemon(ctx context.Context, cfg *config) error {
 			return fmt.Errorf("opening kubelet log: %w", err)
 		}
 		defer logFile.Close()
+		closeKubeletLog = logFile.Close
 		kube = &kubelet.Supervisor{Path: cfg.kubeletPath, KubeletDir: cfg.kubeletDir, KubernetesDir: cfg.kubernetesDir,
 			Output: logFile, Log: log.Named("kubelet"), Children: children}
 	}
@@ -216,8 +218,13 @@ func daemon(ctx context.Context, cfg *config) error {
 	}
 	if stage != nil && stage.CheckInPending() {
 		// No joinservice answered the boot's check-in (a full power cut): ask again while the node
-		// runs; a REVOKED answer then stops the kubelet as part of the lock.
-		deps.CheckIn = func(ctx context.Context) error { return stage.KeepCheckingIn(ctx, kube.Stop) }
+		// runs; a REVOKED answer then stops the kubelet, its pods and (where its root is on the
+		// state disk) the container runtime as part of the lock.
+		stop := &lockStop{log: log.Named("lockstop"), kubelet: kube, criSocket: cfg.criSocket, closeLog: closeKubeletLog}
+		if cfg.runtimePidFile != "" {
+			stop.runtime = pidFileRuntime{path: cfg.runtimePidFile}
+		}
+		deps.CheckIn = func(ctx context.Context) error { return stage.KeepCheckingIn(ctx, stop.Stop) }
 	}
 	if cfg.webhookImage != "" {
 		// Only the webhook has anything to check after a restart; without it there is nothing to log.
