@@ -5,10 +5,11 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/berth-k8s/berth/internal/statedisk"
 )
 
 // sysMounter bind-mounts with mount(2) in the daemon's mount namespace (the node's).
@@ -65,7 +66,7 @@ func mountsOf(mountinfo, dev, root string) []string {
 		if len(f) < 5 {
 			continue
 		}
-		mp := unescapeMount(f[4])
+		mp := statedisk.UnescapeMountinfo(f[4])
 		below := slices.ContainsFunc(holders, func(h string) bool { return h == "/" || strings.HasPrefix(mp, h+"/") })
 		own := mp == root || strings.HasPrefix(root, strings.TrimSuffix(mp, "/")+"/")
 		switch {
@@ -82,23 +83,4 @@ func mountsOf(mountinfo, dev, root string) []string {
 	}
 	slices.Reverse(out)
 	return slices.Compact(out)
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, "\\") {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }

@@ -219,7 +219,7 @@ func mountAt(mountinfo, dir string) (entry mountEntry, ok bool, err error) {
 	for sc.Scan() {
 		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTIONS
 		fields := strings.Fields(sc.Text())
-		if len(fields) < 10 || unescapeMountinfo(fields[4]) != abs {
+		if len(fields) < 10 || UnescapeMountinfo(fields[4]) != abs {
 			continue
 		}
 		sep := -1
@@ -238,7 +238,7 @@ func mountAt(mountinfo, dir string) (entry mountEntry, ok bool, err error) {
 		if err1 != nil || err2 != nil {
 			continue
 		}
-		entry = mountEntry{Major: uint32(major), Minor: uint32(minor), Source: unescapeMountinfo(fields[sep+2])}
+		entry = mountEntry{Major: uint32(major), Minor: uint32(minor), Source: UnescapeMountinfo(fields[sep+2])}
 		ok = true // later lines are mounted on top of earlier ones: keep the last
 	}
 	if err := sc.Err(); err != nil {
@@ -247,8 +247,8 @@ func mountAt(mountinfo, dir string) (entry mountEntry, ok bool, err error) {
 	return entry, ok, nil
 }
 
-// unescapeMountinfo undoes the octal escapes (\040 for a space, ...) of /proc/self/mountinfo.
-func unescapeMountinfo(s string) string {
+// UnescapeMountinfo undoes the octal escapes (\040 for a space, ...) of /proc/self/mountinfo.
+func UnescapeMountinfo(s string) string {
 	if !strings.Contains(s, `\`) {
 		return s
 	}
