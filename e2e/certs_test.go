@@ -357,6 +357,7 @@ func certsWebhookUnderLoad(t testing.TB, ctx context.Context, kube kubernetes.In
 	var total, failed atomic.Int64
 	var mu sync.Mutex
 	var failures []string
+	var lastFailure time.Duration
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -384,6 +385,7 @@ func certsWebhookUnderLoad(t testing.TB, ctx context.Context, kube kubernetes.In
 				if (!deny && err != nil) || (deny && (err == nil || !strings.Contains(err.Error(), whMarker))) {
 					failed.Add(1)
 					mu.Lock()
+					lastFailure = time.Since(start)
 					if len(failures) < 10 {
 						failures = append(failures, fmt.Sprintf("%s deny=%v: %v", time.Since(start).Round(time.Millisecond), deny, err))
 					}
@@ -415,7 +417,8 @@ func certsWebhookUnderLoad(t testing.TB, ctx context.Context, kube kubernetes.In
 		elapsed.Round(time.Second), countKind(evs, "leaf"), countKind(evs, "CA rotation started"), countKind(evs, "CA rotation done"),
 		total.Load(), failed.Load(), strings.Join(lines, "\n"))
 	if failed.Load() != 0 {
-		t.Errorf("%d of %d requests failed; first ones:\n%s", failed.Load(), total.Load(), strings.Join(failures, "\n"))
+		t.Errorf("%d of %d requests failed, the last at %s; first ones:\n%s", failed.Load(), total.Load(), lastFailure.Round(time.Millisecond), strings.Join(failures, "\n"))
+		keeperDiagnostics(t, ctx, kube)
 	}
 	if countKind(evs, "leaf") < 5 || countKind(evs, "CA rotation done") < 1 {
 		t.Errorf("%d leaf renewals and %d finished CA rotations in %s, want at least 5 and 1", countKind(evs, "leaf"), countKind(evs, "CA rotation done"), elapsed.Round(time.Second))

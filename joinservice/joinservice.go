@@ -168,7 +168,7 @@ func certKeeper(d Deps, m *metrics.Metrics) certkeeper.Deps {
 	km := certkeeper.NewMetrics(m.Registry(), certkeeper.NewControlPlaneCerts(d.PKIDir))
 	return certkeeper.Deps{
 		Log: log, Client: d.Client, Namespace: d.Namespace, Identity: d.Replica + "_" + rand.Text()[:8],
-		Webhook:  install.NewKeeper(install.Config{}, d.Client, d.Dynamic, certkeeper.Progress(log.Named("webhook"))),
+		Webhook:  install.NewKeeper(install.Config{}, d.Client, d.Dynamic, certkeeper.Progress(log.Named("webhook"))).WithRotationLock(rotationLock(d, log)),
 		Approver: certkeeper.NewApprover(log.Named("csr"), d.Client, d.Metadata, km).WithRevocations(d.Namespace),
 		Metrics:  km,
 	}

@@ -124,3 +124,15 @@ func addressesOf(ctx context.Context, d Deps, node string) []string {
 	}
 	return nil
 }
+
+// rotationLockWait bounds a webhook pass's wait for the control-plane slot before its CA rotation;
+// the rotation then waits for a later pass, and the rest of the pass goes on.
+const rotationLockWait = 30 * time.Second
+
+// rotationLock is the control-plane slot as the certificate keeper's lock for the steps of the
+// webhook's CA rotation, so that no control plane restarts (a renewal) or joins meanwhile.
+func rotationLock(d Deps, log *zap.Logger) cpslot.Locker {
+	slot := cpslot.New(d.Client, d.Namespace, d.Replica+"/cert-keeper", nil, log.Named("slot"))
+	slot.MaxWait, slot.Poll = rotationLockWait, 2*time.Second
+	return cpslot.Locker{Slot: slot, Operation: cpslot.WebhookCARotation, Node: webhookconfig.Name}
+}

@@ -1,8 +1,9 @@
 // Package cpslot is the control-plane slot: the one Lease every operation that disrupts a control
 // plane takes, so that at most one such operation runs in the cluster at a time and etcd quorum and
 // the API servers' availability never depend on two of them at once. Both daemons take it: the
-// joinservice for a control plane's join and for removing an etcd member, the bootstrapper for a
-// certificate renewal, which restarts the control plane's static pods (and, next, an upgrade).
+// joinservice for a control plane's join, for removing an etcd member and for the steps of the
+// webhook's CA rotation that change what the API servers trust, the bootstrapper for a certificate
+// renewal, which restarts the control plane's static pods (and, next, an upgrade).
 //
 // The slot is Lease berth-control-plane-slot in berth-system (joinconfig.ControlPlaneSlotLease),
 // created unheld with the joinservice (internal/berthsystem) and by the first Acquire that finds
@@ -11,7 +12,8 @@
 //
 //	record      Lease field                                  meaning
 //	holder      spec.holderIdentity                          PROCESS/TOKEN while taken, join/NODE while joining
-//	operation   annotation berth.dev/slot-operation          control-plane-join, etcd-member-removal, cert-renewal
+//	operation   annotation berth.dev/slot-operation          control-plane-join, etcd-member-removal, cert-renewal,
+//	                                                         webhook-ca-rotation
 //	node        annotation berth.dev/slot-node               the node the operation is about
 //	process     annotation berth.dev/slot-process            the joinservice replica or the bootstrapper process
 //	state       annotation berth.dev/slot-state              taken or joining
@@ -93,6 +95,10 @@ const (
 	EtcdMemberRemoval Operation = "etcd-member-removal"
 	// CertRenewal: a control plane's bootstrapper renews its certificates and restarts its static pods.
 	CertRenewal Operation = "cert-renewal"
+	// WebhookCARotation: the certificate keeper (in a joinservice replica) changes which CA the API
+	// servers must trust for the image-policy webhook; an API server that restarted or joined in the
+	// middle was seen refusing the webhook's certificate afterwards.
+	WebhookCARotation Operation = "webhook-ca-rotation"
 )
 
 // State of a held slot.
@@ -373,6 +379,25 @@ func free(lease *coordinationv1.Lease) {
 	lease.Spec.RenewTime = nil
 	lease.Spec.AcquireTime = nil
 	clearRecord(lease)
+}
+
+// Locker holds the slot for one operation at a time, for callers that need no more than to hold it
+// (the webhook keeper's install.RotationLock).
+type Locker struct {
+	Slot      *Slot
+	Operation Operation
+	// Node is what the operation is about (for the webhook's rotation, the webhook's name).
+	Node string
+}
+
+// Lock acquires the slot (see Acquire: ErrBusy naming the holder after Slot.MaxWait) and returns
+// its release.
+func (l Locker) Lock(ctx context.Context) (func(), error) {
+	h, err := l.Slot.Acquire(ctx, l.Operation, l.Node)
+	if err != nil {
+		return nil, err
+	}
+	return h.Release, nil
 }
 
 // Held is the slot an Acquire took.

@@ -72,6 +72,34 @@ func TestHeldSlotMakesOthersWaitThenBusy(t *testing.T) {
 	})
 }
 
+// TestLockerHoldsTheSlot: the webhook keeper's Locker holds the slot for its rotation, a renewal
+// waits and gets ErrBusy naming it, and the release frees it for the renewal; a Locker finding the
+// slot held by a renewal gets ErrBusy naming that.
+func TestLockerHoldsTheSlot(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := fake.NewClientset()
+		keeper := Locker{Slot: New(c, "ns", "joinservice-0/cert-keeper", nil, zap.NewNop()), Operation: WebhookCARotation, Node: "berth-webhook"}
+		renewal := New(c, "ns", "bootstrapper@cp-1", nil, zap.NewNop())
+		unlock, err := keeper.Lock(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = renewal.Acquire(context.Background(), CertRenewal, "cp-1")
+		if !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "joinservice-0/cert-keeper holds the control-plane slot for the webhook-ca-rotation of berth-webhook") {
+			t.Fatalf("a renewal's Acquire while the keeper rotates = %v, want ErrBusy naming the rotation", err)
+		}
+		unlock()
+		held, err := renewal.Acquire(context.Background(), CertRenewal, "cp-1")
+		if err != nil {
+			t.Fatalf("a renewal's Acquire after the rotation = %v", err)
+		}
+		if _, err := keeper.Lock(context.Background()); !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "cert-renewal of cp-1") {
+			t.Fatalf("the keeper's Lock during a renewal = %v, want ErrBusy naming the renewal", err)
+		}
+		held.Release()
+	})
+}
+
 // TestHolderRenewsWhileAlive: a holder that lives keeps the slot well past its duration.
 func TestHolderRenewsWhileAlive(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

@@ -169,7 +169,8 @@ func (d Deps) keepWebhook(ctx context.Context) {
 }
 
 // nextPass is how long to wait after a pass: the check period, or less when the next renewal is due
-// sooner, or retryAfterFailure after a failure; never less than minPause.
+// sooner, or retryAfterFailure after a failure or while a CA rotation waits for the control-plane
+// slot; never less than minPause.
 func nextPass(rep install.KeepReport, err error, now time.Time) time.Duration {
 	period := rep.Settings.CheckPeriod
 	if period == 0 {
@@ -179,7 +180,11 @@ func nextPass(rep install.KeepReport, err error, now time.Time) time.Duration {
 	if err != nil && !errors.Is(err, install.ErrNotInstalled) {
 		wait = min(wait, retryAfterFailure)
 	}
-	if due := rep.NextDue(); !due.IsZero() {
+	switch due := rep.NextDue(); {
+	case rep.RotationWaits != "":
+		// The rotation is due but waits for the control-plane slot: the due time has passed.
+		wait = min(wait, retryAfterFailure)
+	case !due.IsZero():
 		wait = min(wait, due.Sub(now))
 	}
 	return max(wait, minPause)
@@ -189,6 +194,9 @@ func (d Deps) logPass(rep install.KeepReport, err, last error) {
 	fields := []zap.Field{zap.Strings("writes", rep.Writes), zap.Bool("leafRenewed", rep.LeafRenewed),
 		zap.Bool("caRenewed", rep.CARenewed), zap.Bool("rotationDone", rep.RotationDone), zap.Bool("bundleRepaired", rep.BundleRepaired),
 		zap.Time("leafExpiry", rep.Expiry.Leaf), zap.Time("caExpiry", rep.Expiry.CA), zap.Duration("checkPeriod", rep.Settings.CheckPeriod)}
+	if rep.RotationWaits != "" {
+		fields = append(fields, zap.String("rotationWaits", rep.RotationWaits))
+	}
 	switch {
 	case errors.Is(err, install.ErrNotInstalled):
 		// A cluster without the webhook: said once.

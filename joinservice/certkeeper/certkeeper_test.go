@@ -83,6 +83,7 @@ func TestNextPass(t *testing.T) {
 		{"renewal overdue", install.KeepReport{Settings: period, Expiry: install.Expiry{Leaf: now.Add(10 * time.Second), CA: now.Add(time.Hour)}}, nil, minPause},
 		{"after a failure", install.KeepReport{Settings: period}, install.ErrNoReadyEndpoints, retryAfterFailure},
 		{"not installed", install.KeepReport{}, install.ErrNotInstalled, install.DefaultCheckPeriod},
+		{"rotation waits for the slot", install.KeepReport{Settings: period, RotationWaits: "busy", Expiry: install.Expiry{Leaf: now.Add(3 * time.Minute), CA: now.Add(time.Minute)}}, nil, retryAfterFailure},
 	}
 	for _, c := range cases {
 		if got := nextPass(c.rep, c.err, now); got != c.want {

@@ -170,7 +170,16 @@ type Installer struct {
 	leafRenewed, caRenewed, rotationDone bool
 	// checking is the bundle the keeper's end-to-end check expects the configuration to publish.
 	checking []byte
+	// rotationLocked says whether a keeper with a rotation lock holds it in this pass; lockless
+	// says that it has none (the installer, or a keeper built without one).
+	rotationLocked, lockless bool
+	// unlock gives the rotation lock back.
+	unlock func()
 }
+
+// mayRotate reports whether this run may change which CA the API servers must trust: always for the
+// installer, for a keeper only while it holds its rotation lock.
+func (w *Installer) mayRotate() bool { return !w.keep || w.lockless || w.rotationLocked }
 
 // New returns an installer using the given clients; progress goes to out.
 func New(cfg Config, kube kubernetes.Interface, dyn dynamic.Interface, out io.Writer) *Installer {

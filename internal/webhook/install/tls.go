@@ -99,7 +99,7 @@ func (w *Installer) tlsSecret(ctx context.Context) (*unstructured.Unstructured, 
 	if err != nil {
 		return nil, nil, err
 	}
-	next, err := planTLS(cur, w.cfg.Now(), w.cfg.Lifetimes, armed, w.say)
+	next, err := planTLS(cur, w.cfg.Now(), w.cfg.Lifetimes, armed, true, w.say)
 	if err != nil {
 		return nil, nil, failure(ErrApply, "retry", "%v", err)
 	}
@@ -118,8 +118,12 @@ func (w *Installer) tlsSecret(ctx context.Context) (*unstructured.Unstructured, 
 //
 // armed says that the configuration publishes the Secret's current CA: only then may a rotation's
 // new CA issue the leaf. Until then a leaf that an older CA of the bundle verifies stays, due or not.
-// Certificates in the bundle that have expired are dropped. l may leave periods at zero (defaults).
-func planTLS(cur tlsMaterial, now time.Time, l Lifetimes, armed bool, say func(string, ...any)) (tlsMaterial, error) {
+// mayRotate says that this plan may change which CA the API servers must trust (the keeper holds the
+// control-plane slot, see Keeper.WithRotationLock): without it a due CA waits for a later plan, and
+// during a rotation the old CA's leaf keeps serving while it is usable, as if the new CA were not
+// published. Certificates in the bundle that have expired are dropped. l may leave periods at zero
+// (defaults).
+func planTLS(cur tlsMaterial, now time.Time, l Lifetimes, armed, mayRotate bool, say func(string, ...any)) (tlsMaterial, error) {
 	l = l.WithDefaults()
 	if err := l.Validate(); err != nil {
 		return tlsMaterial{}, err
@@ -146,7 +150,7 @@ func planTLS(cur tlsMaterial, now time.Time, l Lifetimes, armed bool, say func(s
 		next.certPEM, next.keyPEM = nil, nil
 		bundle = nil
 		say("created a new webhook CA")
-	case !inRotation && due(ca.NotAfter, now, l.CA, l.CARenewBefore):
+	case mayRotate && !inRotation && due(ca.NotAfter, now, l.CA, l.CARenewBefore):
 		old := ca
 		var err error
 		if ca, caKey, next.caPEM, next.caKeyPEM, err = newCA(now, l.CA); err != nil {
@@ -164,10 +168,10 @@ func planTLS(cur tlsMaterial, now time.Time, l Lifetimes, armed bool, say func(s
 			return next, nil
 		}
 	}
-	if inRotation && !armed && !leafUsable(cur.certPEM, cur.keyPEM, ca, now) &&
+	if inRotation && (!armed || !mayRotate) && !leafUsable(cur.certPEM, cur.keyPEM, ca, now) &&
 		slices.ContainsFunc(bundle, func(old *x509.Certificate) bool { return leafUsable(cur.certPEM, cur.keyPEM, old, now) }) {
-		// A rotation whose new CA is not published yet (an interrupted run): the leaf of the old
-		// CA keeps serving until it is.
+		// A rotation whose new CA is not published yet (an interrupted run), or that may not
+		// go on now: the leaf of the old CA keeps serving until it is and it may.
 		if !containsCert(bundle, ca) {
 			bundle = append(bundle, ca)
 		}
@@ -203,8 +207,12 @@ func encodeBundle(certs []*x509.Certificate) []byte {
 // finishCARotation completes a CA rotation that the armed bundle now allows (the rotation's last two
 // steps): it switches the leaf to the new CA, waits until every endpoint serves a leaf that the new
 // CA alone verifies (the pods read the Secret's files), and only then drops the old CA from the
-// bundle, checking enforcement end to end. Without a rotation under way it does nothing.
+// bundle, checking enforcement end to end. Without a rotation under way, or for a keeper that does
+// not hold the rotation lock, it does nothing.
 func (w *Installer) finishCARotation(ctx context.Context) error {
+	if !w.mayRotate() {
+		return nil
+	}
 	cur, err := w.readTLS(ctx)
 	if err != nil || !cur.rotating() {
 		return err
@@ -214,7 +222,7 @@ func (w *Installer) finishCARotation(ctx context.Context) error {
 	if armed, err := w.bundleHolds(ctx, cur.caPEM); err != nil || !armed {
 		return err
 	}
-	next, err := planTLS(cur, w.cfg.Now(), w.cfg.Lifetimes, true, w.say)
+	next, err := planTLS(cur, w.cfg.Now(), w.cfg.Lifetimes, true, true, w.say)
 	if err != nil {
 		return failure(ErrApply, "retry", "%v", err)
 	}

@@ -37,20 +37,20 @@ func TestPlanTLSRotatesTheCAInSteps(t *testing.T) {
 	// does the year's CA that replaces it until it is 200 days from its end.
 	dueCA := Lifetimes{CA: 365 * 24 * time.Hour, Leaf: 90 * 24 * time.Hour, CARenewBefore: 200 * 24 * time.Hour}
 
-	fresh, err := planTLS(tlsMaterial{}, now, renew, true, quiet)
+	fresh, err := planTLS(tlsMaterial{}, now, renew, true, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if fresh.rotating() || len(certsOf(t, fresh.bundlePEM)) != 1 || !leafIssuedBy(t, fresh, fresh.caPEM) {
 		t.Fatalf("fresh material: rotating=%v, bundle of %d", fresh.rotating(), len(certsOf(t, fresh.bundlePEM)))
 	}
-	again, err := planTLS(fresh, now, renew, true, quiet)
+	again, err := planTLS(fresh, now, renew, true, true, quiet)
 	if err != nil || string(again.certPEM) != string(fresh.certPEM) || string(again.caPEM) != string(fresh.caPEM) || string(again.bundlePEM) != string(fresh.bundlePEM) {
 		t.Fatalf("a re-run regenerated material: %v", err)
 	}
 
 	// Step 1: the CA is due (it outlives the shorter validity).
-	step1, err := planTLS(fresh, now, dueCA, true, quiet)
+	step1, err := planTLS(fresh, now, dueCA, true, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestPlanTLSRotatesTheCAInSteps(t *testing.T) {
 
 	// Step 3: with the bundle published, the leaf switches to the new CA; the bundle keeps both.
 	// No second rotation starts while one is under way, even if the new CA counted as due.
-	step3, err := planTLS(step1, now, dueCA, true, quiet)
+	step3, err := planTLS(step1, now, dueCA, true, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +80,7 @@ func TestPlanTLSRotatesTheCAInSteps(t *testing.T) {
 
 	// Step 4 (finishCARotation) sets the bundle to the new CA; a re-plan keeps it so.
 	step3.bundlePEM = step3.caPEM
-	done, err := planTLS(step3, now, dueCA, true, quiet)
+	done, err := planTLS(step3, now, dueCA, true, true, quiet)
 	if err != nil || done.rotating() || string(done.certPEM) != string(step3.certPEM) {
 		t.Fatalf("after the rotation: rotating=%v, leaf changed=%v, %v", done.rotating(), string(done.certPEM) != string(step3.certPEM), err)
 	}
@@ -90,16 +90,16 @@ func TestPlanTLSRotatesTheCAInSteps(t *testing.T) {
 func TestPlanTLSDropsExpiredBundleEntries(t *testing.T) {
 	now := time.Now()
 	quiet := func(string, ...any) {}
-	old, err := planTLS(tlsMaterial{}, now.Add(-DefaultCAValidity-time.Hour), Lifetimes{}, true, quiet)
+	old, err := planTLS(tlsMaterial{}, now.Add(-DefaultCAValidity-time.Hour), Lifetimes{}, true, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cur, err := planTLS(tlsMaterial{}, now, Lifetimes{}, true, quiet)
+	cur, err := planTLS(tlsMaterial{}, now, Lifetimes{}, true, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cur.bundlePEM = append(append([]byte{}, old.caPEM...), cur.caPEM...)
-	next, err := planTLS(cur, now, Lifetimes{}, true, quiet)
+	next, err := planTLS(cur, now, Lifetimes{}, true, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,12 +155,12 @@ func TestPlanTLSKeepsTheOldLeafUntilTheNewCAIsPublished(t *testing.T) {
 	now := time.Now()
 	quiet := func(string, ...any) {}
 	short := Lifetimes{Leaf: 40 * time.Minute, CA: 90 * time.Minute, CARenewBefore: time.Hour}
-	fresh, err := planTLS(tlsMaterial{}, now, short, true, quiet)
+	fresh, err := planTLS(tlsMaterial{}, now, short, true, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// 31 minutes in, less than an hour is left of the CA: a rotation starts.
-	started, err := planTLS(fresh, now.Add(31*time.Minute), short, true, quiet)
+	started, err := planTLS(fresh, now.Add(31*time.Minute), short, true, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,14 +169,14 @@ func TestPlanTLSKeepsTheOldLeafUntilTheNewCAIsPublished(t *testing.T) {
 	}
 	// 32 minutes after the first leaf: it is due (less than a third of 40 minutes left), but the new
 	// CA is not published yet: it stays.
-	waiting, err := planTLS(started, now.Add(32*time.Minute), short, false, quiet)
+	waiting, err := planTLS(started, now.Add(32*time.Minute), short, false, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !waiting.equal(started) {
 		t.Fatal("the leaf changed before the new CA was published")
 	}
-	switched, err := planTLS(started, now.Add(32*time.Minute), short, true, quiet)
+	switched, err := planTLS(started, now.Add(32*time.Minute), short, true, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestPlanTLSRenewsAtTheConfiguredPoint(t *testing.T) {
 	now := time.Now().Truncate(time.Second) // certificates keep whole seconds
 	quiet := func(string, ...any) {}
 	l := Lifetimes{Leaf: 9 * time.Minute, LeafRenewBefore: 6 * time.Minute, CA: time.Hour}
-	first, err := planTLS(tlsMaterial{}, now, l, true, quiet)
+	first, err := planTLS(tlsMaterial{}, now, l, true, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,35 +204,35 @@ func TestPlanTLSRenewsAtTheConfiguredPoint(t *testing.T) {
 	if got := now.Sub(leaf.NotBefore); got != 54*time.Second {
 		t.Errorf("leaf backdated by %s, want a tenth of its validity (54s)", got)
 	}
-	kept, err := planTLS(first, now.Add(2*time.Minute+59*time.Second), l, true, quiet)
+	kept, err := planTLS(first, now.Add(2*time.Minute+59*time.Second), l, true, true, quiet)
 	if err != nil || !kept.equal(first) {
 		t.Fatalf("the leaf was renewed with more than 6 minutes left: %v", err)
 	}
-	renewed, err := planTLS(first, now.Add(3*time.Minute+time.Second), l, true, quiet)
+	renewed, err := planTLS(first, now.Add(3*time.Minute+time.Second), l, true, true, quiet)
 	if err != nil || renewed.equal(first) || string(renewed.caPEM) != string(first.caPEM) {
 		t.Fatalf("the leaf was not renewed from the same CA with less than 6 minutes left: %v", err)
 	}
 
 	// The operator shortens the validity: the year-long leaf and ten-year CA of the defaults outlive it.
-	long, err := planTLS(tlsMaterial{}, now, Lifetimes{}, true, quiet)
+	long, err := planTLS(tlsMaterial{}, now, Lifetimes{}, true, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
-	shortened, err := planTLS(long, now, l, true, quiet)
+	shortened, err := planTLS(long, now, l, true, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !shortened.rotating() || string(shortened.certPEM) != string(long.certPEM) {
 		t.Fatal("a CA that outlives the shortened validity did not start a rotation (with the leaf kept)")
 	}
-	onlyLeaf, err := planTLS(long, now, Lifetimes{Leaf: 9 * time.Minute}, true, quiet)
+	onlyLeaf, err := planTLS(long, now, Lifetimes{Leaf: 9 * time.Minute}, true, true, quiet)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if string(onlyLeaf.caPEM) != string(long.caPEM) || certsOf(t, onlyLeaf.certPEM)[0].NotAfter.Sub(now) != 9*time.Minute {
 		t.Fatal("a leaf that outlives the shortened validity was not re-issued from the same CA")
 	}
-	if _, err := planTLS(long, now, Lifetimes{Leaf: time.Minute, LeafRenewBefore: time.Minute}, true, quiet); err == nil {
+	if _, err := planTLS(long, now, Lifetimes{Leaf: time.Minute, LeafRenewBefore: time.Minute}, true, true, quiet); err == nil {
 		t.Fatal("planTLS accepted a renewal point that is not inside the validity")
 	}
 }
@@ -265,5 +265,54 @@ func TestParseSettings(t *testing.T) {
 		if _, err := ParseSettings(data); !errors.Is(err, ErrInvalidConfiguration) {
 			t.Errorf("%s: ParseSettings(%v) = %v, want ErrInvalidConfiguration", name, data, err)
 		}
+	}
+}
+
+// TestPlanTLSWithoutRotationLock: a plan that may not rotate (the keeper did not get the
+// control-plane slot) starts no rotation of a due CA but still renews a due leaf from the current
+// CA, and during a rotation keeps the old CA's leaf although the new CA is published; with the lock
+// the same plans rotate (the negative: mayRotate is what holds them back).
+func TestPlanTLSWithoutRotationLock(t *testing.T) {
+	now := time.Now()
+	quiet := func(string, ...any) {}
+	short := Lifetimes{Leaf: 40 * time.Minute, CA: 90 * time.Minute, CARenewBefore: time.Hour}
+	fresh, err := planTLS(tlsMaterial{}, now, short, true, true, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 31 minutes in, the CA is due and so is the leaf (less than a third of 40 minutes left).
+	at := now.Add(31 * time.Minute)
+	held, err := planTLS(fresh, at, short, true, false, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca := certsOf(t, fresh.caPEM)[0]
+	if held.rotating() || string(held.caPEM) != string(fresh.caPEM) {
+		t.Fatal("a plan that may not rotate started a CA rotation")
+	}
+	if string(held.certPEM) == string(fresh.certPEM) || !leafUsable(held.certPEM, held.keyPEM, ca, at) {
+		t.Fatal("a plan that may not rotate did not renew the due leaf from the current CA")
+	}
+	started, err := planTLS(fresh, at, short, true, true, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !started.rotating() {
+		t.Fatal("with the lock the due CA did not start a rotation")
+	}
+	// The new CA is published (armed): only a plan that may rotate switches the leaf.
+	kept, err := planTLS(started, at.Add(time.Minute), short, true, false, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !kept.equal(started) {
+		t.Fatal("a plan that may not rotate switched the leaf to the new CA")
+	}
+	switched, err := planTLS(started, at.Add(time.Minute), short, true, true, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(switched.certPEM) == string(started.certPEM) {
+		t.Fatal("with the lock the leaf did not switch to the new CA")
 	}
 }
