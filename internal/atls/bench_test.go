@@ -132,7 +132,7 @@ func BenchmarkMutualHandshake(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			addr := benchServer(b, srv)
+			addr := atlstest.ServeTLS(b, srv)
 			ctx := context.Background()
 			// Every identity once, so that the server's activation of the nodes is not measured.
 			for _, c := range p.clients {

@@ -1,0 +1,43 @@
+package atlstest
+
+import (
+	"crypto/tls"
+	"net"
+	"sync"
+	"testing"
+	"time"
+)
+
+// ServeTLS serves TLS handshakes with cfg on loopback until the test or benchmark ends and returns
+// the listener's address. Each connection runs on its own goroutine, as a server's do: the
+// handshake, then, when it succeeded, the connection is held open until the client closes it; ten
+// seconds bound each connection.
+func ServeTLS(tb testing.TB, cfg *tls.Config) string {
+	tb.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := lis.Accept()
+			if err != nil {
+				return
+			}
+			wg.Go(func() {
+				tc := tls.Server(c, cfg)
+				defer tc.Close()
+				_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+				if tc.Handshake() == nil {
+					_, _ = tc.Read(make([]byte, 1))
+				}
+			})
+		}
+	})
+	tb.Cleanup(func() {
+		_ = lis.Close()
+		wg.Wait()
+	})
+	return lis.Addr().String()
+}
