@@ -28,14 +28,6 @@ func start(t *testing.T, f *awstest.Fake, cfg Config) *Provider {
 	return New(cfg)
 }
 
-func describe(in []metadata.Instance) []string {
-	var out []string
-	for _, i := range in {
-		out = append(out, i.Name+"/"+string(i.Role)+"/"+strings.Join(i.IPs, ","))
-	}
-	return out
-}
-
 func TestProvider(t *testing.T) {
 	f := awstest.New(t)
 	p := start(t, f, Config{PeersTTL: -1})
@@ -60,7 +52,7 @@ func TestProvider(t *testing.T) {
 		"ip-10-0-0-3.eu-central-1.compute.internal/control-plane/10.0.0.3",
 		"ip-10-0-0-4.eu-central-1.compute.internal/worker/10.0.0.4",
 	}
-	if got := describe(peers); !slices.Equal(got, want) {
+	if got := metadatatest.Describe(peers); !slices.Equal(got, want) {
 		t.Fatalf("Peers() = %v, want %v", got, want)
 	}
 	var describes int
@@ -126,17 +118,8 @@ func TestTokenExpiry(t *testing.T) {
 
 func TestIMDSRequiresToken(t *testing.T) {
 	f := awstest.New(t)
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, f.IMDSURL+"/latest/meta-data/instance-id", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusUnauthorized {
-		t.Fatalf("IMDSv1 GET: status %d, want 401 (the fake must refuse what IMDSv2-only refuses)", resp.StatusCode)
+	if code := metadatatest.Status(t, f.IMDSURL+"/latest/meta-data/instance-id", nil); code != http.StatusUnauthorized {
+		t.Fatalf("IMDSv1 GET: status %d, want 401 (the fake must refuse what IMDSv2-only refuses)", code)
 	}
 }
 

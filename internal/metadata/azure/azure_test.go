@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -32,14 +31,6 @@ func start(t *testing.T, f *azuretest.Fake, cfg Config) *Provider {
 	return p
 }
 
-func describe(in []metadata.Instance) []string {
-	var out []string
-	for _, i := range in {
-		out = append(out, i.Name+"/"+string(i.Role)+"/"+strings.Join(i.IPs, ","))
-	}
-	return out
-}
-
 func TestProvider(t *testing.T) {
 	f := azuretest.New(t)
 	p := start(t, f, Config{PeersTTL: -1})
@@ -58,7 +49,7 @@ func TestProvider(t *testing.T) {
 	}
 	// w-1 failed provisioning, w-2 has no role, other-0 is of another cluster.
 	want := []string{"cp-0/control-plane/10.0.0.4,10.0.0.14", "cp-1/control-plane/10.0.0.5", "w-0/worker/10.0.0.6"}
-	if got := describe(peers); !slices.Equal(got, want) {
+	if got := metadatatest.Describe(peers); !slices.Equal(got, want) {
 		t.Fatalf("Peers() = %v, want %v", got, want)
 	}
 	var vmPages, nicPages, tokens int
@@ -183,20 +174,12 @@ func TestIMDSHeaders(t *testing.T) {
 		{"no Metadata header", "?api-version=2021-02-01", false},
 		{"no api-version", "", true},
 	} {
-		req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, f.IMDSURL+"/metadata/instance"+tc.query, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		var header http.Header
 		if tc.header {
-			req.Header.Set("Metadata", "true")
+			header = http.Header{"Metadata": {"true"}}
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest {
-			t.Errorf("%s: status %d, want 400", tc.name, resp.StatusCode)
+		if code := metadatatest.Status(t, f.IMDSURL+"/metadata/instance"+tc.query, header); code != http.StatusBadRequest {
+			t.Errorf("%s: status %d, want 400", tc.name, code)
 		}
 	}
 }

@@ -1,10 +1,13 @@
 // Package metadatatest checks, against a provider's fake, what every cloud metadata provider
-// (aws, azure, gcp) promises its callers alike.
+// (aws, azure, gcp) promises its callers alike; it also holds the small helpers their tests share.
 package metadatatest
 
 import (
 	"context"
 	"errors"
+	"maps"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,4 +71,31 @@ func RoleAndCluster(t *testing.T, tagged func(t *testing.T, tags map[string]stri
 			}
 		})
 	}
+}
+
+// Describe renders instances as "name/role/ip,ip" lines, in order, for comparing a provider's
+// answer with the fake's machines.
+func Describe(in []metadata.Instance) []string {
+	var out []string
+	for _, i := range in {
+		out = append(out, i.Name+"/"+string(i.Role)+"/"+strings.Join(i.IPs, ","))
+	}
+	return out
+}
+
+// Status sends a bare GET for url with header to a provider's fake and returns the response's
+// status code: for checking that the fake refuses what the real service refuses.
+func Status(t *testing.T, url string, header http.Header) int {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(req.Header, header)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode
 }
