@@ -8,11 +8,10 @@ import (
 	"time"
 )
 
-// ServeTLS serves TLS handshakes with cfg on loopback until the test or benchmark ends and returns
-// the listener's address. Each connection runs on its own goroutine, as a server's do: the
-// handshake, then, when it succeeded, the connection is held open until the client closes it; ten
-// seconds bound each connection.
-func ServeTLS(tb testing.TB, cfg *tls.Config) string {
+// Serve accepts connections on loopback until the test or benchmark ends and returns the
+// listener's address. Each connection goes to handle on its own goroutine, as a server's do; handle
+// closes it. The test's cleanup closes the listener and waits until every handle returned.
+func Serve(tb testing.TB, handle func(net.Conn)) string {
 	tb.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -25,14 +24,7 @@ func ServeTLS(tb testing.TB, cfg *tls.Config) string {
 			if err != nil {
 				return
 			}
-			wg.Go(func() {
-				tc := tls.Server(c, cfg)
-				defer tc.Close()
-				_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
-				if tc.Handshake() == nil {
-					_, _ = tc.Read(make([]byte, 1))
-				}
-			})
+			wg.Go(func() { handle(c) })
 		}
 	})
 	tb.Cleanup(func() {
@@ -40,4 +32,18 @@ func ServeTLS(tb testing.TB, cfg *tls.Config) string {
 		wg.Wait()
 	})
 	return lis.Addr().String()
+}
+
+// ServeTLS serves TLS handshakes with cfg (Serve): after a handshake that succeeded, the connection
+// is held open until the client closes it; ten seconds bound each connection.
+func ServeTLS(tb testing.TB, cfg *tls.Config) string {
+	tb.Helper()
+	return Serve(tb, func(c net.Conn) {
+		tc := tls.Server(c, cfg)
+		defer tc.Close()
+		_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
+		if tc.Handshake() == nil {
+			_, _ = tc.Read(make([]byte, 1))
+		}
+	})
 }
