@@ -1,6 +1,7 @@
 package atlstest
 
 import (
+	"context"
 	"crypto/tls"
 	"net"
 	"sync"
@@ -13,7 +14,8 @@ import (
 // closes it. The test's cleanup closes the listener and waits until every handle returned.
 func Serve(tb testing.TB, handle func(net.Conn)) string {
 	tb.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	var lc net.ListenConfig
+	lis, err := lc.Listen(tb.Context(), "tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -38,11 +40,14 @@ func Serve(tb testing.TB, handle func(net.Conn)) string {
 // is held open until the client closes it; ten seconds bound each connection.
 func ServeTLS(tb testing.TB, cfg *tls.Config) string {
 	tb.Helper()
+	testCtx := tb.Context()
 	return Serve(tb, func(c net.Conn) {
 		tc := tls.Server(c, cfg)
-		defer tc.Close()
+		defer func() { _ = tc.Close() }()
+		ctx, cancel := context.WithTimeout(testCtx, 10*time.Second)
+		defer cancel()
 		_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
-		if tc.Handshake() == nil {
+		if tc.HandshakeContext(ctx) == nil {
 			_, _ = tc.Read(make([]byte, 1))
 		}
 	})
