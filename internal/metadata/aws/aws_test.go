@@ -89,31 +89,13 @@ func TestProvider(t *testing.T) {
 }
 
 func TestTokenExpiry(t *testing.T) {
-	ctx := context.Background()
 	f := awstest.New(t)
 	p := start(t, f, Config{})
-	if _, err := p.Self(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// The token expires: the provider fetches a new one once and goes on.
-	f.Update(func(f *awstest.Fake) { f.ExpireOnce = true })
-	if _, err := p.Self(ctx); err != nil {
-		t.Fatalf("Self() after the token expired = %v, want a refetch and success", err)
-	}
-	var puts int
-	f.Read(func(f *awstest.Fake) { puts = f.TokenPuts })
-	if puts != 2 {
-		t.Fatalf("token PUTs = %d, want 2", puts)
-	}
-	// IMDS rejects every token: one refetch, then ErrTokenExpired.
-	f.Update(func(f *awstest.Fake) { f.RejectAll = true })
-	if _, err := p.Self(ctx); !errors.Is(err, metadata.ErrTokenExpired) {
-		t.Fatalf("Self() with every token rejected = %v, want ErrTokenExpired", err)
-	}
-	f.Read(func(f *awstest.Fake) { puts = f.TokenPuts })
-	if puts != 3 {
-		t.Errorf("token PUTs = %d, want 3 (exactly one refetch)", puts)
-	}
+	metadatatest.TokenRefetchedOnce(t,
+		func(ctx context.Context) error { _, err := p.Self(ctx); return err },
+		func() (n int) { f.Read(func(f *awstest.Fake) { n = f.TokenPuts }); return n },
+		func() { f.Update(func(f *awstest.Fake) { f.ExpireOnce = true }) },
+		func() { f.Update(func(f *awstest.Fake) { f.RejectAll = true }) })
 }
 
 func TestIMDSRequiresToken(t *testing.T) {

@@ -93,29 +93,12 @@ func TestProvider(t *testing.T) {
 func TestExpiredToken(t *testing.T) {
 	f := azuretest.New(t)
 	p := start(t, f, Config{PeersTTL: -1})
-	ctx := context.Background()
-	if _, err := p.Peers(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// The token expires: ARM answers 401, the provider fetches a fresh token once and goes on.
-	f.Update(func(f *azuretest.Fake) { f.ExpireTokens() })
-	if _, err := p.Peers(ctx); err != nil {
-		t.Fatalf("Peers() after the token expired = %v, want a fresh token and success", err)
-	}
-	var tokens int
-	f.Read(func(f *azuretest.Fake) { tokens = f.TokenRequests })
-	if tokens != 2 {
-		t.Errorf("token requests = %d, want 2", tokens)
-	}
-	// ARM rejects every token: one fresh one, then ErrTokenExpired.
-	f.Update(func(f *azuretest.Fake) { f.RejectTokens = true })
-	if _, err := p.Peers(ctx); !errors.Is(err, metadata.ErrTokenExpired) {
-		t.Fatalf("Peers() with every token rejected = %v, want ErrTokenExpired", err)
-	}
-	f.Read(func(f *azuretest.Fake) { tokens = f.TokenRequests })
-	if tokens != 3 {
-		t.Errorf("token requests = %d, want 3 (exactly one refetch)", tokens)
-	}
+	// An expired token: ARM answers 401, and the provider fetches a fresh one.
+	metadatatest.TokenRefetchedOnce(t,
+		func(ctx context.Context) error { _, err := p.Peers(ctx); return err },
+		func() (n int) { f.Read(func(f *azuretest.Fake) { n = f.TokenRequests }); return n },
+		func() { f.Update(func(f *azuretest.Fake) { f.ExpireTokens() }) },
+		func() { f.Update(func(f *azuretest.Fake) { f.RejectTokens = true }) })
 }
 
 func TestRoleAndCluster(t *testing.T) {

@@ -99,3 +99,30 @@ func Status(t *testing.T, url string, header http.Header) int {
 	_ = resp.Body.Close()
 	return resp.StatusCode
 }
+
+// TokenRefetchedOnce checks how a provider renews the access token its cloud API wants. call is
+// one call of the provider that uses the token, tokens how many tokens the fake has handed out.
+// After a first call, the fake lets the token expire (expire): the next call fetches one new token
+// and succeeds. Then the fake rejects every token (rejectAll): the call fetches exactly one more and
+// fails with metadata.ErrTokenExpired.
+func TokenRefetchedOnce(t *testing.T, call func(context.Context) error, tokens func() int, expire, rejectAll func()) {
+	t.Helper()
+	ctx := context.Background()
+	if err := call(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expire()
+	if err := call(ctx); err != nil {
+		t.Fatalf("call after the token expired = %v, want a new token and success", err)
+	}
+	if n := tokens(); n != 2 {
+		t.Errorf("tokens fetched = %d, want 2", n)
+	}
+	rejectAll()
+	if err := call(ctx); !errors.Is(err, metadata.ErrTokenExpired) {
+		t.Fatalf("call with every token rejected = %v, want ErrTokenExpired", err)
+	}
+	if n := tokens(); n != 3 {
+		t.Errorf("tokens fetched = %d, want 3 (exactly one refetch)", n)
+	}
+}
