@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -25,8 +24,6 @@ import (
 	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm/vtpmtest"
 	"github.com/berth-k8s/berth/internal/berthsystem"
-	"github.com/berth-k8s/berth/internal/joinconfig"
-	"github.com/berth-k8s/berth/internal/joinledger"
 	"github.com/berth-k8s/berth/joinproto"
 )
 
@@ -307,16 +304,7 @@ func (noTPM) Issue(context.Context, []byte, []byte) ([]byte, error) {
 // budget for unknown peers is raised so that every one of the 250 handshakes is judged.
 func TestGarbageLeavesLedgerEvidence(t *testing.T) {
 	const addresses = 250
-	c := startJoinCluster(t, "--attest-rate-global=5000", "--attest-rate-global-burst=5000")
-	replayIP, transplantIP := workerIP(workers), workerIP(workers-1)
-	r := &replaying{SoftTPM: softTPM(t, c.nodeCA, genuinePCRs())}
-	if _, err := c.join(t, replayIP, r, workerRequest(t, diskA)); err != nil {
-		t.Fatal(err)
-	}
-	_, _ = c.join(t, replayIP, r, workerRequest(t, diskA))
-	_, _ = c.join(t, transplantIP, transplanting{softTPM(t, c.nodeCA, genuinePCRs())}, workerRequest(t, diskA))
-	c.waitLedger(t, "the replay", ledgerRefusal(replayIP, "NONCE_MISMATCH"))
-	c.waitLedger(t, "the transplant", ledgerRefusal(transplantIP, "KEY_BINDING"))
+	c, _, replayIP, transplantIP := startWithEvidence(t)
 
 	other, err := vtpmtest.NewCA("the attacker's own EK CA")
 	if err != nil {
@@ -326,76 +314,23 @@ func TestGarbageLeavesLedgerEvidence(t *testing.T) {
 	for i := range untrusted {
 		untrusted[i] = softTPM(t, other, genuinePCRs())
 	}
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 16)
-	var mu sync.Mutex
-	reasons := map[string]int{}
-	handshake := func(ip string, issuer atls.Issuer) {
-		conn, err := c.dial(ip, issuer, c.joinPolicy)
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer conn.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_, err = joinproto.NewJoinServiceClient(conn).IssueJoinTicket(ctx, workerRequest(t, diskA))
-		mu.Lock()
-		defer mu.Unlock()
-		reasons[status.Code(err).String()]++
-	}
 	start := time.Now()
-	for i := range addresses {
+	reasons := floodTally(addresses, func(i int) error {
 		var issuer atls.Issuer = noTPM{}
 		if i%2 == 1 {
 			issuer = untrusted[i%len(untrusted)]
 		}
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer wg.Done()
-			defer func() { <-sem }()
-			handshake(floodIP(i).String(), issuer)
-		}()
-	}
-	wg.Wait()
+		return c.askTicket(t, floodIP(i).String(), issuer)
+	})
 	t.Logf("%d handshakes with garbage certificates or untrusted EKs from %d addresses in %.1f s: %v",
 		addresses, addresses, time.Since(start).Seconds(), reasons)
 	// One more from a last address: once the ledger shows it, it shows every refusal before it.
 	last := floodIP(addresses).String()
-	handshake(last, noTPM{})
+	_ = c.askTicket(t, last, noTPM{})
 	c.waitLedger(t, "the last garbage certificate", ledgerRefusal(last, "NOT_ACTIVATED"))
 
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	es, err := joinledger.Read(ctx, c.admin, joinconfig.Namespace)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kinds := map[string]int{}
-	flood := map[string]int{} // the garbage's entries by kind and reason
-	for _, e := range es {
-		kinds[joinledger.KindOf(e)]++
-		if strings.HasPrefix(e.Peer, "127.10.") {
-			flood[joinledger.KindOf(e)+" "+e.Reason]++
-		}
-	}
-	t.Logf("the ledger after the garbage: %d entries (%d accepted, %d evidence, %d unverified); the garbage's, by kind and reason: %v",
-		len(es), kinds[joinledger.KindAccepted], kinds[joinledger.KindEvidence], kinds[joinledger.KindUnverified], flood)
-	if len(flood) == 0 {
+	if flood := c.checkEvidenceKept(t, "garbage", replayIP, transplantIP); len(flood) == 0 {
 		t.Fatal("no refusal of the garbage reached the ledger: the attack did not take place")
-	}
-	for _, want := range []struct{ peer, reason string }{{replayIP, "NONCE_MISMATCH"}, {transplantIP, "KEY_BINDING"}} {
-		found := false
-		for _, e := range es {
-			if ledgerRefusal(want.peer, want.reason)(e) {
-				found = true
-				t.Logf("  kept: %s %s %s (kind %s)", e.Peer, e.Reason, oneLine(e.Message, 80), joinledger.KindOf(e))
-			}
-		}
-		if !found {
-			t.Errorf("the garbage evicted the %s of %s from the ledger", want.reason, want.peer)
-		}
 	}
 }
 

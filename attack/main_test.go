@@ -9,7 +9,6 @@ import (
 	"crypto/x509/pkix"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -181,19 +180,7 @@ func startJoinCluster(t *testing.T, extraArgs ...string) *joinCluster {
 
 // ready reports whether the joinservice serves joins (/readyz answers OK).
 func (c *joinCluster) ready(ctx context.Context) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+c.metricsAddr+"/readyz", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("/readyz: %s", resp.Status)
-	}
-	return nil
+	return proctest.HTTPOK("http://" + c.metricsAddr + "/readyz")(ctx)
 }
 
 // softTPM is a software TPM whose EK the cluster's CA (or another) certified, quoting pcrs.

@@ -13,7 +13,6 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/joinledger"
@@ -47,14 +46,7 @@ const lateCheckInWithin = 2 * time.Minute
 func checkCheckInAfterBootWithoutAnswer(t testing.TB, c *cluster) {
 	t.Helper()
 	kubeconfig := filepath.Join(c.dir, "admin.conf")
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := c.adminClient(t)
 	w2IP := nodeIP(t, c.dir, "w2")
 	logW2 := filepath.Join(c.dir, "nodes", "w2", "logs", "bootstrapper.log")
 	block := joinPortBlock{c: c, t: t, from: w2IP}

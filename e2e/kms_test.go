@@ -21,17 +21,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -41,6 +36,7 @@ import (
 	"github.com/berth-k8s/berth/internal/joinconfig"
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/mini"
+	"github.com/berth-k8s/berth/internal/secretload"
 )
 
 // masterKeys reads the cluster's master secret from the operator's master-secret.json.
@@ -359,56 +355,6 @@ func checkPluginStopAndHeal(t testing.TB, c *cluster) {
 	}
 }
 
-// secretLoad reads and writes Secrets without pause, as an application does (create, read, patch
-// without a resourceVersion precondition, read back, delete), and counts requests and failures.
-type secretLoad struct {
-	ops, failures atomic.Int64
-	mu            sync.Mutex
-	errs          []string
-}
-
-func (l *secretLoad) run(ctx context.Context, s interface {
-	Create(context.Context, *corev1.Secret, metav1.CreateOptions) (*corev1.Secret, error)
-	Get(context.Context, string, metav1.GetOptions) (*corev1.Secret, error)
-	Patch(context.Context, string, types.PatchType, []byte, metav1.PatchOptions, ...string) (*corev1.Secret, error)
-	Delete(context.Context, string, metav1.DeleteOptions) error
-}) {
-	for i := 0; ctx.Err() == nil; i++ {
-		name := fmt.Sprintf("load-%d", i)
-		for _, step := range []func() error{
-			func() error {
-				_, err := s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string][]byte{"v": []byte("1")}}, metav1.CreateOptions{})
-				return err
-			},
-			func() error { _, err := s.Get(ctx, name, metav1.GetOptions{}); return err },
-			func() error {
-				_, err := s.Patch(ctx, name, types.MergePatchType, []byte(`{"data":{"v":"Mg=="}}`), metav1.PatchOptions{})
-				return err
-			},
-			func() error {
-				got, err := s.Get(ctx, name, metav1.GetOptions{})
-				if err == nil && string(got.Data["v"]) != "2" {
-					err = fmt.Errorf("read back %q", got.Data["v"])
-				}
-				return err
-			},
-			func() error { return s.Delete(ctx, name, metav1.DeleteOptions{}) },
-		} {
-			err := step()
-			if ctx.Err() != nil {
-				return
-			}
-			l.ops.Add(1)
-			if err != nil {
-				l.failures.Add(1)
-				l.mu.Lock()
-				l.errs = append(l.errs, err.Error())
-				l.mu.Unlock()
-			}
-		}
-	}
-}
-
 // loadQPS bounds the Secret load of checkRotationUnderLoad: steady traffic well above an idle
 // application's, which leaves the two cores room for the rotation itself.
 const loadQPS = 50
@@ -433,10 +379,10 @@ func checkRotationUnderLoad(t testing.TB, c *cluster) {
 	for i := range 20 {
 		c.kube("create", "secret", "generic", fmt.Sprintf("app-%d", i), "-n", "kms-load", fmt.Sprintf("--from-literal=v=%d", i))
 	}
-	l := &secretLoad{}
+	l := &secretload.Load{}
 	ctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); l.run(ctx, cs.CoreV1().Secrets("kms-load")) }()
+	go func() { defer close(done); l.Run(ctx, cs.CoreV1().Secrets("kms-load")) }()
 	start := time.Now()
 	out, err := c.run(10*time.Minute, c.berth, "secrets", "rotate-key", "--kubeconfig", filepath.Join(c.dir, "admin.conf"))
 	took := time.Since(start)
@@ -446,9 +392,9 @@ func checkRotationUnderLoad(t testing.TB, c *cluster) {
 	if err != nil {
 		t.Fatalf("berth secrets rotate-key: %v", err)
 	}
-	t.Logf("load during the rotation: %d requests in %.1fs, %d failed", l.ops.Load(), took.Seconds(), l.failures.Load())
-	if l.failures.Load() != 0 || l.ops.Load() < 100 {
-		t.Errorf("load during the rotation: %d requests, %d failed: %v", l.ops.Load(), l.failures.Load(), l.errs)
+	t.Logf("load during the rotation: %d requests in %.1fs, %d failed", l.Ops(), took.Seconds(), l.Failures())
+	if l.Failures() != 0 || l.Ops() < 100 {
+		t.Errorf("load during the rotation: %d requests, %d failed: %v", l.Ops(), l.Failures(), l.Errors())
 	}
 	r := secretsScan(t, cp1Etcd(t, c.dir))
 	oldID, newID := kmsplugin.KeyID(1, keys.KMSKey(1)), kmsplugin.KeyID(2, keys.KMSKey(2))

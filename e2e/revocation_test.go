@@ -19,7 +19,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/berth-k8s/berth/internal/berthsystem"
 	"github.com/berth-k8s/berth/internal/joinconfig"
@@ -43,14 +42,7 @@ const quietAfterRestart = 2 * time.Minute
 func checkRevocationHolds(t testing.TB, c *cluster) {
 	t.Helper()
 	kubeconfig := filepath.Join(c.dir, "admin.conf")
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := c.adminClient(t)
 	ctx := context.Background()
 
 	start := time.Now()

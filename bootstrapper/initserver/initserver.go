@@ -56,7 +56,6 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -184,14 +183,14 @@ func (s *Server) Init(req *initproto.InitRequest, stream initproto.InitService_I
 	if err := s.admit(ctx, req); err != nil {
 		return err
 	}
-	log := s.log.With(zap.String("peer", peerAddr(ctx)))
+	log := s.log.With(zap.String("peer", atls.PeerAddr(ctx)))
 	log.Info("init request accepted")
 	return s.run(ctx, log, req, &sender{stream: stream, now: s.now}, nil)
 }
 
 // allowPeer applies the per-peer rate limit, before anything of the call is looked at.
 func (s *Server) allowPeer(ctx context.Context) bool {
-	peerHost := peerIP(ctx)
+	peerHost := atls.PeerHost(ctx)
 	if !s.limiter.AllowPeer(peerHost) {
 		s.rejects.note(peerHost, reasonRateLimited)
 		return false
@@ -205,7 +204,7 @@ func (s *Server) admit(ctx context.Context, req *initproto.InitRequest) error {
 	if req != nil && s.secretMatches(ctx, req.GetInitSecret()) {
 		return nil
 	}
-	peerHost := peerIP(ctx)
+	peerHost := atls.PeerHost(ctx)
 	if !s.refused.Allow() {
 		s.rejects.note(peerHost, reasonRateLimited)
 		return errRateLimited
@@ -472,22 +471,6 @@ func truncate(s string, n int) string {
 		return s[:n] + "..."
 	}
 	return s
-}
-
-// peerIP is the rate limit key of the caller: its IP address without the port.
-func peerIP(ctx context.Context) string {
-	addr := peerAddr(ctx)
-	if host, _, err := net.SplitHostPort(addr); err == nil {
-		return host
-	}
-	return addr
-}
-
-func peerAddr(ctx context.Context) string {
-	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		return p.Addr.String()
-	}
-	return "unknown"
 }
 
 // sender serializes writes to the stream: phase output arrives from command goroutines.

@@ -164,6 +164,15 @@ func (h *harness) transcript(t *testing.T, req *initproto.InitRequest) ([]string
 	if err != nil {
 		return nil, err
 	}
+	return render(stream, (*initproto.InitFailure).GetPhase)
+}
+
+// render reads an Init or Restore answer to its end as transcript lines: "<phase> <STATE>" for
+// progress, one "log" for a run of log lines, "FAILURE <CODE> <detail(failure)>", "SUCCESS".
+func render(stream interface {
+	Recv() (*initproto.InitResponse, error)
+}, detail func(*initproto.InitFailure) string,
+) ([]string, error) {
 	var lines []string
 	for {
 		resp, err := stream.Recv()
@@ -181,7 +190,7 @@ func (h *harness) transcript(t *testing.T, req *initproto.InitRequest) ([]string
 				lines = append(lines, "log")
 			}
 		case *initproto.InitResponse_Failure:
-			lines = append(lines, fmt.Sprintf("FAILURE %s %s", strings.TrimPrefix(k.Failure.GetCode().String(), "FAILURE_CODE_"), k.Failure.GetPhase()))
+			lines = append(lines, fmt.Sprintf("FAILURE %s %s", strings.TrimPrefix(k.Failure.GetCode().String(), "FAILURE_CODE_"), detail(k.Failure)))
 		case *initproto.InitResponse_Success:
 			lines = append(lines, "SUCCESS")
 		}

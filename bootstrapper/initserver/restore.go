@@ -12,6 +12,7 @@ import (
 
 	"github.com/berth-k8s/berth/bootstrapper/initcluster"
 	"github.com/berth-k8s/berth/initproto"
+	"github.com/berth-k8s/berth/internal/atls"
 	"github.com/berth-k8s/berth/internal/backup"
 	"github.com/berth-k8s/berth/internal/clusterkeys"
 )
@@ -57,7 +58,7 @@ func (s *Server) Restore(stream initproto.InitService_RestoreServer) error {
 	if err := s.admit(ctx, req); err != nil {
 		return err
 	}
-	log := s.log.With(zap.String("peer", peerAddr(ctx)))
+	log := s.log.With(zap.String("peer", atls.PeerAddr(ctx)))
 	log.Info("restore request accepted")
 	return s.run(ctx, log, req, &sender{stream: stream, now: s.now}, func(_ context.Context, parsed initcluster.Request) (*initcluster.Restore, func(), error) {
 		return s.receiveSnapshot(stream, parsed.Keys)

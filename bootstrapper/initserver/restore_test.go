@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"testing"
@@ -51,7 +49,7 @@ func sealed(t *testing.T, master byte, data []byte) ([]byte, *clusterkeys.Keys) 
 }
 
 // restoreTranscript sends req and then snapshot in chunks of chunk bytes (messages, when set,
-// replaces the chunks) and renders the answer as transcript does.
+// replaces the chunks) and renders the answer as transcript does, a failure with its message.
 func (h *harness) restoreTranscript(t *testing.T, req *initproto.InitRequest, snapshot []byte, chunk int, messages ...*initproto.RestoreRequest) ([]string, error) {
 	t.Helper()
 	stream, err := h.client.Restore(context.Background())
@@ -71,28 +69,7 @@ func (h *harness) restoreTranscript(t *testing.T, req *initproto.InitRequest, sn
 		}
 	}
 	_ = stream.CloseSend()
-	var lines []string
-	for {
-		resp, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return lines, nil
-		}
-		if err != nil {
-			return lines, err
-		}
-		switch k := resp.GetKind().(type) {
-		case *initproto.InitResponse_Progress:
-			lines = append(lines, fmt.Sprintf("%s %s", k.Progress.GetPhase(), strings.TrimPrefix(k.Progress.GetState().String(), "PHASE_STATE_")))
-		case *initproto.InitResponse_Log:
-			if len(lines) == 0 || lines[len(lines)-1] != "log" {
-				lines = append(lines, "log")
-			}
-		case *initproto.InitResponse_Failure:
-			lines = append(lines, fmt.Sprintf("FAILURE %s %s", strings.TrimPrefix(k.Failure.GetCode().String(), "FAILURE_CODE_"), k.Failure.GetMessage()))
-		case *initproto.InitResponse_Success:
-			lines = append(lines, "SUCCESS")
-		}
-	}
+	return render(stream, (*initproto.InitFailure).GetMessage)
 }
 
 // A snapshot larger than gRPC's 4 MiB message limit arrives in chunks, is opened with the request's

@@ -104,23 +104,35 @@ func dial(_ context.Context, endpoint string) (joinproto.JoinServiceClient, io.C
 // bubble.
 func startBufJoinService(t *testing.T, svc joinproto.JoinServiceServer, want string) dialFunc {
 	t.Helper()
+	lis := serveBuf(t, svc)
+	return func(_ context.Context, endpoint string) (joinproto.JoinServiceClient, io.Closer, error) {
+		if endpoint != want {
+			return nil, nil, fmt.Errorf("dialing %s, want %s", endpoint, want)
+		}
+		return dialBuf(lis, endpoint)
+	}
+}
+
+// serveBuf serves svc on an in-memory listener until the test ends.
+func serveBuf(t *testing.T, svc joinproto.JoinServiceServer) *bufconn.Listener {
+	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	srv := grpc.NewServer()
 	joinproto.RegisterJoinServiceServer(srv, svc)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = srv.Serve(lis) }()
 	t.Cleanup(func() { srv.Stop(); <-done })
-	return func(_ context.Context, endpoint string) (joinproto.JoinServiceClient, io.Closer, error) {
-		if endpoint != want {
-			return nil, nil, fmt.Errorf("dialing %s, want %s", endpoint, want)
-		}
-		conn, err := grpc.NewClient("passthrough:///"+endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
-		if err != nil {
-			return nil, nil, err
-		}
-		return joinproto.NewJoinServiceClient(conn), conn, nil
+	return lis
+}
+
+// dialBuf connects a join client for endpoint to the service serveBuf serves on lis.
+func dialBuf(lis *bufconn.Listener, endpoint string) (joinproto.JoinServiceClient, io.Closer, error) {
+	conn, err := grpc.NewClient("passthrough:///"+endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
+	if err != nil {
+		return nil, nil, err
 	}
+	return joinproto.NewJoinServiceClient(conn), conn, nil
 }
 
 // The client runs in a synctest bubble against a gRPC joinservice on an in-memory connection: the

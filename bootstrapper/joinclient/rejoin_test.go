@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -16,9 +15,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
@@ -91,13 +88,7 @@ func serveRejoin(t *testing.T, services map[string]*rejoinService, self string) 
 	t.Helper()
 	listeners := map[string]*bufconn.Listener{}
 	for ep, svc := range services {
-		lis := bufconn.Listen(1 << 20)
-		srv := grpc.NewServer()
-		joinproto.RegisterJoinServiceServer(srv, svc)
-		done := make(chan struct{})
-		go func() { defer close(done); _ = srv.Serve(lis) }()
-		t.Cleanup(func() { srv.Stop(); <-done })
-		listeners[ep] = lis
+		listeners[ep] = serveBuf(t, svc)
 	}
 	return func(_ context.Context, endpoint string) (joinproto.JoinServiceClient, io.Closer, error) {
 		if endpoint == self {
@@ -107,12 +98,7 @@ func serveRejoin(t *testing.T, services map[string]*rejoinService, self string) 
 		if !ok {
 			return nil, nil, fmt.Errorf("dialing %s: connection refused", endpoint)
 		}
-		conn, err := grpc.NewClient("passthrough:///"+endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()),
-			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }))
-		if err != nil {
-			return nil, nil, err
-		}
-		return joinproto.NewJoinServiceClient(conn), conn, nil
+		return dialBuf(lis, endpoint)
 	}
 }
 

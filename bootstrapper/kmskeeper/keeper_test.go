@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -20,7 +19,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -32,6 +30,7 @@ import (
 	"github.com/berth-k8s/berth/internal/kmsplugin"
 	"github.com/berth-k8s/berth/internal/kmsrotate"
 	"github.com/berth-k8s/berth/internal/kmsstate"
+	"github.com/berth-k8s/berth/internal/secretload"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -203,53 +202,6 @@ func (c *cluster) waitReport(t *testing.T, what string, ok func(kmsstate.NodeSta
 	return last
 }
 
-// load reads and writes Secrets without pause until stopped, as an application does: create, read,
-// patch (no resourceVersion precondition), read, delete. It counts operations and failures.
-type load struct {
-	ops, failures atomic.Int64
-	mu            sync.Mutex
-	errs          []string
-}
-
-func (l *load) run(ctx context.Context, client kubernetes.Interface) {
-	s := client.CoreV1().Secrets("apps")
-	for i := 0; ctx.Err() == nil; i++ {
-		name := fmt.Sprintf("load-%d", i)
-		steps := []func() error{
-			func() error {
-				_, err := s.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name}, Data: map[string][]byte{"v": []byte("1")}}, metav1.CreateOptions{})
-				return err
-			},
-			func() error { _, err := s.Get(ctx, name, metav1.GetOptions{}); return err },
-			func() error {
-				_, err := s.Patch(ctx, name, types.MergePatchType, []byte(`{"data":{"v":"Mg=="}}`), metav1.PatchOptions{})
-				return err
-			},
-			func() error {
-				got, err := s.Get(ctx, name, metav1.GetOptions{})
-				if err == nil && string(got.Data["v"]) != "2" {
-					err = fmt.Errorf("read back %q", got.Data["v"])
-				}
-				return err
-			},
-			func() error { return s.Delete(ctx, name, metav1.DeleteOptions{}) },
-		}
-		for _, step := range steps {
-			err := step()
-			if ctx.Err() != nil {
-				return
-			}
-			l.ops.Add(1)
-			if err != nil {
-				l.failures.Add(1)
-				l.mu.Lock()
-				l.errs = append(l.errs, err.Error())
-				l.mu.Unlock()
-			}
-		}
-	}
-}
-
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(p []byte) (int, error) {
@@ -273,19 +225,19 @@ func TestRotationUnderLoad(t *testing.T) {
 		t.Fatalf("before the rotation: %+v", r)
 	}
 
-	l := &load{}
+	l := &secretload.Load{}
 	lctx, stop := context.WithCancel(ctx)
 	loaded := make(chan struct{})
-	go func() { defer close(loaded); l.run(lctx, c.client) }()
+	go func() { defer close(loaded); l.Run(lctx, c.client.CoreV1().Secrets("apps")) }()
 	res, err := kmsrotate.Rotate(ctx, c.client, kmsrotate.Options{Progress: testWriter{t}, Poll: 200 * time.Millisecond})
 	stop()
 	<-loaded
 	if err != nil {
 		t.Fatalf("Rotate: %v", err)
 	}
-	t.Logf("rotation 1 -> 2: %+v; load: %d requests, %d failed", res, l.ops.Load(), l.failures.Load())
-	if l.failures.Load() != 0 || l.ops.Load() < 50 {
-		t.Errorf("load during the rotation: %d requests, %d failed: %v", l.ops.Load(), l.failures.Load(), l.errs)
+	t.Logf("rotation 1 -> 2: %+v; load: %d requests, %d failed", res, l.Ops(), l.Failures())
+	if l.Failures() != 0 || l.Ops() < 50 {
+		t.Errorf("load during the rotation: %d requests, %d failed: %v", l.Ops(), l.Failures(), l.Errors())
 	}
 	if res.From != 1 || res.To != 2 || res.ToKeyID != c.keyID(2) || res.Rewritten < 41 || len(res.ControlPlanes) != 1 {
 		t.Errorf("result = %+v", res)

@@ -41,7 +41,6 @@ import (
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/berth-k8s/berth/internal/atls"
@@ -217,21 +216,21 @@ func (h *handler) release(peer string) {
 
 // Info implements the Info RPC.
 func (h *handler) Info(ctx context.Context, _ *recoverproto.InfoRequest) (*recoverproto.InfoResponse, error) {
-	if !h.admit(peerHost(ctx), false) {
+	if !h.admit(atls.PeerHost(ctx), false) {
 		return nil, errLimited
 	}
-	h.log.Info("recovery info requested", zap.String("peer", peerAddr(ctx)))
+	h.log.Info("recovery info requested", zap.String("peer", atls.PeerAddr(ctx)))
 	return &recoverproto.InfoResponse{DiskUuid: h.info.DiskUUID, ClusterId: h.info.ClusterID, DiskBinding: h.info.Binding}, nil
 }
 
 // Recover implements the Recover RPC.
 func (h *handler) Recover(ctx context.Context, req *recoverproto.RecoverRequest) (*recoverproto.RecoverResponse, error) {
-	peer := peerHost(ctx)
+	peer := atls.PeerHost(ctx)
 	if !h.admit(peer, true) {
 		return nil, errLimited
 	}
 	defer h.release(peer)
-	log := h.log.With(zap.String("peer", peerAddr(ctx)))
+	log := h.log.With(zap.String("peer", atls.PeerAddr(ctx)))
 	key := req.GetDiskKey()
 	if len(key) != KeySize {
 		log.Warn("recovery key refused: wrong size", zap.Int("bytes", len(key)))
@@ -260,20 +259,4 @@ func (h *handler) Recover(ctx context.Context, req *recoverproto.RecoverRequest)
 	log.Info("state disk opened by berth recover", zap.String("diskUUID", h.info.DiskUUID))
 	h.openedOnce.Do(func() { close(h.opened) })
 	return &recoverproto.RecoverResponse{}, nil
-}
-
-// peerHost is the caller's address without its port: the unit of the limits.
-func peerHost(ctx context.Context) string {
-	addr := peerAddr(ctx)
-	if host, _, err := net.SplitHostPort(addr); err == nil {
-		return host
-	}
-	return addr
-}
-
-func peerAddr(ctx context.Context) string {
-	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		return p.Addr.String()
-	}
-	return "unknown"
 }

@@ -162,42 +162,6 @@ func (v rejectingValidator) Validate(ctx context.Context, doc, nonce []byte) (at
 	return res, attestation.ErrMeasurementMismatch
 }
 
-// listenTLS serves raw TLS handshakes with cfg until the test ends.
-func listenTLS(t *testing.T, cfg *tls.Config) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				tc := tls.Server(c, cfg)
-				_ = tc.SetDeadline(time.Now().Add(5 * time.Second))
-				_ = tc.Handshake()
-				// Wait for the client to finish with the connection.
-				buf := make([]byte, 1)
-				_, _ = tc.Read(buf)
-				tc.Close()
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		lis.Close()
-		wg.Wait()
-	})
-	return lis.Addr().String()
-}
-
 // handshake dials addr with cfg and returns the client-side handshake error.
 func handshake(t *testing.T, addr string, cfg *tls.Config) error {
 	t.Helper()
@@ -250,7 +214,7 @@ func TestServerAttestationRejected(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			addr := listenTLS(t, srv)
+			addr := atlstest.ServeTLS(t, srv)
 			var err2 error
 			for i := 0; i < max(tc.rounds, 1); i++ {
 				cfg, err := atls.NewClientConfig(ctx, nil, tc.val)
@@ -278,7 +242,7 @@ func TestPlainServerHasNoAttestation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := listenTLS(t, srv)
+	addr := atlstest.ServeTLS(t, srv)
 	cfg, err := atls.NewClientConfig(context.Background(), nil, atlstest.Validator{})
 	if err != nil {
 		t.Fatal(err)
@@ -311,7 +275,7 @@ func TestClientAttestationRejected(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			addr := listenTLS(t, srv)
+			addr := atlstest.ServeTLS(t, srv)
 			for i := 0; i < 2; i++ { // twice, so the replay issuer replays
 				cfg, err := atls.NewClientConfig(context.Background(), tc.issuer, nil)
 				if err != nil {
@@ -343,7 +307,7 @@ func TestServerRefusesClientWithoutNonce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := listenTLS(t, srv)
+	addr := atlstest.ServeTLS(t, srv)
 	cfg := &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13}
 	if err := handshake(t, addr, cfg); err == nil {
 		t.Fatal("plain TLS client got a handshake with an attesting server")

@@ -9,7 +9,6 @@ import (
 	"net"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -132,7 +131,7 @@ func BenchmarkMutualHandshake(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			addr := benchServer(b, srv)
+			addr := atlstest.ServeTLS(b, srv)
 			ctx := context.Background()
 			// Every identity once, so that the server's activation of the nodes is not measured.
 			for _, c := range p.clients {
@@ -231,28 +230,10 @@ func BenchmarkClaimRefusal(b *testing.B) {
 // gRPC server does before it speaks HTTP/2.
 func credentialsServer(b *testing.B, creds *atls.Credentials) string {
 	b.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			wg.Go(func() {
-				if conn, _, err := creds.ServerHandshake(c); err == nil {
-					_ = conn.Close()
-				}
-				_ = c.Close()
-			})
+	return atlstest.Serve(b, func(c net.Conn) {
+		if conn, _, err := creds.ServerHandshake(c); err == nil {
+			_ = conn.Close()
 		}
+		_ = c.Close()
 	})
-	b.Cleanup(func() {
-		lis.Close()
-		wg.Wait()
-	})
-	return lis.Addr().String()
 }

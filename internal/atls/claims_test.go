@@ -365,7 +365,7 @@ func TestPeerVariantIsQuoted(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		addr := listenTLS(t, srv)
+		addr := atlstest.ServeTLS(t, srv)
 		var seen *atls.Evidence
 		cfg, err := atls.NewClientConfig(ctx, nil, atlstest.Validator{}, atls.WithObserver(func(ev atls.Evidence, _ error) { seen = &ev }))
 		if err != nil {

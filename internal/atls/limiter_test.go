@@ -2,10 +2,12 @@ package atls
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
 	"golang.org/x/time/rate"
+	"google.golang.org/grpc/peer"
 
 	"github.com/berth-k8s/berth/internal/attestation"
 )
@@ -154,5 +156,27 @@ func TestLimiterProbesOfKnownPeers(t *testing.T) {
 	}
 	if l.CanAttempt("liar") {
 		t.Fatal("a peer whose refusals used up its burst may still attempt")
+	}
+}
+
+// TestPeerHost: the caller's address keys the limits without its port, so one host's connections
+// from many ports share one budget; a context without a peer is "unknown".
+func TestPeerHost(t *testing.T) {
+	for _, tc := range []struct {
+		addr       net.Addr
+		addr2, key string
+	}{
+		{&net.TCPAddr{IP: net.IPv4(10, 0, 0, 7), Port: 40123}, "10.0.0.7:40123", "10.0.0.7"},
+		{&net.TCPAddr{IP: net.ParseIP("fd00::7"), Port: 9000}, "[fd00::7]:9000", "fd00::7"},
+		{&net.UnixAddr{Name: "/run/berth.sock", Net: "unix"}, "/run/berth.sock", "/run/berth.sock"},
+		{nil, "unknown", "unknown"},
+	} {
+		ctx := peer.NewContext(context.Background(), &peer.Peer{Addr: tc.addr})
+		if got, key := PeerAddr(ctx), PeerHost(ctx); got != tc.addr2 || key != tc.key {
+			t.Errorf("PeerAddr, PeerHost of %v = %q, %q; want %q, %q", tc.addr, got, key, tc.addr2, tc.key)
+		}
+	}
+	if got := PeerHost(context.Background()); got != "unknown" {
+		t.Errorf("PeerHost without a peer = %q, want unknown", got)
 	}
 }

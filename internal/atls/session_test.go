@@ -21,6 +21,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/atls/atlstest"
 	"github.com/berth-k8s/berth/internal/attestation"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
@@ -222,7 +223,7 @@ func TestSessionProof(t *testing.T) {
 				ext = e
 			}
 		}
-		forged := listenTLS(t, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{certWith(t, ext)}})
+		forged := atlstest.ServeTLS(t, &tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{certWith(t, ext)}})
 		var verdict error
 		cfg, err := atls.NewClientConfig(ctx, nil, certified, atls.WithObserver(func(_ atls.Evidence, err error) { verdict = err }))
 		if err != nil {

@@ -2,7 +2,6 @@ package atls_test
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -96,38 +95,6 @@ func TestGRPCMutualTPM(t *testing.T) {
 	}
 }
 
-// benchServer serves handshakes for benchmarks and returns the address.
-func benchServer(b *testing.B, cfg *tls.Config) string {
-	b.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() { // concurrent, as a server's connections are
-				defer wg.Done()
-				tc := tls.Server(c, cfg)
-				_ = tc.Handshake()
-				tc.Close()
-			}()
-		}
-	}()
-	b.Cleanup(func() {
-		lis.Close()
-		wg.Wait()
-	})
-	return lis.Addr().String()
-}
-
 // benchHandshake measures atls.Dial: for TPM validators that is an identity probe plus the attested
 // handshake with key activation.
 func benchHandshake(b *testing.B, issuer atls.Issuer, validator atls.Validator, limiter *atls.Limiter, wantErr error) {
@@ -135,7 +102,7 @@ func benchHandshake(b *testing.B, issuer atls.Issuer, validator atls.Validator, 
 	if err != nil {
 		b.Fatal(err)
 	}
-	addr := benchServer(b, srv)
+	addr := atlstest.ServeTLS(b, srv)
 	ctx := context.Background()
 	var d net.Dialer
 	b.ResetTimer()
@@ -231,7 +198,7 @@ func TestActivationRequired(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			addr := listenTLS(t, srv)
+			addr := atlstest.ServeTLS(t, srv)
 			var d net.Dialer
 			conn, err := atls.Dial(ctx, &d, addr, nil, accept)
 			if err == nil {
@@ -253,7 +220,7 @@ func TestActivationRequired(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			addr := listenTLS(t, srv)
+			addr := atlstest.ServeTLS(t, srv)
 			cfg, err := atls.NewClientConfig(ctx, tc.attester, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -308,7 +275,7 @@ func TestActivationRemembered(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr := listenTLS(t, srv)
+	addr := atlstest.ServeTLS(t, srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	var d net.Dialer
@@ -406,7 +373,7 @@ func TestTPMRoundTrip(t *testing.T) {
 					if err != nil {
 						t.Fatal(err)
 					}
-					addr := listenTLS(t, srv)
+					addr := atlstest.ServeTLS(t, srv)
 					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 					defer cancel()
 					var d net.Dialer

@@ -110,35 +110,33 @@ func (c *boundClient) retryFresh(call func(joinproto.JoinServiceClient) error) e
 }
 
 func (c *boundClient) IssueJoinTicket(ctx context.Context, req *joinproto.IssueJoinTicketRequest, opts ...grpc.CallOption) (*joinproto.IssueJoinTicketResponse, error) {
-	var p peer.Peer
-	var resp *joinproto.IssueJoinTicketResponse
-	err := c.retryFresh(func(client joinproto.JoinServiceClient) (err error) {
-		resp, err = client.IssueJoinTicket(ctx, req, append(opts, grpc.Peer(&p))...)
-		return err
+	return boundTicket(c, opts, func(client joinproto.JoinServiceClient, opts ...grpc.CallOption) (*joinproto.IssueJoinTicketResponse, error) {
+		return client.IssueJoinTicket(ctx, req, opts...)
 	})
-	if err != nil {
-		return nil, err
-	}
-	if err := c.checkBound(&p, resp.GetClusterId()); err != nil {
-		return nil, err
-	}
-	return resp, nil
 }
 
 func (c *boundClient) IssueRejoinTicket(ctx context.Context, req *joinproto.IssueRejoinTicketRequest, opts ...grpc.CallOption) (*joinproto.IssueRejoinTicketResponse, error) {
+	return boundTicket(c, opts, func(client joinproto.JoinServiceClient, opts ...grpc.CallOption) (*joinproto.IssueRejoinTicketResponse, error) {
+		return client.IssueRejoinTicket(ctx, req, opts...)
+	})
+}
+
+// boundTicket runs a ticket RPC (through retryFresh) and returns its ticket only when the
+// joinservice that answered is locked to the cluster the ticket names.
+func boundTicket[T interface{ GetClusterId() []byte }](c *boundClient, opts []grpc.CallOption, rpc func(joinproto.JoinServiceClient, ...grpc.CallOption) (T, error)) (T, error) {
 	var p peer.Peer
-	var resp *joinproto.IssueRejoinTicketResponse
+	var ticket, none T
 	err := c.retryFresh(func(client joinproto.JoinServiceClient) (err error) {
-		resp, err = client.IssueRejoinTicket(ctx, req, append(opts, grpc.Peer(&p))...)
+		ticket, err = rpc(client, append(opts, grpc.Peer(&p))...)
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return none, err
 	}
-	if err := c.checkBound(&p, resp.GetClusterId()); err != nil {
-		return nil, err
+	if err := c.checkBound(&p, ticket.GetClusterId()); err != nil {
+		return none, err
 	}
-	return resp, nil
+	return ticket, nil
 }
 
 // CheckIn checks in, and accepts the joinservice's answer, an admission or a refusal it made after

@@ -68,18 +68,43 @@ func pcrExtend(tampered bool) string {
 	return "tpm2_pcrextend -T swtpm:host=127.0.0.1,port=2321 4:sha256=" + hex.EncodeToString(ev[:])
 }
 
-func TestRestartNamedNodeOnly(t *testing.T) {
-	cl, rec, env := upTestCluster(t)
-	cfg := cl.Config()
-	st, err := LoadState(cfg.Dir)
+// upW1 starts the test cluster and writes a state disk for w1. It returns the disk image and the
+// processes of the other nodes (cp1, w2), which an operation on w1 alone must leave running.
+func upW1(t *testing.T) (cl *Cluster, rec *recorder, env Env, others []Proc, img string) {
+	t.Helper()
+	cl, rec, env = upTestCluster(t)
+	st, err := LoadState(cl.Config().Dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	others := append(append([]Proc(nil), st.Procs["cp1"]...), st.Procs["w2"]...)
-	img := cfg.StateDisk("w1")
+	others = append(append([]Proc(nil), st.Procs["cp1"]...), st.Procs["w2"]...)
+	img = cl.Config().StateDisk("w1")
 	if err := os.WriteFile(img, []byte("the node's disk"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	return cl, rec, env, others, img
+}
+
+// checkW1Only checks that op on w1 killed its 3 daemons and nothing else (killed is len(rec.killed)
+// before op), and that w1's state disk upW1 wrote survived.
+func checkW1Only(t *testing.T, op string, rec *recorder, killed int, others []Proc, img string) {
+	t.Helper()
+	if got := len(rec.killed) - killed; got != 3 {
+		t.Errorf("%s of w1 killed %d processes, want its 3 daemons", op, got)
+	}
+	for _, p := range others {
+		if !rec.Alive(p) {
+			t.Errorf("process %d of another node was killed", p.PID)
+		}
+	}
+	if b, err := os.ReadFile(img); err != nil || string(b) != "the node's disk" {
+		t.Errorf("state disk after %s = %q, %v", op, b, err)
+	}
+}
+
+func TestRestartNamedNodeOnly(t *testing.T) {
+	cl, rec, env, others, img := upW1(t)
+	cfg := cl.Config()
 	n := count(rec)
 	killed := len(rec.killed)
 	if _, err := cl.Restart(context.Background(), RestartOptions{Nodes: []string{"w1"}}); err != nil {
@@ -101,25 +126,15 @@ func TestRestartNamedNodeOnly(t *testing.T) {
 			t.Errorf("restart of w1 lacks %q:\n%s", want, cmds)
 		}
 	}
-	// The other nodes keep running: none of their processes died, nothing of theirs was touched.
-	if got := len(rec.killed) - killed; got != 3 {
-		t.Errorf("restart of w1 killed %d processes, want its 3 daemons", got)
-	}
-	for _, p := range others {
-		if !rec.Alive(p) {
-			t.Errorf("process %d of another node was killed", p.PID)
-		}
-	}
+	// The other nodes keep running: none of their processes died, nothing of theirs was touched; the
+	// disk survives the power cycle: a machine keeps its disk.
+	checkW1Only(t, "restart", rec, killed, others, img)
 	for _, other := range []string{"berth-t-cp1", "berth-t-w2", "cp1.mnt", "w2.mnt", cfg.StateDisk("w2")} {
 		if strings.Contains(cmds, other) {
 			t.Errorf("restart of w1 touched %s:\n%s", other, cmds)
 		}
 	}
-	// The disk survives the power cycle: a machine keeps its disk.
-	if b, err := os.ReadFile(img); err != nil || string(b) != "the node's disk" {
-		t.Errorf("state disk after restart = %q, %v", b, err)
-	}
-	st, err = LoadState(cfg.Dir)
+	st, err := LoadState(cfg.Dir)
 	if err != nil {
 		t.Fatal(err)
 	}

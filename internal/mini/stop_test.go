@@ -14,17 +14,8 @@ import (
 // gone, its disk kept) and records it; a restart of every node leaves it off and no wait counts
 // it; restart NODE powers it on again.
 func TestStopLeavesNodeOff(t *testing.T) {
-	cl, rec, env := upTestCluster(t)
+	cl, rec, env, others, img := upW1(t)
 	cfg := cl.Config()
-	st, err := LoadState(cfg.Dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	others := append(append([]Proc(nil), st.Procs["cp1"]...), st.Procs["w2"]...)
-	img := cfg.StateDisk("w1")
-	if err := os.WriteFile(img, []byte("the node's disk"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	n, killed := count(rec), len(rec.killed)
 	if _, err := cl.Stop(context.Background(), []string{"w1"}, nil); err != nil {
 		t.Fatalf("Stop(w1): %v", err)
@@ -40,17 +31,7 @@ func TestStopLeavesNodeOff(t *testing.T) {
 			t.Errorf("stop of w1 ran %q:\n%s", notWant, cmds)
 		}
 	}
-	if got := len(rec.killed) - killed; got != 3 {
-		t.Errorf("stop of w1 killed %d processes, want its 3 daemons", got)
-	}
-	for _, p := range others {
-		if !rec.Alive(p) {
-			t.Errorf("process %d of another node was killed", p.PID)
-		}
-	}
-	if b, err := os.ReadFile(img); err != nil || string(b) != "the node's disk" {
-		t.Errorf("state disk after stop = %q, %v", b, err)
-	}
+	checkW1Only(t, "stop", rec, killed, others, img)
 	if _, err := os.Stat(filepath.Join(env.NetnsRoot, "berth-t-w1")); err == nil {
 		t.Error("w1's network namespace is still there")
 	}

@@ -20,6 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -194,6 +195,26 @@ func WaitReady(ctx context.Context, interval, timeout time.Duration, ready func(
 		return fmt.Errorf("waiting until ready: %w (last: %w)", err, last)
 	}
 	return err
+}
+
+// HTTPOK returns a readiness condition for WaitReady: a GET of url answers 200 OK (a health
+// endpoint such as /readyz).
+func HTTPOK(url string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: %s", url, resp.Status)
+		}
+		return nil
+	}
 }
 
 // FreePort returns a loopback TCP port that was free a moment ago, for a process to listen on.

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -151,5 +154,28 @@ func TestBuildOnce(t *testing.T) {
 func TestFreeAddr(t *testing.T) {
 	if a := FreeAddr(t); !strings.HasPrefix(a, "127.0.0.1:") {
 		t.Fatalf("FreeAddr = %s", a)
+	}
+}
+
+// TestHTTPOK: ready once the endpoint answers 200, not while it answers 503 or nothing listens.
+func TestHTTPOK(t *testing.T) {
+	var ready atomic.Bool
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() {
+			http.Error(w, "not yet", http.StatusServiceUnavailable)
+		}
+	}))
+	defer srv.Close()
+	check := HTTPOK(srv.URL + "/readyz")
+	if err := check(t.Context()); err == nil || !strings.Contains(err.Error(), "503") {
+		t.Errorf("HTTPOK while the endpoint answers 503 = %v, want an error naming the status", err)
+	}
+	ready.Store(true)
+	if err := check(t.Context()); err != nil {
+		t.Errorf("HTTPOK while the endpoint answers 200 = %v", err)
+	}
+	srv.Close()
+	if err := check(t.Context()); err == nil {
+		t.Error("HTTPOK with nothing listening succeeded")
 	}
 }

@@ -122,7 +122,7 @@ func TestJoinLoadAttested(t *testing.T) {
 			"--metadata-file=" + filepath.Join(dir, "metadata.yaml"), "--kubeconfig=" + kubeconfig, "--listen=" + addr,
 			"--metrics-listen=" + metricsAddr, "--pki-dir=" + writePKI(t, "ecdsa"), "--replica=cp-0"}, lifted...),
 	})
-	if err := proctest.WaitReady(ctx, 100*time.Millisecond, 2*time.Minute, healthy(metricsAddr), js); err != nil {
+	if err := proctest.WaitReady(ctx, 100*time.Millisecond, 2*time.Minute, proctest.HTTPOK("http://"+metricsAddr+"/readyz"), js); err != nil {
 		t.Fatalf("waiting for the joinservice's /readyz: %v", err)
 	}
 
@@ -346,25 +346,6 @@ func indent(s, prefix string) string {
 		lines[i] = prefix + lines[i]
 	}
 	return strings.Join(lines, "\n") + "\n"
-}
-
-// healthy reports whether the joinservice is ready to serve joins (/readyz answers OK).
-func healthy(metricsAddr string) func(context.Context) error {
-	return func(ctx context.Context) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+metricsAddr+"/readyz", nil)
-		if err != nil {
-			return err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("/readyz: %s", resp.Status)
-		}
-		return nil
-	}
 }
 
 // scrapeMemory summarizes the joinservice's heap, goroutines and resident memory from its metrics.

@@ -8,15 +8,12 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/pem"
-	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/berth-k8s/berth/internal/atls"
@@ -44,20 +41,7 @@ func startAdmin(t *testing.T, clk *clock, opts ...Option) joinproto.JoinServiceC
 	t.Helper()
 	srv := newServer(t, nil, nil, append([]Option{WithLimits(adminLimits)}, opts...)...)
 	srv.now = clk.now
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer()
-	joinproto.RegisterJoinServiceServer(g, srv)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = g.Serve(lis) }()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close(); g.Stop(); <-done })
-	return joinproto.NewJoinServiceClient(conn)
+	return serveInsecure(t, srv)
 }
 
 func publicKeyDER(t testing.TB) []byte {

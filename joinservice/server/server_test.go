@@ -70,7 +70,13 @@ func newServer(t *testing.T, meta peers, attest AttestationCheck, opts ...Option
 
 func start(t *testing.T, meta peers, opts ...Option) joinproto.JoinServiceClient {
 	t.Helper()
-	srv := newServer(t, meta, nil, opts...)
+	return serveInsecure(t, newServer(t, meta, nil, opts...))
+}
+
+// serveInsecure serves srv without transport security on loopback until the test ends and returns a
+// client of it.
+func serveInsecure(t *testing.T, srv *Server) joinproto.JoinServiceClient {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -4,21 +4,17 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/berth-k8s/berth/bootstrapper/podstop/podstoptest"
 )
 
 // startProc starts a real process, waits until its script said ready (its traps are set) and
@@ -84,57 +80,6 @@ func TestPidFileRuntimeNone(t *testing.T) {
 	}
 }
 
-// criServer is a CRI runtime service on a unix socket with one sandbox, which it may refuse to stop.
-type criServer struct {
-	runtimeapi.UnimplementedRuntimeServiceServer
-	refuse bool
-	mu     sync.Mutex
-	calls  []string
-}
-
-func (s *criServer) ListPodSandbox(context.Context, *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
-	return &runtimeapi.ListPodSandboxResponse{Items: []*runtimeapi.PodSandbox{{Id: "sb1"}}}, nil
-}
-
-func (s *criServer) StopPodSandbox(context.Context, *runtimeapi.StopPodSandboxRequest) (*runtimeapi.StopPodSandboxResponse, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.calls = append(s.calls, "stop")
-	if s.refuse {
-		return nil, status.Error(codes.DeadlineExceeded, "shim does not answer")
-	}
-	return &runtimeapi.StopPodSandboxResponse{}, nil
-}
-
-func (s *criServer) RemovePodSandbox(context.Context, *runtimeapi.RemovePodSandboxRequest) (*runtimeapi.RemovePodSandboxResponse, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.calls = append(s.calls, "remove")
-	return &runtimeapi.RemovePodSandboxResponse{}, nil
-}
-
-func serveCRI(t *testing.T, s *criServer) string {
-	t.Helper()
-	sock := filepath.Join(t.TempDir(), "cri.sock")
-	var lc net.ListenConfig
-	lis, err := lc.Listen(t.Context(), "unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	runtimeapi.RegisterRuntimeServiceServer(srv, s)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = srv.Serve(lis)
-	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-done
-	})
-	return "unix://" + sock
-}
-
 type recStep struct {
 	name  string
 	err   error
@@ -151,25 +96,25 @@ func TestLockStop(t *testing.T) {
 		want                 []string
 		cri                  []string
 	}{
-		"all stop":              {want: []string{"kubelet", "log", "runtime"}, cri: []string{"stop", "remove"}},
-		"sandbox refuses":       {refuse: true, want: []string{"kubelet"}, cri: []string{"stop"}},
+		"all stop":              {want: []string{"kubelet", "log", "runtime"}, cri: []string{"stop sb1", "remove sb1"}},
+		"sandbox refuses":       {refuse: true, want: []string{"kubelet"}, cri: []string{"stop sb1"}},
 		"kubelet does not stop": {kubeletFails: true, want: []string{"kubelet"}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var steps []string
-			cri := &criServer{refuse: tc.refuse}
+			cri := &podstoptest.Runtime{Sandboxes: []string{"sb1"}, Refuse: map[string]bool{"sb1": tc.refuse}}
 			kubelet := recStep{name: "kubelet", steps: &steps}
 			if tc.kubeletFails {
 				kubelet.err = errors.New("kubelet still running")
 			}
-			l := &lockStop{log: zap.NewNop(), kubelet: kubelet, criSocket: serveCRI(t, cri),
+			l := &lockStop{log: zap.NewNop(), kubelet: kubelet, criSocket: podstoptest.Serve(t, cri),
 				closeLog: func() error { steps = append(steps, "log"); return nil }, runtime: recStep{name: "runtime", steps: &steps}}
 			err := l.Stop(t.Context())
 			if fails := tc.refuse || tc.kubeletFails; fails != (err != nil) {
 				t.Errorf("Stop() = %v", err)
 			}
-			if !slices.Equal(steps, tc.want) || !slices.Equal(cri.calls, tc.cri) {
-				t.Errorf("steps %q, CRI calls %q; want %q, %q", steps, cri.calls, tc.want, tc.cri)
+			if !slices.Equal(steps, tc.want) || !slices.Equal(cri.Calls(), tc.cri) {
+				t.Errorf("steps %q, CRI calls %q; want %q, %q", steps, cri.Calls(), tc.want, tc.cri)
 			}
 		})
 	}

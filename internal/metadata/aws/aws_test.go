@@ -28,14 +28,6 @@ func start(t *testing.T, f *awstest.Fake, cfg Config) *Provider {
 	return New(cfg)
 }
 
-func describe(in []metadata.Instance) []string {
-	var out []string
-	for _, i := range in {
-		out = append(out, i.Name+"/"+string(i.Role)+"/"+strings.Join(i.IPs, ","))
-	}
-	return out
-}
-
 func TestProvider(t *testing.T) {
 	f := awstest.New(t)
 	p := start(t, f, Config{PeersTTL: -1})
@@ -60,7 +52,7 @@ func TestProvider(t *testing.T) {
 		"ip-10-0-0-3.eu-central-1.compute.internal/control-plane/10.0.0.3",
 		"ip-10-0-0-4.eu-central-1.compute.internal/worker/10.0.0.4",
 	}
-	if got := describe(peers); !slices.Equal(got, want) {
+	if got := metadatatest.Describe(peers); !slices.Equal(got, want) {
 		t.Fatalf("Peers() = %v, want %v", got, want)
 	}
 	var describes int
@@ -97,46 +89,19 @@ func TestProvider(t *testing.T) {
 }
 
 func TestTokenExpiry(t *testing.T) {
-	ctx := context.Background()
 	f := awstest.New(t)
 	p := start(t, f, Config{})
-	if _, err := p.Self(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// The token expires: the provider fetches a new one once and goes on.
-	f.Update(func(f *awstest.Fake) { f.ExpireOnce = true })
-	if _, err := p.Self(ctx); err != nil {
-		t.Fatalf("Self() after the token expired = %v, want a refetch and success", err)
-	}
-	var puts int
-	f.Read(func(f *awstest.Fake) { puts = f.TokenPuts })
-	if puts != 2 {
-		t.Fatalf("token PUTs = %d, want 2", puts)
-	}
-	// IMDS rejects every token: one refetch, then ErrTokenExpired.
-	f.Update(func(f *awstest.Fake) { f.RejectAll = true })
-	if _, err := p.Self(ctx); !errors.Is(err, metadata.ErrTokenExpired) {
-		t.Fatalf("Self() with every token rejected = %v, want ErrTokenExpired", err)
-	}
-	f.Read(func(f *awstest.Fake) { puts = f.TokenPuts })
-	if puts != 3 {
-		t.Errorf("token PUTs = %d, want 3 (exactly one refetch)", puts)
-	}
+	metadatatest.TokenRefetchedOnce(t,
+		func(ctx context.Context) error { _, err := p.Self(ctx); return err },
+		func() (n int) { f.Read(func(f *awstest.Fake) { n = f.TokenPuts }); return n },
+		func() { f.Update(func(f *awstest.Fake) { f.ExpireOnce = true }) },
+		func() { f.Update(func(f *awstest.Fake) { f.RejectAll = true }) })
 }
 
 func TestIMDSRequiresToken(t *testing.T) {
 	f := awstest.New(t)
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, f.IMDSURL+"/latest/meta-data/instance-id", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusUnauthorized {
-		t.Fatalf("IMDSv1 GET: status %d, want 401 (the fake must refuse what IMDSv2-only refuses)", resp.StatusCode)
+	if code := metadatatest.Status(t, f.IMDSURL+"/latest/meta-data/instance-id", nil); code != http.StatusUnauthorized {
+		t.Fatalf("IMDSv1 GET: status %d, want 401 (the fake must refuse what IMDSv2-only refuses)", code)
 	}
 }
 

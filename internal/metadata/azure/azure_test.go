@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -32,14 +31,6 @@ func start(t *testing.T, f *azuretest.Fake, cfg Config) *Provider {
 	return p
 }
 
-func describe(in []metadata.Instance) []string {
-	var out []string
-	for _, i := range in {
-		out = append(out, i.Name+"/"+string(i.Role)+"/"+strings.Join(i.IPs, ","))
-	}
-	return out
-}
-
 func TestProvider(t *testing.T) {
 	f := azuretest.New(t)
 	p := start(t, f, Config{PeersTTL: -1})
@@ -58,7 +49,7 @@ func TestProvider(t *testing.T) {
 	}
 	// w-1 failed provisioning, w-2 has no role, other-0 is of another cluster.
 	want := []string{"cp-0/control-plane/10.0.0.4,10.0.0.14", "cp-1/control-plane/10.0.0.5", "w-0/worker/10.0.0.6"}
-	if got := describe(peers); !slices.Equal(got, want) {
+	if got := metadatatest.Describe(peers); !slices.Equal(got, want) {
 		t.Fatalf("Peers() = %v, want %v", got, want)
 	}
 	var vmPages, nicPages, tokens int
@@ -102,29 +93,12 @@ func TestProvider(t *testing.T) {
 func TestExpiredToken(t *testing.T) {
 	f := azuretest.New(t)
 	p := start(t, f, Config{PeersTTL: -1})
-	ctx := context.Background()
-	if _, err := p.Peers(ctx); err != nil {
-		t.Fatal(err)
-	}
-	// The token expires: ARM answers 401, the provider fetches a fresh token once and goes on.
-	f.Update(func(f *azuretest.Fake) { f.ExpireTokens() })
-	if _, err := p.Peers(ctx); err != nil {
-		t.Fatalf("Peers() after the token expired = %v, want a fresh token and success", err)
-	}
-	var tokens int
-	f.Read(func(f *azuretest.Fake) { tokens = f.TokenRequests })
-	if tokens != 2 {
-		t.Errorf("token requests = %d, want 2", tokens)
-	}
-	// ARM rejects every token: one fresh one, then ErrTokenExpired.
-	f.Update(func(f *azuretest.Fake) { f.RejectTokens = true })
-	if _, err := p.Peers(ctx); !errors.Is(err, metadata.ErrTokenExpired) {
-		t.Fatalf("Peers() with every token rejected = %v, want ErrTokenExpired", err)
-	}
-	f.Read(func(f *azuretest.Fake) { tokens = f.TokenRequests })
-	if tokens != 3 {
-		t.Errorf("token requests = %d, want 3 (exactly one refetch)", tokens)
-	}
+	// An expired token: ARM answers 401, and the provider fetches a fresh one.
+	metadatatest.TokenRefetchedOnce(t,
+		func(ctx context.Context) error { _, err := p.Peers(ctx); return err },
+		func() (n int) { f.Read(func(f *azuretest.Fake) { n = f.TokenRequests }); return n },
+		func() { f.Update(func(f *azuretest.Fake) { f.ExpireTokens() }) },
+		func() { f.Update(func(f *azuretest.Fake) { f.RejectTokens = true }) })
 }
 
 func TestRoleAndCluster(t *testing.T) {
@@ -183,20 +157,12 @@ func TestIMDSHeaders(t *testing.T) {
 		{"no Metadata header", "?api-version=2021-02-01", false},
 		{"no api-version", "", true},
 	} {
-		req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, f.IMDSURL+"/metadata/instance"+tc.query, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
+		var header http.Header
 		if tc.header {
-			req.Header.Set("Metadata", "true")
+			header = http.Header{"Metadata": {"true"}}
 		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest {
-			t.Errorf("%s: status %d, want 400", tc.name, resp.StatusCode)
+		if code := metadatatest.Status(t, f.IMDSURL+"/metadata/instance"+tc.query, header); code != http.StatusBadRequest {
+			t.Errorf("%s: status %d, want 400", tc.name, code)
 		}
 	}
 }

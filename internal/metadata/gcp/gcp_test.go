@@ -38,14 +38,6 @@ func lists(f *gcptest.Fake) (n int) {
 	return n
 }
 
-func names(in []metadata.Instance) []string {
-	var out []string
-	for _, i := range in {
-		out = append(out, i.Name+"/"+string(i.Role)+"/"+strings.Join(i.IPs, ","))
-	}
-	return out
-}
-
 func TestProvider(t *testing.T) {
 	f := gcptest.New(t)
 	p := start(t, f, Config{PeersTTL: -1})
@@ -64,7 +56,7 @@ func TestProvider(t *testing.T) {
 	}
 	// w-1 is TERMINATED, w-2 has no role, other-0 is of another cluster.
 	want := []string{"cp-0/control-plane/10.0.0.2", "cp-1/control-plane/10.0.0.3", "w-0/worker/10.0.0.4"}
-	if got := names(peers); !slices.Equal(got, want) {
+	if got := metadatatest.Describe(peers); !slices.Equal(got, want) {
 		t.Fatalf("Peers() = %v, want %v", got, want)
 	}
 	if lists(f) != 3 { // 5 matching instances, 2 per page
@@ -186,17 +178,8 @@ func TestServiceAccountToken(t *testing.T) {
 
 func TestMetadataFlavorRequired(t *testing.T) {
 	f := gcptest.New(t)
-	req, err := http.NewRequestWithContext(context.Background(), http.MethodGet, f.MetadataURL+"/computeMetadata/v1/instance/name", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = resp.Body.Close()
-	if resp.StatusCode != http.StatusForbidden {
-		t.Fatalf("metadata request without Metadata-Flavor: status %d, want 403 (the fake must check what the real server checks)", resp.StatusCode)
+	if code := metadatatest.Status(t, f.MetadataURL+"/computeMetadata/v1/instance/name", nil); code != http.StatusForbidden {
+		t.Fatalf("metadata request without Metadata-Flavor: status %d, want 403 (the fake must check what the real server checks)", code)
 	}
 }
 
@@ -212,13 +195,13 @@ func TestPeersCached(t *testing.T) {
 	requests := lists(f)
 	f.Update(func(f *gcptest.Fake) { f.Instances[2].Status = "STOPPING" })
 	again, err := p.Peers(ctx)
-	if err != nil || lists(f) != requests || !slices.Equal(names(first), names(again)) {
-		t.Fatalf("Peers() within the TTL listed again (%d -> %d requests) or changed: %v, %v", requests, lists(f), names(again), err)
+	if err != nil || lists(f) != requests || !slices.Equal(metadatatest.Describe(first), metadatatest.Describe(again)) {
+		t.Fatalf("Peers() within the TTL listed again (%d -> %d requests) or changed: %v, %v", requests, lists(f), metadatatest.Describe(again), err)
 	}
 	clk.SetTime(clk.Now().Add(11 * time.Second))
 	later, err := p.Peers(ctx)
 	if err != nil || lists(f) == requests || len(later) != len(first)-1 {
-		t.Fatalf("Peers() after the TTL = %v, %v (%d requests); want a fresh listing without w-0", names(later), err, lists(f))
+		t.Fatalf("Peers() after the TTL = %v, %v (%d requests); want a fresh listing without w-0", metadatatest.Describe(later), err, lists(f))
 	}
 }
 

@@ -1,10 +1,13 @@
 // Package metadatatest checks, against a provider's fake, what every cloud metadata provider
-// (aws, azure, gcp) promises its callers alike.
+// (aws, azure, gcp) promises its callers alike; it also holds the small helpers their tests share.
 package metadatatest
 
 import (
 	"context"
 	"errors"
+	"maps"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,5 +70,59 @@ func RoleAndCluster(t *testing.T, tagged func(t *testing.T, tags map[string]stri
 				t.Errorf("Peers() = %v, want %v", err, tc.peers)
 			}
 		})
+	}
+}
+
+// Describe renders instances as "name/role/ip,ip" lines, in order, for comparing a provider's
+// answer with the fake's machines.
+func Describe(in []metadata.Instance) []string {
+	var out []string
+	for _, i := range in {
+		out = append(out, i.Name+"/"+string(i.Role)+"/"+strings.Join(i.IPs, ","))
+	}
+	return out
+}
+
+// Status sends a bare GET for url with header to a provider's fake and returns the response's
+// status code: for checking that the fake refuses what the real service refuses.
+func Status(t *testing.T, url string, header http.Header) int {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps.Copy(req.Header, header)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode
+}
+
+// TokenRefetchedOnce checks how a provider renews the access token its cloud API wants. call is
+// one call of the provider that uses the token, tokens how many tokens the fake has handed out.
+// After a first call, the fake lets the token expire (expire): the next call fetches one new token
+// and succeeds. Then the fake rejects every token (rejectAll): the call fetches exactly one more and
+// fails with metadata.ErrTokenExpired.
+func TokenRefetchedOnce(t *testing.T, call func(context.Context) error, tokens func() int, expire, rejectAll func()) {
+	t.Helper()
+	ctx := context.Background()
+	if err := call(ctx); err != nil {
+		t.Fatal(err)
+	}
+	expire()
+	if err := call(ctx); err != nil {
+		t.Fatalf("call after the token expired = %v, want a new token and success", err)
+	}
+	if n := tokens(); n != 2 {
+		t.Errorf("tokens fetched = %d, want 2", n)
+	}
+	rejectAll()
+	if err := call(ctx); !errors.Is(err, metadata.ErrTokenExpired) {
+		t.Fatalf("call with every token rejected = %v, want ErrTokenExpired", err)
+	}
+	if n := tokens(); n != 3 {
+		t.Errorf("tokens fetched = %d, want 3 (exactly one refetch)", n)
 	}
 }

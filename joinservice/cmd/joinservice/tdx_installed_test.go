@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"os"
 	"path/filepath"
@@ -126,32 +125,8 @@ func TestAttestedBinaryTDXFromInstaller(t *testing.T) {
 	started := time.Now().Add(-time.Second)
 
 	mrtd := [tdx.MeasurementSize]byte{0x4d, 0x52, 0x54, 0x44, 0x02}
-	platform, err := tdxtest.New(tdxtest.Options{MRTD: mrtd})
-	if err != nil {
-		t.Fatal(err)
-	}
-	service := platform.NewTD()
-	lock, err := tdx.NewLockRegister(service.Open, tdx.DefaultLockRTMR)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lock.MarkBootstrapped(ctx, apiservertest.ClusterID()); err != nil {
-		t.Fatal(err)
-	}
-
-	bundle, err := platform.Bundle()
-	if err != nil {
-		t.Fatal(err)
-	}
-	zero := strings.Repeat("00", tdx.MeasurementSize)
-	image := "measurements:\n" +
-		"  0: {expected: " + hex.EncodeToString(mrtd[:]) + ", source: the image's TD build}\n" +
-		"  1: {expected: " + zero + ", source: firmware (RTMR0)}\n" +
-		"  2: {expected: " + zero + ", source: boot loader (RTMR1)}\n" +
-		"  3: {expected: " + zero + ", source: kernel command line (RTMR2)}\n"
-	roots := "trustRoots:\n  - pem: |\n" + indent(string(platform.RootPEM()), "      ")
-	collateral := "tdx:\n  collateralBundle:\n    json: |\n" + indent(string(bundle), "      ")
-	clusterPolicy := "variant: tdx\n" + image + "  4: {expected: " + zero + ", source: fresh node (RTMR3)}\n" + roots + collateral
+	platform, service, pol := tdxControlPlane(t, mrtd)
+	clusterPolicy := pol.cluster(pol.bundle)
 
 	// berth-system as init builds it on this control plane.
 	objs, err := berthsystem.Objects(berthsystem.Config{
@@ -216,7 +191,7 @@ func TestAttestedBinaryTDXFromInstaller(t *testing.T) {
 		Args: append(run.args, "--kubeconfig="+kubeconfig, "--metadata-file="+metaFile, "--replica=cp-0"),
 	})
 
-	joinPolicy, err := policy.Parse([]byte("variant: tdx\n"+image+"  4: {nonZero: true, source: bootstrapped}\n"+roots+collateral), "join policy", nil)
+	joinPolicy, err := policy.Parse([]byte(pol.join(pol.bundle)), "join policy", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +218,7 @@ func TestAttestedBinaryTDXFromInstaller(t *testing.T) {
 	if e := mine[0]; e.Reason != "" || e.Node != "worker-9" {
 		t.Errorf("first entry %+v, want the genuine node's join", e)
 	}
-	if e := mine[1]; e.Reason != "MEASUREMENT_MISMATCH" || !strings.Contains(e.Message, "index 3: expected "+zero) {
+	if e := mine[1]; e.Reason != "MEASUREMENT_MISMATCH" || !strings.Contains(e.Message, "index 3: expected "+zeroMeasurement) {
 		t.Errorf("second entry %+v, want the tampered node refused for index 3 (RTMR2)", e)
 	}
 

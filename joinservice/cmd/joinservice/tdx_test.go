@@ -40,40 +40,14 @@ func TestAttestedBinaryTDX(t *testing.T) {
 	started := time.Now().Add(-time.Second)
 
 	mrtd := [tdx.MeasurementSize]byte{0x4d, 0x52, 0x54, 0x44}
-	platform, err := tdxtest.New(tdxtest.Options{MRTD: mrtd})
-	if err != nil {
-		t.Fatal(err)
-	}
-	service := platform.NewTD()
-	lock, err := tdx.NewLockRegister(service.Open, tdx.DefaultLockRTMR)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := lock.MarkBootstrapped(ctx, apiservertest.ClusterID()); err != nil {
-		t.Fatal(err)
-	}
+	platform, service, pol := tdxControlPlane(t, mrtd)
 	root := t.TempDir()
 	tdxtest.ServeTSM(t, service, root) // skips without FUSE; unmounted after the joinservice stops
 
-	bundle, err := platform.Bundle()
-	if err != nil {
+	if err := env.InstallBerth(ctx, pol.cluster(pol.bundle)); err != nil {
 		t.Fatal(err)
 	}
-	zero := strings.Repeat("00", tdx.MeasurementSize)
-	image := "measurements:\n" +
-		"  0: {expected: " + hex.EncodeToString(mrtd[:]) + ", source: the image's TD build}\n" +
-		"  1: {expected: " + zero + ", source: firmware (RTMR0)}\n" +
-		"  2: {expected: " + zero + ", source: boot loader (RTMR1)}\n" +
-		"  3: {expected: " + zero + ", source: kernel command line (RTMR2)}\n"
-	roots := "trustRoots:\n  - pem: |\n" + indent(string(platform.RootPEM()), "      ")
-	withBundle := "tdx:\n  collateralBundle:\n    json: |\n" + indent(string(bundle), "      ")
-	clusterPolicy := func(collateral string) string {
-		return "variant: tdx\n" + image + "  4: {expected: " + zero + ", source: fresh node (RTMR3)}\n" + roots + collateral
-	}
-	if err := env.InstallBerth(ctx, clusterPolicy(withBundle)); err != nil {
-		t.Fatal(err)
-	}
-	joinPolicy, err := policy.Parse([]byte("variant: tdx\n"+image+"  4: {nonZero: true, source: bootstrapped}\n"+roots+withBundle), "join policy", nil)
+	joinPolicy, err := policy.Parse([]byte(pol.join(pol.bundle)), "join policy", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +70,7 @@ func TestAttestedBinaryTDX(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cm.Data[joinconfig.KeyAttestationPolicy] = clusterPolicy("tdx:\n  pcsURL: " + deadPCS + "\n")
+	cm.Data[joinconfig.KeyAttestationPolicy] = pol.cluster("tdx:\n  pcsURL: " + deadPCS + "\n")
 	if _, err := cms.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +109,7 @@ func TestAttestedBinaryTDX(t *testing.T) {
 		t.Errorf("first entry %+v, want the genuine node's join with its evidence digest", mine[0])
 	}
 	// TDX documents claim nothing: the quote passes the handshake and the policy refuses the call.
-	if e := mine[1]; e.RPC != "join" || e.Reason != "MEASUREMENT_MISMATCH" || !strings.Contains(e.Message, "index 3: expected "+zero) || len(e.EvidenceSHA256) != 64 {
+	if e := mine[1]; e.RPC != "join" || e.Reason != "MEASUREMENT_MISMATCH" || !strings.Contains(e.Message, "index 3: expected "+zeroMeasurement) || len(e.EvidenceSHA256) != 64 {
 		t.Errorf("second entry %+v, want the tampered node's join refused for index 3 (RTMR2) with its evidence digest", e)
 	}
 	for _, e := range mine[2 : len(mine)-1] {
@@ -199,4 +173,56 @@ func checkTDXJoins(ctx context.Context, t *testing.T, js *proctest.Process, addr
 		t.Logf("refused: %v", err)
 	}
 	return joinAs, genuine
+}
+
+// zeroMeasurement is an RTMR nothing was extended into, in hex.
+var zeroMeasurement = strings.Repeat("00", tdx.MeasurementSize)
+
+// tdxPolicy writes the attestation policies of a test cluster on a software TDX platform: the
+// image's measurements (MRTD and RTMR0 to RTMR2), the platform's root, and the collateral.
+type tdxPolicy struct {
+	image, roots string
+	// bundle is the collateral as a bundle of the platform's.
+	bundle string
+}
+
+// cluster is the cluster's policy with collateral: a fresh node's RTMR3 is zero.
+func (p tdxPolicy) cluster(collateral string) string {
+	return "variant: tdx\n" + p.image + "  4: {expected: " + zeroMeasurement + ", source: fresh node (RTMR3)}\n" + p.roots + collateral
+}
+
+// join is the policy a node checks the joinservice against: its RTMR3 holds a cluster's lock value.
+func (p tdxPolicy) join(collateral string) string {
+	return "variant: tdx\n" + p.image + "  4: {nonZero: true, source: bootstrapped}\n" + p.roots + collateral
+}
+
+// tdxControlPlane makes a software TDX platform whose TDs measure mrtd, and the TD of the control
+// plane the joinservice runs on, its lock RTMR marked bootstrapped for the test API server's
+// cluster; pol writes the policies for the platform.
+func tdxControlPlane(t *testing.T, mrtd [tdx.MeasurementSize]byte) (platform *tdxtest.Platform, service *tdxtest.TD, pol tdxPolicy) {
+	t.Helper()
+	platform, err := tdxtest.New(tdxtest.Options{MRTD: mrtd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	service = platform.NewTD()
+	lock, err := tdx.NewLockRegister(service.Open, tdx.DefaultLockRTMR)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lock.MarkBootstrapped(t.Context(), apiservertest.ClusterID()); err != nil {
+		t.Fatal(err)
+	}
+	bundle, err := platform.Bundle()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol.image = "measurements:\n" +
+		"  0: {expected: " + hex.EncodeToString(mrtd[:]) + ", source: the image's TD build}\n" +
+		"  1: {expected: " + zeroMeasurement + ", source: firmware (RTMR0)}\n" +
+		"  2: {expected: " + zeroMeasurement + ", source: boot loader (RTMR1)}\n" +
+		"  3: {expected: " + zeroMeasurement + ", source: kernel command line (RTMR2)}\n"
+	pol.roots = "trustRoots:\n  - pem: |\n" + indent(string(platform.RootPEM()), "      ")
+	pol.bundle = "tdx:\n  collateralBundle:\n    json: |\n" + indent(string(bundle), "      ")
+	return platform, service, pol
 }

@@ -25,6 +25,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/berth-k8s/berth/internal/atls"
+	"github.com/berth-k8s/berth/internal/atls/atlstest"
 	"github.com/berth-k8s/berth/internal/attestation"
 	"github.com/berth-k8s/berth/internal/attestation/policy"
 	"github.com/berth-k8s/berth/internal/attestation/vtpm"
@@ -366,42 +367,6 @@ func TestSoftTPMActivateRejects(t *testing.T) {
 	}
 }
 
-// serve accepts TLS connections with cfg on loopback until the test ends; each connection is held
-// open until the client closes it.
-func serve(t *testing.T, cfg *tls.Config) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := lis.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				tc := tls.Server(c, cfg)
-				defer tc.Close()
-				_ = tc.SetDeadline(time.Now().Add(10 * time.Second))
-				if tc.Handshake() == nil {
-					_, _ = tc.Read(make([]byte, 1))
-				}
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		lis.Close()
-		wg.Wait()
-	})
-	return lis.Addr().String()
-}
-
 // TestSoftTPMAttestedTLS runs attested TLS handshakes with key activation over loopback, with the
 // SoftTPM attesting as client and as server to a vtpm.Validator.
 func TestSoftTPMAttestedTLS(t *testing.T) {
@@ -420,7 +385,7 @@ func TestSoftTPMAttestedTLS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		addr := serve(t, srv)
+		addr := atlstest.ServeTLS(t, srv)
 		cfg, err := atls.NewClientConfig(ctx, s, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -459,7 +424,7 @@ func TestSoftTPMAttestedTLS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		addr := serve(t, srv)
+		addr := atlstest.ServeTLS(t, srv)
 		var d net.Dialer
 		for i := range 2 {
 			var ev atls.Evidence
@@ -480,7 +445,7 @@ func TestSoftTPMAttestedTLS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		addr := serve(t, srv)
+		addr := atlstest.ServeTLS(t, srv)
 		var d net.Dialer
 		var verdict error
 		conn, err := atls.Dial(ctx, &d, addr, nil, v, atls.WithObserver(func(_ atls.Evidence, err error) { verdict = err }))
